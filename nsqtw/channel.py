@@ -1,0 +1,444 @@
+"""A channel: its queue, its subscribed clients, and messages in flight or deferred."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from nsqtw.errors import BackendError, ExitingError, NotInFlightError
+from nsqtw.interfaces import IBackendQueue, IConsumer
+from nsqtw.message import Message, decode_message
+from nsqtw.names import is_ephemeral
+from nsqtw.pump import Pump
+
+if TYPE_CHECKING:
+    from nsqtw.topic import Topic
+
+#: messages handed to clients in one reactor turn before yielding
+DELIVERY_BATCH = 4096
+#: when this many heap entries are stale (FINed, requeued, touched) and they
+#: outnumber the live ones twice, the heap is rebuilt
+_COMPACT_MIN = 1024
+
+_seq = itertools.count()
+
+
+class TimeoutQueue:
+    """Messages ordered by a deadline, with lazy removal.
+
+    Removing from the middle of a heap is O(n); instead an entry is left in
+    place and recognised as stale when it surfaces (the message is no longer
+    in ``live`` under that deadline). When stale entries pile up the heap is
+    rebuilt from the live ones, so memory stays proportional to them.
+    """
+
+    __slots__ = ("live", "_heap", "_stale")
+
+    def __init__(self) -> None:
+        self.live: dict[bytes, Message] = {}
+        self._heap: list[tuple[float, int, Message]] = []
+        self._stale = 0
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def push(self, msg: Message, when: float) -> None:
+        msg.deadline = when
+        self.live[msg.id] = msg
+        heapq.heappush(self._heap, (when, next(_seq), msg))
+
+    def remove(self, msg_id: bytes) -> Message | None:
+        msg = self.live.pop(msg_id, None)
+        if msg is not None:
+            self._stale += 1
+            if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
+                self._compact()
+        return msg
+
+    def pop_due(self, now: float) -> list[Message]:
+        heap = self._heap
+        live = self.live
+        due = []
+        while heap and heap[0][0] <= now:
+            when, _, msg = heapq.heappop(heap)
+            if live.get(msg.id) is msg and msg.deadline == when:
+                del live[msg.id]
+                due.append(msg)
+            else:
+                self._stale -= 1
+        return due
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        live = self.live
+        while heap:
+            when, _, msg = heap[0]
+            if live.get(msg.id) is msg and msg.deadline == when:
+                return when
+            heapq.heappop(heap)
+            self._stale -= 1
+        return None
+
+    def clear(self) -> list[Message]:
+        msgs = list(self.live.values())
+        self.live.clear()
+        self._heap.clear()
+        self._stale = 0
+        return msgs
+
+    def _compact(self) -> None:
+        self._heap = [(m.deadline, next(_seq), m) for m in self.live.values()]
+        heapq.heapify(self._heap)
+        self._stale = 0
+
+
+class Channel:
+    """Holds one channel's copy of every message of its topic.
+
+    Messages wait in memory (bounded by ``--mem-queue-size``) or in the
+    backend; the pump hands them to subscribed clients with RDY to spare and
+    puts them in flight; a single timer serves every in-flight timeout and
+    deferred due time of the channel.
+    """
+
+    log = Logger()
+
+    def __init__(self, topic: Topic, name: str, backend: IBackendQueue,
+                 clock: IReactorTime, mem_queue_size: int, max_msg_timeout: float,
+                 max_channel_consumers: int,
+                 on_delete: Callable[[Channel], None]) -> None:
+        self.topic = topic
+        self.topic_name = topic.name
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.backend = backend
+        self._clock = clock
+        self._mem_queue_size = mem_queue_size
+        self._max_msg_timeout = max_msg_timeout
+        self._max_channel_consumers = max_channel_consumers
+        self._on_delete = on_delete
+
+        self.memory: deque[Message] = deque()
+        self.clients: dict[int, IConsumer] = {}
+        self.in_flight = TimeoutQueue()
+        self.deferred = TimeoutQueue()
+        self.paused = False
+        self.exiting = False
+
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+
+        self._rotation = 0
+        self._timer: IDelayedCall | None = None
+        self._timer_at = 0.0
+        self._pump = Pump(clock, self._deliver, f"CHANNEL({topic.name}:{name})")
+        self._pump.start()
+        backend.set_readable_callback(self._pump.wake)
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.topic_name}:{self.name}>"
+
+    # -- queueing ---------------------------------------------------------
+
+    def depth(self) -> int:
+        return len(self.memory) + self.backend.depth()
+
+    def put_many(self, msgs: list[Message]) -> None:
+        """Queue messages from the topic (deferred ones wait for their time)."""
+        if self.exiting:
+            raise ExitingError()
+        self.message_count += len(msgs)
+        now = None
+        ready = msgs
+        if any(m.deferred for m in msgs):
+            now = self._clock.seconds()
+            ready = []
+            for m in msgs:
+                if m.deferred:
+                    self._defer(m, m.deferred, now)
+                    m.deferred = 0.0
+                else:
+                    ready.append(m)
+        if ready:
+            self._queue(ready)
+
+    def _queue(self, msgs: list[Message]) -> None:
+        memory = self.memory
+        room = self._mem_queue_size - len(memory)
+        if room > 0:
+            memory.extend(msgs[:room])
+            msgs = msgs[room:]
+        if msgs:
+            try:
+                self.backend.put_many([m.encode() for m in msgs])
+            except BackendError as e:
+                self.log.error("CHANNEL({topic}:{channel}): failed to write {n} messages to backend - {error}",
+                               topic=self.topic_name, channel=self.name, n=len(msgs), error=e)
+                raise
+        self._pump.wake()
+
+    def _defer(self, msg: Message, delay: float, now: float) -> None:
+        when = now + delay
+        self.deferred.push(msg, when)
+        self._arm(when)
+
+    def put_deferred(self, msg: Message, delay: float) -> None:
+        if self.exiting:
+            raise ExitingError()
+        self.message_count += 1
+        self._defer(msg, delay, self._clock.seconds())
+
+    # -- clients ----------------------------------------------------------
+
+    def add_client(self, client: IConsumer) -> None:
+        """Subscribe a client; raises ValueError past ``--max-channel-consumers``."""
+        if self.exiting:
+            raise ExitingError()
+        if client.client_id in self.clients:
+            return
+        limit = self._max_channel_consumers
+        if limit and len(self.clients) >= limit:
+            raise ValueError("too many consumers")
+        self.clients[client.client_id] = client
+        self._pump.wake()
+
+    def remove_client(self, client: IConsumer) -> None:
+        """Unsubscribe a client and requeue the messages it still had in flight."""
+        if self.clients.pop(client.client_id, None) is None:
+            return
+        orphans = [m for m in self.in_flight.live.values() if m.client is client]
+        if orphans and not self.exiting:
+            for m in orphans:
+                self.in_flight.remove(m.id)
+                m.client = None
+            self.requeue_count += len(orphans)
+            try:
+                self._queue(orphans)
+            except BackendError:
+                pass  # logged by _queue; health says why
+        if not self.clients and self.ephemeral and not self.exiting:
+            self._on_delete(self)
+
+    def wake(self) -> None:
+        """A client's capacity changed (RDY, FIN, resumed writing): deliver."""
+        self._pump.wake()
+
+    # -- delivery ---------------------------------------------------------
+
+    def _next_messages(self, n: int) -> list[Message]:
+        out: list[Message] = []
+        if self.backend.depth():
+            for data in self.backend.read(n):
+                try:
+                    out.append(decode_message(data))
+                except ValueError as e:
+                    self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
+                                   topic=self.topic_name, channel=self.name, error=e)
+        memory = self.memory
+        k = min(n - len(out), len(memory))
+        if k > 0:
+            pop = memory.popleft
+            out.extend(pop() for _ in range(k))
+        return out
+
+    def _deliver(self) -> bool:
+        if self.paused or not self.clients or self.exiting:
+            return False
+        budget = DELIVERY_BATCH
+        clients = list(self.clients.values())
+        n = len(clients)
+        start = self._rotation % n
+        self._rotation += 1
+        clients = clients[start:] + clients[:start]
+        now = self._clock.seconds()
+        in_flight = self.in_flight
+        progress = True
+        while progress and budget > 0:
+            progress = False
+            for client in clients:
+                cap = client.ready_capacity()
+                if cap <= 0:
+                    continue
+                msgs = self._next_messages(min(cap, budget, 64))
+                if not msgs:
+                    return False
+                deadline = now + client.msg_timeout
+                for m in msgs:
+                    m.attempts += 1
+                    m.client = client
+                    m.delivered_at = now
+                    in_flight.push(m, deadline)
+                client.deliver(msgs)
+                budget -= len(msgs)
+                progress = True
+                if budget <= 0:
+                    break
+        deadline = in_flight.next_deadline()
+        if deadline is not None:
+            self._arm(deadline)
+        return budget <= 0
+
+    # -- acknowledgements -------------------------------------------------
+
+    def _pop_in_flight(self, client: IConsumer, msg_id: bytes) -> Message:
+        msg = self.in_flight.live.get(msg_id)
+        if msg is None:
+            raise NotInFlightError("ID not in flight")
+        if msg.client is not client:
+            raise NotInFlightError("client does not own message")
+        self.in_flight.remove(msg_id)
+        msg.client = None
+        return msg
+
+    def finish(self, client: IConsumer, msg_id: bytes) -> None:
+        """FIN: the message is done with."""
+        self._pop_in_flight(client, msg_id)
+        client.message_finished()
+        self._pump.wake()
+
+    def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:
+        """REQ: send it again now, or after ``delay`` seconds."""
+        if self.exiting:
+            raise ExitingError()
+        msg = self._pop_in_flight(client, msg_id)
+        client.message_requeued()
+        self.requeue_count += 1
+        if delay > 0:
+            self._defer(msg, delay, self._clock.seconds())
+        else:
+            self._queue([msg])
+        self._pump.wake()
+
+    def touch(self, client: IConsumer, msg_id: bytes, timeout: float) -> None:
+        """TOUCH: restart the message's timeout, never past ``--max-msg-timeout``."""
+        msg = self.in_flight.live.get(msg_id)
+        if msg is None:
+            raise NotInFlightError("ID not in flight")
+        if msg.client is not client:
+            raise NotInFlightError("client does not own message")
+        now = self._clock.seconds()
+        deadline = min(now + timeout, msg.delivered_at + self._max_msg_timeout)
+        self.in_flight.remove(msg_id)
+        self.in_flight.push(msg, deadline)
+        self._arm(deadline)
+
+    # -- timers -----------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        timer = self._timer
+        if timer is not None and timer.active():
+            if self._timer_at <= when:
+                return
+            timer.cancel()
+        self._timer_at = when
+        self._timer = self._clock.callLater(max(0.0, when - self._clock.seconds()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.exiting:
+            return
+        now = self._clock.seconds()
+        expired = self.in_flight.pop_due(now)
+        if expired:
+            for m in expired:
+                client = m.client
+                m.client = None
+                if client is not None and client.client_id in self.clients:
+                    client.message_timed_out()
+            self.timeout_count += len(expired)
+        due = self.deferred.pop_due(now)
+        ready = expired + due
+        if ready:
+            try:
+                self._queue(ready)
+            except BackendError:
+                pass  # logged by _queue; health says why
+        nexts = [t for t in (self.in_flight.next_deadline(), self.deferred.next_deadline()) if t is not None]
+        if nexts:
+            self._arm(min(nexts))
+
+    # -- administration ---------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self._pump.wake()
+
+    def empty(self) -> Deferred[None]:
+        """Drop every queued, in-flight and deferred message (nsqd's /channel/empty)."""
+        self.memory.clear()
+        for m in self.in_flight.clear():
+            m.client = None
+        self.deferred.clear()
+        for client in self.clients.values():
+            reset = getattr(client, "in_flight_emptied", None)
+            if reset is not None:
+                reset()
+        return self.backend.empty()
+
+    def all_pending(self) -> Iterable[Message]:
+        """Every message the channel still owes a FIN: queued, in flight, deferred."""
+        yield from self.memory
+        yield from self.in_flight.live.values()
+        yield from self.deferred.live.values()
+
+    def flush(self) -> None:
+        """Move memory, in-flight and deferred messages into the backend (graceful stop)."""
+        msgs = list(self.memory) + self.in_flight.clear() + self.deferred.clear()
+        self.memory.clear()
+        for m in msgs:
+            m.client = None
+        if msgs:
+            self.backend.put_many([m.encode() for m in msgs])
+
+    def _stop(self) -> None:
+        self.exiting = True
+        self._pump.stop()
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def close(self) -> Deferred[None]:
+        """Graceful stop: flush everything to the backend and close it."""
+        self._stop()
+        try:
+            self.flush()
+        except BackendError as e:
+            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
+                           topic=self.topic_name, channel=self.name, error=e)
+        return self.backend.close()
+
+    def delete(self) -> Deferred[None]:
+        """Drop the channel: disconnect its clients, forget its messages, remove its backend."""
+        self._stop()
+        for client in list(self.clients.values()):
+            closer = getattr(client, "channel_deleted", None)
+            if closer is not None:
+                closer()
+        self.clients.clear()
+        self.memory.clear()
+        self.in_flight.clear()
+        self.deferred.clear()
+        return self.backend.delete()
+
+    def stats_counts(self) -> dict[str, Any]:
+        return {
+            "depth": self.depth(),
+            "backend_depth": self.backend.depth(),
+            "in_flight_count": len(self.in_flight),
+            "deferred_count": len(self.deferred),
+            "message_count": self.message_count,
+            "requeue_count": self.requeue_count,
+            "timeout_count": self.timeout_count,
+        }
+

@@ -1,0 +1,78 @@
+"""The zope interfaces at nsqtw's seams."""
+
+from __future__ import annotations
+
+from zope.interface import Attribute, Interface
+
+
+class IBackendQueue(Interface):
+    """Where a topic or channel keeps messages past ``--mem-queue-size``.
+
+    Records are opaque bytes (nsqd's disk encoding of a message). Every method
+    is called on the reactor thread and none of them blocks: implementations
+    that touch files do so on their own ordered disk thread.
+    """
+
+    name = Attribute("The backend's name: ``topic`` or ``topic:channel``.")
+
+    def put(data):
+        """Append one record.
+
+        Raises :class:`nsqtw.errors.BackendError` when the queue cannot take
+        writes (closed, or the disk failed); a write accepted here is handed
+        to the disk thread in order with every other write.
+        """
+
+    def put_many(records):
+        """Append several records (one write for the whole batch)."""
+
+    def read(max_count):
+        """Return up to ``max_count`` records available right now, oldest first.
+
+        Returns an empty list when nothing is ready; never blocks. A record
+        returned here is removed from the queue (and from ``depth()``).
+        """
+
+    def set_readable_callback(callback):
+        """Register a zero-argument callable called when records become readable.
+
+        It is called on the reactor thread whenever new records may be
+        available after ``read`` returned fewer than were asked for.
+        """
+
+    def depth():
+        """Number of records written and not yet returned by ``read``."""
+
+    def empty():
+        """Drop every record; returns a Deferred that fires when done."""
+
+    def delete():
+        """Drop every record and remove the queue's files; returns a Deferred."""
+
+    def close():
+        """Flush, sync and persist metadata, then stop; returns a Deferred."""
+
+    def health():
+        """``None`` when healthy, else a short text saying what failed."""
+
+
+class IConsumer(Interface):
+    """What a channel needs from a subscribed client to deliver messages."""
+
+    client_id = Attribute("A unique integer per connection (nsqd's client ID).")
+    msg_timeout = Attribute("Seconds a delivered message stays in flight.")
+
+    def ready_capacity():
+        """How many more messages the client can take now (RDY minus in flight; 0 when paused)."""
+
+    def deliver(messages):
+        """Send these messages (already marked in flight) to the client."""
+
+    def message_finished():
+        """One of this client's in-flight messages was FINed."""
+
+    def message_requeued():
+        """One of this client's in-flight messages was requeued by REQ."""
+
+    def message_timed_out():
+        """One of this client's in-flight messages timed out."""

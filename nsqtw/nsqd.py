@@ -1,0 +1,174 @@
+"""NSQD: the registry of topics and clients, and the one publish path."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from nsqtw.backend import EphemeralBackend, MemoryBackend
+from nsqtw.channel import Channel
+from nsqtw.guid import GUIDFactory
+from nsqtw.interfaces import IBackendQueue
+from nsqtw.message import Message
+from nsqtw.names import backend_name, is_ephemeral
+from nsqtw.topic import Topic
+
+
+class _Options(Protocol):
+    node_id: int
+    mem_queue_size: int
+    max_msg_timeout: float
+    max_channel_consumers: int
+
+
+class IRegistryListener(Protocol):
+    """Told about topics and channels coming and going (lookupd, metadata)."""
+
+    def topic_created(self, topic: Topic) -> None: ...
+    def topic_deleted(self, topic: Topic) -> None: ...
+    def channel_created(self, topic: Topic, channel: Channel) -> None: ...
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None: ...
+
+
+BackendFactory = Callable[[str], IBackendQueue]
+
+
+class NSQD:
+    """Everything one nsqd node holds: topics, channels and connected clients."""
+
+    log = Logger()
+
+    def __init__(self, options: Any, clock: IReactorTime,
+                 backend_factory: BackendFactory | None = None) -> None:
+        self.options = options
+        self.clock = clock
+        self.guid = GUIDFactory(options.node_id, clock)
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, Any] = {}
+        self.listeners: list[IRegistryListener] = []
+        self.start_time = int(clock.seconds())
+        self._backend_factory = backend_factory or MemoryBackend
+        self._client_ids = itertools.count(1)
+        self._errors: dict[str, str] = {}
+        self.exiting = False
+        #: the bound ports, filled in by the listeners (port 0 means "pick one")
+        self.tcp_port = 0
+        self.http_port = 0
+        self.https_port = 0
+
+    # -- health -----------------------------------------------------------
+
+    def set_health(self, source: str, error: str | None) -> None:
+        """Record (or clear) a failure that /ping and /stats should report."""
+        if error is None:
+            if self._errors.pop(source, None) is not None:
+                self.log.info("NSQ: health restored ({source})", source=source)
+        elif self._errors.get(source) != error:
+            self._errors[source] = error
+            self.log.error("NSQ: unhealthy ({source}) - {error}", source=source, error=error)
+
+    def health(self) -> str:
+        """"OK", or nsqd's "NOK - <error>"."""
+        errors = list(self._errors.values())
+        for topic in self.topics.values():
+            for backend in [topic.backend] + [c.backend for c in topic.channels.values()]:
+                e = backend.health()
+                if e:
+                    errors.append(e)
+        if not errors:
+            return "OK"
+        return "NOK - " + errors[0]
+
+    def is_healthy(self) -> bool:
+        return self.health() == "OK"
+
+    # -- clients ----------------------------------------------------------
+
+    def new_client_id(self) -> int:
+        return next(self._client_ids)
+
+    def add_client(self, client_id: int, client: Any) -> None:
+        self.clients[client_id] = client
+
+    def remove_client(self, client_id: int) -> None:
+        self.clients.pop(client_id, None)
+
+    # -- topics and channels ----------------------------------------------
+
+    def make_backend(self, name: str, ephemeral: bool) -> IBackendQueue:
+        if ephemeral:
+            return EphemeralBackend(name)
+        return self._backend_factory(name)
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic of that name, created (and announced) if new."""
+        topic = self.topics.get(name)
+        if topic is None:
+            backend = self.make_backend(backend_name(name), is_ephemeral(name))
+            topic = Topic(self, name, backend, self.clock, self._topic_wants_delete)
+            self.topics[name] = topic
+            self.log.info("TOPIC({topic}): created", topic=name)
+            for listener in self.listeners:
+                listener.topic_created(topic)
+        return topic
+
+    def get_existing_topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def make_channel(self, topic: Topic, name: str) -> Channel:
+        o = self.options
+        backend = self.make_backend(backend_name(topic.name, name),
+                                    topic.ephemeral or is_ephemeral(name))
+        return Channel(topic, name, backend, self.clock, o.mem_queue_size,
+                       o.max_msg_timeout, o.max_channel_consumers,
+                       topic._channel_wants_delete)
+
+    def channel_created(self, topic: Topic, channel: Channel) -> None:
+        for listener in self.listeners:
+            listener.channel_created(topic, channel)
+
+    def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        for listener in self.listeners:
+            listener.channel_deleted(topic, channel)
+
+    def delete_topic(self, name: str) -> Deferred[object]:
+        """Remove a topic with its channels and data; raises KeyError when there is none."""
+        topic = self.topics.pop(name)
+        self.log.info("TOPIC({topic}): deleting", topic=name)
+        d = topic.delete()
+        for listener in self.listeners:
+            listener.topic_deleted(topic)
+        return d
+
+    def _topic_wants_delete(self, topic: Topic) -> None:
+        # an ephemeral topic lost its last channel
+        if self.topics.get(topic.name) is topic:
+            self.delete_topic(topic.name).addErrback(
+                lambda f: self.log.failure("TOPIC({topic}): delete failed", f, topic=topic.name))
+
+    # -- publishing -------------------------------------------------------
+
+    def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> Topic:
+        """The one publish path for TCP and HTTP: new IDs, timestamps, queue.
+
+        Raises ExitingError or BackendError (the caller turns them into
+        E_PUB_FAILED or a 500).
+        """
+        topic = self.get_topic(topic_name)
+        now_ns = int(self.clock.seconds() * 1e9)
+        ids = self.guid.new_ids(len(bodies))
+        msgs = [Message(i, b, now_ns, 0, defer) for i, b in zip(ids, bodies)]
+        topic.put_messages(msgs)
+        return topic
+
+    # -- shutdown ---------------------------------------------------------
+
+    def close(self) -> Deferred[object]:
+        """Flush every topic and channel to its backend and close them."""
+        self.exiting = True
+        return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)

@@ -1,0 +1,573 @@
+"""The V2 TCP protocol: a thin Protocol over the parser and the NSQD domain.
+
+The protocol turns parsed commands into calls on topics and channels and
+their results into frames; decisions about queues, flight and timeouts live
+in :mod:`nsqtw.channel`. One protocol instance is one nsqd client.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from nsqtw import NSQD_VERSION
+from nsqtw.channel import Channel
+from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
+from nsqtw.interfaces import IConsumer
+from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
+from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from nsqtw.nsqd import NSQD
+from nsqtw.wire import Command, LineTooLong, V2Parser
+
+STATE_INIT = 0
+STATE_DISCONNECTED = 1
+STATE_CONNECTED = 2
+STATE_SUBSCRIBED = 3
+STATE_CLOSING = 4
+
+#: nsqd's default per-client output buffer (reported in IDENTIFY)
+DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+
+_OK = frame(FRAME_TYPE_RESPONSE, b"OK")
+_HEARTBEAT = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
+_CLOSE_WAIT = frame(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")
+
+_IDENTIFY_STR = ("client_id", "hostname", "user_agent", "short_id", "long_id")
+_IDENTIFY_BOOL = ("feature_negotiation", "tls_v1", "snappy", "deflate")
+_IDENTIFY_INT = ("heartbeat_interval", "output_buffer_size", "output_buffer_timeout",
+                 "deflate_level", "sample_rate", "msg_timeout")
+
+
+def _parse_base10(value: bytes) -> int:
+    """nsqd's ByteToBase10: digits only (no sign, no spaces)."""
+    if not value or not value.isdigit() or not value.isascii():
+        raise ValueError(value)
+    return int(value)
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
+
+
+def _decode_identify(body: bytes) -> dict[str, Any]:
+    """IDENTIFY's JSON with the types nsqd's decoder insists on."""
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    for key in _IDENTIFY_STR:
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(key)
+    for key in _IDENTIFY_BOOL:
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise ValueError(key)
+    for key in _IDENTIFY_INT:
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(key)
+    return data
+
+
+@implementer(IConsumer, IPushProducer)
+class V2Protocol(Protocol):
+    """One client connection speaking nsqd's V2 protocol."""
+
+    log = Logger()
+
+    def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
+        o = nsqd.options
+        self.nsqd = nsqd
+        self.clock = clock
+        self.client_id = nsqd.new_client_id()
+        self.state = STATE_INIT
+        self.channel: Channel | None = None
+        self.parser = V2Parser(o.max_msg_size, o.max_body_size, self._check_header)
+        # IDENTIFY-able settings, nsqd's defaults
+        self.heartbeat_interval = o.client_timeout / 2
+        self.msg_timeout = o.msg_timeout
+        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout = o.output_buffer_timeout
+        self.sample_rate = 0
+        self.identifier = ""
+        self.hostname = ""
+        self.user_agent = ""
+        self.remote_address = ""
+        self.connect_ts = int(clock.seconds())
+        # counters for /stats
+        self.ready_count = 0
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self._paused_writing = False
+        self._closed = False
+        self._heartbeat_call: IDelayedCall | None = None
+        self._read_deadline: IDelayedCall | None = None
+
+    def __str__(self) -> str:
+        return self.remote_address or f"client {self.client_id}"
+
+    # -- connection lifecycle ---------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()  # type: ignore[union-attr]
+        host = getattr(peer, "host", "") or str(peer)
+        port = getattr(peer, "port", None)
+        self.remote_address = f"{host}:{port}" if port is not None else host
+        self.identifier = self.hostname = host
+        self.log.info("TCP: new client({client})", client=self.remote_address)
+        self.nsqd.add_client(self.client_id, self)
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self._restart_heartbeat()
+        self._restart_read_deadline()
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[override]
+        self._closed = True
+        self._cancel_timers()
+        self.log.info("PROTOCOL(V2): [{client}] exiting ioloop", client=self)
+        if self.channel is not None:
+            self.channel.remove_client(self)
+            self.channel.wake()
+        self.nsqd.remove_client(self.client_id)
+
+    def _cancel_timers(self) -> None:
+        for call in (self._heartbeat_call, self._read_deadline):
+            if call is not None and call.active():
+                call.cancel()
+        self._heartbeat_call = self._read_deadline = None
+
+    def _restart_heartbeat(self) -> None:
+        if self._heartbeat_call is not None and self._heartbeat_call.active():
+            self._heartbeat_call.cancel()
+        self._heartbeat_call = None
+        if self.heartbeat_interval > 0 and not self._closed:
+            self._heartbeat_call = self.clock.callLater(self.heartbeat_interval, self._send_heartbeat)
+
+    def _send_heartbeat(self) -> None:
+        self._heartbeat_call = None
+        if self._closed:
+            return
+        self.transport.write(_HEARTBEAT)  # type: ignore[union-attr]
+        self._restart_heartbeat()
+
+    def _restart_read_deadline(self) -> None:
+        """nsqd allows two heartbeat intervals for each command to arrive whole."""
+        if self._read_deadline is not None and self._read_deadline.active():
+            self._read_deadline.cancel()
+        self._read_deadline = None
+        if self.heartbeat_interval > 0 and not self._closed:
+            self._read_deadline = self.clock.callLater(2 * self.heartbeat_interval, self._read_timeout)
+
+    def _read_timeout(self) -> None:
+        self._read_deadline = None
+        self.log.error("ERROR: client({client}) - failed to read command - i/o timeout", client=self)
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._cancel_timers()
+            self.transport.loseConnection()  # type: ignore[union-attr]
+
+    # -- reading ----------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closed:
+            return
+        parser = self.parser
+        parser.feed(data)
+        while not self._closed:
+            try:
+                cmd = parser.next_command()
+            except NSQError as e:
+                self._send_error(e)
+                return
+            except LineTooLong:
+                self.log.error("ERROR: client({client}) - failed to read command - line too long",
+                               client=self)
+                self._close()
+                return
+            if cmd is None:
+                return
+            self._restart_read_deadline()
+            try:
+                self._dispatch(cmd)
+            except NSQError as e:
+                self._send_error(e)
+
+    def _send_error(self, e: NSQError) -> None:
+        self.log.error("[{client}] - {error}", client=self, error=str(e))
+        self.transport.write(frame(FRAME_TYPE_ERROR, e.frame_body()))  # type: ignore[union-attr]
+        if e.fatal:
+            self._close()
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def _check_header(self, name: bytes, args: list[bytes]) -> None:
+        """What nsqd checks before it reads a command's body."""
+        if name == b"IDENTIFY":
+            if self.state != STATE_INIT:
+                raise fatal("E_INVALID", "cannot IDENTIFY in current state")
+        elif name == b"AUTH":
+            if self.state != STATE_INIT:
+                raise fatal("E_INVALID", "cannot AUTH in current state")
+            if len(args) != 0:
+                raise fatal("E_INVALID", "AUTH invalid number of parameters")
+        elif name == b"PUB":
+            self._topic_arg(b"PUB", args, 1)
+        elif name == b"MPUB":
+            # nsqd's MPUB repeats the code inside its description
+            if len(args) < 1:
+                raise fatal("E_INVALID", "MPUB insufficient number of parameters")
+            if not is_valid_topic_name(_text(args[0])):
+                raise fatal("E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(args[0])} is not valid")
+        elif name == b"DPUB":
+            self._topic_arg(b"DPUB", args, 2)
+            self._dpub_timeout(args[1])
+
+    def _topic_arg(self, cmd: bytes, args: list[bytes], count: int) -> str:
+        c = cmd.decode()
+        if len(args) < count:
+            raise fatal("E_INVALID", f"{c} insufficient number of parameters")
+        topic = _text(args[0])
+        if not is_valid_topic_name(topic):
+            raise fatal("E_BAD_TOPIC", f"{c} topic name {go_quote(args[0])} is not valid")
+        return topic
+
+    def _dpub_timeout(self, raw: bytes) -> float:
+        try:
+            ms = _parse_base10(raw)
+        except ValueError:
+            raise fatal("E_INVALID", f"DPUB could not parse timeout {_text(raw)}") from None
+        max_ms = int(self.nsqd.options.max_req_timeout * 1000)
+        if ms > max_ms:
+            raise fatal("E_INVALID", f"DPUB timeout {ms} out of range 0-{max_ms}")
+        return ms / 1000.0
+
+    # -- dispatch ---------------------------------------------------------
+
+    def _dispatch(self, cmd: Command) -> None:
+        name = cmd.name
+        if name == b"FIN":
+            self._fin(cmd.args)
+        elif name == b"RDY":
+            self._rdy(cmd.args)
+        elif name == b"PUB":
+            self._publish(b"PUB", _text(cmd.args[0]), [cmd.body or b""])
+        elif name == b"MPUB":
+            self._publish(b"MPUB", _text(cmd.args[0]), cmd.messages or [])
+        elif name == b"REQ":
+            self._req(cmd.args)
+        elif name == b"TOUCH":
+            self._touch(cmd.args)
+        elif name == b"NOP":
+            pass
+        elif name == b"DPUB":
+            self._publish(b"DPUB", _text(cmd.args[0]), [cmd.body or b""],
+                          self._dpub_timeout(cmd.args[1]))
+        elif name == b"SUB":
+            self._sub(cmd.args)
+        elif name == b"CLS":
+            self._cls()
+        elif name == b"IDENTIFY":
+            self._identify(cmd.body or b"")
+        elif name == b"AUTH":
+            self._auth(cmd.body or b"")
+        else:
+            raise fatal("E_INVALID", f"invalid command {_text(name)}")
+
+    def _identify(self, body: bytes) -> None:
+        o = self.nsqd.options
+        try:
+            data = _decode_identify(body)
+        except ValueError:
+            raise fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        self.log.info("[{client}] IDENTIFY: {data}", client=self, data=data)
+        self.identifier = data.get("client_id") or ""
+        self.hostname = data.get("hostname") or ""
+        self.user_agent = data.get("user_agent") or ""
+        self._identify_settings(data)
+        self._restart_heartbeat()
+        self._restart_read_deadline()
+        if not data.get("feature_negotiation"):
+            self._write(_OK)
+            return
+        want_deflate = bool(o.deflate and data.get("deflate"))
+        want_snappy = bool(o.snappy and data.get("snappy"))
+        if want_deflate and want_snappy:
+            raise fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
+        # TLS and compression are answered "off" until the connection can be
+        # upgraded; a client then carries on uncompressed and in the clear.
+        deflate = snappy = False
+        deflate_level = min(6, o.max_deflate_level)
+        response = {
+            "max_rdy_count": o.max_rdy_count,
+            "version": NSQD_VERSION,
+            "max_msg_timeout": int(o.max_msg_timeout * 1000),
+            "msg_timeout": int(self.msg_timeout * 1000),
+            "tls_v1": False,
+            "deflate": deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": o.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": self.sample_rate,
+            "auth_required": False,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
+        }
+        self._write(frame(FRAME_TYPE_RESPONSE, json.dumps(response, separators=(",", ":")).encode()))
+
+    def _identify_settings(self, data: dict[str, Any]) -> None:
+        """Apply heartbeat, output buffer, sample rate and msg timeout as nsqd validates them."""
+        o = self.nsqd.options
+
+        def bad(what: str, value: int) -> NSQError:
+            return fatal("E_BAD_BODY", f"IDENTIFY {what} ({value}) is invalid")
+
+        hb = data.get("heartbeat_interval") or 0
+        if hb == -1:
+            self.heartbeat_interval = 0
+        elif hb == 0:
+            pass
+        elif 1000 <= hb <= int(o.max_heartbeat_interval * 1000):
+            self.heartbeat_interval = hb / 1000.0
+        else:
+            raise bad("heartbeat interval", hb)
+
+        timeout = data.get("output_buffer_timeout") or 0
+        if timeout == -1:
+            self.output_buffer_timeout = 0.0
+        elif timeout == 0:
+            pass
+        elif (int(o.min_output_buffer_timeout * 1000) <= timeout
+              <= int(o.max_output_buffer_timeout * 1000)):
+            self.output_buffer_timeout = timeout / 1000.0
+        else:
+            raise bad("output buffer timeout", timeout)
+
+        size = data.get("output_buffer_size") or 0
+        if size == -1:
+            self.output_buffer_size = 1
+            self.output_buffer_timeout = 0.0
+        elif size == 0:
+            pass
+        elif 64 <= size <= o.max_output_buffer_size:
+            self.output_buffer_size = size
+        else:
+            raise bad("output buffer size", size)
+
+        rate = data.get("sample_rate") or 0
+        if rate < 0 or rate > 99:
+            raise bad("sample rate", rate)
+        self.sample_rate = rate
+
+        mt = data.get("msg_timeout") or 0
+        if mt == 0:
+            pass
+        elif 1000 <= mt <= int(o.max_msg_timeout * 1000):
+            self.msg_timeout = mt / 1000.0
+        else:
+            raise bad("msg timeout", mt)
+
+    def _auth(self, body: bytes) -> None:
+        raise fatal("E_AUTH_DISABLED", "AUTH disabled")
+
+    def _sub(self, args: list[bytes]) -> None:
+        if self.state != STATE_INIT:
+            raise fatal("E_INVALID", "cannot SUB in current state")
+        if self.heartbeat_interval <= 0:
+            raise fatal("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(args) < 2:
+            raise fatal("E_INVALID", "SUB insufficient number of parameters")
+        topic_name = _text(args[0])
+        if not is_valid_topic_name(topic_name):
+            raise fatal("E_BAD_TOPIC", f"SUB topic name {go_quote(args[0])} is not valid")
+        channel_name = _text(args[1])
+        if not is_valid_channel_name(channel_name):
+            raise fatal("E_BAD_CHANNEL", f"SUB channel name {go_quote(args[1])} is not valid")
+        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
+        try:
+            channel.add_client(self)
+        except ValueError:
+            raise fatal("E_TOO_MANY_CHANNEL_CONSUMERS",
+                        f"channel consumers for {topic_name}:{channel_name} exceeds limit of "
+                        f"{self.nsqd.options.max_channel_consumers}") from None
+        self.channel = channel
+        self.state = STATE_SUBSCRIBED
+        self._write(_OK)
+
+    def _rdy(self, args: list[bytes]) -> None:
+        if self.state == STATE_CLOSING:
+            self.log.info("PROTOCOL(V2): [{client}] ignoring RDY after CLS in state ClientStateV2Closing",
+                          client=self)
+            return
+        if self.state != STATE_SUBSCRIBED:
+            raise fatal("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if args:
+            try:
+                count = _parse_base10(args[0])
+            except ValueError:
+                raise fatal("E_INVALID", f"RDY could not parse count {_text(args[0])}") from None
+        max_rdy = self.nsqd.options.max_rdy_count
+        if count > max_rdy:
+            raise fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
+        self.ready_count = count
+        assert self.channel is not None
+        self.channel.wake()
+
+    def _message_id(self, cmd: str, args: list[bytes], count: int) -> bytes:
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise fatal("E_INVALID", f"cannot {cmd} in current state")
+        if len(args) < count:
+            raise fatal("E_INVALID", f"{cmd} insufficient number of params")
+        msg_id = args[0]
+        if len(msg_id) != MSG_ID_LENGTH:
+            raise fatal("E_INVALID", "invalid message ID")
+        return msg_id
+
+    def _fin(self, args: list[bytes]) -> None:
+        msg_id = self._message_id("FIN", args, 1)
+        assert self.channel is not None
+        try:
+            self.channel.finish(self, msg_id)
+        except NotInFlightError as e:
+            raise nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}") from None
+
+    def _req(self, args: list[bytes]) -> None:
+        msg_id = self._message_id("REQ", args, 2)
+        try:
+            ms = _parse_base10(args[1])
+        except ValueError:
+            raise fatal("E_INVALID", f"REQ could not parse timeout {_text(args[1])}") from None
+        max_req = self.nsqd.options.max_req_timeout
+        delay = ms / 1000.0
+        if delay > max_req:
+            self.log.info("PROTOCOL(V2): [{client}] REQ timeout {timeout} out of range 0-{max}. "
+                          "Setting to {max}", client=self, timeout=ms, max=int(max_req * 1000))
+            delay = max_req
+        assert self.channel is not None
+        try:
+            self.channel.requeue(self, msg_id, delay)
+        except (NotInFlightError, ExitingError, BackendError) as e:
+            raise nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {e}") from None
+
+    def _touch(self, args: list[bytes]) -> None:
+        msg_id = self._message_id("TOUCH", args, 1)
+        assert self.channel is not None
+        try:
+            self.channel.touch(self, msg_id, self.msg_timeout)
+        except NotInFlightError as e:
+            raise nonfatal("E_TOUCH_FAILED", f"TOUCH {_text(msg_id)} failed {e}") from None
+
+    def _cls(self) -> None:
+        if self.state != STATE_SUBSCRIBED:
+            raise fatal("E_INVALID", "cannot CLS in current state")
+        self.ready_count = 0
+        self.state = STATE_CLOSING
+        self._write(_CLOSE_WAIT)
+
+    def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
+        try:
+            self.nsqd.publish(topic, bodies, defer)
+        except (ExitingError, BackendError) as e:
+            c = cmd.decode()
+            raise fatal(f"E_{c}_FAILED", f"{c} failed {e}") from None
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+        self._write(_OK)
+
+    # -- IConsumer --------------------------------------------------------
+
+    def ready_capacity(self) -> int:
+        if self._paused_writing or self._closed or self.state != STATE_SUBSCRIBED:
+            return 0
+        return self.ready_count - self.in_flight_count
+
+    def deliver(self, messages: list[Message]) -> None:
+        self.in_flight_count += len(messages)
+        self.message_count += len(messages)
+        self.transport.write(b"".join([m.frame() for m in messages]))  # type: ignore[union-attr]
+
+    def message_finished(self) -> None:
+        self.in_flight_count -= 1
+        self.finish_count += 1
+
+    def message_requeued(self) -> None:
+        self.in_flight_count -= 1
+        self.requeue_count += 1
+
+    def message_timed_out(self) -> None:
+        self.in_flight_count -= 1
+        if self.channel is not None:
+            self.channel.wake()
+
+    def in_flight_emptied(self) -> None:
+        self.in_flight_count = 0
+
+    def channel_deleted(self) -> None:
+        """The channel went away under this client: nsqd closes the connection."""
+        self.channel = None
+        self._close()
+
+    # -- IPushProducer (our writes to a slow reader) ------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused_writing = True
+
+    def resumeProducing(self) -> None:
+        self._paused_writing = False
+        if self.channel is not None:
+            self.channel.wake()
+
+    def stopProducing(self) -> None:
+        self._paused_writing = True
+
+    # -- stats ------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """This client as nsqd's /stats shows it (field order as nsqd)."""
+        return {
+            "client_id": self.identifier,
+            "hostname": self.hostname,
+            "version": "V2",
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.ready_count,
+            "in_flight_count": self.in_flight_count,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+            "tls": self.tls,
+            "tls_cipher_suite": "",
+            "tls_version": "",
+            "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False,
+        }
+
+
+class V2Factory(ServerFactory):
+    """Builds a :class:`V2Protocol` per connection to the TCP listener."""
+
+    noisy = False
+
+    def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
+        self.nsqd = nsqd
+        self.clock = clock
+
+    def buildProtocol(self, addr: Any) -> V2Protocol:
+        return V2Protocol(self.nsqd, self.clock)

@@ -1,0 +1,140 @@
+"""Assembly: the NSQD core plus its listeners, as one twistd service."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.web.server import Site
+
+from nsqtw import NSQD_VERSION
+from nsqtw.nsqd import NSQD
+from nsqtw.protocol.v2 import V2Factory
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces), as Go accepts them."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"missing port in address {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def server_endpoint(reactor: Any, address: str) -> IStreamServerEndpoint:
+    host, port = split_host_port(address)
+    if ":" in host:
+        return TCP6ServerEndpoint(reactor, port, interface=host)
+    return TCP4ServerEndpoint(reactor, port, interface=host or "0.0.0.0")
+
+
+def format_address(port: IListeningPort) -> str:
+    addr = port.getHost()
+    host = getattr(addr, "host", "")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{getattr(addr, 'port', '')}"
+
+
+class ListenerService(Service):
+    """Listens on one address and logs nsqd's start-up line with the bound address.
+
+    Tools that start nsqd on port 0 read ``TCP: listening on HOST:PORT`` from
+    its log to learn the port, so the line carries the real address.
+    """
+
+    log = Logger()
+
+    def __init__(self, label: str, endpoint: IStreamServerEndpoint, factory: Factory,
+                 on_bound: Any = None) -> None:
+        self.label = label
+        self.endpoint = endpoint
+        self.factory = factory
+        self.on_bound = on_bound
+        self.port: IListeningPort | None = None
+        self.ready: Deferred[IListeningPort] | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self.ready = self.endpoint.listen(self.factory)
+        self.ready.addCallbacks(self._bound, self._failed)
+
+    def _bound(self, port: IListeningPort) -> IListeningPort:
+        self.port = port
+        self.log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
+        if self.on_bound is not None:
+            self.on_bound(port.getHost().port)
+        return port
+
+    def _failed(self, failure: Any) -> None:
+        from twisted.internet import reactor
+
+        self.log.critical("FATAL: {label}: listen failed - {error}", label=self.label,
+                          error=failure.getErrorMessage())
+        reactor.stop()  # type: ignore[attr-defined]
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        if self.port is not None:
+            port, self.port = self.port, None
+            self.log.info("{label}: closing {address}", label=self.label, address=format_address(port))
+            return port.stopListening()
+        return None
+
+
+class NSQDService(MultiService):
+    """The daemon: the NSQD core first, its listeners after.
+
+    MultiService stops children in reverse order, so listeners close before
+    the core flushes its queues.
+    """
+
+    log = Logger()
+
+    def __init__(self, options: Any, reactor: Any = None) -> None:
+        super().__init__()
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.options = options
+        self.reactor = reactor
+        self.nsqd = NSQD(options, reactor)
+        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
+                              V2Factory(self.nsqd, reactor), self._tcp_bound)
+        from nsqtw.http_api import HTTPAPI
+
+        site = Site(HTTPAPI(self.nsqd).resource())
+        site.noisy = False
+        http = ListenerService("HTTP", server_endpoint(reactor, options.http_address),
+                               site, self._http_bound)
+        tcp.setServiceParent(self)
+        http.setServiceParent(self)
+
+    def _tcp_bound(self, port: int) -> None:
+        self.nsqd.tcp_port = port
+
+    def _http_bound(self, port: int) -> None:
+        self.nsqd.http_port = port
+
+    def startService(self) -> None:
+        self.log.info("nsqd v{version} (nsqtw)", version=NSQD_VERSION)
+        self.log.info("ID: {node_id}", node_id=self.options.node_id)
+        # queued messages are long-lived; keep them out of the young generations
+        gc.set_threshold(50000, 20, 100)
+        super().startService()
+
+    def stopService(self) -> Deferred[None]:
+        return ensureDeferred(self._stop())
+
+    async def _stop(self) -> None:
+        await super().stopService()  # listeners first (reverse order)
+        await self.nsqd.close()
+        self.log.info("NSQ: stopped")

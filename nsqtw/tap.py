@@ -1,0 +1,19 @@
+"""twistd plugin glue for ``twistd nsqtw``: options in, service out."""
+
+from __future__ import annotations
+
+from twisted.application.service import IService
+
+from nsqtw.options import NSQDTwistdOptions as Options
+from nsqtw.service import NSQDService
+
+__all__ = ["Options", "makeService"]
+
+
+def makeService(config: Options) -> IService:
+    if config.nsqd.version:
+        from nsqtw import NSQD_VERSION, __version__
+
+        print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
+        raise SystemExit(0)
+    return NSQDService(config.nsqd)

@@ -1,0 +1,220 @@
+"""Sans-IO parser for the V2 TCP protocol.
+
+Bytes go in with :meth:`V2Parser.feed`; complete commands come out of
+:meth:`V2Parser.next_command`. Every length read from the wire is checked
+against its limit *before* the bytes it announces are buffered, with the
+exact error texts nsqd sends, so a lying size prefix never makes the daemon
+allocate past ``--max-body-size``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+from nsqtw.errors import NSQError, fatal
+
+MAGIC_V2 = b"  V2"
+#: nsqd reads commands through a 16 KiB buffer; a longer line ends the connection.
+MAX_LINE_LENGTH = 16 * 1024
+
+BODY_COMMANDS = frozenset((b"PUB", b"DPUB", b"MPUB", b"IDENTIFY", b"AUTH"))
+
+_INT32 = struct.Struct(">i")
+
+(_MAGIC, _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY) = range(7)
+
+
+class Command(NamedTuple):
+    """A parsed command: its name, its space-separated arguments and its body.
+
+    ``body`` is the single body of PUB, DPUB, IDENTIFY and AUTH; ``messages``
+    the list of bodies of an MPUB.
+    """
+
+    name: bytes
+    args: list[bytes]
+    body: bytes | None = None
+    messages: list[bytes] | None = None
+
+
+class LineTooLong(Exception):
+    """A command line exceeded :data:`MAX_LINE_LENGTH` (nsqd just hangs up)."""
+
+
+HeaderCheck = Callable[[bytes, list[bytes]], None]
+
+
+def _no_check(name: bytes, args: list[bytes]) -> None:
+    return None
+
+
+class V2Parser:
+    """Incremental parser; feed it bytes in any chunking.
+
+    ``check_header(name, args)`` is called when the line of a command that
+    carries a body is complete, before its size is read: nsqd validates the
+    state, the parameters and the topic name first, so their errors win.
+    """
+
+    def __init__(self, max_msg_size: int, max_body_size: int,
+                 check_header: HeaderCheck = _no_check, expect_magic: bool = True) -> None:
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self._check_header = check_header
+        self._buf = bytearray()
+        self._pos = 0
+        self._state = _MAGIC if expect_magic else _LINE
+        self._name = b""
+        self._args: list[bytes] = []
+        self._need = 0
+        self._messages: list[bytes] = []
+        self._mpub_left = 0
+        self._mpub_total = 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def buffered(self) -> int:
+        """Bytes received and not yet parsed into a command."""
+        return len(self._buf) - self._pos
+
+    def in_command(self) -> bool:
+        """True while part of a command has been read (a frame is incomplete)."""
+        return self._state != _LINE or self._pos < len(self._buf)
+
+    def next_command(self) -> Command | None:
+        """The next complete command, or None until more bytes arrive.
+
+        Raises :class:`NSQError` (always fatal) for malformed input and
+        :class:`LineTooLong` for an over-long line.
+        """
+        buf = self._buf
+        while True:
+            state = self._state
+            avail = len(buf) - self._pos
+            if state == _LINE:
+                nl = buf.find(b"\n", self._pos)
+                if nl < 0:
+                    if avail > MAX_LINE_LENGTH:
+                        raise LineTooLong()
+                    return self._compact()
+                if nl - self._pos >= MAX_LINE_LENGTH:
+                    raise LineTooLong()
+                end = nl
+                if end > self._pos and buf[end - 1] == 13:  # optional \r
+                    end -= 1
+                params = bytes(buf[self._pos:end]).split(b" ")
+                self._pos = nl + 1
+                name = params[0]
+                if name not in BODY_COMMANDS:
+                    return Command(name, params[1:])
+                self._name = name
+                self._args = params[1:]
+                self._check_header(name, self._args)
+                self._state = _SIZE
+            elif state == _SIZE or state == _MPUB_COUNT or state == _MPUB_SIZE:
+                if avail < 4:
+                    return self._compact()
+                (size,) = _INT32.unpack_from(buf, self._pos)
+                self._pos += 4
+                if state == _SIZE:
+                    self._check_size(size)
+                elif state == _MPUB_COUNT:
+                    self._check_count(size)
+                else:
+                    self._check_mpub_message(size)
+            elif state == _BODY or state == _MPUB_BODY:
+                need = self._need
+                if avail < need:
+                    return self._compact()
+                body = bytes(buf[self._pos:self._pos + need])
+                self._pos += need
+                if state == _BODY:
+                    self._state = _LINE
+                    return Command(self._name, self._args, body=body)
+                self._messages.append(body)
+                self._mpub_left -= 1
+                if self._mpub_left == 0:
+                    messages, self._messages = self._messages, []
+                    self._state = _LINE
+                    return Command(self._name, self._args, messages=messages)
+                self._state = _MPUB_SIZE
+            else:  # _MAGIC
+                if avail < 4:
+                    return self._compact()
+                magic = bytes(buf[self._pos:self._pos + 4])
+                self._pos += 4
+                if magic != MAGIC_V2:
+                    raise NSQError("E_BAD_PROTOCOL")
+                self._state = _LINE
+
+    def _compact(self) -> None:
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        return None
+
+    def _check_size(self, size: int) -> None:
+        name = self._name
+        cmd = name.decode()
+        if name == b"PUB" or name == b"DPUB":
+            if size <= 0:
+                raise fatal("E_BAD_MESSAGE", f"{cmd} invalid message body size {size}")
+            if size > self.max_msg_size:
+                raise fatal("E_BAD_MESSAGE", f"{cmd} message too big {size} > {self.max_msg_size}")
+        elif name == b"MPUB":
+            if size <= 0:
+                raise fatal("E_BAD_BODY", f"MPUB invalid body size {size}")
+            if size > self.max_body_size:
+                raise fatal("E_BAD_BODY", f"MPUB body too big {size} > {self.max_body_size}")
+            self._state = _MPUB_COUNT
+            return
+        else:  # IDENTIFY, AUTH
+            if size > self.max_body_size:
+                raise fatal("E_BAD_BODY", f"{cmd} body too big {size} > {self.max_body_size}")
+            if size <= 0:
+                raise fatal("E_BAD_BODY", f"{cmd} invalid body size {size}")
+        self._need = size
+        self._state = _BODY
+
+    def _check_count(self, count: int) -> None:
+        # each message takes at least 5 bytes (size + one byte of body)
+        if count <= 0 or count > (self.max_body_size - 4) // 5:
+            raise fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
+        self._mpub_left = count
+        self._mpub_total = 4
+        self._state = _MPUB_SIZE
+
+    def _check_mpub_message(self, size: int) -> None:
+        index = len(self._messages)
+        if size <= 0:
+            raise fatal("E_BAD_MESSAGE", f"MPUB invalid message({index}) body size {size}")
+        if size > self.max_msg_size:
+            raise fatal("E_BAD_MESSAGE", f"MPUB message too big {size} > {self.max_msg_size}")
+        # nsqd reads the messages straight from the stream, past the declared
+        # body size if the count says so; we follow it but never buffer more
+        # than --max-body-size for one MPUB.
+        self._mpub_total += 4 + size
+        if self._mpub_total > self.max_body_size:
+            raise fatal("E_BAD_BODY", f"MPUB body too big {self._mpub_total} > {self.max_body_size}")
+        self._need = size
+        self._state = _MPUB_BODY
+
+
+def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:
+    """Client-side encoding of a command (used by nsqtw-bench and tests)."""
+    line = b" ".join((name,) + args) + b"\n"
+    if body is None:
+        return line
+    return line + _INT32.pack(len(body)) + body
+
+
+def encode_mpub(topic: bytes, bodies: list[bytes]) -> bytes:
+    parts = [_INT32.pack(len(bodies))]
+    for b in bodies:
+        parts.append(_INT32.pack(len(b)))
+        parts.append(b)
+    payload = b"".join(parts)
+    return b"MPUB " + topic + b"\n" + _INT32.pack(len(payload)) + payload

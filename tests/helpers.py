@@ -1,0 +1,71 @@
+"""Shared test helpers: options, an in-memory NSQD, frame reading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from nsqtw.nsqd import NSQD
+from nsqtw.options import defaults
+from nsqtw.protocol.v2 import V2Factory, V2Protocol
+
+REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference")
+#: a fixed "now" so stats and IDs are reproducible
+EPOCH = 1795341386.0
+
+
+def reference(name: str) -> Any:
+    with open(os.path.join(REFERENCE_DIR, name)) as f:
+        return json.load(f)
+
+
+def make_options(**overrides: Any) -> Any:
+    return dataclasses.replace(defaults(), **overrides)
+
+
+def make_nsqd(**overrides: Any) -> tuple[NSQD, Clock]:
+    clock = Clock()
+    clock.advance(EPOCH)
+    return NSQD(make_options(**overrides), clock), clock
+
+
+def connect(nsqd: NSQD, clock: Clock, magic: bool = True) -> tuple[V2Protocol, StringTransport]:
+    proto = V2Factory(nsqd, clock).buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    if magic:
+        proto.dataReceived(b"  V2")
+    return proto, transport
+
+
+def read_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """Split a byte string into (frame_type, payload) pairs."""
+    frames = []
+    pos = 0
+    while pos + 8 <= len(data):
+        size, ftype = struct.unpack_from(">ii", data, pos)
+        frames.append((ftype, data[pos + 8:pos + 4 + size]))
+        pos += 4 + size
+    assert pos == len(data), "trailing partial frame"
+    return frames
+
+
+def take_frames(transport: StringTransport) -> list[tuple[int, bytes]]:
+    frames = read_frames(transport.value())
+    transport.clear()
+    return frames
+
+
+def decode_message_frame(payload: bytes) -> tuple[int, int, bytes, bytes]:
+    ts, attempts = struct.unpack_from(">qH", payload)
+    return ts, attempts, payload[10:26], payload[26:]
+
+
+def body(data: bytes) -> bytes:
+    return struct.pack(">i", len(data)) + data

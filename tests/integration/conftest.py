@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.daemon import Daemon
+
+
+@pytest.fixture
+def daemon_factory(tmp_path) -> Iterator:
+    """Start nsqtw daemons on loopback port 0; all are stopped at the end."""
+    started: list[Daemon] = []
+
+    def start(*args: str, data_path: str | None = None, **kw: object) -> Daemon:
+        path = data_path or str(tmp_path / f"data{len(started)}")
+        import os
+        os.makedirs(path, exist_ok=True)
+        d = Daemon(path, *args)
+        started.append(d)
+        return d.start(**kw)  # type: ignore[arg-type]
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def nsqd(daemon_factory) -> Daemon:
+    """One nsqtw daemon with default flags (plus a short msg timeout)."""
+    return daemon_factory()

@@ -1,0 +1,467 @@
+"""The V2 protocol against an in-memory NSQD, time driven by task.Clock."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
+from nsqtw.wire import encode_command, encode_mpub
+from tests.helpers import (EPOCH, body, connect, decode_message_frame, make_nsqd, reference,
+                           take_frames)
+
+
+def settle(clock, turns: int = 5) -> None:
+    for _ in range(turns):
+        clock.advance(0)
+
+
+class ReferenceTests(SynchronousTestCase):
+    """Go nsqd v1.3.0's recorded answers, byte for byte."""
+
+    def test_reference_tcp_cases(self) -> None:
+        """Every recorded TCP exchange gives the same frames and the same close/keep-open."""
+        cases = [c for c in reference("nsqd-1.3.0-responses.json")["tcp"] if "sent" in c]
+        self.assertGreater(len(cases), 30)
+        for case in cases:
+            nsqd, clock = make_nsqd(msg_timeout=2.0)
+            proto, transport = connect(nsqd, clock, magic=False)
+            proto.dataReceived(case["sent"].encode("latin-1"))
+            settle(clock)
+            expected = [(r["frame_type"], r["data"].encode()) for r in case["received"] if "frame_type" in r]
+            closes = any(r.get("trailing_bytes") == "<connection closed>" for r in case["received"])
+            self.assertEqual(take_frames(transport), expected, case["case"])
+            self.assertEqual(transport.disconnecting, closes, case["case"])
+
+    def test_reference_message_frame(self) -> None:
+        """A delivered message frame: 8-byte ns timestamp, attempts 1, 16 hex id, body."""
+        nsqd, clock = make_nsqd()
+        pub, pt = connect(nsqd, clock)
+        pub.dataReceived(encode_command(b"PUB", b"ref_msg", body=b"payload"))
+        sub, st = connect(nsqd, clock)
+        sub.dataReceived(b"SUB ref_msg c\nRDY 1\n")
+        settle(clock)
+        frames = take_frames(st)
+        self.assertEqual(frames[0], (FRAME_TYPE_RESPONSE, b"OK"))
+        ftype, payload = frames[1]
+        self.assertEqual(ftype, FRAME_TYPE_MESSAGE)
+        ts, attempts, msg_id, data = decode_message_frame(payload)
+        self.assertEqual((ts, attempts, data), (int(EPOCH * 1e9), 1, b"payload"))
+        self.assertRegex(msg_id.decode(), r"^[0-9a-f]{16}$")
+
+
+class Consumer:
+    """A subscribed connection with helpers to read what it got."""
+
+    def __init__(self, nsqd, clock, topic: str, channel: str, rdy: int = 1, identify: dict | None = None):
+        self.clock = clock
+        self.proto, self.transport = connect(nsqd, clock)
+        if identify is not None:
+            self.proto.dataReceived(encode_command(b"IDENTIFY", body=json.dumps(identify).encode()))
+            assert take_frames(self.transport)[0][0] == FRAME_TYPE_RESPONSE
+        self.proto.dataReceived(f"SUB {topic} {channel}\n".encode())
+        assert take_frames(self.transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+        if rdy:
+            self.send(f"RDY {rdy}\n".encode())
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+        settle(self.clock)
+
+    def messages(self) -> list[tuple[int, bytes, bytes]]:
+        out = []
+        for ftype, payload in take_frames(self.transport):
+            if ftype == FRAME_TYPE_MESSAGE:
+                _, attempts, msg_id, data = decode_message_frame(payload)
+                out.append((attempts, msg_id, data))
+        return out
+
+    def fin(self, msg_id: bytes) -> None:
+        self.send(b"FIN " + msg_id + b"\n")
+
+
+def publish(nsqd, clock, topic: str, *bodies: bytes) -> None:
+    proto, transport = connect(nsqd, clock)
+    proto.dataReceived(encode_mpub(topic.encode(), list(bodies)))
+    settle(clock)
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    proto.connectionLost(None)
+
+
+class DeliveryTests(SynchronousTestCase):
+    def test_fan_out_to_every_channel(self) -> None:
+        """Each channel gets its own copy of every message."""
+        nsqd, clock = make_nsqd()
+        a = Consumer(nsqd, clock, "t", "a", rdy=10)
+        b = Consumer(nsqd, clock, "t", "b", rdy=10)
+        publish(nsqd, clock, "t", b"1", b"2", b"3")
+        self.assertEqual([m[2] for m in a.messages()], [b"1", b"2", b"3"])
+        self.assertEqual([m[2] for m in b.messages()], [b"1", b"2", b"3"])
+
+    def test_clients_of_a_channel_share_it(self) -> None:
+        """Two clients of one channel split the messages; none is delivered twice."""
+        nsqd, clock = make_nsqd()
+        a = Consumer(nsqd, clock, "t", "c", rdy=100)
+        b = Consumer(nsqd, clock, "t", "c", rdy=100)
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(200)])
+        got_a, got_b = a.messages(), b.messages()
+        bodies = sorted(int(m[2]) for m in got_a + got_b)
+        self.assertEqual(bodies, list(range(200)))
+        self.assertTrue(got_a and got_b)
+
+    def test_rdy_bounds_in_flight(self) -> None:
+        """A client never has more in flight than its RDY; FIN makes room for the next."""
+        nsqd, clock = make_nsqd()
+        publish(nsqd, clock, "t", b"1", b"2", b"3")
+        c = Consumer(nsqd, clock, "t", "c", rdy=2)
+        first = c.messages()
+        self.assertEqual(len(first), 2)
+        c.fin(first[0][1])
+        self.assertEqual([m[2] for m in c.messages()], [b"3"])
+
+    def test_messages_wait_for_a_channel(self) -> None:
+        """Messages published before any channel exists are kept and delivered later."""
+        nsqd, clock = make_nsqd()
+        publish(nsqd, clock, "t", b"early")
+        self.assertEqual(nsqd.topics["t"].depth(), 1)
+        c = Consumer(nsqd, clock, "t", "c")
+        self.assertEqual([m[2] for m in c.messages()], [b"early"])
+
+    def test_overflow_past_mem_queue_size_is_kept(self) -> None:
+        """Past --mem-queue-size messages go to the backend, and come back in full."""
+        nsqd, clock = make_nsqd(mem_queue_size=2)
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(10)])
+        topic = nsqd.topics["t"]
+        self.assertEqual((len(topic.memory), topic.backend.depth()), (2, 8))
+        c = Consumer(nsqd, clock, "t", "c", rdy=100)
+        self.assertEqual(sorted(int(m[2]) for m in c.messages()), list(range(10)))
+
+    def test_ephemeral_overflow_is_dropped(self) -> None:
+        """#ephemeral topics drop what does not fit in memory, like nsqd."""
+        nsqd, clock = make_nsqd(mem_queue_size=2)
+        publish(nsqd, clock, "t#ephemeral", *[b"%d" % i for i in range(10)])
+        self.assertEqual(nsqd.topics["t#ephemeral"].depth(), 2)
+
+    def test_paused_channel_holds_messages(self) -> None:
+        """A paused channel delivers nothing until unpaused."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        nsqd.topics["t"].channels["c"].pause()
+        publish(nsqd, clock, "t", b"x")
+        self.assertEqual(c.messages(), [])
+        nsqd.topics["t"].channels["c"].unpause()
+        settle(clock)
+        self.assertEqual([m[2] for m in c.messages()], [b"x"])
+
+    def test_paused_topic_holds_messages(self) -> None:
+        """A paused topic copies nothing to its channels until unpaused."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        nsqd.topics["t"].pause()
+        publish(nsqd, clock, "t", b"x")
+        self.assertEqual(c.messages(), [])
+        self.assertEqual(nsqd.topics["t"].depth(), 1)
+        nsqd.topics["t"].unpause()
+        settle(clock)
+        self.assertEqual([m[2] for m in c.messages()], [b"x"])
+
+
+class FlightTests(SynchronousTestCase):
+    def test_timeout_redelivers_with_attempts_plus_one(self) -> None:
+        """A message not FINed within msg_timeout is requeued and redelivered with attempts+1."""
+        nsqd, clock = make_nsqd(msg_timeout=2.0)
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(attempts, msg_id, _)] = c.messages()
+        self.assertEqual(attempts, 1)
+        clock.advance(1.9)
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        clock.advance(0.2)
+        settle(clock)
+        self.assertEqual(c.messages(), [(2, msg_id, b"x")])
+        self.assertEqual(nsqd.topics["t"].channels["c"].timeout_count, 1)
+
+    def test_client_msg_timeout_from_identify(self) -> None:
+        """IDENTIFY msg_timeout replaces --msg-timeout for that client."""
+        nsqd, clock = make_nsqd(msg_timeout=60.0)
+        c = Consumer(nsqd, clock, "t", "c", identify={"msg_timeout": 1000})
+        publish(nsqd, clock, "t", b"x")
+        self.assertEqual(len(c.messages()), 1)
+        clock.advance(1.01)
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [2])
+
+    def test_touch_extends_the_timeout(self) -> None:
+        """TOUCH restarts the in-flight timer."""
+        nsqd, clock = make_nsqd(msg_timeout=2.0)
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        clock.advance(1.5)
+        c.send(b"TOUCH " + msg_id + b"\n")
+        clock.advance(1.5)
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        clock.advance(0.6)
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [2])
+
+    def test_touch_never_past_max_msg_timeout(self) -> None:
+        """TOUCH cannot keep a message in flight past --max-msg-timeout from delivery."""
+        nsqd, clock = make_nsqd(msg_timeout=2.0, max_msg_timeout=3.0)
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        clock.advance(1.5)
+        c.send(b"TOUCH " + msg_id + b"\n")
+        clock.advance(1.6)
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [2])
+
+    def test_req_now_and_with_delay(self) -> None:
+        """REQ 0 redelivers at once; REQ with a delay defers it."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        c.send(b"REQ " + msg_id + b" 0\n")
+        [(attempts, msg_id2, _)] = c.messages()
+        self.assertEqual((attempts, msg_id2), (2, msg_id))
+        c.send(b"REQ " + msg_id + b" 5000\n")
+        channel = nsqd.topics["t"].channels["c"]
+        self.assertEqual((len(channel.deferred), channel.requeue_count), (1, 2))
+        clock.advance(4.9)
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        clock.advance(0.2)
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [3])
+        self.assertEqual(c.proto.requeue_count, 2)
+
+    def test_req_delay_clamped_to_max_req_timeout(self) -> None:
+        """A REQ delay past --max-req-timeout is clamped, not refused."""
+        nsqd, clock = make_nsqd(max_req_timeout=10.0)
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        c.send(b"REQ " + msg_id + b" 99999999\n")
+        clock.advance(10.01)
+        settle(clock)
+        self.assertEqual(len(c.messages()), 1)
+
+    def test_dpub_defers_delivery(self) -> None:
+        """DPUB messages arrive after their delay, not before."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        p, pt = connect(nsqd, clock)
+        p.dataReceived(encode_command(b"DPUB", b"t", b"3000", body=b"later"))
+        settle(clock)
+        self.assertEqual(take_frames(pt), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(c.messages(), [])
+        self.assertEqual(len(nsqd.topics["t"].channels["c"].deferred), 1)
+        clock.advance(3.01)
+        settle(clock)
+        self.assertEqual([m[2] for m in c.messages()], [b"later"])
+
+    def test_fin_of_another_clients_message_fails(self) -> None:
+        """FIN of a message in flight to another client is E_FIN_FAILED, and not fatal."""
+        nsqd, clock = make_nsqd()
+        a = Consumer(nsqd, clock, "t", "c")
+        b = Consumer(nsqd, clock, "t", "c", rdy=0)
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = a.messages()
+        b.send(b"FIN " + msg_id + b"\n")
+        self.assertEqual(take_frames(b.transport),
+                         [(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN " + msg_id + b" failed client does not own message")])
+        self.assertFalse(b.transport.disconnecting)
+
+    def test_disconnect_requeues_in_flight(self) -> None:
+        """When a consumer goes away its in-flight messages go to the others at once."""
+        nsqd, clock = make_nsqd()
+        a = Consumer(nsqd, clock, "t", "c", rdy=5)
+        publish(nsqd, clock, "t", b"1", b"2")
+        self.assertEqual(len(a.messages()), 2)
+        b = Consumer(nsqd, clock, "t", "c", rdy=5)
+        a.proto.connectionLost(None)
+        settle(clock)
+        got = b.messages()
+        self.assertEqual(sorted(m[2] for m in got), [b"1", b"2"])
+        self.assertEqual({m[0] for m in got}, {2})
+
+    def test_cls_then_fin(self) -> None:
+        """CLS answers CLOSE_WAIT, ignores RDY after it, and still accepts FIN."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"1", b"2")
+        [(_, msg_id, _)] = c.messages()
+        c.send(b"CLS\n")
+        self.assertEqual(take_frames(c.transport), [(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")])
+        self.assertEqual(c.proto.state, STATE_CLOSING)
+        c.send(b"RDY 10\n")
+        c.fin(msg_id)
+        self.assertEqual(take_frames(c.transport), [])
+        self.assertFalse(c.transport.disconnecting)
+
+    def test_slow_reader_is_not_fed(self) -> None:
+        """While the transport asks us to pause, the client gets nothing; resume delivers."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        c.proto.pauseProducing()
+        publish(nsqd, clock, "t", b"x")
+        self.assertEqual(c.messages(), [])
+        c.proto.resumeProducing()
+        settle(clock)
+        self.assertEqual(len(c.messages()), 1)
+
+    def test_max_channel_consumers(self) -> None:
+        """--max-channel-consumers refuses the next SUB with nsqd's error."""
+        nsqd, clock = make_nsqd(max_channel_consumers=1)
+        Consumer(nsqd, clock, "t", "c")
+        p, t = connect(nsqd, clock)
+        p.dataReceived(b"SUB t c\n")
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_ERROR,
+                         b"E_TOO_MANY_CHANNEL_CONSUMERS channel consumers for t:c exceeds limit of 1")])
+        self.assertTrue(t.disconnecting)
+
+
+class EphemeralTests(SynchronousTestCase):
+    def test_ephemeral_channel_and_topic_vanish(self) -> None:
+        """An ephemeral channel goes with its last client, an ephemeral topic with its last channel."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "e#ephemeral", "c#ephemeral")
+        self.assertIn("e#ephemeral", nsqd.topics)
+        c.proto.connectionLost(None)
+        settle(clock)
+        self.assertNotIn("e#ephemeral", nsqd.topics)
+
+    def test_ephemeral_channel_on_durable_topic(self) -> None:
+        """An ephemeral channel on a normal topic goes; the topic stays."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c#ephemeral")
+        c.proto.connectionLost(None)
+        settle(clock)
+        self.assertEqual(list(nsqd.topics["t"].channels), [])
+
+
+class HeartbeatTests(SynchronousTestCase):
+    def test_heartbeats_sent_at_interval(self) -> None:
+        """A heartbeat every negotiated interval."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", identify={"heartbeat_interval": 1000})
+        clock.advance(1.0)
+        self.assertEqual(take_frames(c.transport), [(FRAME_TYPE_RESPONSE, b"_heartbeat_")])
+
+    def test_default_interval_is_half_client_timeout(self) -> None:
+        """Without IDENTIFY the interval is --client-timeout / 2."""
+        nsqd, clock = make_nsqd(client_timeout=10.0)
+        p, t = connect(nsqd, clock)
+        clock.advance(4.9)
+        self.assertEqual(take_frames(t), [])
+        clock.advance(0.1)
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"_heartbeat_")])
+
+    def test_silent_client_cut_after_two_intervals(self) -> None:
+        """A client that sends nothing for two intervals is disconnected."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", identify={"heartbeat_interval": 1000})
+        clock.advance(1.0)
+        c.send(b"NOP\n")
+        clock.advance(1.99)
+        self.assertFalse(c.transport.disconnecting)
+        clock.advance(0.02)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_client_stalled_mid_frame_is_cut(self) -> None:
+        """Half a frame does not keep a connection alive."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", identify={"heartbeat_interval": 1000})
+        c.proto.dataReceived(b"PUB t\n\x00\x00\x00\x10abc")
+        clock.advance(1.0)
+        c.proto.dataReceived(b"d")
+        clock.advance(1.01)
+        self.assertTrue(c.transport.disconnecting)
+
+    def test_heartbeats_disabled(self) -> None:
+        """heartbeat_interval -1 disables heartbeats and the deadline, and forbids SUB."""
+        nsqd, clock = make_nsqd()
+        p, t = connect(nsqd, clock)
+        p.dataReceived(encode_command(b"IDENTIFY", body=b'{"heartbeat_interval": -1}'))
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        clock.advance(3600)
+        self.assertEqual(take_frames(t), [])
+        self.assertFalse(t.disconnecting)
+        p.dataReceived(b"SUB t c\n")
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_ERROR, b"E_INVALID cannot SUB with heartbeats disabled")])
+
+
+class IdentifyTests(SynchronousTestCase):
+    def identify(self, data: dict) -> list:
+        nsqd, clock = make_nsqd()
+        p, t = connect(nsqd, clock)
+        p.dataReceived(encode_command(b"IDENTIFY", body=json.dumps(data).encode()))
+        return take_frames(t)
+
+    def test_invalid_values(self) -> None:
+        """Out-of-range IDENTIFY settings get nsqd's E_BAD_BODY texts."""
+        cases = {
+            "heartbeat_interval": (999, "heartbeat interval (999) is invalid"),
+            "output_buffer_size": (63, "output buffer size (63) is invalid"),
+            "output_buffer_timeout": (99999999, "output buffer timeout (99999999) is invalid"),
+            "sample_rate": (100, "sample rate (100) is invalid"),
+            "msg_timeout": (999, "msg timeout (999) is invalid"),
+        }
+        for key, (value, text) in cases.items():
+            self.assertEqual(self.identify({key: value}),
+                             [(FRAME_TYPE_ERROR, f"E_BAD_BODY IDENTIFY {text}".encode())], key)
+
+    def test_wrong_json_types(self) -> None:
+        """A field of the wrong type is a JSON decode error, as Go's decoder makes it."""
+        for data in ({"heartbeat_interval": "1000"}, {"client_id": 5}, {"msg_timeout": 1.5}):
+            self.assertEqual(self.identify(data),
+                             [(FRAME_TYPE_ERROR, b"E_BAD_BODY IDENTIFY failed to decode JSON body")])
+
+    def test_negotiated_values_reported(self) -> None:
+        """feature_negotiation reports the client's effective settings."""
+        [(ftype, payload)] = self.identify({"feature_negotiation": True, "msg_timeout": 5000,
+                                            "output_buffer_size": -1, "sample_rate": 10})
+        resp = json.loads(payload)
+        self.assertEqual((resp["msg_timeout"], resp["output_buffer_size"], resp["output_buffer_timeout"],
+                          resp["sample_rate"]), (5000, 1, 0, 10))
+
+    def test_identify_twice(self) -> None:
+        """IDENTIFY after SUB is refused."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        c.send(encode_command(b"IDENTIFY", body=b"{}"))
+        self.assertEqual(take_frames(c.transport),
+                         [(FRAME_TYPE_ERROR, b"E_INVALID cannot IDENTIFY in current state")])
+
+
+class StatsTests(SynchronousTestCase):
+    def test_client_counters(self) -> None:
+        """A consumer's counters and state as /stats will show them."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=5,
+                     identify={"client_id": "me", "hostname": "h", "user_agent": "ua/1"})
+        publish(nsqd, clock, "t", b"1", b"2", b"3")
+        msgs = c.messages()
+        c.fin(msgs[0][1])
+        c.send(b"REQ " + msgs[1][1] + b" 0\n")
+        stats = c.proto.stats()
+        self.assertEqual((stats["client_id"], stats["hostname"], stats["user_agent"], stats["state"]),
+                         ("me", "h", "ua/1", STATE_SUBSCRIBED))
+        self.assertEqual((stats["ready_count"], stats["message_count"], stats["finish_count"],
+                          stats["requeue_count"], stats["in_flight_count"]), (5, 4, 1, 1, 2))
+
+    def test_publish_counts(self) -> None:
+        """A producer's per-topic publish counts."""
+        nsqd, clock = make_nsqd()
+        p, t = connect(nsqd, clock)
+        p.dataReceived(encode_command(b"PUB", b"a", body=b"x") + encode_mpub(b"b", [b"1", b"2"]))
+        self.assertEqual(p.pub_counts, {"a": 1, "b": 2})
+        self.assertEqual(nsqd.topics["b"].message_bytes, 2)
+        self.assertEqual(struct.unpack(">i", t.value()[:4])[0], 6)

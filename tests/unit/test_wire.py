@@ -1,0 +1,139 @@
+"""The V2 parser: every command shape, fed in every chunking, and its size checks."""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.errors import NSQError
+from nsqtw.wire import MAX_LINE_LENGTH, Command, LineTooLong, V2Parser, encode_command, encode_mpub
+
+MAX_MSG = 1024
+MAX_BODY = 4096
+
+
+def parse_all(data: bytes, chunk: int, **kw: object) -> list[Command]:
+    parser = V2Parser(MAX_MSG, MAX_BODY, **kw)  # type: ignore[arg-type]
+    out = []
+    for i in range(0, len(data), chunk):
+        parser.feed(data[i:i + chunk])
+        while (cmd := parser.next_command()) is not None:
+            out.append(cmd)
+    return out
+
+
+STREAM = (b"  V2"
+          + encode_command(b"IDENTIFY", body=b'{"client_id":"x"}')
+          + b"SUB t c\r\n"
+          + b"RDY 10\n"
+          + encode_command(b"PUB", b"t", body=b"hello")
+          + encode_command(b"DPUB", b"t", b"1000", body=b"later")
+          + encode_mpub(b"t", [b"a", b"bb", b"ccc"])
+          + b"FIN 0123456789abcdef\n"
+          + b"NOP\n"
+          + encode_command(b"AUTH", body=b"secret"))
+
+EXPECTED = [
+    Command(b"IDENTIFY", [], body=b'{"client_id":"x"}'),
+    Command(b"SUB", [b"t", b"c"]),
+    Command(b"RDY", [b"10"]),
+    Command(b"PUB", [b"t"], body=b"hello"),
+    Command(b"DPUB", [b"t", b"1000"], body=b"later"),
+    Command(b"MPUB", [b"t"], messages=[b"a", b"bb", b"ccc"]),
+    Command(b"FIN", [b"0123456789abcdef"]),
+    Command(b"NOP", []),
+    Command(b"AUTH", [], body=b"secret"),
+]
+
+
+class ChunkingTests(SynchronousTestCase):
+    def test_every_chunk_size(self) -> None:
+        """The same stream parses to the same commands whether it arrives whole or byte by byte."""
+        for chunk in list(range(1, 17)) + [64, len(STREAM)]:
+            self.assertEqual(parse_all(STREAM, chunk), EXPECTED, f"chunk={chunk}")
+
+    def test_header_check_sees_line_before_size(self) -> None:
+        """The header check runs once the line is in, before the size bytes arrive."""
+        seen = []
+        parser = V2Parser(MAX_MSG, MAX_BODY, check_header=lambda n, a: seen.append((n, a)))
+        parser.feed(b"  V2PUB topic\n")
+        self.assertIsNone(parser.next_command())
+        self.assertEqual(seen, [(b"PUB", [b"topic"])])
+
+    def test_in_command_tracks_partial_frames(self) -> None:
+        """in_command() is true while a frame is half-received (used for read deadlines)."""
+        parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+        self.assertFalse(parser.in_command())
+        parser.feed(b"PUB t\n\x00\x00")
+        self.assertIsNone(parser.next_command())
+        self.assertTrue(parser.in_command())
+
+
+class ErrorTests(SynchronousTestCase):
+    def error(self, data: bytes) -> str:
+        parser = V2Parser(MAX_MSG, MAX_BODY)
+        parser.feed(data)
+        with self.assertRaises(NSQError) as ctx:
+            while parser.next_command() is not None:
+                pass
+        self.assertTrue(ctx.exception.fatal)
+        return str(ctx.exception)
+
+    def test_bad_magic(self) -> None:
+        """Anything but '  V2' is E_BAD_PROTOCOL."""
+        self.assertEqual(self.error(b"  V1"), "E_BAD_PROTOCOL")
+
+    def test_pub_sizes(self) -> None:
+        """PUB/DPUB sizes: zero, negative and over --max-msg-size are refused before buffering."""
+        self.assertEqual(self.error(b"  V2PUB t\n" + struct.pack(">i", 0)),
+                         "E_BAD_MESSAGE PUB invalid message body size 0")
+        self.assertEqual(self.error(b"  V2PUB t\n" + struct.pack(">i", -5)),
+                         "E_BAD_MESSAGE PUB invalid message body size -5")
+        self.assertEqual(self.error(b"  V2DPUB t 1\n" + struct.pack(">i", MAX_MSG + 1)),
+                         f"E_BAD_MESSAGE DPUB message too big {MAX_MSG + 1} > {MAX_MSG}")
+
+    def test_identify_and_auth_sizes(self) -> None:
+        """IDENTIFY/AUTH bodies are bounded by --max-body-size; 'too big' is checked first."""
+        self.assertEqual(self.error(b"  V2IDENTIFY\n" + struct.pack(">i", MAX_BODY + 1)),
+                         f"E_BAD_BODY IDENTIFY body too big {MAX_BODY + 1} > {MAX_BODY}")
+        self.assertEqual(self.error(b"  V2AUTH\n" + struct.pack(">i", 0)),
+                         "E_BAD_BODY AUTH invalid body size 0")
+
+    def test_mpub_errors(self) -> None:
+        """MPUB: body size, message count and each message size are checked like nsqd."""
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">i", 0)),
+                         "E_BAD_BODY MPUB invalid body size 0")
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">i", MAX_BODY + 1)),
+                         f"E_BAD_BODY MPUB body too big {MAX_BODY + 1} > {MAX_BODY}")
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">ii", 8, 0)),
+                         "E_BAD_BODY MPUB invalid message count 0")
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">ii", 8, MAX_BODY)),
+                         f"E_BAD_BODY MPUB invalid message count {MAX_BODY}")
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">iiii", 20, 2, 1, 0)[:-4]
+                                    + b"x" + struct.pack(">i", 0)),
+                         "E_BAD_MESSAGE MPUB invalid message(1) body size 0")
+        self.assertEqual(self.error(b"  V2MPUB t\n" + struct.pack(">iii", 20, 1, MAX_MSG + 1)),
+                         f"E_BAD_MESSAGE MPUB message too big {MAX_MSG + 1} > {MAX_MSG}")
+
+    def test_mpub_never_buffers_past_max_body(self) -> None:
+        """A count that reads past the declared body is followed, but never past --max-body-size."""
+        many = struct.pack(">i", 1000) + b"x" * 1000
+        data = b"  V2MPUB t\n" + struct.pack(">ii", 10, 100) + many * 5
+        self.assertEqual(self.error(data), f"E_BAD_BODY MPUB body too big {4 + 1004 * 5} > {MAX_BODY}")
+
+    def test_line_too_long(self) -> None:
+        """A line over 16 KiB without a newline ends the connection (no frame, as nsqd)."""
+        parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+        parser.feed(b"X" * (MAX_LINE_LENGTH + 1))
+        self.assertRaises(LineTooLong, parser.next_command)
+
+    def test_parser_keeps_no_more_than_it_needs(self) -> None:
+        """Consumed bytes are released: the buffer holds only the unparsed tail."""
+        parser = V2Parser(MAX_MSG, MAX_BODY)
+        parser.feed(b"  V2" + b"NOP\n" * 1000 + b"RD")
+        cmds = []
+        while (c := parser.next_command()) is not None:
+            cmds.append(c)
+        self.assertEqual(len(cmds), 1000)
+        self.assertEqual(parser.buffered(), 2)
