@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
+from nsqtw.log import Logger
 
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import IBackendQueue, IConsumer

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from nsqtw.log import Logger
 
 from nsqtw.backend import EphemeralBackend, MemoryBackend
 from nsqtw.channel import Channel
@@ -171,4 +171,6 @@ class NSQD:
     def close(self) -> Deferred[object]:
         """Flush every topic and channel to its backend and close them."""
         self.exiting = True
+        for client in list(self.clients.values()):
+            client.close()
         return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from nsqtw.log import Logger
 
 
 class Pump:

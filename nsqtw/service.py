@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.internet.protocol import Factory
-from twisted.logger import Logger
+from nsqtw.log import Logger
 from twisted.web.server import Site
 
 from nsqtw import NSQD_VERSION

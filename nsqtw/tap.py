@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from twisted.application.service import IService
 
+from nsqtw.log import set_level
 from nsqtw.options import NSQDTwistdOptions as Options
 from nsqtw.service import NSQDService
 
@@ -16,4 +17,5 @@ def makeService(config: Options) -> IService:
 
         print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
         raise SystemExit(0)
+    set_level(config.nsqd.log_level)
     return NSQDService(config.nsqd)

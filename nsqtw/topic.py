@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from nsqtw.log import Logger
 
 from nsqtw.channel import Channel
 from nsqtw.errors import BackendError, ExitingError

@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory
-from twisted.logger import Logger
+from nsqtw.log import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -170,6 +170,10 @@ class V2Protocol(Protocol):
     def _read_timeout(self) -> None:
         self._read_deadline = None
         self.log.error("ERROR: client({client}) - failed to read command - i/o timeout", client=self)
+        self._close()
+
+    def close(self) -> None:
+        """Hang up (graceful stop, channel deleted)."""
         self._close()
 
     def _close(self) -> None:

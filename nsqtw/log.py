@@ -1,0 +1,50 @@
+"""Logging with nsqd's ``--log-level``: one filter every nsqtw logger goes through.
+
+twistd owns the log file and its observer; nsqtw's loggers publish through a
+level filter first, so ``--log-level`` and ``PUT /config/log_level`` decide
+what reaches it, at run time too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted import logger as _tw
+from twisted.logger import FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogPublisher
+
+#: nsqd's level names and their numbers (GET /config/log_level answers the number)
+LEVELS: dict[str, tuple[LogLevel, int]] = {
+    "debug": (LogLevel.debug, 1),
+    "info": (LogLevel.info, 2),
+    "warn": (LogLevel.warn, 3),
+    "error": (LogLevel.error, 4),
+    "fatal": (LogLevel.critical, 5),
+}
+
+_predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.info)
+_observer = FilteringLogObserver(globalLogPublisher, [_predicate])
+_current = "info"
+
+
+def set_level(name: str) -> None:
+    """Apply an nsqd level name (debug, info, warn, error, fatal)."""
+    global _current
+    level, _ = LEVELS[name.lower()]
+    _predicate.setLogLevelForNamespace(None, level)  # type: ignore[arg-type]
+    _current = name.lower()
+
+
+def level_name() -> str:
+    return _current
+
+
+def level_number() -> int:
+    return LEVELS[_current][1]
+
+
+class Logger(_tw.Logger):
+    """A twisted Logger that publishes through nsqtw's level filter."""
+
+    def __init__(self, namespace: str | None = None, source: Any = None,
+                 observer: Any = None) -> None:
+        super().__init__(namespace, source, observer if observer is not None else _observer)
