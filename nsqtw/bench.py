@@ -1,0 +1,261 @@
+"""nsqtw-bench: load generator modelled on nsq's bench_writer and bench_reader.
+
+Works against any nsqd (Go or nsqtw). Each worker is its own process with
+one connection and a plain blocking socket, so the generator scales past one
+core and never shares the daemon's reactor.
+
+    nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --size=200 --batch-size=200 --runfor=10s
+    nsqtw-bench reader --nsqd-tcp-address=127.0.0.1:4150 --channel=ch --rdy=2500 --runfor=10s
+    nsqtw-bench latency --rate=5000 --runfor=10s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from nsqtw.options import format_duration, parse_duration
+
+_FRAME = struct.Struct(">ii")
+_INT = struct.Struct(">i")
+
+
+def _connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    s = socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"  V2")
+    return s
+
+
+class FrameReader:
+    """Reads V2 frames from a blocking socket with one buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.pos = 0
+
+    def frames(self) -> list[tuple[int, bytes]]:
+        """At least one complete frame (blocks until one is there)."""
+        out: list[tuple[int, bytes]] = []
+        while not out:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            buf = self.buf
+            buf += chunk
+            pos = self.pos
+            n = len(buf)
+            while n - pos >= 8:
+                size, ftype = _FRAME.unpack_from(buf, pos)
+                if n - pos < 4 + size:
+                    break
+                out.append((ftype, bytes(buf[pos + 8:pos + 4 + size])))
+                pos += 4 + size
+            del buf[:pos]
+            self.pos = 0
+        return out
+
+
+def _mpub(topic: bytes, bodies: list[bytes]) -> bytes:
+    payload = _INT.pack(len(bodies)) + b"".join(_INT.pack(len(b)) + b for b in bodies)
+    return b"MPUB " + topic + b"\n" + _INT.pack(len(payload)) + payload
+
+
+def _expect_ok(reader: FrameReader, pending: list[tuple[int, bytes]]) -> None:
+    while True:
+        if not pending:
+            pending.extend(reader.frames())
+        ftype, data = pending.pop(0)
+        if data == b"_heartbeat_":
+            reader.sock.sendall(b"NOP\n")
+            continue
+        if ftype != 0 or data != b"OK":
+            raise RuntimeError(f"unexpected response: {data!r}")
+        return
+
+
+def _writer_worker(address: str, topic: str, size: int, batch: int, runfor: float,
+                   start_at: float, out: Any) -> None:
+    sock = _connect(address)
+    reader = FrameReader(sock)
+    pending: list[tuple[int, bytes]] = []
+    body = b"a" * size
+    cmd = _mpub(topic.encode(), [body] * batch)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    count = 0
+    end = time.monotonic() + runfor
+    while time.monotonic() < end:
+        sock.sendall(cmd)
+        _expect_ok(reader, pending)
+        count += batch
+    sock.close()
+    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
+
+
+def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: float,
+                   start_at: float, out: Any) -> None:
+    sock = _connect(address)
+    reader = FrameReader(sock)
+    sock.sendall(f"SUB {topic} {channel}\nRDY {rdy}\n".encode())
+    while time.time() < start_at:
+        time.sleep(0.001)
+    count = 0
+    end = time.monotonic() + runfor
+    sock.settimeout(0.5)
+    while time.monotonic() < end:
+        try:
+            frames = reader.frames()
+        except socket.timeout:
+            continue
+        fins = []
+        for ftype, data in frames:
+            if ftype == 2:
+                fins.append(b"FIN " + data[10:26] + b"\n")
+            elif data == b"_heartbeat_":
+                fins.append(b"NOP\n")
+        if fins:
+            sock.sendall(b"".join(fins))
+            count += len(fins)
+    sock.close()
+    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
+
+
+def _latency_worker(address: str, topic: str, channel: str, rate: float, size: int,
+                    runfor: float, out: Any) -> None:
+    """Publish at a fixed rate with the send time in the body; measure receipt."""
+    sub = _connect(address)
+    sub_reader = FrameReader(sub)
+    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
+    if sub_reader.frames()[0][1] != b"OK":
+        raise RuntimeError("SUB failed")
+    pub = _connect(address)
+    pub_reader = FrameReader(pub)
+    pending: list[tuple[int, bytes]] = []
+    pad = b"a" * max(0, size - 8)
+    latencies: list[float] = []
+    interval = 1.0 / rate
+    start = time.monotonic()
+    end = start + runfor
+    sent = 0
+    sub.settimeout(0.0005)
+    while True:
+        now = time.monotonic()
+        if now >= end and len(latencies) >= sent:
+            break
+        if now > end + 5:
+            break
+        due = int((min(now, end) - start) / interval)
+        while sent < due:
+            body = struct.pack(">d", time.monotonic()) + pad
+            pub.sendall(b"PUB " + topic.encode() + b"\n" + _INT.pack(len(body)) + body)
+            _expect_ok(pub_reader, pending)
+            sent += 1
+        try:
+            frames = sub_reader.frames()
+        except (socket.timeout, BlockingIOError):
+            continue
+        fins = []
+        t = time.monotonic()
+        for ftype, data in frames:
+            if ftype == 2:
+                (t0,) = struct.unpack_from(">d", data, 26)
+                latencies.append(t - t0)
+                fins.append(b"FIN " + data[10:26] + b"\n")
+            elif data == b"_heartbeat_":
+                fins.append(b"NOP\n")
+        if fins:
+            sub.sendall(b"".join(fins))
+    out.put((sent, latencies))
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
+    return sorted_values[i]
+
+
+def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=args + (out,)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
+def _report(kind: str, count: int, size: int, duration: float, results: list[Any],
+            as_json: bool) -> str:
+    cpu = sum(r[1].ru_utime + r[1].ru_stime for r in results)
+    if count == 0:
+        line = f"duration: {format_duration(duration)} - 0.000mb/s - 0.000ops/s - 0.000us/op"
+    else:
+        line = (f"duration: {format_duration(duration)} - "
+                f"{count * size / duration / 1024 / 1024:.3f}mb/s - "
+                f"{count / duration:.3f}ops/s - {duration * 1e6 / count:.3f}us/op")
+    if as_json:
+        return json.dumps({"mode": kind, "messages": count, "duration_s": duration,
+                           "ops_per_s": count / duration if duration else 0.0,
+                           "bench_cpu_s": cpu, "line": line})
+    return f"{line}\n[{kind}] bench's own CPU: {cpu:.2f}s over {duration:.2f}s ({len(results)} processes)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nsqtw-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["writer", "reader", "latency"])
+    parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
+    parser.add_argument("--topic", default="sub_bench")
+    parser.add_argument("--channel", default="ch")
+    parser.add_argument("--size", type=int, default=200, help="message size in bytes")
+    parser.add_argument("--batch-size", type=int, default=200, help="messages per MPUB (writer)")
+    parser.add_argument("--rdy", type=int, default=2500, help="RDY count (reader)")
+    parser.add_argument("--runfor", default="10s", help="Go duration, e.g. 10s")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes, one connection each (default: one per core)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="messages/s (latency)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the text line")
+    # Go's flag syntax: -flag=value
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = ["-" + a if a.startswith("-") and not a.startswith("--") and len(a) > 2 else a for a in argv]
+    ns = parser.parse_args(argv)
+    runfor = parse_duration(ns.runfor)
+    start_at = time.time() + 0.2
+    if ns.mode == "writer":
+        results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
+                                                runfor, start_at), ns.workers)
+        print(_report("writer", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
+    elif ns.mode == "reader":
+        results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
+                                                runfor, start_at), ns.workers)
+        print(_report("reader", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
+    else:
+        results = _run_workers(_latency_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rate,
+                                                 ns.size, runfor), 1)
+        sent, lat = results[0]
+        lat.sort()
+        p50, p99, p999 = (_percentile(lat, q) * 1e3 for q in (0.5, 0.99, 0.999))
+        if ns.json:
+            print(json.dumps({"mode": "latency", "sent": sent, "received": len(lat), "rate": ns.rate,
+                              "p50_ms": p50, "p99_ms": p99, "p999_ms": p999}))
+        else:
+            print(f"latency: rate {ns.rate:.0f}/s - sent {sent} - received {len(lat)} - "
+                  f"p50 {p50:.3f}ms - p99 {p99:.3f}ms - p999 {p999:.3f}ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
