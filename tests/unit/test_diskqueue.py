@@ -1,0 +1,602 @@
+"""DiskQueue: go-diskqueue's file format, rolling, corruption handling, sync policy and batching."""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import shutil
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from nsqtw.diskqueue import (
+    DiskQueue,
+    SynchronousDiskExecutor,
+    ThreadPoolDiskExecutor,
+    nsqd_msg_size_limits,
+)
+from nsqtw.errors import BackendError
+from nsqtw.interfaces import IBackendQueue
+
+
+class FileHooks:
+    """Counts write and fsync calls, and fails writes on demand (a full or broken disk)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.fsyncs = 0
+        self.fail: OSError | None = None
+        self.fail_after: int | None = None  # let this many more writes succeed, then fail
+
+    def write(self, fd: int, data: Any) -> int:
+        if self.fail_after is not None:
+            if self.fail_after == 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.fail_after -= 1
+        if self.fail is not None:
+            raise self.fail
+        self.writes += 1
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+
+
+def rec(i: int, size: int = 3) -> bytes:
+    return f"{i:0{size}d}".encode()[-size:]
+
+
+def framed(data: bytes) -> bytes:
+    return struct.pack(">i", len(data)) + data
+
+
+class DiskQueueTestBase(SynchronousTestCase):
+    def setUp(self) -> None:
+        # not mktemp(): under pytest that would litter the working directory
+        self.path = tempfile.mkdtemp(prefix="nsqtw-diskqueue-")
+        self.addCleanup(shutil.rmtree, self.path, True)
+        self.clock = Clock()
+        self.hooks = FileHooks()
+        self.events: list[dict[str, Any]] = []
+        self.patch(DiskQueue, "log", Logger(observer=self.events.append))
+        self.queues: list[DiskQueue] = []
+
+    def tearDown(self) -> None:
+        for q in self.queues:
+            q.close()
+
+    def open(self, name: str = "t", max_bytes: int = 1 << 20, min_size: int = 1, max_size: int = 1 << 16,
+             sync_every: int = 2500, sync_timeout: float = 2.0, **kw: Any) -> DiskQueue:
+        q = DiskQueue(name=name, data_path=self.path, max_bytes_per_file=max_bytes, min_msg_size=min_size,
+                      max_msg_size=max_size, sync_every=sync_every, sync_timeout=sync_timeout,
+                      clock=self.clock, executor=SynchronousDiskExecutor(),
+                      write_fn=self.hooks.write, fsync_fn=self.hooks.fsync, **kw)
+        self.queues.append(q)
+        return q
+
+    def reopen(self, q: DiskQueue, **kw: Any) -> DiskQueue:
+        self.successResultOf(q.close())
+        return self.open(q.name, **kw)
+
+    def file(self, name: str) -> bytes:
+        with open(os.path.join(self.path, name), "rb") as f:
+            return f.read()
+
+    def write_file(self, name: str, data: bytes) -> None:
+        with open(os.path.join(self.path, name), "wb") as f:
+            f.write(data)
+
+    def meta(self, name: str = "t") -> bytes:
+        return self.file(f"{name}.diskqueue.meta.dat")
+
+    def listing(self) -> list[str]:
+        return sorted(os.listdir(self.path))
+
+    def read_all(self, q: DiskQueue, limit: int = 1000) -> list[bytes]:
+        out: list[bytes] = []
+        while len(out) < limit:
+            got = q.read(limit - len(out))
+            if not got:
+                break
+            out.extend(got)
+        return out
+
+    def logged(self, text: str) -> bool:
+        from twisted.logger import formatEvent
+        return any(text in formatEvent(e) for e in self.events)
+
+
+class FormatTests(DiskQueueTestBase):
+    def test_provides_interface(self) -> None:
+        """DiskQueue provides IBackendQueue."""
+        self.assertTrue(verifyObject(IBackendQueue, self.open()))
+
+    def test_nsqd_limits(self) -> None:
+        """nsqd gives go-diskqueue min = ID+timestamp+attempts and max = --max-msg-size plus that."""
+        self.assertEqual(nsqd_msg_size_limits(1048576), (26, 1048602))
+
+    def test_byte_exact_small_case(self) -> None:
+        """Segment names, record framing and metadata text are exactly go-diskqueue's."""
+        q = self.open(max_bytes=20)
+        q.put(b"abc")
+        q.put(b"defgh")
+        q.put(b"ij")  # 16 + 6 > 20: rolls first
+        self.clock.advance(0)
+        self.successResultOf(q.close())
+        self.assertEqual(self.listing(), ["t.diskqueue.000000.dat", "t.diskqueue.000001.dat", "t.diskqueue.meta.dat"])
+        self.assertEqual(self.file("t.diskqueue.000000.dat"), b"\x00\x00\x00\x03abc\x00\x00\x00\x05defgh")
+        self.assertEqual(self.file("t.diskqueue.000001.dat"), b"\x00\x00\x00\x02ij")
+        self.assertEqual(self.meta(), b"3\n0,0\n1,6\n")
+
+    def test_roll_only_when_next_record_would_pass(self) -> None:
+        """A segment may fill to exactly max-bytes-per-file; the next record starts a new one (go-diskqueue v1.1)."""
+        q = self.open(max_bytes=14)
+        q.put_many([b"aaa", b"bbb"])
+        self.clock.advance(0)
+        q = self.reopen(q, max_bytes=14)
+        self.assertEqual(self.meta(), b"2\n0,0\n0,14\n")
+        q.put(b"ccc")
+        self.clock.advance(0)
+        q = self.reopen(q, max_bytes=14)
+        self.assertEqual(self.meta(), b"3\n0,0\n1,7\n")
+        self.assertEqual(self.read_all(q), [b"aaa", b"bbb", b"ccc"])
+
+    def test_record_bigger_than_segment(self) -> None:
+        """A record larger than a segment gets a segment of its own."""
+        q = self.open(max_bytes=10)
+        q.put_many([b"x" * 20, b"y"])
+        self.clock.advance(0)
+        self.assertEqual(self.file("t.diskqueue.000000.dat"), framed(b"x" * 20))
+        self.assertEqual(self.file("t.diskqueue.000001.dat"), framed(b"y"))
+        self.assertEqual(self.read_all(q), [b"x" * 20, b"y"])
+
+    def test_no_temp_files_left(self) -> None:
+        """Metadata goes through a temp file that is renamed into place."""
+        q = self.open()
+        q.put(b"a")
+        self.clock.advance(0)
+        self.successResultOf(q.close())
+        self.assertEqual(self.listing(), ["t.diskqueue.000000.dat", "t.diskqueue.meta.dat"])
+
+    def test_put_validates_size(self) -> None:
+        """Records outside min..max size are refused with go-diskqueue's message; nothing is queued."""
+        q = self.open(min_size=2, max_size=4)
+        self.assertRaises(BackendError, q.put, b"a")
+        e = self.assertRaises(BackendError, q.put_many, [b"ab", b"abcde"])
+        self.assertEqual(str(e), "invalid message write size (5) minMsgSize=2 maxMsgSize=4")
+        self.assertEqual(q.depth(), 0)
+
+
+class BatchingTests(DiskQueueTestBase):
+    def test_one_write_per_reactor_turn(self) -> None:
+        """Every put of one reactor turn reaches the disk in a single write call."""
+        q = self.open()
+        for i in range(100):
+            q.put(rec(i))
+        self.assertEqual(self.hooks.writes, 0)
+        self.assertEqual(q.depth(), 100)
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 1)
+        q.put_many(rec(i) for i in range(100, 150))
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 2)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(150)])
+
+    def test_one_write_per_segment(self) -> None:
+        """A batch spanning segments costs one write per segment."""
+        q = self.open(max_bytes=70)  # 10 records of 7 bytes per segment
+        q.put_many(rec(i) for i in range(25))
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 3)
+        self.assertEqual(self.listing()[:3], ["t.diskqueue.000000.dat", "t.diskqueue.000001.dat",
+                                              "t.diskqueue.000002.dat"])
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(25)])
+
+
+class ReadTests(DiskQueueTestBase):
+    def test_read_in_order_and_depth(self) -> None:
+        """Records come back oldest first; depth counts written minus returned."""
+        q = self.open()
+        q.put_many(rec(i) for i in range(10))
+        self.assertEqual(q.read(5), [])  # not on disk yet
+        self.clock.advance(0)
+        self.assertEqual(q.read(4), [rec(i) for i in range(4)])
+        self.assertEqual(q.depth(), 6)
+        self.assertEqual(q.read(100), [rec(i) for i in range(4, 10)])
+        self.assertEqual(q.depth(), 0)
+        self.assertEqual(q.read(1), [])
+
+    def test_small_read_ahead_refills(self) -> None:
+        """Read-ahead works in chunks and refills as the buffer drains."""
+        q = self.open(max_bytes=50, read_ahead_records=3)
+        q.put_many(rec(i) for i in range(40))
+        self.clock.advance(0)
+        self.assertLessEqual(len(q._buffer), 3)
+        out = []
+        for _ in range(40):
+            out.extend(q.read(1))
+        self.assertEqual(out, [rec(i) for i in range(40)])
+
+    def test_readable_callback(self) -> None:
+        """After a short read, the callback fires (in a later reactor turn) once records are readable."""
+        q = self.open()
+        calls: list[None] = []
+        q.set_readable_callback(lambda: calls.append(None))
+        self.assertEqual(q.read(10), [])
+        q.put(b"a")
+        self.clock.advance(0)  # flush, refill, schedule the notification
+        self.clock.advance(0)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(q.read(10), [b"a"])
+        self.clock.advance(0)
+        self.assertEqual(len(calls), 1)
+
+    def test_reopen_keeps_depth_and_position(self) -> None:
+        """Depth and read position survive close and reopen."""
+        q = self.open(max_bytes=30)
+        q.put_many(rec(i) for i in range(10))
+        self.clock.advance(0)
+        self.assertEqual(q.read(3), [rec(0), rec(1), rec(2)])
+        q = self.reopen(q, max_bytes=30)
+        self.assertEqual(q.depth(), 7)
+        self.assertEqual(self.meta(), b"7\n0,21\n2,14\n")
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(3, 10)])
+
+    def test_read_ahead_is_not_consumed(self) -> None:
+        """Records buffered but not returned by read() are read again after a restart."""
+        q = self.open()
+        q.put_many(rec(i) for i in range(10))
+        self.clock.advance(0)
+        self.assertEqual(len(q._buffer), 10)
+        q.read(2)
+        q = self.reopen(q)
+        self.assertEqual(self.meta(), b"8\n0,14\n0,70\n")
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(2, 10)])
+
+    def test_fully_read_segments_deleted(self) -> None:
+        """A segment is deleted once every record in it has been returned by read()."""
+        q = self.open(max_bytes=21)  # 3 records per segment
+        q.put_many(rec(i) for i in range(9))
+        self.clock.advance(0)
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+        q.read(2)
+        q.read(0)
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+        q.read(1)
+        q.read(0)
+        self.assertNotIn("t.diskqueue.000000.dat", self.listing())
+        self.assertIn("t.diskqueue.000001.dat", self.listing())
+        self.read_all(q)
+        self.successResultOf(q.close())
+        self.assertEqual(self.listing(), ["t.diskqueue.000002.dat", "t.diskqueue.meta.dat"])
+        self.assertEqual(self.meta(), b"0\n2,21\n2,21\n")
+
+    def test_reader_at_end_when_writer_rolls(self) -> None:
+        """A reader that caught up at a full segment moves on when the writer rolls; no .bad file.
+
+        go-diskqueue v1.1.0 (nsqd 1.3.0) renames such a segment to .bad; later
+        go-diskqueue deletes it, which is what we do.
+        """
+        q = self.open(max_bytes=14)
+        q.put_many([b"aaa", b"bbb"])
+        self.clock.advance(0)
+        self.assertEqual(q.read(10), [b"aaa", b"bbb"])
+        q.put(b"ccc")
+        self.clock.advance(0)
+        self.assertEqual(q.read(10), [b"ccc"])
+        self.assertEqual(q.depth(), 0)
+        self.assertIsNone(q.health())
+        self.successResultOf(q.close())
+        self.assertEqual(self.listing(), ["t.diskqueue.000001.dat", "t.diskqueue.meta.dat"])
+        self.assertEqual(self.meta(), b"0\n1,7\n1,7\n")
+
+
+class CorruptionTests(DiskQueueTestBase):
+    def write_segments(self, count: int = 9, max_bytes: int = 21) -> None:
+        q = self.open(max_bytes=max_bytes)
+        q.put_many(rec(i) for i in range(count))
+        self.clock.advance(0)
+        self.successResultOf(q.close())
+
+    def test_invalid_size(self) -> None:
+        """An invalid record size renames the segment to .bad, skips to the next and fixes depth at the tail."""
+        self.write_segments()
+        data = bytearray(self.file("t.diskqueue.000001.dat"))
+        data[7:11] = struct.pack(">i", 1 << 30)  # second record of segment 1
+        self.write_file("t.diskqueue.000001.dat", bytes(data))
+        q = self.open(max_bytes=21)
+        self.assertEqual(q.depth(), 9)
+        self.assertEqual(self.read_all(q), [rec(i) for i in (0, 1, 2, 3, 6, 7, 8)])
+        self.assertIn("t.diskqueue.000001.dat.bad", self.listing())
+        self.assertNotIn("t.diskqueue.000001.dat", self.listing())
+        self.assertEqual(q.depth(), 0)
+        self.assertTrue(self.logged("invalid message read size (1073741824)"))
+        self.assertTrue(self.logged("saving bad file as"))
+        self.assertIn("positive depth at tail (2), data loss", q.health() or "")
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n2,21\n2,21\n")
+
+    def test_truncated_record_in_write_segment(self) -> None:
+        """A short record in the write segment: .bad, writes move to a new segment, depth corrected."""
+        self.write_segments(count=5)  # segment 1 holds records 3 and 4, write position 1,14
+        with open(os.path.join(self.path, "t.diskqueue.000001.dat"), "r+b") as f:
+            f.truncate(10)
+        q = self.open(max_bytes=21)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(4)])
+        self.assertEqual(q.depth(), 0)
+        self.assertTrue(self.logged("unexpected EOF"))
+        self.assertIn("data loss", q.health() or "")
+        self.assertIn("t.diskqueue.000001.dat.bad", self.listing())
+        q.put(b"new")
+        self.clock.advance(0)
+        self.assertEqual(q.read(10), [b"new"])
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n2,7\n2,7\n")
+
+    def test_metadata_past_data(self) -> None:
+        """Metadata whose write position lies past the data: read what exists, then .bad and depth 0."""
+        self.write_segments(count=2)
+        self.write_file("t.diskqueue.meta.dat", b"5\n0,0\n0,35\n")
+        q = self.open(max_bytes=21)
+        self.assertEqual(q.depth(), 5)
+        self.assertEqual(self.read_all(q), [rec(0), rec(1)])
+        self.assertEqual(q.depth(), 0)
+        self.assertIn("t.diskqueue.000000.dat.bad", self.listing())
+        self.assertTrue(self.logged("reading at 14 of"))
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n1,0\n1,0\n")
+
+    def test_metadata_behind_data(self) -> None:
+        """Write position behind the file's end (metadata not synced): new writes go to a new segment,
+        the reader salvages the rest and the negative depth is reset at the tail."""
+        self.write_segments(count=3, max_bytes=100)
+        self.write_file("t.diskqueue.meta.dat", b"1\n0,0\n0,7\n")
+        q = self.open(max_bytes=100)
+        self.assertTrue(self.logged("skipping to new file"))
+        q.put(b"new")
+        self.clock.advance(0)
+        self.assertEqual(self.read_all(q), [rec(0), rec(1), rec(2), b"new"])
+        self.assertEqual(q.depth(), 0)
+        self.assertIn("negative depth at tail", q.health() or "")
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n1,7\n1,7\n")
+
+    def test_read_position_past_write_position(self) -> None:
+        """Read position beyond the write position is corruption: skip to fresh segments."""
+        self.write_segments(count=2)
+        self.write_file("t.diskqueue.meta.dat", b"0\n0,21\n0,14\n")
+        q = self.open(max_bytes=21)
+        self.assertEqual(q.depth(), 0)
+        self.assertIn("readPos > writePos (21 > 14)", q.health() or "")
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n1,0\n1,0\n")
+        self.assertEqual(self.listing(), ["t.diskqueue.meta.dat"])
+
+    def test_missing_segment(self) -> None:
+        """A missing finished segment is skipped like an unreadable one."""
+        self.write_segments()
+        os.remove(os.path.join(self.path, "t.diskqueue.000000.dat"))
+        q = self.open(max_bytes=21)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(3, 9)])
+        self.assertEqual(q.depth(), 0)
+
+
+class SyncTests(DiskQueueTestBase):
+    def test_sync_every(self) -> None:
+        """fsync (write segment + metadata) after every --sync-every writes."""
+        q = self.open(sync_every=3)
+        q.put_many([b"a", b"b"])
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.fsyncs, 0)
+        self.assertFalse(os.path.exists(os.path.join(self.path, "t.diskqueue.meta.dat")))
+        q.put(b"c")
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.fsyncs, 2)
+        self.assertEqual(self.meta(), b"3\n0,0\n0,15\n")
+
+    def test_sync_timeout(self) -> None:
+        """With activity, fsync at least every --sync-timeout; without activity, never."""
+        q = self.open(sync_timeout=2.0)
+        self.clock.advance(2.0)
+        self.assertEqual(self.hooks.fsyncs, 0)
+        q.put(b"a")
+        self.clock.advance(0)
+        self.clock.advance(1.9)
+        self.assertEqual(self.hooks.fsyncs, 0)
+        self.clock.advance(0.1)
+        self.assertEqual(self.hooks.fsyncs, 2)
+        self.clock.advance(10)
+        self.assertEqual(self.hooks.fsyncs, 2)
+
+    def test_sync_timeout_persists_reads(self) -> None:
+        """Reads count as activity: the timer persists the new read position."""
+        q = self.open()
+        q.put_many([b"a", b"b"])
+        self.clock.advance(2.0)
+        self.assertEqual(self.meta(), b"2\n0,0\n0,10\n")
+        q.read(1)
+        self.clock.advance(2.0)
+        self.assertEqual(self.meta(), b"1\n0,5\n0,10\n")
+
+    def test_sync_on_roll(self) -> None:
+        """Starting a new segment fsyncs the old one and persists metadata."""
+        q = self.open(max_bytes=10)
+        q.put_many([b"aaaaaa", b"b"])
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.fsyncs, 2)
+        self.assertEqual(self.meta(), b"1\n0,0\n1,0\n")
+
+
+class LifecycleTests(DiskQueueTestBase):
+    def test_close_flushes_and_persists(self) -> None:
+        """close() writes pending records, syncs and persists metadata; later puts fail."""
+        q = self.open()
+        q.put_many([b"a", b"b"])
+        self.successResultOf(q.close())
+        self.assertEqual(self.file("t.diskqueue.000000.dat"), framed(b"a") + framed(b"b"))
+        self.assertEqual(self.meta(), b"2\n0,0\n0,10\n")
+        self.assertRaises(BackendError, q.put, b"c")
+        self.assertTrue(q._executor.stopped)  # type: ignore[attr-defined]
+        q2 = self.open()
+        self.assertEqual(q2.depth(), 2)
+
+    def test_empty(self) -> None:
+        """empty() drops every record, pending ones too, removes segments and keeps working."""
+        q = self.open(max_bytes=21)
+        q.put_many(rec(i) for i in range(7))
+        self.clock.advance(0)
+        q.read(2)
+        q.put(b"pending")
+        self.successResultOf(q.empty())
+        self.assertEqual(q.depth(), 0)
+        self.assertEqual(q.read(10), [])
+        self.clock.advance(0)
+        self.assertEqual(self.listing(), ["t.diskqueue.meta.dat"])
+        self.assertEqual(self.meta(), b"0\n3,0\n3,0\n")
+        q.put(b"after")
+        self.clock.advance(0)
+        self.assertEqual(q.read(10), [b"after"])
+        q = self.reopen(q)
+        self.assertEqual(q.depth(), 0)
+
+    def test_delete(self) -> None:
+        """delete() removes segments and metadata and closes the queue."""
+        q = self.open(max_bytes=21)
+        q.put_many(rec(i) for i in range(7))
+        self.clock.advance(0)
+        q.put(b"pending")
+        self.successResultOf(q.delete())
+        self.assertEqual(self.listing(), [])
+        self.assertRaises(BackendError, q.put, b"x")
+        self.failureResultOf(q.empty(), BackendError)
+
+    def test_write_failure_and_recovery(self) -> None:
+        """A failed write refuses puts and shows in health(); a later retry writes everything, in order."""
+        q = self.open()
+        q.put(b"a")
+        self.clock.advance(0)
+        self.hooks.fail = OSError(errno.ENOSPC, "No space left on device")
+        q.put_many([b"b", b"c"])
+        self.clock.advance(0)
+        self.assertIn("No space left on device", q.health() or "")
+        self.assertRaises(BackendError, q.put, b"d")
+        self.assertEqual(q.depth(), 3)
+        self.clock.advance(1.0)  # retry still fails
+        self.assertIsNotNone(q.health())
+        self.hooks.fail = None
+        self.clock.advance(1.0)
+        self.assertIsNone(q.health())
+        q.put(b"d")
+        self.clock.advance(0)
+        self.assertEqual(self.read_all(q), [b"a", b"b", b"c", b"d"])
+        self.assertEqual(self.file("t.diskqueue.000000.dat"), b"".join(framed(x) for x in (b"a", b"b", b"c", b"d")))
+
+    def test_partial_batch_failure_across_segments(self) -> None:
+        """When a batch fails after some segments were written, only the rest is retried."""
+        q = self.open(max_bytes=10)
+        self.hooks.fail_after = 1
+        q.put_many([b"aaaaaa", b"bbbbbb", b"cccccc"])
+        self.clock.advance(0)
+        self.assertIsNotNone(q.health())
+        self.assertEqual(q.read(10), [b"aaaaaa"])
+        self.hooks.fail_after = None
+        self.clock.advance(1.0)
+        self.assertIsNone(q.health())
+        self.assertEqual(self.read_all(q), [b"bbbbbb", b"cccccc"])
+        self.assertEqual(q.depth(), 0)
+
+    def test_close_while_failing(self) -> None:
+        """close() tries the pending records once more and reports what it could not write."""
+        q = self.open()
+        self.hooks.fail = OSError(errno.EIO, "I/O error")
+        q.put(b"a")
+        self.clock.advance(0)
+        self.failureResultOf(q.close(), BackendError)
+
+
+class FakeThreadReactor:
+    """callFromThread hands calls to the test thread through a queue."""
+
+    def __init__(self) -> None:
+        self.calls: queue.Queue[tuple[Callable[..., object], tuple[object, ...]]] = queue.Queue()
+
+    def callFromThread(self, f: Callable[..., object], *args: object) -> None:
+        self.calls.put((f, args))
+
+    def run_one(self) -> None:
+        f, args = self.calls.get(timeout=5)
+        f(*args)
+
+
+class ThreadPoolExecutorTests(SynchronousTestCase):
+    def test_ordered_on_one_other_thread(self) -> None:
+        """Jobs run in submission order, on one thread that is not the caller's."""
+        reactor = FakeThreadReactor()
+        executor = ThreadPoolDiskExecutor(reactor, name="test")  # type: ignore[arg-type]
+        self.addCleanup(executor.stop)
+        seen: list[tuple[int, int]] = []
+        results: list[int] = []
+        ds: list[Deferred[int]] = []
+        for i in range(20):
+            def job(i: int = i) -> int:
+                seen.append((i, threading.get_ident()))
+                return i
+            ds.append(executor.submit(job))
+        for d in ds:
+            d.addCallback(results.append)
+        for _ in range(20):
+            reactor.run_one()
+        self.assertEqual(results, list(range(20)))
+        self.assertEqual([i for i, _ in seen], list(range(20)))
+        threads = {t for _, t in seen}
+        self.assertEqual(len(threads), 1)
+        self.assertNotIn(threading.get_ident(), threads)
+
+
+class ModelTests(DiskQueueTestBase):
+    def test_random_operations_match_a_fifo(self) -> None:
+        """Random puts, reads, turns, reopens and empties behave like an in-memory FIFO."""
+        import random
+        from collections import deque
+
+        rnd = random.Random(1234)
+        model: deque[bytes] = deque()
+        opts: dict[str, Any] = {"max_bytes": 60, "read_ahead_records": 4, "read_ahead_bytes": 40}
+        q = self.open(**opts)
+        serial = 0
+        for _ in range(3000):
+            op = rnd.random()
+            if op < 0.4:
+                batch = []
+                for _ in range(rnd.randint(1, 6)):
+                    batch.append(f"r{serial}".encode() * rnd.randint(1, 4))
+                    serial += 1
+                q.put_many(batch)
+                model.extend(batch)
+            elif op < 0.75:
+                got = q.read(rnd.randint(1, 8))
+                self.assertEqual(got, [model.popleft() for _ in got])
+            elif op < 0.95:
+                self.clock.advance(rnd.choice([0, 0, 0.5, 2.0]))
+            elif op < 0.99:
+                q = self.reopen(q, **opts)
+            else:
+                self.successResultOf(q.empty())
+                model.clear()
+            self.assertEqual(q.depth(), len(model))
+        self.clock.advance(0)
+        self.assertEqual(self.read_all(q, limit=100000), list(model))
+        self.assertIsNone(q.health())
+        self.successResultOf(q.close())
+        segments = [n for n in self.listing() if n.endswith(".dat") and "meta" not in n]
+        self.assertLessEqual(len(segments), 1)
+        self.assertFalse([n for n in self.listing() if n.endswith((".bad", ".tmp"))])
