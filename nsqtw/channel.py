@@ -369,9 +369,11 @@ class Channel:
 
     def pause(self) -> None:
         self.paused = True
+        self.topic.nsqd.metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
+        self.topic.nsqd.metadata_changed()
         self._pump.wake()
 
     def empty(self) -> Deferred[None]:

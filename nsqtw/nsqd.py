@@ -56,6 +56,9 @@ class NSQD:
         self._client_ids = itertools.count(1)
         self._errors: dict[str, str] = {}
         self.exiting = False
+        self.loading = False
+        #: told (via ``changed()``) whenever nsqd.dat needs rewriting
+        self.metadata: Any = None
         #: the bound ports, filled in by the listeners (port 0 means "pick one")
         self.tcp_port = 0
         self.http_port = 0
@@ -115,7 +118,35 @@ class NSQD:
             self.log.info("TOPIC({topic}): created", topic=name)
             for listener in self.listeners:
                 listener.topic_created(topic)
+            self.metadata_changed()
         return topic
+
+    def metadata_changed(self) -> None:
+        """A topic or channel was created, deleted, paused or unpaused."""
+        if self.metadata is not None and not self.loading:
+            self.metadata.changed()
+
+    def load(self, entries: list[dict[str, Any]]) -> None:
+        """Recreate topics and channels (and their paused states) from nsqd.dat."""
+        self.loading = True
+        try:
+            for t in entries:
+                topic = self.get_topic(t["name"])
+                if t["paused"]:
+                    topic.pause()
+                for c in t["channels"]:
+                    channel = topic.get_channel(c["name"])
+                    if c["paused"]:
+                        channel.pause()
+        finally:
+            self.loading = False
+
+    def backends(self) -> list[IBackendQueue]:
+        out = []
+        for topic in self.topics.values():
+            out.append(topic.backend)
+            out.extend(c.backend for c in topic.channels.values())
+        return out
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
@@ -131,10 +162,12 @@ class NSQD:
     def channel_created(self, topic: Topic, channel: Channel) -> None:
         for listener in self.listeners:
             listener.channel_created(topic, channel)
+        self.metadata_changed()
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
         for listener in self.listeners:
             listener.channel_deleted(topic, channel)
+        self.metadata_changed()
 
     def delete_topic(self, name: str) -> Deferred[object]:
         """Remove a topic with its channels and data; raises KeyError when there is none."""
@@ -143,6 +176,7 @@ class NSQD:
         d = topic.delete()
         for listener in self.listeners:
             listener.topic_deleted(topic)
+        self.metadata_changed()
         return d
 
     def _topic_wants_delete(self, topic: Topic) -> None:

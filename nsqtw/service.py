@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
+import os
 from typing import Any
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.internet.protocol import Factory
@@ -14,6 +16,8 @@ from nsqtw.log import Logger
 from twisted.web.server import Site
 
 from nsqtw import NSQD_VERSION
+from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
+from nsqtw.metadata import MetadataStore, decode, read_file
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
 
@@ -89,11 +93,36 @@ class ListenerService(Service):
         return None
 
 
+class DataPathLock:
+    """An exclusive lock on the data path, so two daemons never share one (as nsqd)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RuntimeError(f"--data-path={self.path} in use (possibly by another instance of nsqd)")
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class NSQDService(MultiService):
     """The daemon: the NSQD core first, its listeners after.
 
-    MultiService stops children in reverse order, so listeners close before
-    the core flushes its queues.
+    Start-up loads ``nsqd.dat`` (and opens every queue it names) before the
+    listeners open. MultiService stops children in reverse order, so on
+    SIGTERM the listeners close first, then every message is flushed to disk
+    and the metadata persisted.
     """
 
     log = Logger()
@@ -106,7 +135,10 @@ class NSQDService(MultiService):
             reactor = default_reactor
         self.options = options
         self.reactor = reactor
-        self.nsqd = NSQD(options, reactor)
+        self.data_path = options.resolved_data_path
+        self.lock = DataPathLock(self.data_path)
+        self.nsqd = NSQD(options, reactor, self._make_backend)
+        self.meta_executor: ThreadPoolDiskExecutor | None = None
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.http_api import HTTPAPI
@@ -118,18 +150,49 @@ class NSQDService(MultiService):
         tcp.setServiceParent(self)
         http.setServiceParent(self)
 
+    def _make_backend(self, name: str) -> DiskQueue:
+        o = self.options
+        min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
+        return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
+                         o.sync_every, o.sync_timeout, self.reactor)
+
     def _tcp_bound(self, port: int) -> None:
         self.nsqd.tcp_port = port
 
     def _http_bound(self, port: int) -> None:
         self.nsqd.http_port = port
 
-    def startService(self) -> None:
+    def startService(self) -> Deferred[None]:  # type: ignore[override]
+        Service.startService(self)
         self.log.info("nsqd v{version} (nsqtw)", version=NSQD_VERSION)
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
         # queued messages are long-lived; keep them out of the young generations
         gc.set_threshold(50000, 20, 100)
-        super().startService()
+        d = ensureDeferred(self._start())
+        d.addErrback(self._start_failed)
+        return d
+
+    async def _start(self) -> None:
+        self.lock.acquire()
+        self.meta_executor = ThreadPoolDiskExecutor(self.reactor, name="metadata")
+        store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
+        raw = await self.meta_executor.submit(read_file, self.data_path)
+        if raw is not None:
+            try:
+                entries = decode(raw)
+            except ValueError as e:
+                raise RuntimeError(f"failed to parse metadata - {e}") from None
+            self.nsqd.load(entries)
+            await gatherResults([b.loaded for b in self.nsqd.backends()  # type: ignore[attr-defined]
+                                 if hasattr(b, "loaded")], consumeErrors=True)
+            self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
+        self.nsqd.metadata = store
+        for service in self:
+            service.startService()
+
+    def _start_failed(self, failure: Any) -> None:
+        self.log.critical("FATAL: failed to start - {error}", error=failure.getErrorMessage())
+        self.reactor.stop()
 
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())
@@ -137,4 +200,12 @@ class NSQDService(MultiService):
     async def _stop(self) -> None:
         await super().stopService()  # listeners first (reverse order)
         await self.nsqd.close()
+        if self.nsqd.metadata is not None:
+            try:
+                await self.nsqd.metadata.persist()
+            except Exception as e:
+                self.log.error("NSQ: failed to persist metadata - {error}", error=e)
+        if self.meta_executor is not None:
+            self.meta_executor.stop()
+        self.lock.release()
         self.log.info("NSQ: stopped")

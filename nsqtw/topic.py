@@ -153,9 +153,11 @@ class Topic:
 
     def pause(self) -> None:
         self.paused = True
+        self.nsqd.metadata_changed()
 
     def unpause(self) -> None:
         self.paused = False
+        self.nsqd.metadata_changed()
         self._pump.wake()
 
     def empty(self) -> Deferred[None]:
