@@ -28,6 +28,9 @@ class EphemeralBackend:
     def put_many(self, records: Sequence[bytes]) -> None:
         return None
 
+    def written(self) -> Deferred[None]:
+        return succeed(None)
+
     def read(self, max_count: int) -> list[bytes]:
         return []
 
@@ -68,6 +71,9 @@ class MemoryBackend:
         if self._closed:
             raise BackendError("exiting")
         self._records.extend(records)
+
+    def written(self) -> Deferred[None]:
+        return succeed(None)
 
     def read(self, max_count: int) -> list[bytes]:
         records = self._records

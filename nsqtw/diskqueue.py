@@ -708,6 +708,10 @@ class DiskQueue:
         self._retry_call: IDelayedCall | None = None
         self._flushing = False
         self._flush_waiters: list[Deferred[None]] = []
+        # records put / written so far, and who waits for a given count
+        self._put_seq = 0
+        self._written_seq = 0
+        self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
         self._corruption: str | None = None
 
@@ -743,6 +747,7 @@ class DiskQueue:
         self._check_size(data)
         self._pending.append(data)
         self._depth += 1
+        self._put_seq += 1
         self._schedule_flush()
 
     def put_many(self, records: Iterable[bytes]) -> None:
@@ -752,7 +757,30 @@ class DiskQueue:
             self._check_size(data)
         self._pending.extend(records)
         self._depth += len(records)
+        self._put_seq += len(records)
         self._schedule_flush()
+
+    def written(self) -> Deferred[None]:
+        """Fires once every record put so far has been written to its file.
+
+        Written means the ``write()`` returned, so a kill -9 cannot lose it
+        (fsync follows ``--sync-every``/``--sync-timeout``). Fails with
+        BackendError if the write failed; the records stay queued for retry.
+        """
+        if self._written_seq >= self._put_seq:
+            return defer.succeed(None)
+        d: Deferred[None] = Deferred()
+        self._written_waiters.append((self._put_seq, d))
+        return d
+
+    def _release_written(self, error: str | None = None) -> None:
+        waiters = self._written_waiters
+        while waiters and (waiters[0][0] <= self._written_seq or error is not None):
+            target, d = waiters.popleft()
+            if target <= self._written_seq:
+                d.callback(None)
+            else:
+                d.errback(BackendError(error))
 
     def read(self, max_count: int) -> list[bytes]:
         out: list[bytes] = []
@@ -880,6 +908,9 @@ class DiskQueue:
     def _drop_everything(self) -> None:
         self._epoch += 1
         self._pending = []
+        # the records are gone on purpose (empty/delete): nobody waits for them
+        self._written_seq = self._put_seq
+        self._release_written()
         self._buffer.clear()
         self._buffer_bytes = 0
         self._consumed_count = 0
@@ -921,6 +952,8 @@ class DiskQueue:
             return  # emptied or deleted meanwhile: the failed rest is gone anyway
         if written:
             self._disk_more = True
+            self._written_seq += written
+        self._release_written(error)
         if error is not None:
             self._pending[:0] = batch[written:]
             self._set_write_error(error)
@@ -932,7 +965,9 @@ class DiskQueue:
         self._op_failed(failure, "write")
         if epoch == self._epoch:
             self._pending[:0] = batch
-            self._set_write_error(f"DISKQUEUE({self.name}) failed to write: {failure.getErrorMessage()}")
+            error = f"DISKQUEUE({self.name}) failed to write: {failure.getErrorMessage()}"
+            self._release_written(error)
+            self._set_write_error(error)
 
     def _set_write_error(self, error: str) -> None:
         self._write_error = error

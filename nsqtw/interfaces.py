@@ -26,6 +26,14 @@ class IBackendQueue(Interface):
     def put_many(records):
         """Append several records (one write for the whole batch)."""
 
+    def written():
+        """A Deferred that fires once every record put so far is written.
+
+        Written means handed to the operating system (``write()`` returned),
+        so a killed process cannot lose it. Errbacks with BackendError if the
+        write failed.
+        """
+
     def read(max_count):
         """Return up to ``max_count`` records available right now, oldest first.
 

@@ -141,6 +141,24 @@ class NSQD:
         finally:
             self.loading = False
 
+    def deferred_due(self) -> dict[str, dict[bytes, float]]:
+        """Due times of every durable channel's deferred messages (kept across restarts)."""
+        out = {}
+        for topic in self.topics.values():
+            for channel in topic.channels.values():
+                if not channel.ephemeral and not topic.ephemeral:
+                    due = channel.deferred_due()
+                    if due:
+                        out[backend_name(topic.name, channel.name)] = due
+        return out
+
+    def restore_deferred(self, due: dict[str, dict[bytes, float]]) -> None:
+        for topic in self.topics.values():
+            for channel in topic.channels.values():
+                ids = due.get(backend_name(topic.name, channel.name))
+                if ids:
+                    channel.restored_due = ids
+
     def backends(self) -> list[IBackendQueue]:
         out = []
         for topic in self.topics.values():
@@ -187,18 +205,19 @@ class NSQD:
 
     # -- publishing -------------------------------------------------------
 
-    def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> Topic:
+    def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> Deferred[None] | None:
         """The one publish path for TCP and HTTP: new IDs, timestamps, queue.
 
         Raises ExitingError or BackendError (the caller turns them into
-        E_PUB_FAILED or a 500).
+        E_PUB_FAILED or a 500). Returns None when the messages are queued in
+        memory, or a Deferred that fires once the ones that went to disk are
+        written: answer the publisher only then, as nsqd does.
         """
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
         ids = self.guid.new_ids(len(bodies))
         msgs = [Message(i, b, now_ns, 0, defer) for i, b in zip(ids, bodies)]
-        topic.put_messages(msgs)
-        return topic
+        return topic.put_messages(msgs)
 
     # -- shutdown ---------------------------------------------------------
 

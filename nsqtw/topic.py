@@ -59,8 +59,12 @@ class Topic:
 
     # -- publishing -------------------------------------------------------
 
-    def put_messages(self, msgs: list[Message]) -> None:
-        """Queue published messages; raises ExitingError or BackendError."""
+    def put_messages(self, msgs: list[Message]) -> Deferred[None] | None:
+        """Queue published messages; raises ExitingError or BackendError.
+
+        Returns None when they all fit in memory, else the backend's
+        ``written()``: the publisher is answered once the write is done.
+        """
         if self.exiting:
             raise ExitingError()
         memory = self.memory
@@ -82,6 +86,7 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         self._pump.wake()
+        return self.backend.written() if rest else None
 
     def _distribute(self) -> bool:
         channels = list(self.channels.values())

@@ -109,6 +109,8 @@ class V2Protocol(Protocol):
         self.snappy = False
         self.deflate = False
         self._paused_writing = False
+        #: a publish waits for its disk write: read and dispatch nothing meanwhile
+        self._blocked = False
         self._closed = False
         self._heartbeat_call: IDelayedCall | None = None
         self._read_deadline: IDelayedCall | None = None
@@ -187,9 +189,12 @@ class V2Protocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
             return
+        self.parser.feed(data)
+        self._process()
+
+    def _process(self) -> None:
         parser = self.parser
-        parser.feed(data)
-        while not self._closed:
+        while not self._closed and not self._blocked:
             try:
                 cmd = parser.next_command()
             except NSQError as e:
@@ -482,13 +487,32 @@ class V2Protocol(Protocol):
         self._write(_CLOSE_WAIT)
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
+        c = cmd.decode()
         try:
-            self.nsqd.publish(topic, bodies, defer)
+            written = self.nsqd.publish(topic, bodies, defer)
         except (ExitingError, BackendError) as e:
-            c = cmd.decode()
             raise fatal(f"E_{c}_FAILED", f"{c} failed {e}") from None
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+        if written is None:
+            self._write(_OK)
+            return
+        # Some went to disk: answer once written, like nsqd. Until then this
+        # publisher is paused, which is our backpressure on fast publishers.
+        self._blocked = True
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+        written.addCallbacks(self._published, self._publish_failed, errbackArgs=(c,))
+
+    def _published(self, _: object) -> None:
+        if self._closed:
+            return
         self._write(_OK)
+        self._blocked = False
+        self.transport.resumeProducing()  # type: ignore[union-attr]
+        self._process()
+
+    def _publish_failed(self, failure: Failure, cmd: str) -> None:
+        if not self._closed:
+            self._send_error(fatal(f"E_{cmd}_FAILED", f"{cmd} failed {failure.getErrorMessage()}"))
 
     # -- IConsumer --------------------------------------------------------
 
