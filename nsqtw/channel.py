@@ -137,6 +137,8 @@ class Channel:
         self.timeout_count = 0
 
         self._rotation = 0
+        #: due times (unix seconds) of deferred messages flushed at the last stop
+        self.restored_due: dict[bytes, float] = {}
         self._timer: IDelayedCall | None = None
         self._timer_at = 0.0
         self._pump = Pump(clock, self._deliver, f"CHANNEL({topic.name}:{name})")
@@ -236,12 +238,21 @@ class Channel:
     def _next_messages(self, n: int) -> list[Message]:
         out: list[Message] = []
         if self.backend.depth():
+            due = self.restored_due
             for data in self.backend.read(n):
                 try:
-                    out.append(decode_message(data))
+                    msg = decode_message(data)
                 except ValueError as e:
                     self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
                                    topic=self.topic_name, channel=self.name, error=e)
+                    continue
+                if due:
+                    when = due.pop(msg.id, None)
+                    now = self._clock.seconds()
+                    if when is not None and when > now:
+                        self._defer(msg, when - now, now)
+                        continue
+                out.append(msg)
         memory = self.memory
         k = min(n - len(out), len(memory))
         if k > 0:
@@ -393,6 +404,12 @@ class Channel:
         yield from self.memory
         yield from self.in_flight.live.values()
         yield from self.deferred.live.values()
+
+    def deferred_due(self) -> dict[bytes, float]:
+        """Due times of the deferred messages, to keep across a restart."""
+        due = {m.id: m.deadline for m in self.deferred.live.values()}
+        due.update(self.restored_due)
+        return due
 
     def flush(self) -> None:
         """Move memory, in-flight and deferred messages into the backend (graceful stop)."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from nsqtw.nsqd import NSQD
 
 FILENAME = "nsqd.dat"
+#: nsqtw's own: due times of deferred messages flushed at stop (nsqd has no place for them)
+DEFERRED_FILENAME = "nsqtw.deferred.json"
 
 log = Logger(namespace="nsqtw.metadata")
 
@@ -64,18 +66,40 @@ def decode(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def read_file(data_path: str) -> bytes | None:
+def read_file(data_path: str, filename: str = FILENAME) -> bytes | None:
     """Disk thread: the raw metadata, or None when there is none yet."""
     try:
-        with open(os.path.join(data_path, FILENAME), "rb") as f:
+        with open(os.path.join(data_path, filename), "rb") as f:
             return f.read()
     except FileNotFoundError:
         return None
 
 
-def write_file(data_path: str, data: bytes) -> None:
+def encode_deferred(due: dict[str, dict[bytes, float]]) -> bytes:
+    """``{"topic:channel": {"<id>": due_unix_ms}}`` for every channel with deferred messages."""
+    doc = {name: {i.decode("ascii", "replace"): int(t * 1000) for i, t in ids.items()}
+           for name, ids in due.items() if ids}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_deferred(data: bytes) -> dict[str, dict[bytes, float]]:
+    doc = json.loads(data)
+    return {name: {i.encode("ascii"): ms / 1000.0 for i, ms in ids.items()}
+            for name, ids in doc.items()}
+
+
+def take_deferred_file(data_path: str) -> bytes | None:
+    """Disk thread: read and remove the deferred due times (they are used once)."""
+    path = os.path.join(data_path, DEFERRED_FILENAME)
+    data = read_file(data_path, DEFERRED_FILENAME)
+    if data is not None:
+        os.remove(path)
+    return data
+
+
+def write_file(data_path: str, data: bytes, filename: str = FILENAME) -> None:
     """Disk thread: replace the metadata atomically (temp file, fsync, rename)."""
-    final = os.path.join(data_path, FILENAME)
+    final = os.path.join(data_path, filename)
     tmp = f"{final}.{secrets.randbelow(1 << 31)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

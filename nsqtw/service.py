@@ -17,7 +17,8 @@ from twisted.web.server import Site
 
 from nsqtw import NSQD_VERSION
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
-from nsqtw.metadata import MetadataStore, decode, read_file
+from nsqtw.metadata import (DEFERRED_FILENAME, MetadataStore, decode, decode_deferred,
+                            encode_deferred, read_file, take_deferred_file, write_file)
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
 
@@ -183,6 +184,9 @@ class NSQDService(MultiService):
             except ValueError as e:
                 raise RuntimeError(f"failed to parse metadata - {e}") from None
             self.nsqd.load(entries)
+            raw_due = await self.meta_executor.submit(take_deferred_file, self.data_path)
+            if raw_due:
+                self.nsqd.restore_deferred(decode_deferred(raw_due))
             await gatherResults([b.loaded for b in self.nsqd.backends()  # type: ignore[attr-defined]
                                  if hasattr(b, "loaded")], consumeErrors=True)
             self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
@@ -199,7 +203,14 @@ class NSQDService(MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()  # listeners first (reverse order)
+        due = self.nsqd.deferred_due()
         await self.nsqd.close()
+        if due and self.meta_executor is not None:
+            try:
+                await self.meta_executor.submit(write_file, self.data_path, encode_deferred(due),
+                                                DEFERRED_FILENAME)
+            except Exception as e:
+                self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
         if self.nsqd.metadata is not None:
             try:
                 await self.nsqd.metadata.persist()
