@@ -1,0 +1,149 @@
+"""Durable queues against a real daemon: Go's data dir, restarts, kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.daemon import Daemon
+from tests.helpers import REFERENCE_DIR
+from tests.rawclient import Closed, RawClient, subscribe
+
+
+def http_json(daemon: Daemon, path: str) -> dict:
+    with urllib.request.urlopen(f"http://{daemon.http_address}{path}") as r:
+        return json.load(r)
+
+
+def test_go_data_dir_opens_and_delivers(tmp_path, daemon_factory) -> None:
+    """A data dir Go nsqd v1.3.0 left behind: every queued message is delivered, paused states kept."""
+    data = tmp_path / "go"
+    shutil.copytree(os.path.join(REFERENCE_DIR, "nsqd-1.3.0-datadir"), data)
+    for f in data.iterdir():
+        f.chmod(0o644)
+    expected = json.load(open(os.path.join(REFERENCE_DIR, "nsqd-1.3.0-datadir.json")))["bodies"]
+    d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=400", data_path=str(data))
+    c = subscribe(d.tcp_address, "ref", "c")
+    got = c.messages(len(expected))
+    assert [m[2].decode() for m in got] == expected
+    assert {m[0] for m in got} == {1}
+    c.close()
+    d.stop()
+    meta = json.loads((data / "nsqd.dat").read_text())
+    paused = {(t["name"], c["name"]): c["paused"] for t in meta["topics"] for c in t["channels"]}
+    assert paused == {("ref", "c"): False, ("ref", "paused_c"): True, ("paused_t", "pc"): False}
+    assert {t["name"]: t["paused"] for t in meta["topics"]} == {"ref": False, "paused_t": True}
+    # the paused channel still holds its 20 messages (depth kept in its metadata)
+    assert (data / "ref:paused_c.diskqueue.meta.dat").read_text().split("\n")[0] == "20"
+
+
+def test_sigterm_keeps_queued_in_flight_and_deferred(tmp_path, daemon_factory) -> None:
+    """SIGTERM flushes memory, in-flight and deferred messages; a restart delivers them all."""
+    data = str(tmp_path / "d")
+    d = daemon_factory("--mem-queue-size=100", data_path=data)
+    consumer = subscribe(d.tcp_address, "t", "c", rdy=50)
+    pub = RawClient(d.tcp_address)
+    bodies = [b"m%05d" % i for i in range(10000)]
+    for i in range(0, len(bodies), 500):
+        pub.mpub("t", bodies[i:i + 500])
+        pub.expect_ok()
+    pub.command("DPUB t 4000", b"deferred")
+    pub.expect_ok()
+    in_flight = consumer.messages(50, fin=False)  # held in flight, never finished
+    assert len(in_flight) == 50
+    d.stop()
+    consumer.close()
+    d2 = daemon_factory(data_path=data)
+    c2 = subscribe(d2.tcp_address, "t", "c", rdy=500)
+    got = c2.messages(10000, timeout=30)
+    assert sorted(m[2] for m in got) == bodies
+    # the fifty that were in flight kept their attempt
+    attempts = {m[2]: m[0] for m in got}
+    assert all(attempts[m[2]] == 2 for m in in_flight)
+    # the deferred one arrives, but not before its due time
+    with pytest.raises(socket.timeout):
+        c2.messages(1, timeout=1.0)
+    [(_, _, late)] = c2.messages(1, timeout=10)
+    assert late == b"deferred"
+
+
+def test_kill9_loses_no_acknowledged_message(tmp_path, daemon_factory) -> None:
+    """With --mem-queue-size=0 --sync-every=1, every PUB answered OK survives kill -9."""
+    data = str(tmp_path / "k")
+    d = daemon_factory("--mem-queue-size=0", "--sync-every=1", data_path=data)
+    acked: list[bytes] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        c = RawClient(d.tcp_address)
+        i = 0
+        try:
+            while not stop.is_set():
+                body = b"k%06d" % i
+                c.command("PUB t", body)
+                c.expect_ok()
+                acked.append(body)
+                i += 1
+        except (Closed, OSError, AssertionError):
+            pass
+
+    threads = [threading.Thread(target=publish) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(acked) < 500 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.kill()
+    stop.set()
+    for t in threads:
+        t.join(5)
+    assert len(acked) >= 500
+    d2 = daemon_factory(data_path=data)
+    c = subscribe(d2.tcp_address, "t", "c", rdy=1000)
+    got = set()
+    try:
+        while True:
+            got.update(m[2] for m in c.messages(1, timeout=2))
+    except socket.timeout:
+        pass
+    missing = set(acked) - got
+    assert not missing, f"{len(missing)} acknowledged messages lost"
+
+
+def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
+    """A corrupt segment is renamed .bad, the daemon keeps serving and says so in its health."""
+    data = tmp_path / "c"
+    d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
+    pub = RawClient(d.tcp_address)
+    for i in range(100):
+        pub.command("PUB t", b"x%03d" % i)
+        pub.expect_ok()
+    d.stop()
+    first = data / "t.diskqueue.000000.dat"
+    raw = bytearray(first.read_bytes())
+    raw[0:4] = b"\x7f\xff\xff\xff"  # an impossible record size
+    first.write_bytes(bytes(raw))
+    d2 = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
+    c = subscribe(d2.tcp_address, "t", "c", rdy=100)
+    got = []
+    try:
+        while True:
+            got.extend(m[2] for m in c.messages(1, timeout=2))
+    except socket.timeout:
+        pass
+    assert got and len(got) < 100  # the later segments still deliver
+    assert (data / "t.diskqueue.000000.dat.bad").exists()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://{d2.http_address}/ping")
+    assert err.value.code == 500
+    assert b"NOK" in err.value.read()
+    pub2 = RawClient(d2.tcp_address)
+    pub2.command("PUB t", b"still-works")
+    pub2.expect_ok()
