@@ -1,0 +1,113 @@
+"""PUB over disk-backed queues: answered after the write, E_PUB_FAILED when the disk fails."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqtw.nsqd import NSQD
+from nsqtw.wire import encode_command
+from tests.helpers import EPOCH, connect, make_options, take_frames
+
+
+class FlakyDisk:
+    """os.write that fails with ENOSPC while ``full`` is set."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def write(self, fd: int, data: object) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "no space left on device")
+        return os.write(fd, data)  # type: ignore[arg-type]
+
+
+class HeldExecutor(SynchronousDiskExecutor):
+    """Runs disk jobs only when the test says so (a slow disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: list = []
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        from twisted.internet.defer import Deferred
+        d: Deferred = Deferred()
+        self.jobs.append((fn, args, d))
+        return d
+
+    def run_all(self) -> None:
+        while self.jobs:
+            fn, args, d = self.jobs.pop(0)
+            d.callback(fn(*args))
+
+
+
+class DiskPublishTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+        self.clock.advance(EPOCH)
+        self.disk = FlakyDisk()
+        self.executor: SynchronousDiskExecutor = SynchronousDiskExecutor()
+        options = make_options(mem_queue_size=0)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 1, 2.0, self.clock,
+                             self.executor, write_fn=self.disk.write)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+
+    def settle(self) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+
+    def test_ok_only_after_the_write(self) -> None:
+        """A PUB that spills to disk is answered once the disk thread has written it."""
+        self.executor = HeldExecutor()
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"x") + b"NOP\n")
+        self.settle()
+        self.assertEqual(len(self.executor.jobs), 2)  # the queue's load and the write, not yet run
+        self.assertEqual(take_frames(t), [])
+        self.assertEqual(t.producerState, "paused")
+        self.executor.run_all()  # load and write
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(t.producerState, "producing")
+
+    def test_disk_full_then_recovered(self) -> None:
+        """ENOSPC: E_PUB_FAILED and NOK health; space back: the retry writes, PUB works, nothing lost."""
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"before"))
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.disk.full = True
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"during"))
+        self.settle()
+        [(ftype, data)] = take_frames(t)
+        self.assertEqual(ftype, FRAME_TYPE_ERROR)
+        self.assertTrue(data.startswith(b"E_PUB_FAILED PUB failed"), data)
+        self.assertTrue(self.nsqd.health().startswith("NOK - "), self.nsqd.health())
+        p2, t2 = connect(self.nsqd, self.clock)
+        p2.dataReceived(encode_command(b"PUB", b"t", body=b"refused"))
+        self.settle()
+        self.assertTrue(take_frames(t2)[0][1].startswith(b"E_PUB_FAILED"))
+        self.disk.full = False
+        self.clock.advance(1.0)
+        self.settle()
+        self.assertEqual(self.nsqd.health(), "OK")
+        p3, t3 = connect(self.nsqd, self.clock)
+        p3.dataReceived(encode_command(b"PUB", b"t", body=b"after"))
+        self.settle()
+        self.assertEqual(take_frames(t3), [(FRAME_TYPE_RESPONSE, b"OK")])
+        topic = self.nsqd.topics["t"]
+        self.assertEqual(topic.backend.depth(), 3)  # before, during (kept for retry), after
