@@ -1,0 +1,448 @@
+"""One stats snapshot of an nsqd node, shaped exactly like Go nsqd's ``/stats``.
+
+The same snapshot feeds ``/stats?format=json``, ``/stats?format=text`` and
+(later) statsd, so every consumer sees the same numbers.  Field names, their
+order, ``null`` versus ``[]`` and omitted fields follow nsqd v1.3.0
+(``nsqd/stats.go``, ``nsqd/http.go``): tools such as nsqadmin and nsq_stat
+parse this output.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from nsqtw import NSQD_VERSION
+
+__all__ = [
+    "GO_VERSION_BANNER",
+    "format_text",
+    "go_duration",
+    "go_json",
+    "memory_stats",
+    "snapshot",
+]
+
+#: the first line of nsqd's text stats (``version.String("nsqd")``)
+GO_VERSION_BANNER = f"nsqd v{NSQD_VERSION} (built w/go1.19.8)"
+
+#: nsqd reports no end-to-end latency unless --e2e-processing-latency-percentile is set
+_E2E_EMPTY: Mapping[str, Any] = {"count": 0, "percentiles": None}
+
+#: client fields Go omits when empty (``omitempty``), in Go's order, after ``user_agent``
+_OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
+
+
+# --- Go's formatting rules ------------------------------------------------------
+
+
+def go_duration(ns: int) -> str:
+    """Integer nanoseconds as Go's ``time.Duration.String()``: ``1h2m3.5s``, ``250ms``, ``0s``."""
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    u = -ns if neg else ns
+
+    def frac(value: int, prec: int) -> tuple[str, int]:
+        whole, rest = divmod(value, 10**prec)
+        digits = str(rest).rjust(prec, "0").rstrip("0")
+        return ("." + digits if digits else ""), whole
+
+    if u < 1_000_000_000:
+        if u < 1000:
+            out = f"{u}ns"
+        elif u < 1_000_000:
+            f, w = frac(u, 3)
+            out = f"{w}{f}\u00b5s"
+        else:
+            f, w = frac(u, 6)
+            out = f"{w}{f}ms"
+    else:
+        f, secs = frac(u, 9)
+        out = f"{secs % 60}{f}s"
+        mins = secs // 60
+        if mins:
+            out = f"{mins % 60}m{out}"
+            if mins // 60:
+                out = f"{mins // 60}h{out}"
+    return "-" + out if neg else out
+
+
+def _go_float(value: float) -> str:
+    """A float64 as Go's encoding/json writes it (shortest form, ``1`` not ``1.0``)."""
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"unsupported value: {value!r}")
+    a = abs(value)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        mant, _, exp = repr(value).partition("e")
+        if not exp:  # repr chose positional; force Go's exponent form
+            mant, _, exp = f"{value:e}".partition("e")
+            mant = mant.rstrip("0").rstrip(".")
+        sign = "-" if exp.startswith("-") else "+"
+        digits = exp.lstrip("+-").lstrip("0") or "0"
+        if sign == "+":  # strconv pads to two digits; json trims "e-07" to "e-7"
+            digits = digits.rjust(2, "0")
+        mant = mant.removesuffix(".0")
+        return f"{mant}e{sign}{digits}"
+    text = repr(value)
+    if "e" in text:
+        text = format(value, "f")
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        return text
+    return text.removesuffix(".0")
+
+
+_HEX = "0123456789abcdef"
+
+
+def _go_string(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        c = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif c < 0x20 or ch in "<>&":
+            out.append("\\u00" + _HEX[c >> 4] + _HEX[c & 0xF])
+        elif c in (0x2028, 0x2029):
+            out.append(f"\\u{c:04x}")
+        elif 0xD800 <= c <= 0xDFFF:  # undecodable byte (surrogateescape): invalid UTF-8
+            out.append("\\ufffd")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _encode(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(_go_float(value))
+    elif isinstance(value, str):
+        out.append(_go_string(value))
+    elif isinstance(value, bytes):
+        out.append(_go_string(value.decode("utf-8", "surrogateescape")))
+    elif isinstance(value, Mapping):
+        out.append("{")
+        first = True
+        for k, v in value.items():
+            if not first:
+                out.append(",")
+            first = False
+            out.append(_go_string(str(k)))
+            out.append(":")
+            _encode(v, out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, v in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(v, out)
+        out.append("]")
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def go_json(value: Any) -> bytes:
+    """Encode like Go's ``json.Marshal``: compact, keys in the given order, HTML-safe escapes."""
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out).encode("utf-8")
+
+
+# --- memory ---------------------------------------------------------------------
+
+
+class _GCPauses:
+    """The last 256 garbage-collection pauses, as Go's ``MemStats.PauseNs`` ring keeps them."""
+
+    def __init__(self) -> None:
+        self.pauses: deque[int] = deque(maxlen=256)
+        self._started = 0
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed:
+            gc.callbacks.append(self._callback)
+            self.installed = True
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        elif self._started:
+            self.pauses.append(time.perf_counter_ns() - self._started)
+            self._started = 0
+
+
+_gc_pauses = _GCPauses()
+
+
+def _percentile(perc: float, values: list[int]) -> int:
+    """nsqd's percentile: index floor(perc% * n + 0.5), clamped; 0 when empty."""
+    n = len(values)
+    if n == 0:
+        return 0
+    index = math.floor(perc / 100.0 * n + 0.5)
+    return values[min(index, n - 1)]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return kb * 1024 if sys.platform != "darwin" else kb
+        except (ImportError, OSError):
+            return 0
+
+
+def memory_stats() -> dict[str, int]:
+    """nsqd's ``memory`` block, filled with the closest CPython figures.
+
+    heap_objects: memory blocks pymalloc holds (``sys.getallocatedblocks``);
+    heap_in_use_bytes: resident set size; heap_idle_bytes and
+    heap_released_bytes: 0 (CPython does not report them); gc_pause_usec_*:
+    percentiles of the last 256 collection pauses, timed through
+    ``gc.callbacks``; next_gc_bytes: allocations left before the next
+    generation-0 collection (a count, not bytes); gc_total_runs: collections
+    of every generation.
+    """
+    _gc_pauses.install()
+    pauses = sorted(_gc_pauses.pauses)
+    threshold0 = gc.get_threshold()[0]
+    count0 = gc.get_count()[0]
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _rss_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(100.0, pauses) // 1000,
+        "gc_pause_usec_99": _percentile(99.0, pauses) // 1000,
+        "gc_pause_usec_95": _percentile(95.0, pauses) // 1000,
+        "next_gc_bytes": max(0, threshold0 - count0),
+        "gc_total_runs": sum(s.get("collections", 0) for s in gc.get_stats()),
+    }
+
+
+# --- the snapshot -----------------------------------------------------------------
+
+
+def _client_stats(client: Any, topic_filter: str) -> dict[str, Any]:
+    """One client as nsqd's ClientStats, with the omitempty fields placed where Go puts them."""
+    base = client.stats()
+    pub_counts = [{"topic": t, "count": n} for t, n in getattr(client, "pub_counts", {}).items()
+                  if not topic_filter or t == topic_filter]
+    out: dict[str, Any] = {}
+    for key, value in base.items():
+        if key in _OMITEMPTY_AUTH or key == "pub_counts":
+            continue
+        out[key] = value
+        if key == "user_agent":
+            for auth_key in _OMITEMPTY_AUTH:
+                auth_value = base.get(auth_key)
+                if auth_value:
+                    out[auth_key] = auth_value
+            if pub_counts:
+                out["pub_counts"] = pub_counts
+    return out
+
+
+def _is_producer(client: Any) -> bool:
+    return bool(getattr(client, "pub_counts", None))
+
+
+def _topic_stats(topic: Any, channels: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "topic_name": topic.name,
+        "channels": channels,
+        "depth": topic.depth(),
+        "backend_depth": topic.backend.depth(),
+        "message_count": topic.message_count,
+        "message_bytes": topic.message_bytes,
+        "paused": bool(topic.paused),
+        "e2e_processing_latency": dict(_E2E_EMPTY),
+    }
+
+
+def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None) -> dict[str, Any]:
+    counts = channel.stats_counts()
+    return {
+        "channel_name": channel.name,
+        "depth": counts["depth"],
+        "backend_depth": counts["backend_depth"],
+        "in_flight_count": counts["in_flight_count"],
+        "deferred_count": counts["deferred_count"],
+        "message_count": counts["message_count"],
+        "requeue_count": counts["requeue_count"],
+        "timeout_count": counts["timeout_count"],
+        "client_count": len(channel.clients),
+        "clients": clients,
+        "paused": bool(channel.paused),
+        "e2e_processing_latency": dict(_E2E_EMPTY),
+    }
+
+
+def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
+             include_clients: bool = True, include_mem: bool = True) -> dict[str, Any]:
+    """The node's stats as nsqd's ``/stats?format=json`` object (key order included).
+
+    ``topic``/``channel`` narrow the result as nsqd does: an unknown topic
+    gives ``"topics": null`` and ``"producers": null``; a topic without that
+    channel is left out.  Without ``include_clients`` every channel's
+    ``clients`` and the ``producers`` are ``null``; without ``include_mem``
+    there is no ``memory`` key.
+    """
+    topic = topic or ""
+    channel = channel or ""
+    topics: list[dict[str, Any]] | None
+    producers: list[dict[str, Any]] | None = None
+    if topic and topic not in nsqd.topics:
+        topics = None
+    else:
+        chosen = [nsqd.topics[topic]] if topic else [nsqd.topics[n] for n in sorted(nsqd.topics)]
+        topics = []
+        for t in chosen:
+            if channel:
+                if channel not in t.channels:
+                    continue
+                chans = [t.channels[channel]]
+            else:
+                chans = [t.channels[n] for n in sorted(t.channels)]
+            channel_stats = []
+            for c in chans:
+                clients = ([_client_stats(cl, topic) for cl in list(c.clients.values())]
+                           if include_clients else None)
+                channel_stats.append(_channel_stats(c, clients))
+            topics.append(_topic_stats(t, channel_stats))
+        if include_clients:
+            found = [_client_stats(cl, topic) for cl in list(nsqd.clients.values()) if _is_producer(cl)]
+            producers = found or None
+    out: dict[str, Any] = {
+        "version": NSQD_VERSION,
+        "health": nsqd.health(),
+        "start_time": int(nsqd.start_time),
+        "topics": topics,
+    }
+    if include_mem:
+        out["memory"] = memory_stats()
+    out["producers"] = producers
+    return out
+
+
+# --- the text format ----------------------------------------------------------------
+
+
+def _rfc3339(ts: float) -> str:
+    """Go's ``time.Format(time.RFC3339)`` in local time (``Z`` when local time is UTC)."""
+    local = datetime.fromtimestamp(int(ts)).astimezone()
+    offset = local.utcoffset()
+    text = local.strftime("%Y-%m-%dT%H:%M:%S")
+    if not offset:
+        return text + "Z"
+    minutes = int(offset.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    minutes = abs(minutes)
+    return f"{text}{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def _e2e_text(e2e: Mapping[str, Any] | None) -> str:
+    percentiles = (e2e or {}).get("percentiles") or []
+    return ", ".join(go_duration(int(p.get("value", 0))) for p in percentiles)
+
+
+def _port(remote_address: str) -> str:
+    host, sep, port = remote_address.rpartition(":")
+    return port if sep and host else ""
+
+
+def _client_line(client: Mapping[str, Any], now: float) -> str:
+    """A client as Go's ``ClientV2Stats.String()``: producer form when it has pub_counts."""
+    connected = go_duration(max(0, int(now - client["connect_ts"])) * 1_000_000_000)
+    ident = f"{client['hostname']}:{_port(client['remote_address'])} {client['user_agent']}"
+    pub_counts: Iterable[Mapping[str, Any]] = client.get("pub_counts") or []
+    if pub_counts:
+        total = sum(p["count"] for p in pub_counts)
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in pub_counts)
+        return (f"[{client['version']} {ident:<21}] msgs: {total:<8} topics: {topics} "
+                f"connected: {connected}")
+    return (f"[{client['version']} {ident:<21}] state: {client['state']} "
+            f"inflt: {client['in_flight_count']:<4} rdy: {client['ready_count']:<4} "
+            f"fin: {client['finish_count']:<8} re-q: {client['requeue_count']:<8} "
+            f"msgs: {client['message_count']:<8} connected: {connected}")
+
+
+_MEMORY_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
+                "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes",
+                "gc_total_runs")
+
+
+def format_text(snap: Mapping[str, Any], now: float, start_time: float | None = None) -> str:
+    """The snapshot laid out as nsqd's ``/stats?format=text`` (column widths included).
+
+    ``now`` is the current time; ``start_time`` (float seconds, defaults to the
+    snapshot's whole-second ``start_time``) gives the ``uptime`` line its precision.
+    """
+    start = snap["start_time"] if start_time is None else start_time
+    uptime_ns = max(0, round((now - start) * 1e9))
+    lines = [
+        f"{GO_VERSION_BANNER}\n",
+        f"start_time {_rfc3339(snap['start_time'])}\n",
+        f"uptime {go_duration(uptime_ns)}\n",
+        f"\nHealth: {snap['health']}\n",
+    ]
+    memory = snap.get("memory")
+    if memory is not None:
+        lines.append("\nMemory:\n")
+        for key in _MEMORY_KEYS:
+            lines.append(f"   {key:<25}\t{memory[key]}\n")
+    topics = snap.get("topics") or []
+    lines.append("\nTopics:" if topics else "\nTopics: None\n")
+    for t in topics:
+        prefix = "*P " if t["paused"] else "   "
+        lines.append(f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} "
+                     f"be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8} "
+                     f"e2e%: {_e2e_text(t['e2e_processing_latency'])}\n")
+        for c in t["channels"]:
+            prefix = "   *P " if c["paused"] else "      "
+            lines.append(f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} "
+                         f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
+                         f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                         f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8} "
+                         f"e2e%: {_e2e_text(c['e2e_processing_latency'])}\n")
+            for client in c["clients"] or []:
+                lines.append(f"        {_client_line(client, now)}\n")
+    producers = snap.get("producers") or []
+    if not producers:
+        lines.append("\nProducers: None\n")
+    else:
+        lines.append("\nProducers:\n")
+        for client in producers:
+            lines.append(f"   {_client_line(client, now)}\n")
+    return "".join(lines)

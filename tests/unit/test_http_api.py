@@ -1,0 +1,595 @@
+"""nsqd's HTTP API in memory: StubTreq against HTTPAPI, time driven by task.Clock."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any
+
+from treq.testing import StubTreq
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.http_api import HTTPAPI, BoundedRequest, parse_query
+from nsqtw.stats import format_text, go_duration, go_json, snapshot
+from nsqtw.wire import encode_command
+from tests.helpers import EPOCH, connect, make_nsqd, reference, take_frames
+
+REF = reference("nsqd-1.3.0-responses.json")["http"]
+
+
+def settle(clock: Any, turns: int = 5) -> None:
+    for _ in range(turns):
+        clock.advance(0)
+
+
+class Response:
+    def __init__(self, code: int, headers: Any, body: bytes) -> None:
+        self.code = code
+        self.headers = headers
+        self.body = body
+
+    @property
+    def content_type(self) -> str | None:
+        values = self.headers.getRawHeaders("content-type")
+        return values[0] if values else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Client:
+    """StubTreq over the API's own Site (bounded bodies), recording every request object."""
+
+    def __init__(self, test: SynchronousTestCase, **options: Any) -> None:
+        options.setdefault("broadcast_address", "127.0.0.1")
+        self.test = test
+        self.nsqd, self.clock = make_nsqd(**options)
+        self.api = HTTPAPI(self.nsqd)
+        self.stub = StubTreq(self.api.resource())
+        agent = self.stub._agent
+        site = self.api.site(reactor=agent._memoryReactor)
+        #: (body bytes kept, body bytes received) of every request, as the handler saw them
+        self.requests: list[tuple[int, int]] = []
+        seen = self.requests
+
+        class Recording(BoundedRequest):
+            def process(self) -> None:
+                seen.append((len(self.content.getvalue()), self.body_received))
+                super().process()
+
+        site.requestFactory = Recording
+        agent._serverFactory = site
+
+    def __call__(self, method: str, url: str, data: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> Response:
+        d = self.stub.request(method, "http://127.0.0.1" + url, data=data, headers=headers,
+                              allow_redirects=False)
+        self.stub.flush()
+        settle(self.clock)
+        self.stub.flush()
+        r = self.test.successResultOf(d)
+        body = self.test.successResultOf(r.content())
+        return Response(r.code, r.headers, body)
+
+
+def parse_case(text: str) -> tuple[str, str, int | None, dict[str, str]]:
+    """``POST /pub?topic=x (body 3 bytes) headers {...}`` -> method, url, body size, headers."""
+    m = re.fullmatch(r"(\w+) (\S+)(?: \(body (\d+) bytes\))?(?: headers (\{.*\}))?", text)
+    assert m, text
+    headers = json.loads(m.group(4).replace("'", '"')) if m.group(4) else {}
+    return m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, headers
+
+
+def case_body(url: str, size: int | None) -> bytes | None:
+    if size is None:
+        return None
+    if "binary=true" in url:
+        if size == 20:  # two messages: 4 + (4+3) + (4+5)
+            return struct.pack(">i", 2) + struct.pack(">i", 3) + b"abc" + struct.pack(">i", 5) + b"defgh"
+        return b"\x00\x01"[:size]
+    if url.startswith("/mpub"):
+        return (b"ab\ncd\n" * size)[:size]
+    return b"x" * size
+
+
+def shape(value: Any) -> Any:
+    """The JSON's structure: keys in order, value kinds; lists by their first element."""
+    if isinstance(value, dict):
+        return [(k, shape(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return ["list", shape(value[0])] if value else ["list"]
+    if value is None:
+        return None
+    return type(value).__name__
+
+
+def stats_state(client: Client) -> dict[str, Any]:
+    """Rebuild the reference's /stats scene: a consumer on ref_h/statsch, a producer, other topics."""
+    nsqd, clock = client.nsqd, client.clock
+    pub, pt = connect(nsqd, clock)
+    pub.dataReceived(encode_command(b"PUB", b"ref_msg", body=b"payload"))
+    settle(clock)
+    take_frames(pt)
+    sub, _st = connect(nsqd, clock)
+    ident = {"client_id": "stats-client", "hostname": "h", "user_agent": "ref/1.0"}
+    sub.dataReceived(encode_command(b"IDENTIFY", body=json.dumps(ident).encode()))
+    client("POST", "/pub?topic=ref_h", b"abc")
+    client("POST", "/channel/create?topic=ref_h&channel=statsch")
+    client("POST", "/mpub?topic=ref_h", b"1\n2\n3\n4\n5")
+    client("POST", "/pub?topic=ref_h&defer=1000", b"deferred")
+    sub.dataReceived(b"SUB ref_h statsch\nRDY 3\n")
+    settle(clock)
+    for ch in ("ch1", "ch2", "ch10"):
+        client("POST", "/topic/create?topic=ref_t")
+        client("POST", f"/channel/create?topic=ref_t&channel={ch}")
+    client("POST", "/mpub?topic=ref_t", b"a\nb")
+    return {"producer": pub, "consumer": sub}
+
+
+class ReferenceTests(SynchronousTestCase):
+    """Go nsqd v1.3.0's recorded HTTP answers."""
+
+    def test_reference_cases(self) -> None:
+        """Every recorded request, replayed in order, gets the same status, content type and body."""
+        client = Client(self, msg_timeout=2.0)
+        checked = 0
+        for case in REF:
+            method, url, size, headers = parse_case(case["request"])
+            if url.startswith("/stats"):
+                continue
+            r = client(method, url, case_body(url, size), headers)
+            self.assertEqual(r.code, case["status"], case["request"])
+            self.assertEqual(r.content_type, case["content_type"], case["request"])
+            if url == "/info":
+                ours, theirs = r.json(), json.loads(case["body"])
+                self.assertEqual(list(ours), list(theirs))
+                for key in ("http_port", "tcp_port", "start_time", "hostname"):
+                    ours.pop(key), theirs.pop(key)
+                self.assertEqual(ours, theirs)
+            else:
+                self.assertEqual(r.body.decode(), case["body"], case["request"])
+            checked += 1
+        self.assertGreater(checked, 30)
+
+    def test_reference_stats_json_shapes(self) -> None:
+        """/stats JSON: same keys, order, nesting and nulls as nsqd, for each recorded query."""
+        client = Client(self, msg_timeout=2.0)
+        stats_state(client)
+        for case in REF:
+            method, url, _, _ = parse_case(case["request"])
+            if not url.startswith("/stats") or "format=text" in url:
+                continue
+            r = client(method, url)
+            self.assertEqual((r.code, r.content_type), (case["status"], case["content_type"]))
+            self.assertEqual(shape(r.json()), shape(json.loads(case["body"])), url)
+
+    def test_go_json_reencodes_reference_bytes(self) -> None:
+        """Our JSON encoder writes nsqd's recorded /stats bodies back byte for byte."""
+        for case in REF:
+            if case["content_type"] and case["content_type"].startswith("application/json"):
+                self.assertEqual(go_json(json.loads(case["body"])).decode(), case["body"])
+
+    def test_reference_stats_text(self) -> None:
+        """The text format from the recorded snapshot equals nsqd's text, columns and all."""
+        text_case = next(c for c in REF if c["request"] == "GET /stats?format=text")
+        json_case = next(c for c in REF if c["request"] == "GET /stats?format=json")
+        snap = json.loads(json_case["body"])
+        expected = text_case["body"]
+        for key in snap["memory"]:
+            snap["memory"][key] = int(re.search(rf"   {key} +\t(\d+)\n", expected).group(1))
+        connect_ts = snap["topics"][0]["channels"][0]["clients"][0]["connect_ts"]
+        ours = format_text(snap, now=connect_ts + 1.5, start_time=snap["start_time"])
+        head = r"nsqd v1\.3\.0 \(built w/go1\.19\.8\)\nstart_time \S+\nuptime \S+\n"
+        self.assertRegex(ours, "^" + head)
+        self.assertRegex(expected, "^" + head)
+        self.assertEqual(re.sub(head, "", ours, count=1), re.sub(head, "", expected, count=1))
+        self.assertIn("\nuptime 7.5s\n", ours)
+
+
+class PingInfoTests(SynchronousTestCase):
+    def test_ping_unhealthy(self) -> None:
+        """/ping answers 500 with nsqd's health text when a backend fails."""
+        client = Client(self)
+        client.nsqd.set_health("disk", "boom")
+        r = client("GET", "/ping")
+        self.assertEqual((r.code, r.body, r.content_type), (500, b"NOK - boom", "text/plain; charset=utf-8"))
+        self.assertIsNone(r.headers.getRawHeaders("x-nsq-content-type"))
+
+    def test_info_ports(self) -> None:
+        """/info reports the bound ports and nsqd's durations in nanoseconds."""
+        client = Client(self, max_heartbeat_interval=30.0)
+        client.nsqd.tcp_port, client.nsqd.http_port = 4150, 4151
+        info = client("GET", "/info").json()
+        self.assertEqual((info["tcp_port"], info["http_port"]), (4150, 4151))
+        self.assertEqual(info["max_heartbeat_interval"], 30_000_000_000)
+        self.assertEqual(info["start_time"], int(EPOCH))
+
+    def test_tls_required(self) -> None:
+        """With --tls-required=true plain HTTP answers nsqd's 403 TLS_REQUIRED."""
+        client = Client(self, tls_required=1)
+        client.nsqd.https_port = 4152
+        r = client("GET", "/ping")
+        self.assertEqual((r.code, r.body), (403, b'{"message": "TLS_REQUIRED", "https_port": 4152}'))
+
+
+class PublishTests(SynchronousTestCase):
+    def test_pub_and_defer(self) -> None:
+        """/pub queues the body; defer= holds it back for that many milliseconds."""
+        client = Client(self)
+        client("POST", "/channel/create?topic=t&channel=c")  # no topic yet
+        client("POST", "/topic/create?topic=t")
+        client("POST", "/channel/create?topic=t&channel=c")
+        self.assertEqual(client("POST", "/pub?topic=t", b"now").body, b"OK")
+        self.assertEqual(client("POST", "/pub?topic=t&defer=500", b"later").body, b"OK")
+        channel = client.nsqd.topics["t"].channels["c"]
+        self.assertEqual(channel.stats_counts()["deferred_count"], 1)
+        client.clock.advance(0.5)
+        self.assertEqual(channel.stats_counts()["deferred_count"], 0)
+        self.assertEqual(channel.depth(), 2)
+
+    def test_pub_errors(self) -> None:
+        """/pub refuses bad topics, defers outside 0..max-req-timeout and bad queries."""
+        client = Client(self, max_req_timeout=1.0)
+        cases = [
+            ("/pub?topic=t&defer=1001", 400, "INVALID_DEFER"),
+            ("/pub?topic=t&defer=1e3", 400, "INVALID_DEFER"),
+            ("/pub?topic=" + "a" * 65, 400, "INVALID_TOPIC"),
+            ("/pub?topic=a%zz", 400, "INVALID_REQUEST"),
+            ("/pub?topic=a;b", 400, "INVALID_REQUEST"),
+        ]
+        for url, code, message in cases:
+            r = client("POST", url, b"x")
+            self.assertEqual((r.code, r.json()), (code, {"message": message}), url)
+        self.assertEqual(client("POST", "/pub?topic=t&defer=1000", b"x").code, 200)
+
+    def test_pub_exiting(self) -> None:
+        """A publish the topic refuses (closing) answers 503 EXITING."""
+        client = Client(self)
+        client("POST", "/topic/create?topic=t")
+        client.nsqd.topics["t"].exiting = True
+        r = client("POST", "/pub?topic=t", b"x")
+        self.assertEqual((r.code, r.json()), (503, {"message": "EXITING"}))
+        r = client("POST", "/mpub?topic=t", b"x\ny")
+        self.assertEqual((r.code, r.json()), (503, {"message": "EXITING"}))
+
+    def test_mpub_text(self) -> None:
+        """/mpub splits on newlines and silently drops empty lines."""
+        client = Client(self)
+        self.assertEqual(client("POST", "/mpub?topic=t", b"a\n\nbb\nccc\n").body, b"OK")
+        topic = client.nsqd.topics["t"]
+        self.assertEqual([m.body for m in topic.memory], [b"a", b"bb", b"ccc"])
+
+    def test_mpub_binary(self) -> None:
+        """binary=true (or any unknown value) reads nsqd's [count][size][body]... format."""
+        client = Client(self)
+        body = struct.pack(">i", 2) + struct.pack(">i", 1) + b"\n" + struct.pack(">i", 2) + b"xy"
+        for flag in ("true", "1", "yes"):
+            self.assertEqual(client("POST", f"/mpub?topic=t&binary={flag}", body).body, b"OK")
+        self.assertEqual([m.body for m in client.nsqd.topics["t"].memory][:2], [b"\n", b"xy"])
+        # binary=false is the text format
+        client("POST", "/mpub?topic=u&binary=false", body)
+        self.assertEqual(len(client.nsqd.topics["u"].memory), 2)
+
+    def test_mpub_errors(self) -> None:
+        """/mpub's size and format errors, as nsqd names them."""
+        client = Client(self, max_msg_size=10, max_body_size=100)
+        cases = [
+            ("/mpub?topic=t", b"x" * 11, 413, "MSG_TOO_BIG"),
+            ("/mpub?topic=t", b"x\n" * 51, 413, "BODY_TOO_BIG"),
+            ("/mpub?topic=t&binary=true", struct.pack(">i", 0), 413, "BAD_BODY"),
+            ("/mpub?topic=t&binary=true", struct.pack(">i", 20), 413, "BAD_BODY"),
+            ("/mpub?topic=t&binary=true", struct.pack(">ii", 1, 11) + b"x" * 11, 413, "BAD_MESSAGE"),
+            ("/mpub?topic=t&binary=true", struct.pack(">ii", 1, 0), 413, "BAD_MESSAGE"),
+            ("/mpub?topic=t&binary=true", struct.pack(">ii", 1, 5) + b"abc", 413, "BAD_MESSAGE"),
+            ("/mpub?topic=t&binary=true", struct.pack(">i", 2) + struct.pack(">i", 1), 413, "BAD_MESSAGE"),
+            ("/mpub", b"x", 400, "MISSING_ARG_TOPIC"),
+            ("/mpub?topic=b!d", b"x", 400, "INVALID_TOPIC"),
+        ]
+        for url, body, code, message in cases:
+            r = client("POST", url, body)
+            self.assertEqual((r.code, r.json()), (code, {"message": message}), (url, body))
+
+    def test_oversized_bodies_are_not_buffered(self) -> None:
+        """A body past the limit is refused with 413 and never held whole in memory."""
+        client = Client(self, max_msg_size=1000, max_body_size=5000)
+        r = client("POST", "/pub?topic=t", b"x" * 50_000)
+        self.assertEqual((r.code, r.json()), (413, {"message": "MSG_TOO_BIG"}))
+        r = client("POST", "/mpub?topic=t", b"x\n" * 50_000)
+        self.assertEqual((r.code, r.json()), (413, {"message": "BODY_TOO_BIG"}))
+        self.assertEqual(client.requests, [(1001, 50_000), (5001, 100_000)])
+        self.assertNotIn("t", client.nsqd.topics)  # /pub refuses before creating the topic
+
+    def test_chunked_oversized_body(self) -> None:
+        """A chunked body (no Content-Length) past the limit is cut and refused too."""
+        nsqd, _ = make_nsqd(max_msg_size=10)
+        site = HTTPAPI(nsqd).site()
+        proto = site.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        chunk = b"x" * 100
+        proto.dataReceived(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(10):
+            proto.dataReceived(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        proto.dataReceived(b"0\r\n\r\n")
+        self.assertIn(b" 413 ", transport.value().split(b"\r\n")[0] + b" ")
+        self.assertTrue(transport.value().endswith(b'{"message":"MSG_TOO_BIG"}'))
+
+
+class AdminTests(SynchronousTestCase):
+    def test_topic_lifecycle(self) -> None:
+        """create, pause, unpause, empty, delete a topic; each answers 200 with no body."""
+        client = Client(self)
+        for path in ("create", "pause"):
+            r = client("POST", f"/topic/{path}?topic=t")
+            self.assertEqual((r.code, r.body, r.content_type), (200, b"", None))
+        self.assertTrue(client.nsqd.topics["t"].paused)
+        client("POST", "/pub?topic=t", b"x")
+        client("POST", "/topic/unpause?topic=t")
+        self.assertFalse(client.nsqd.topics["t"].paused)
+        client("POST", "/topic/empty?topic=t")
+        self.assertEqual(client.nsqd.topics["t"].depth(), 0)
+        client("POST", "/topic/delete?topic=t")
+        self.assertNotIn("t", client.nsqd.topics)
+
+    def test_topic_errors(self) -> None:
+        """Missing, invalid and unknown topics on every topic route."""
+        client = Client(self)
+        for path in ("create", "delete", "empty", "pause", "unpause"):
+            r = client("POST", f"/topic/{path}")
+            self.assertEqual((r.code, r.json()), (400, {"message": "MISSING_ARG_TOPIC"}), path)
+        for path in ("delete", "empty", "pause", "unpause"):
+            r = client("POST", f"/topic/{path}?topic=nope")
+            self.assertEqual((r.code, r.json()), (404, {"message": "TOPIC_NOT_FOUND"}), path)
+        for path in ("create", "empty"):
+            r = client("POST", f"/topic/{path}?topic=b!d")
+            self.assertEqual((r.code, r.json()), (400, {"message": "INVALID_TOPIC"}), path)
+
+    def test_channel_lifecycle(self) -> None:
+        """create, pause, unpause, empty, delete a channel."""
+        client = Client(self)
+        client("POST", "/topic/create?topic=t")
+        client("POST", "/channel/create?topic=t&channel=c")
+        channel = client.nsqd.topics["t"].channels["c"]
+        client("POST", "/pub?topic=t", b"x")
+        settle(client.clock)
+        client("POST", "/channel/pause?topic=t&channel=c")
+        self.assertTrue(channel.paused)
+        client("POST", "/channel/unpause?topic=t&channel=c")
+        self.assertFalse(channel.paused)
+        self.assertEqual(channel.depth(), 1)
+        r = client("POST", "/channel/empty?topic=t&channel=c")
+        self.assertEqual((r.code, channel.depth()), (200, 0))
+        client("POST", "/channel/delete?topic=t&channel=c")
+        self.assertNotIn("c", client.nsqd.topics["t"].channels)
+
+    def test_channel_errors(self) -> None:
+        """Missing and invalid arguments, unknown topic and channel, on every channel route."""
+        client = Client(self)
+        client("POST", "/topic/create?topic=t")
+        for path in ("create", "delete", "empty", "pause", "unpause"):
+            for query, code, message in [
+                ("", 400, "MISSING_ARG_TOPIC"),
+                ("?topic=b!d&channel=c", 400, "INVALID_ARG_TOPIC"),
+                ("?topic=t", 400, "MISSING_ARG_CHANNEL"),
+                ("?topic=t&channel=b!d", 400, "INVALID_ARG_CHANNEL"),
+                ("?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
+            ]:
+                r = client("POST", f"/channel/{path}{query}")
+                self.assertEqual((r.code, r.json()), (code, {"message": message}), (path, query))
+        for path in ("delete", "empty", "pause", "unpause"):
+            r = client("POST", f"/channel/{path}?topic=t&channel=nope")
+            self.assertEqual((r.code, r.json()), (404, {"message": "CHANNEL_NOT_FOUND"}), path)
+
+
+class ConfigTests(SynchronousTestCase):
+    def test_get_any_option(self) -> None:
+        """GET /config/:opt answers every flag by its config name, typed as nsqd marshals it."""
+        client = Client(self, max_msg_size=1234, msg_timeout=2.0)
+        expect = {
+            "max_msg_size": (b"1234", "application/json; charset=utf-8"),
+            "msg_timeout": (b"2000000000", "application/json; charset=utf-8"),
+            "snappy": (b"true", "application/json; charset=utf-8"),
+            "broadcast_address": (b"127.0.0.1", "text/plain; charset=utf-8"),
+            "data_path": (b"", None),
+            "auth_http_addresses": (b"[]", "application/json; charset=utf-8"),
+            "e2e_processing_latency_percentiles": (b"[]", "application/json; charset=utf-8"),
+            "tls_min_version": (b"769", "application/json; charset=utf-8"),
+        }
+        for opt, (body, ctype) in expect.items():
+            r = client("GET", f"/config/{opt}")
+            self.assertEqual((r.code, r.body, r.content_type), (200, body, ctype), opt)
+        for opt in ("nope", "client_timeout", "lookupd_tcp_address", "version"):
+            r = client("GET", f"/config/{opt}")
+            self.assertEqual((r.code, r.json()), (400, {"message": "INVALID_OPTION"}), opt)
+
+    def test_put_lookupd_addresses(self) -> None:
+        """PUT a JSON list of addresses; it is kept and announced through config_changed."""
+        client = Client(self)
+        changed: list[str] = []
+        client.nsqd.config_changed = changed.append  # type: ignore[attr-defined]
+        r = client("PUT", "/config/nsqlookupd_tcp_addresses", b'["127.0.0.1:4160"]')
+        self.assertEqual((r.code, r.body), (200, b'["127.0.0.1:4160"]'))
+        self.assertEqual(client.nsqd.runtime_lookupd_tcp_addresses, ["127.0.0.1:4160"])
+        self.assertEqual(client("GET", "/config/nsqlookupd_tcp_addresses").body, b'["127.0.0.1:4160"]')
+        self.assertEqual(changed, ["nsqlookupd_tcp_addresses"])
+
+    def test_put_log_level(self) -> None:
+        """PUT a level name (any case); GET answers nsqd's number for it."""
+        client = Client(self)
+        self.assertEqual(client("PUT", "/config/log_level", b"WARN").body, b"3")
+        self.assertEqual(client("GET", "/config/log_level").body, b"3")
+        self.assertEqual(client.nsqd.runtime_log_level, "warn")
+
+    def test_put_errors(self) -> None:
+        """Bad values, empty or too-long bodies and read-only options."""
+        client = Client(self, max_msg_size=20)
+        cases = [
+            ("log_level", b"loud", 400, "INVALID_VALUE"),
+            ("nsqlookupd_tcp_addresses", b"[1]", 400, "INVALID_VALUE"),
+            ("nsqlookupd_tcp_addresses", b"nope", 400, "INVALID_VALUE"),
+            ("log_level", b"", 413, "INVALID_VALUE"),
+            ("log_level", b"x" * 21, 413, "INVALID_VALUE"),
+            ("max_msg_size", b"5", 400, "INVALID_OPTION"),
+        ]
+        for opt, body, code, message in cases:
+            r = client("PUT", f"/config/{opt}", body)
+            self.assertEqual((r.code, r.json()), (code, {"message": message}), (opt, body))
+
+
+class RoutingTests(SynchronousTestCase):
+    def test_not_found_and_method_not_allowed(self) -> None:
+        """Unknown paths are 404 NOT_FOUND; known paths with another method 405 with Allow."""
+        client = Client(self)
+        r = client("GET", "/debug/pprof/")
+        self.assertEqual((r.code, r.json()), (404, {"message": "NOT_FOUND"}))
+        r = client("DELETE", "/config/log_level")
+        self.assertEqual((r.code, r.json()), (405, {"message": "METHOD_NOT_ALLOWED"}))
+        self.assertEqual(r.headers.getRawHeaders("allow"), ["GET, OPTIONS, PUT"])
+        r = client("HEAD", "/ping")
+        self.assertEqual(r.code, 405)
+        self.assertEqual(r.headers.getRawHeaders("allow"), ["GET, OPTIONS"])
+
+    def test_options(self) -> None:
+        """OPTIONS answers 200 with the allowed methods, like httprouter."""
+        client = Client(self)
+        r = client("OPTIONS", "/pub")
+        self.assertEqual((r.code, r.body, r.headers.getRawHeaders("allow")), (200, b"", ["OPTIONS, POST"]))
+
+    def test_redirects(self) -> None:
+        """httprouter's fixes: trailing slash and letter case are redirected (301 GET, 307 others)."""
+        client = Client(self)
+        r = client("GET", "/ping/")
+        self.assertEqual((r.code, r.headers.getRawHeaders("location")), (301, ["/ping"]))
+        self.assertEqual(r.body, b'<a href="/ping">Moved Permanently</a>.\n\n')
+        r = client("POST", "/PUB?topic=t", b"x")
+        self.assertEqual((r.code, r.headers.getRawHeaders("location")), (307, ["/pub?topic=t"]))
+        r = client("GET", "//stats")
+        self.assertEqual((r.code, r.headers.getRawHeaders("location")), (301, ["/stats"]))
+
+    def test_parse_query_like_go(self) -> None:
+        """Go's url.ParseQuery: first value wins for nsqd, bad pairs are skipped but flagged."""
+        self.assertEqual(parse_query("a=1&a=2&b=x+y%21"), ({"a": ["1", "2"], "b": ["x y!"]}, False))
+        self.assertEqual(parse_query("a=1;b=2&c=3"), ({"c": ["3"]}, True))
+        self.assertEqual(parse_query("a=%4"), ({}, True))
+        self.assertEqual(parse_query("&&a"), ({"a": [""]}, False))
+
+
+class StatsTests(SynchronousTestCase):
+    def test_filters_and_switches(self) -> None:
+        """topic/channel narrow the result; include_clients=false nulls clients and producers."""
+        client = Client(self)
+        stats_state(client)
+        full = client("GET", "/stats?format=json").json()
+        self.assertEqual([t["topic_name"] for t in full["topics"]], ["ref_h", "ref_msg", "ref_t"])
+        self.assertEqual([c["channel_name"] for c in full["topics"][2]["channels"]], ["ch1", "ch10", "ch2"])
+        self.assertIn("memory", full)
+        self.assertEqual(full["producers"][0]["pub_counts"], [{"topic": "ref_msg", "count": 1}])
+
+        one = client("GET", "/stats?format=json&topic=ref_h&channel=statsch").json()
+        self.assertEqual(len(one["topics"]), 1)
+        self.assertNotIn("pub_counts", one["producers"][0])  # filtered to ref_h: nothing left
+        none = client("GET", "/stats?format=json&topic=nope").json()
+        self.assertEqual((none["topics"], none["producers"]), (None, None))
+        empty = client("GET", "/stats?format=json&topic=ref_h&channel=nope").json()
+        self.assertEqual(empty["topics"], [])
+
+        bare = client("GET", "/stats?format=json&include_clients=false&include_mem=0").json()
+        self.assertNotIn("memory", bare)
+        self.assertIsNone(bare["producers"])
+        self.assertIsNone(bare["topics"][0]["channels"][0]["clients"])
+        self.assertEqual(bare["topics"][0]["channels"][0]["client_count"], 1)
+
+    def test_counts(self) -> None:
+        """depth, in-flight and deferred counts come from the channel, as nsqd reports them."""
+        client = Client(self)
+        stats_state(client)
+        ch = client("GET", "/stats?format=json&topic=ref_h").json()["topics"][0]["channels"][0]
+        self.assertEqual((ch["depth"], ch["in_flight_count"], ch["deferred_count"], ch["message_count"]),
+                         (3, 3, 1, 7))
+        self.assertEqual(ch["clients"][0]["client_id"], "stats-client")
+
+    def test_text_format(self) -> None:
+        """format=text (the default) prints nsqd's layout, paused markers included."""
+        client = Client(self, msg_timeout=600.0)
+        stats_state(client)
+        client("POST", "/topic/pause?topic=ref_t")
+        client("POST", "/channel/pause?topic=ref_h&channel=statsch")
+        client.clock.advance(65)
+        r = client("GET", "/stats?include_mem=false")
+        self.assertEqual(r.content_type, "text/plain; charset=utf-8")
+        text = r.body.decode()
+        self.assertTrue(text.startswith("nsqd v1.3.0 (built w/go1.19.8)\nstart_time "))
+        self.assertIn("\nuptime 1m5s\n\nHealth: OK\n\nTopics:\n   [ref_h          ] depth: ", text)
+        self.assertNotIn("Memory:", text)
+        self.assertIn("\n*P [ref_t          ] depth: ", text)
+        self.assertIn("\n   *P [statsch                  ] depth: 4     be-depth: 0     inflt: 3    def: 0 ", text)
+        self.assertIn("        [V2 h:", text)
+        self.assertIn(" ref/1.0", text)
+        self.assertIn("connected: 1m5s\n", text)
+        self.assertIn("\nProducers:\n   [V2 192.168.1.1:54321    ] msgs: ", text)
+        self.assertIn("msgs: 1        topics: ref_msg=1 connected: 1m5s\n", text)
+
+    def test_empty_node_text(self) -> None:
+        """A node without topics or producers says None for both."""
+        client = Client(self)
+        text = client("GET", "/stats?format=text&include_mem=false").body.decode()
+        self.assertTrue(text.endswith("\nHealth: OK\n\nTopics: None\n\nProducers: None\n"))
+
+    def test_as_nsq_stat_and_nsqadmin_read_it(self) -> None:
+        """Every field nsqadmin and nsq_stat read is present with the JSON type Go gives it."""
+        client = Client(self)
+        stats_state(client)
+        data = client("GET", "/stats?format=json").json()
+        self.assertEqual((data["version"], data["health"]), ("1.3.0", "OK"))
+        self.assertIsInstance(data["start_time"], int)
+        ints = {"depth", "backend_depth", "message_count", "message_bytes"}
+        chan_ints = {"depth", "backend_depth", "in_flight_count", "deferred_count", "message_count",
+                     "requeue_count", "timeout_count", "client_count"}
+        client_ints = {"state", "ready_count", "in_flight_count", "message_count", "finish_count",
+                       "requeue_count", "connect_ts", "sample_rate"}
+        client_strs = {"client_id", "hostname", "version", "remote_address", "user_agent",
+                       "tls_cipher_suite", "tls_version", "tls_negotiated_protocol"}
+        client_bools = {"deflate", "snappy", "tls", "tls_negotiated_protocol_is_mutual"}
+        for topic in data["topics"]:
+            self.assertIsInstance(topic["topic_name"], str)
+            self.assertIs(type(topic["paused"]), bool)
+            for key in ints:
+                self.assertIs(type(topic[key]), int, key)
+            self.assertEqual(topic["e2e_processing_latency"], {"count": 0, "percentiles": None})
+            for channel in topic["channels"]:
+                for key in chan_ints:
+                    self.assertIs(type(channel[key]), int, key)
+                self.assertEqual(channel["client_count"], len(channel["clients"]))
+                for c in channel["clients"]:
+                    for key in client_ints:
+                        self.assertIs(type(c[key]), int, key)
+                    for key in client_strs:
+                        self.assertIs(type(c[key]), str, key)
+                    for key in client_bools:
+                        self.assertIs(type(c[key]), bool, key)
+        for key, value in data["memory"].items():
+            self.assertIs(type(value), int, key)
+        self.assertTrue(all(p["pub_counts"] for p in data["producers"]))
+
+    def test_snapshot_direct(self) -> None:
+        """stats.snapshot is usable without HTTP (statsd): same keys as /stats JSON."""
+        nsqd, _ = make_nsqd()
+        snap = snapshot(nsqd, include_mem=False)
+        self.assertEqual(list(snap), ["version", "health", "start_time", "topics", "producers"])
+        self.assertEqual(snap["topics"], [])
+
+    def test_go_duration(self) -> None:
+        """Durations print as Go's time.Duration.String()."""
+        cases = {0: "0s", 1: "1ns", 1500: "1.5\u00b5s", 2_500_000: "2.5ms", 6_885_709_869: "6.885709869s",
+                 65_000_000_000: "1m5s", 3_600_000_000_000: "1h0m0s", -1_000_000_000: "-1s"}
+        for ns, text in cases.items():
+            self.assertEqual(go_duration(ns), text)
+
+    def test_go_json_escapes(self) -> None:
+        """Strings escape like Go's encoding/json (HTML-safe, \\u00XX for controls, bad UTF-8)."""
+        self.assertEqual(go_json({"a": "<&>\b\x01\n\u2028"}), b'{"a":"\\u003c\\u0026\\u003e\\u0008\\u0001\\n\\u2028"}')
+        self.assertEqual(go_json(b"\xff".decode("utf-8", "surrogateescape")), b'"\\ufffd"')
+        self.assertEqual(go_json([1.0, 0.99, 1e21, 1e-7]), b"[1,0.99,1e+21,1e-7]")
+
