@@ -116,7 +116,7 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
     while time.monotonic() < end:
         try:
             frames = reader.frames()
-        except socket.timeout:
+        except TimeoutError:
             continue
         fins = []
         for ftype, data in frames:
@@ -163,7 +163,7 @@ def _latency_worker(address: str, topic: str, channel: str, rate: float, size: i
             sent += 1
         try:
             frames = sub_reader.frames()
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             continue
         fins = []
         t = time.monotonic()

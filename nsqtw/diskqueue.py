@@ -40,13 +40,14 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue
+from nsqtw.log import Logger
 
 __all__ = [
     "MIN_VALID_MSG_LENGTH",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted import logger as _tw
 from twisted.logger import FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogPublisher
+
+from twisted import logger as _tw
 
 #: nsqd's level names and their numbers (GET /config/log_level answers the number)
 LEVELS: dict[str, tuple[LogLevel, int]] = {

@@ -8,12 +8,12 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
-from nsqtw.log import Logger
 
 from nsqtw.backend import EphemeralBackend, MemoryBackend
 from nsqtw.channel import Channel
 from nsqtw.guid import GUIDFactory
 from nsqtw.interfaces import IBackendQueue
+from nsqtw.log import Logger, set_level
 from nsqtw.message import Message
 from nsqtw.names import backend_name, is_ephemeral
 from nsqtw.topic import Topic
@@ -51,7 +51,8 @@ class NSQD:
         self.topics: dict[str, Topic] = {}
         self.clients: dict[int, Any] = {}
         self.listeners: list[IRegistryListener] = []
-        self.start_time = int(clock.seconds())
+        self.start_time_precise = clock.seconds()
+        self.start_time = int(self.start_time_precise)
         self._backend_factory = backend_factory or MemoryBackend
         self._client_ids = itertools.count(1)
         self._errors: dict[str, str] = {}
@@ -120,6 +121,11 @@ class NSQD:
                 listener.topic_created(topic)
             self.metadata_changed()
         return topic
+
+    def config_changed(self, name: str) -> None:
+        """PUT /config/<name> changed a run-time setting."""
+        if name == "log_level":
+            set_level(self.runtime_log_level)
 
     def metadata_changed(self) -> None:
         """A topic or channel was created, deleted, paused or unpaused."""
@@ -216,7 +222,7 @@ class NSQD:
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
         ids = self.guid.new_ids(len(bodies))
-        msgs = [Message(i, b, now_ns, 0, defer) for i, b in zip(ids, bodies)]
+        msgs = [Message(i, b, now_ns, 0, defer) for i, b in zip(ids, bodies, strict=True)]
         return topic.put_messages(msgs)
 
     # -- shutdown ---------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
+
 from nsqtw.log import Logger
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
+import signal
 from typing import Any
 
 from twisted.application.service import MultiService, Service
@@ -12,13 +13,20 @@ from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.internet.protocol import Factory
-from nsqtw.log import Logger
-from twisted.web.server import Site
 
 from nsqtw import NSQD_VERSION
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
-from nsqtw.metadata import (DEFERRED_FILENAME, MetadataStore, decode, decode_deferred,
-                            encode_deferred, read_file, take_deferred_file, write_file)
+from nsqtw.log import Logger
+from nsqtw.metadata import (
+    DEFERRED_FILENAME,
+    MetadataStore,
+    decode,
+    decode_deferred,
+    encode_deferred,
+    read_file,
+    take_deferred_file,
+    write_file,
+)
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
 
@@ -108,7 +116,7 @@ class DataPathLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise RuntimeError(f"--data-path={self.path} in use (possibly by another instance of nsqd)")
+            raise RuntimeError(f"--data-path={self.path} in use (possibly by another instance of nsqd)") from None
         self._fd = fd
 
     def release(self) -> None:
@@ -144,7 +152,7 @@ class NSQDService(MultiService):
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.http_api import HTTPAPI
 
-        site = Site(HTTPAPI(self.nsqd).resource())
+        site = HTTPAPI(self.nsqd).site()
         site.noisy = False
         http = ListenerService("HTTP", server_endpoint(reactor, options.http_address),
                                site, self._http_bound)
@@ -220,3 +228,7 @@ class NSQDService(MultiService):
             self.meta_executor.stop()
         self.lock.release()
         self.log.info("NSQ: stopped")
+        # nsqd exits 0 after a graceful SIGTERM/SIGINT; twistd would re-raise
+        # the signal (exit status -15) unless told the stop was handled.
+        if getattr(self.reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
+            self.reactor._exitSignal = None

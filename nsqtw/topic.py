@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
-from nsqtw.log import Logger
 
 from nsqtw.channel import Channel
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue
+from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump

@@ -53,7 +53,7 @@ class RawClient:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise socket.timeout()
+                    raise TimeoutError()
                 self.sock.settimeout(left)
             chunk = self.sock.recv(1 << 16)
             if not chunk:

@@ -12,7 +12,6 @@ from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory
-from nsqtw.log import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -20,6 +19,7 @@ from nsqtw import NSQD_VERSION
 from nsqtw.channel import Channel
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer
+from nsqtw.log import Logger
 from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.nsqd import NSQD
