@@ -31,6 +31,9 @@ class EphemeralBackend:
     def written(self) -> Deferred[None]:
         return succeed(None)
 
+    def backlog(self) -> int:
+        return 0
+
     def read(self, max_count: int) -> list[bytes]:
         return []
 
@@ -74,6 +77,9 @@ class MemoryBackend:
 
     def written(self) -> Deferred[None]:
         return succeed(None)
+
+    def backlog(self) -> int:
+        return 0
 
     def read(self, max_count: int) -> list[bytes]:
         records = self._records

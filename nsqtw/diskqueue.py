@@ -774,6 +774,9 @@ class DiskQueue:
         self._written_waiters.append((self._put_seq, d))
         return d
 
+    def backlog(self) -> int:
+        return self._put_seq - self._written_seq
+
     def _release_written(self, error: str | None = None) -> None:
         waiters = self._written_waiters
         while waiters and (waiters[0][0] <= self._written_seq or error is not None):

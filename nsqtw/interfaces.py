@@ -34,6 +34,9 @@ class IBackendQueue(Interface):
         write failed.
         """
 
+    def backlog():
+        """Records put and not yet written (what a crash would lose)."""
+
     def read(max_count):
         """Return up to ``max_count`` records available right now, oldest first.
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 #: messages copied to the channels in one reactor turn before yielding
 TOPIC_BATCH = 8192
+#: past this many records waiting for the disk thread, publishers wait for the write
+BACKLOG_LIMIT = 10000
 
 
 class Topic:
@@ -62,8 +64,12 @@ class Topic:
     def put_messages(self, msgs: list[Message]) -> Deferred[None] | None:
         """Queue published messages; raises ExitingError or BackendError.
 
-        Returns None when they all fit in memory, else the backend's
-        ``written()``: the publisher is answered once the write is done.
+        Returns None when the publisher can be answered now: the messages
+        are in memory, or handed to the disk thread. Returns the backend's
+        ``written()`` when the publisher must wait for the write: with
+        ``--sync-every=1`` (every acknowledged message survives kill -9), or
+        when the disk is behind by more than BACKLOG_LIMIT records (so a
+        publisher faster than the disk is slowed down to its pace).
         """
         if self.exiting:
             raise ExitingError()
@@ -86,7 +92,9 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         self._pump.wake()
-        return self.backend.written() if rest else None
+        if rest and (self.nsqd.options.sync_every <= 1 or self.backend.backlog() > BACKLOG_LIMIT):
+            return self.backend.written()
+        return None
 
     def _distribute(self) -> bool:
         channels = list(self.channels.values())

@@ -57,7 +57,9 @@ class DiskPublishTests(SynchronousTestCase):
         self.clock.advance(EPOCH)
         self.disk = FlakyDisk()
         self.executor: SynchronousDiskExecutor = SynchronousDiskExecutor()
-        options = make_options(mem_queue_size=0)
+
+    def build(self, **overrides: object) -> None:
+        options = make_options(mem_queue_size=0, **overrides)
 
         def backend(name: str) -> DiskQueue:
             lo, hi = nsqd_msg_size_limits(options.max_msg_size)
@@ -71,8 +73,9 @@ class DiskPublishTests(SynchronousTestCase):
             self.clock.advance(0)
 
     def test_ok_only_after_the_write(self) -> None:
-        """A PUB that spills to disk is answered once the disk thread has written it."""
+        """With --sync-every=1 a PUB that spills to disk is answered once it is written."""
         self.executor = HeldExecutor()
+        self.build(sync_every=1)
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"x") + b"NOP\n")
         self.settle()
@@ -84,8 +87,42 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
 
+    def test_ok_on_hand_off_by_default(self) -> None:
+        """With default flags a PUB is answered once handed to the disk thread, before the write."""
+        self.executor = HeldExecutor()
+        self.build()
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"x"))
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(self.nsqd.topics["t"].backend.backlog(), 1)
+
+    def test_publisher_waits_when_disk_falls_behind(self) -> None:
+        """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure)."""
+        from nsqtw.topic import BACKLOG_LIMIT
+        from nsqtw.wire import encode_mpub
+        self.executor = HeldExecutor()
+        self.build()
+        p, t = connect(self.nsqd, self.clock)
+        batch = [b"m"] * 1000
+        for _ in range(BACKLOG_LIMIT // 1000):
+            p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(len(take_frames(t)), BACKLOG_LIMIT // 1000)
+        p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(take_frames(t), [])
+        self.assertEqual(t.producerState, "paused")
+        self.executor.run_all()
+        self.settle()
+        self.executor.run_all()
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(t.producerState, "producing")
+
     def test_disk_full_then_recovered(self) -> None:
         """ENOSPC: E_PUB_FAILED and NOK health; space back: the retry writes, PUB works, nothing lost."""
+        self.build(sync_every=1)
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"before"))
         self.settle()
