@@ -531,9 +531,9 @@ FLAGS: tuple[Flag, ...] = (
         "Messages kept in memory per topic and per channel before spilling to disk.",
         _A,
     ),
-    _flag("max-bytes-per-file", "int", "Size at which a disk queue starts a new file."),
-    _flag("sync-every", "int", "Messages written to a disk queue between fsyncs."),
-    _flag("sync-timeout", "duration", "Longest time between disk queue fsyncs."),
+    _flag("max-bytes-per-file", "int", "Size at which a disk queue starts a new file.", _A),
+    _flag("sync-every", "int", "Messages written to a disk queue between fsyncs.", _A),
+    _flag("sync-timeout", "duration", "Longest time between disk queue fsyncs.", _A),
     _flag(
         "queue-scan-worker-pool-max",
         "int",

@@ -152,12 +152,12 @@ class NSQDService(MultiService):
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.http_api import HTTPAPI
 
-        site = HTTPAPI(self.nsqd).site()
-        site.noisy = False
-        http = ListenerService("HTTP", server_endpoint(reactor, options.http_address),
-                               site, self._http_bound)
         tcp.setServiceParent(self)
-        http.setServiceParent(self)
+        if options.http_address:  # nsqd: an empty --http-address turns HTTP off
+            site = HTTPAPI(self.nsqd).site()
+            site.noisy = False
+            ListenerService("HTTP", server_endpoint(reactor, options.http_address),
+                            site, self._http_bound).setServiceParent(self)
 
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
