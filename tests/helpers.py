@@ -15,7 +15,8 @@ from nsqtw.nsqd import NSQD
 from nsqtw.options import defaults
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
 
-REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference")
+#: facts recorded from Go nsqd/nsqlookupd v1.3.0 (copied from the project workspace)
+REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "reference")
 #: a fixed "now" so stats and IDs are reproducible
 EPOCH = 1795341386.0
 

@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
 
-REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "reference")
+REFERENCE = os.path.join(os.path.dirname(__file__), "..", "reference")
 DATADIR = os.path.join(REFERENCE, "nsqd-1.3.0-datadir")
 #: the Go run used --max-bytes-per-file=400 and the default --max-msg-size
 MAX_BYTES_PER_FILE = 400
