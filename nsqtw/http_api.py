@@ -277,10 +277,6 @@ class HTTPAPI:
         self.tls_enabled = tls_enabled
         options = nsqd.options
         self.tls_required = getattr(options, "tls_required", 0) == _TLS_REQUIRED
-        if not hasattr(nsqd, "runtime_lookupd_tcp_addresses"):
-            nsqd.runtime_lookupd_tcp_addresses = list(getattr(options, "lookupd_tcp_address", ()))  # type: ignore[attr-defined]
-        if not hasattr(nsqd, "runtime_log_level"):
-            nsqd.runtime_log_level = str(getattr(options, "log_level", "info")).lower()  # type: ignore[attr-defined]
 
     def resource(self) -> IResource:
         root: IResource = _Root(self, self.app.resource())
@@ -509,7 +505,7 @@ class HTTPAPI:
                 declared = None
         return declared is not None and declared > limit
 
-    def _pub(self, request: Any) -> str:
+    def _pub(self, request: Any) -> str | Deferred[str]:
         o = self.nsqd.options
         max_msg = int(o.max_msg_size)
         if self._too_long(request, max_msg):
@@ -532,7 +528,7 @@ class HTTPAPI:
         self.nsqd.get_topic(name)
         return self._publish(name, [body], defer)
 
-    def _mpub(self, request: Any) -> str:
+    def _mpub(self, request: Any) -> str | Deferred[str]:
         o = self.nsqd.options
         max_body, max_msg = int(o.max_body_size), int(o.max_msg_size)
         if self._too_long(request, max_body):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 MSG_ID_LENGTH = 16
 #: timestamp (8) + attempts (2) + id (16): the smallest valid encoded message.
@@ -38,7 +39,7 @@ class Message:
         #: seconds to wait before first delivery (DPUB), 0 for none
         self.deferred = deferred
         #: while in flight: the consumer it was sent to, its timeout and send time
-        self.client: object | None = None
+        self.client: Any = None
         self.deadline = 0.0
         self.delivered_at = 0.0
 

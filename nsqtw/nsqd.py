@@ -58,6 +58,10 @@ class NSQD:
         self._errors: dict[str, str] = {}
         self.exiting = False
         self.loading = False
+        #: run-time settings PUT /config can change
+        self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
+        self.runtime_lookupd_tcp_addresses: list[str] | None = list(
+            getattr(options, "lookupd_tcp_address", ()))
         #: told (via ``changed()``) whenever nsqd.dat needs rewriting
         self.metadata: Any = None
         #: the bound ports, filled in by the listeners (port 0 means "pick one")
@@ -193,7 +197,7 @@ class NSQD:
             listener.channel_deleted(topic, channel)
         self.metadata_changed()
 
-    def delete_topic(self, name: str) -> Deferred[object]:
+    def delete_topic(self, name: str) -> Deferred[Any]:
         """Remove a topic with its channels and data; raises KeyError when there is none."""
         topic = self.topics.pop(name)
         self.log.info("TOPIC({topic}): deleting", topic=name)
@@ -227,7 +231,7 @@ class NSQD:
 
     # -- shutdown ---------------------------------------------------------
 
-    def close(self) -> Deferred[object]:
+    def close(self) -> Deferred[Any]:
         """Flush every topic and channel to its backend and close them."""
         self.exiting = True
         for client in list(self.clients.values()):

@@ -990,7 +990,8 @@ def _validate(opts: NSQDOptions) -> None:
             )
     if opts.tls_client_auth_policy not in _TLS_CLIENT_AUTH_POLICIES:
         raise OptionsError(
-            f'--tls-client-auth-policy must be "", "require" or "require-verify", got {_quote(opts.tls_client_auth_policy)}'
+            '--tls-client-auth-policy must be "", "require" or "require-verify", got '
+            + _quote(opts.tls_client_auth_policy)
         )
     if opts.auth_http_request_method not in _AUTH_METHODS:
         raise OptionsError(

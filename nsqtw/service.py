@@ -12,7 +12,6 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
-from twisted.internet.protocol import Factory
 
 from nsqtw import NSQD_VERSION
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
@@ -65,7 +64,7 @@ class ListenerService(Service):
 
     log = Logger()
 
-    def __init__(self, label: str, endpoint: IStreamServerEndpoint, factory: Factory,
+    def __init__(self, label: str, endpoint: IStreamServerEndpoint, factory: Any,
                  on_bound: Any = None) -> None:
         self.label = label
         self.endpoint = endpoint
@@ -83,7 +82,7 @@ class ListenerService(Service):
         self.port = port
         self.log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
         if self.on_bound is not None:
-            self.on_bound(port.getHost().port)
+            self.on_bound(getattr(port.getHost(), "port", 0))
         return port
 
     def _failed(self, failure: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from twisted.application.service import IService
 
 from nsqtw.log import set_level
@@ -18,4 +20,4 @@ def makeService(config: Options) -> IService:
         print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
         raise SystemExit(0)
     set_level(config.nsqd.log_level)
-    return NSQDService(config.nsqd)
+    return cast(IService, NSQDService(config.nsqd))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
@@ -181,7 +181,7 @@ class Topic:
         self.exiting = True
         self._pump.stop()
 
-    def close(self) -> Deferred[object]:
+    def close(self) -> Deferred[Any]:
         """Graceful stop: every message goes to its backend, every backend closes."""
         self._stop()
         ds = [c.close() for c in self.channels.values()]
@@ -194,7 +194,7 @@ class Topic:
         ds.append(self.backend.close())
         return DeferredList(ds, consumeErrors=True)
 
-    def delete(self) -> Deferred[object]:
+    def delete(self) -> Deferred[Any]:
         """Remove the topic, its channels and their data."""
         self._stop()
         ds = []

@@ -99,7 +99,8 @@ class V2Parser:
                 if nl < 0:
                     if avail > MAX_LINE_LENGTH:
                         raise LineTooLong()
-                    return self._compact()
+                    self._compact()
+                    return None
                 if nl - self._pos >= MAX_LINE_LENGTH:
                     raise LineTooLong()
                 end = nl
@@ -116,7 +117,8 @@ class V2Parser:
                 self._state = _SIZE
             elif state == _SIZE or state == _MPUB_COUNT or state == _MPUB_SIZE:
                 if avail < 4:
-                    return self._compact()
+                    self._compact()
+                    return None
                 (size,) = _INT32.unpack_from(buf, self._pos)
                 self._pos += 4
                 if state == _SIZE:
@@ -128,7 +130,8 @@ class V2Parser:
             elif state == _BODY or state == _MPUB_BODY:
                 need = self._need
                 if avail < need:
-                    return self._compact()
+                    self._compact()
+                    return None
                 body = bytes(buf[self._pos:self._pos + need])
                 self._pos += need
                 if state == _BODY:
@@ -143,7 +146,8 @@ class V2Parser:
                 self._state = _MPUB_SIZE
             else:  # _MAGIC
                 if avail < 4:
-                    return self._compact()
+                    self._compact()
+                    return None
                 magic = bytes(buf[self._pos:self._pos + 4])
                 self._pos += 4
                 if magic != MAGIC_V2:

@@ -132,7 +132,7 @@ class V2Protocol(Protocol):
         self._restart_heartbeat()
         self._restart_read_deadline()
 
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[override]
+    def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
         self._closed = True
         self._cancel_timers()
         self.log.info("PROTOCOL(V2): [{client}] exiting ioloop", client=self)
