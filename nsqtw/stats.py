@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from nsqtw import NSQD_VERSION
+from nsqtw.options import format_duration_ns
 
 __all__ = [
     "GO_VERSION_BANNER",
@@ -43,36 +44,8 @@ _OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
 # --- Go's formatting rules ------------------------------------------------------
 
 
-def go_duration(ns: int) -> str:
-    """Integer nanoseconds as Go's ``time.Duration.String()``: ``1h2m3.5s``, ``250ms``, ``0s``."""
-    if ns == 0:
-        return "0s"
-    neg = ns < 0
-    u = -ns if neg else ns
-
-    def frac(value: int, prec: int) -> tuple[str, int]:
-        whole, rest = divmod(value, 10**prec)
-        digits = str(rest).rjust(prec, "0").rstrip("0")
-        return ("." + digits if digits else ""), whole
-
-    if u < 1_000_000_000:
-        if u < 1000:
-            out = f"{u}ns"
-        elif u < 1_000_000:
-            f, w = frac(u, 3)
-            out = f"{w}{f}\u00b5s"
-        else:
-            f, w = frac(u, 6)
-            out = f"{w}{f}ms"
-    else:
-        f, secs = frac(u, 9)
-        out = f"{secs % 60}{f}s"
-        mins = secs // 60
-        if mins:
-            out = f"{mins % 60}m{out}"
-            if mins // 60:
-                out = f"{mins // 60}h{out}"
-    return "-" + out if neg else out
+#: Go's ``time.Duration.String()`` of integer nanoseconds (one implementation, in options)
+go_duration = format_duration_ns
 
 
 def _go_float(value: float) -> str:
