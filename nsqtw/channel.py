@@ -394,9 +394,7 @@ class Channel:
             m.client = None
         self.deferred.clear()
         for client in self.clients.values():
-            reset = getattr(client, "in_flight_emptied", None)
-            if reset is not None:
-                reset()
+            client.in_flight_emptied()
         return self.backend.empty()
 
     def all_pending(self) -> Iterable[Message]:
@@ -441,9 +439,7 @@ class Channel:
         """Drop the channel: disconnect its clients, forget its messages, remove its backend."""
         self._stop()
         for client in list(self.clients.values()):
-            closer = getattr(client, "channel_deleted", None)
-            if closer is not None:
-                closer()
+            client.channel_deleted()
         self.clients.clear()
         self.memory.clear()
         self.in_flight.clear()

@@ -87,3 +87,9 @@ class IConsumer(Interface):
 
     def message_timed_out():
         """One of this client's in-flight messages timed out."""
+
+    def in_flight_emptied():
+        """The channel was emptied: none of this client's messages is in flight any more."""
+
+    def channel_deleted():
+        """The channel was deleted under this client (nsqd closes the connection)."""

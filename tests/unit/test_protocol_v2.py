@@ -464,3 +464,25 @@ class StatsTests(SynchronousTestCase):
         self.assertEqual(p.pub_counts, {"a": 1, "b": 2})
         self.assertEqual(nsqd.topics["b"].message_bytes, 2)
         self.assertEqual(struct.unpack(">i", t.value()[:4])[0], 6)
+
+
+class AdminTests(SynchronousTestCase):
+    def test_empty_channel_clears_client_in_flight(self) -> None:
+        """Emptying a channel drops its in-flight messages and resets the clients' counts."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=5)
+        publish(nsqd, clock, "t", b"1", b"2")
+        self.assertEqual(len(c.messages()), 2)
+        channel = nsqd.topics["t"].channels["c"]
+        channel.empty()
+        self.assertEqual((len(channel.in_flight), c.proto.in_flight_count), (0, 0))
+        publish(nsqd, clock, "t", b"3")
+        self.assertEqual([m[2] for m in c.messages()], [b"3"])
+
+    def test_delete_channel_disconnects_its_clients(self) -> None:
+        """Deleting a channel closes the connections subscribed to it, as nsqd does."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        nsqd.topics["t"].delete_channel("c")
+        self.assertTrue(c.transport.disconnecting)
+        self.assertEqual(list(nsqd.topics["t"].channels), [])

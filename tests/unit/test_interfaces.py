@@ -1,0 +1,31 @@
+"""Every implementation and fake provides the interface it claims, fully."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from nsqtw.backend import EphemeralBackend, MemoryBackend
+from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.interfaces import IBackendQueue, IConsumer
+from tests.helpers import connect, make_nsqd
+
+
+class InterfaceTests(SynchronousTestCase):
+    def test_backends(self) -> None:
+        """The ephemeral, memory and disk backends provide IBackendQueue."""
+        path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, path)
+        disk = DiskQueue("t", path, 1 << 20, 26, 1 << 20, 1, 2.0, Clock(), SynchronousDiskExecutor())
+        for backend in (EphemeralBackend("e"), MemoryBackend("m"), disk):
+            self.assertTrue(verifyObject(IBackendQueue, backend))
+
+    def test_v2_client_is_a_consumer(self) -> None:
+        """A V2 protocol connection provides IConsumer."""
+        nsqd, clock = make_nsqd()
+        proto, _ = connect(nsqd, clock)
+        self.assertTrue(verifyObject(IConsumer, proto))
