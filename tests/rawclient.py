@@ -1,91 +1,229 @@
-"""A minimal blocking V2 client over a real socket, for live tests."""
+"""A blocking raw V2 client over a real socket, for live tests.
+
+It speaks the wire format byte for byte, so a test sees exactly what a client
+sees: frames, their timing and the moment the daemon hangs up. Every read is
+bounded by a timeout.
+"""
 
 from __future__ import annotations
 
+import json
+import select
 import socket
 import struct
 import time
+from typing import Any
 
-FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
+FRAME_RESPONSE = 0
+FRAME_ERROR = 1
+FRAME_MESSAGE = 2
+
+HEARTBEAT = (FRAME_RESPONSE, b"_heartbeat_")
+OK = (FRAME_RESPONSE, b"OK")
 
 
 class Closed(Exception):
     """The daemon closed the connection."""
 
 
-class RawClient:
-    def __init__(self, address: tuple[str, int] | str, timeout: float = 5.0, magic: bool = True) -> None:
-        if isinstance(address, str):
-            host, port = address.rsplit(":", 1)
-            address = (host, int(port))
-        self.sock = socket.create_connection(address, timeout=timeout)
+class Msg:
+    """A MESSAGE frame, decoded."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.timestamp, self.attempts = struct.unpack_from(">qH", payload)
+        self.id = payload[10:26]
+        self.body = payload[26:]
+
+    def __repr__(self) -> str:
+        return f"Msg({self.id!r}, attempts={self.attempts}, body={self.body!r})"
+
+
+class Client:
+    """A blocking V2 client: raw bytes out, whole frames in, every read bounded."""
+
+    def __init__(self, address: str, magic: bool = True, timeout: float = 5.0) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout = timeout
         self.buf = b""
+        self.closed = False
         if magic:
-            self.sock.sendall(b"  V2")
+            self.send(b"  V2")
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def command(self, line: str, body: bytes | None = None) -> None:
-        data = line.encode() + b"\n"
+    def cmd(self, name: str, *args: Any, body: bytes | None = None) -> None:
+        line = " ".join([name, *(str(a) for a in args)]).encode() + b"\n"
         if body is not None:
-            data += struct.pack(">i", len(body)) + body
-        self.sock.sendall(data)
+            line += struct.pack(">i", len(body)) + body
+        self.send(line)
 
     def mpub(self, topic: str, bodies: list[bytes]) -> None:
-        payload = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
-        self.sock.sendall(f"MPUB {topic}\n".encode() + struct.pack(">i", len(payload)) + payload)
+        payload = struct.pack(">i", len(bodies)) + b"".join(
+            struct.pack(">i", len(b)) + b for b in bodies)
+        self.send(f"MPUB {topic}\n".encode() + struct.pack(">i", len(payload)) + payload)
+
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no frame in time")
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            self.closed = True
+            raise Closed()
+        self.buf += chunk
+
+    def frame_ready(self) -> bool:
+        if len(self.buf) < 4:
+            return False
+        (size,) = struct.unpack_from(">i", self.buf)
+        return len(self.buf) >= 4 + size
 
     def read_frame(self, timeout: float | None = None) -> tuple[int, bytes]:
-        """The next frame, answering heartbeats on the way."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """The next frame ``(type, data)``; raises :class:`Closed` or ``socket.timeout``."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not self.frame_ready():
+            self._fill(deadline)
+        size, ftype = struct.unpack_from(">ii", self.buf)
+        data = self.buf[8:4 + size]
+        self.buf = self.buf[4 + size:]
+        return ftype, data
+
+    def read(self, timeout: float | None = None, nop: bool = True) -> tuple[int, bytes]:
+        """The next frame that is not a heartbeat (answered with NOP unless ``nop`` is false)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            if len(self.buf) >= 8:
-                size, ftype = struct.unpack_from(">ii", self.buf)
-                if len(self.buf) >= 4 + size:
-                    data = self.buf[8:4 + size]
-                    self.buf = self.buf[4 + size:]
-                    if ftype == FRAME_RESPONSE and data == b"_heartbeat_":
-                        self.sock.sendall(b"NOP\n")
-                        continue
-                    return ftype, data
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError()
-                self.sock.settimeout(left)
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise Closed()
-            self.buf += chunk
+            f = self.read_frame(max(0.0, deadline - time.monotonic()))
+            if f != HEARTBEAT:
+                return f
+            if nop:
+                self.cmd("NOP")
 
-    def expect_ok(self) -> None:
-        ftype, data = self.read_frame()
-        assert (ftype, data) == (FRAME_RESPONSE, b"OK"), (ftype, data)
+    def response(self, timeout: float | None = None) -> tuple[int, bytes]:
+        return self.read(timeout)
 
-    def messages(self, count: int, timeout: float = 10.0, fin: bool = True) -> list[tuple[int, bytes, bytes]]:
-        """``count`` messages as (attempts, id, body), FINed unless told not to."""
+    def message(self, timeout: float | None = None, nop: bool = True) -> Msg:
+        ftype, data = self.read(timeout, nop)
+        assert ftype == FRAME_MESSAGE, (ftype, data)
+        return Msg(data)
+
+    def messages(self, n: int, timeout: float | None = None, fin: bool = False) -> list[Msg]:
+        """``n`` messages, FINed as they arrive when ``fin`` is true."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         out = []
-        deadline = time.monotonic() + timeout
-        while len(out) < count:
-            ftype, data = self.read_frame(max(0.01, deadline - time.monotonic()))
-            if ftype != FRAME_MESSAGE:
-                continue
-            attempts = struct.unpack_from(">H", data, 8)[0]
-            msg_id, body = data[10:26], data[26:]
-            out.append((attempts, msg_id, body))
+        for _ in range(n):
+            m = self.message(max(0.0, deadline - time.monotonic()))
             if fin:
-                self.sock.sendall(b"FIN " + msg_id + b"\n")
+                self.fin(m)
+            out.append(m)
         return out
+
+    def drain(self, quiet: float = 2.0) -> list[Msg]:
+        """FIN and return every message until none arrives for ``quiet`` seconds."""
+        out = []
+        try:
+            while True:
+                out.extend(self.messages(1, timeout=quiet, fin=True))
+        except (TimeoutError, Closed):
+            return out
+
+    def nothing_for(self, seconds: float) -> list[tuple[int, bytes]]:
+        """Frames (heartbeats aside) that arrive within ``seconds``; [] when quiet."""
+        got = []
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                got.append(self.read(max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                return got
+
+    def wait_closed(self, timeout: float) -> list[tuple[int, bytes]]:
+        """Read until the daemon hangs up; returns the frames seen before. Fails on timeout."""
+        got = []
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                got.append(self.read_frame(max(0.0, deadline - time.monotonic())))
+        except Closed:
+            return got
+        except TimeoutError:
+            raise AssertionError(f"connection still open after {timeout}s; frames {got}") from None
+
+    def is_open(self, wait: float = 0.2) -> bool:
+        """True if the connection stays open (and silent apart from heartbeats) for ``wait``."""
+        try:
+            extra = self.nothing_for(wait)
+        except Closed:
+            return False
+        assert not extra, extra
+        return True
+
+    def identify(self, **settings: Any) -> tuple[int, bytes]:
+        self.cmd("IDENTIFY", body=json.dumps(settings).encode())
+        return self.response()
+
+    def sub(self, topic: str, channel: str, rdy: int | None = None) -> None:
+        self.cmd("SUB", topic, channel)
+        assert self.response() == OK
+        if rdy is not None:
+            self.cmd("RDY", rdy)
+
+    def pub(self, topic: str, body: bytes) -> None:
+        self.cmd("PUB", topic, body=body)
+        assert self.response() == OK
+
+    def fin(self, msg: Msg) -> None:
+        self.send(b"FIN " + msg.id + b"\n")
 
     def close(self) -> None:
         self.sock.close()
 
 
-def subscribe(address: str, topic: str, channel: str, rdy: int = 100) -> RawClient:
-    c = RawClient(address)
-    c.command(f"SUB {topic} {channel}")
-    c.expect_ok()
-    c.command(f"RDY {rdy}")
+def collect(clients: list[Client], until: Any, timeout: float, fin: bool = True) -> dict[int, list[Msg]]:
+    """Read MESSAGE frames from several clients at once (FIN each) until ``until(got)`` or timeout."""
+    got: dict[int, list[Msg]] = {i: [] for i in range(len(clients))}
+    deadline = time.monotonic() + timeout
+    while not until(got):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        waiting = [c for c in clients if not c.frame_ready()]
+        if len(waiting) == len(clients):
+            ready, _, _ = select.select([c.sock for c in clients], [], [], left)
+        else:
+            ready = []
+        for i, c in enumerate(clients):
+            if c.sock in ready:
+                c._fill(time.monotonic() + 1)
+            fins = []
+            while c.frame_ready():
+                ftype, data = c.read_frame(0)
+                if (ftype, data) == HEARTBEAT:
+                    c.cmd("NOP")
+                    continue
+                assert ftype == FRAME_MESSAGE, (ftype, data)
+                m = Msg(data)
+                got[i].append(m)
+                fins.append(b"FIN " + m.id + b"\n")
+            if fins and fin:
+                c.send(b"".join(fins))
+    return got
+
+
+def pub(address: str, topic: str, *bodies: bytes) -> None:
+    c = Client(address)
+    for b in bodies:
+        c.pub(topic, b)
+    c.close()
+
+
+def subscribe(address: str, topic: str, channel: str, rdy: int = 100) -> Client:
+    c = Client(address)
+    c.sub(topic, channel, rdy)
     return c

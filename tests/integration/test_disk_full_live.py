@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.rawclient import Closed, RawClient, subscribe
+from tests.rawclient import Client, subscribe
 
 
 @pytest.fixture
@@ -41,9 +41,9 @@ def test_disk_full_then_space_returns(tiny_fs, daemon_factory) -> None:
     body = b"x" * 1000
     error = None
     for i in range(1000):
-        c = RawClient(d.tcp_address)
-        c.command("PUB t", b"%05d" % i + body)
-        ftype, data = c.read_frame(timeout=5)
+        c = Client(d.tcp_address)
+        c.cmd("PUB", "t", body=b"%05d" % i + body)
+        ftype, data = c.response(timeout=5)
         c.close()
         if ftype != 0:
             error = data
@@ -60,16 +60,8 @@ def test_disk_full_then_space_returns(tiny_fs, daemon_factory) -> None:
     while ping(d)[0] != 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ping(d) == (200, b"OK")
-    c = RawClient(d.tcp_address)
-    c.command("PUB t", b"after")
-    c.expect_ok()
+    Client(d.tcp_address).pub("t", b"after")
     acked.append(b"after")
 
-    sub = subscribe(d.tcp_address, "t", "c", rdy=200)
-    got = set()
-    try:
-        while True:
-            got.update(m[2] for m in sub.messages(1, timeout=2))
-    except (TimeoutError, Closed):
-        pass
+    got = {m.body for m in subscribe(d.tcp_address, "t", "c", rdy=200).drain()}
     assert set(acked) <= got

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 import urllib.request
@@ -14,7 +13,7 @@ import pytest
 
 from tests.daemon import Daemon
 from tests.helpers import REFERENCE_DIR
-from tests.rawclient import Closed, RawClient, subscribe
+from tests.rawclient import OK, Client, Closed, subscribe
 
 
 def http_json(daemon: Daemon, path: str) -> dict:
@@ -31,9 +30,9 @@ def test_go_data_dir_opens_and_delivers(tmp_path, daemon_factory) -> None:
     expected = json.load(open(os.path.join(REFERENCE_DIR, "nsqd-1.3.0-datadir.json")))["bodies"]
     d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=400", data_path=str(data))
     c = subscribe(d.tcp_address, "ref", "c")
-    got = c.messages(len(expected))
-    assert [m[2].decode() for m in got] == expected
-    assert {m[0] for m in got} == {1}
+    got = c.messages(len(expected), fin=True)
+    assert [m.body.decode() for m in got] == expected
+    assert {m.attempts for m in got} == {1}
     c.close()
     d.stop()
     meta = json.loads((data / "nsqd.dat").read_text())
@@ -49,29 +48,29 @@ def test_sigterm_keeps_queued_in_flight_and_deferred(tmp_path, daemon_factory) -
     data = str(tmp_path / "d")
     d = daemon_factory("--mem-queue-size=100", data_path=data)
     consumer = subscribe(d.tcp_address, "t", "c", rdy=50)
-    pub = RawClient(d.tcp_address)
+    pub = Client(d.tcp_address)
     bodies = [b"m%05d" % i for i in range(10000)]
     for i in range(0, len(bodies), 500):
         pub.mpub("t", bodies[i:i + 500])
-        pub.expect_ok()
-    pub.command("DPUB t 4000", b"deferred")
-    pub.expect_ok()
-    in_flight = consumer.messages(50, fin=False)  # held in flight, never finished
+        assert pub.response() == OK
+    pub.cmd("DPUB", "t", 4000, body=b"deferred")
+    assert pub.response() == OK
+    in_flight = consumer.messages(50)  # held in flight, never finished
     assert len(in_flight) == 50
     d.stop()
     consumer.close()
     d2 = daemon_factory(data_path=data)
     c2 = subscribe(d2.tcp_address, "t", "c", rdy=500)
-    got = c2.messages(10000, timeout=30)
-    assert sorted(m[2] for m in got) == bodies
+    got = c2.messages(10000, timeout=30, fin=True)
+    assert sorted(m.body for m in got) == bodies
     # the fifty that were in flight kept their attempt
-    attempts = {m[2]: m[0] for m in got}
-    assert all(attempts[m[2]] == 2 for m in in_flight)
+    attempts = {m.body: m.attempts for m in got}
+    assert all(attempts[m.body] == 2 for m in in_flight)
     # the deferred one arrives, but not before its due time
-    with pytest.raises(socket.timeout):
+    with pytest.raises(TimeoutError):
         c2.messages(1, timeout=1.0)
-    [(_, _, late)] = c2.messages(1, timeout=10)
-    assert late == b"deferred"
+    [late] = c2.messages(1, timeout=10, fin=True)
+    assert late.body == b"deferred"
 
 
 def test_kill9_loses_no_acknowledged_message(tmp_path, daemon_factory) -> None:
@@ -82,13 +81,12 @@ def test_kill9_loses_no_acknowledged_message(tmp_path, daemon_factory) -> None:
     stop = threading.Event()
 
     def publish() -> None:
-        c = RawClient(d.tcp_address)
+        c = Client(d.tcp_address)
         i = 0
         try:
             while not stop.is_set():
                 body = b"k%06d" % i
-                c.command("PUB t", body)
-                c.expect_ok()
+                c.pub("t", body)
                 acked.append(body)
                 i += 1
         except (Closed, OSError, AssertionError):
@@ -106,13 +104,7 @@ def test_kill9_loses_no_acknowledged_message(tmp_path, daemon_factory) -> None:
         t.join(5)
     assert len(acked) >= 500
     d2 = daemon_factory(data_path=data)
-    c = subscribe(d2.tcp_address, "t", "c", rdy=1000)
-    got = set()
-    try:
-        while True:
-            got.update(m[2] for m in c.messages(1, timeout=2))
-    except TimeoutError:
-        pass
+    got = {m.body for m in subscribe(d2.tcp_address, "t", "c", rdy=1000).drain()}
     missing = set(acked) - got
     assert not missing, f"{len(missing)} acknowledged messages lost"
 
@@ -121,29 +113,20 @@ def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
     """A corrupt segment is renamed .bad, the daemon keeps serving and says so in its health."""
     data = tmp_path / "c"
     d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
-    pub = RawClient(d.tcp_address)
+    pub = Client(d.tcp_address)
     for i in range(100):
-        pub.command("PUB t", b"x%03d" % i)
-        pub.expect_ok()
+        pub.pub("t", b"x%03d" % i)
     d.stop()
     first = data / "t.diskqueue.000000.dat"
     raw = bytearray(first.read_bytes())
     raw[0:4] = b"\x7f\xff\xff\xff"  # an impossible record size
     first.write_bytes(bytes(raw))
     d2 = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
-    c = subscribe(d2.tcp_address, "t", "c", rdy=100)
-    got = []
-    try:
-        while True:
-            got.extend(m[2] for m in c.messages(1, timeout=2))
-    except TimeoutError:
-        pass
+    got = subscribe(d2.tcp_address, "t", "c", rdy=100).drain()
     assert got and len(got) < 100  # the later segments still deliver
     assert (data / "t.diskqueue.000000.dat.bad").exists()
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"http://{d2.http_address}/ping")
     assert err.value.code == 500
     assert b"NOK" in err.value.read()
-    pub2 = RawClient(d2.tcp_address)
-    pub2.command("PUB t", b"still-works")
-    pub2.expect_ok()
+    Client(d2.tcp_address).pub("t", b"still-works")
