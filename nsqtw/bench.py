@@ -42,7 +42,6 @@ class FrameReader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
-        self.pos = 0
 
     def frames(self) -> list[tuple[int, bytes]]:
         """At least one complete frame (blocks until one is there)."""
@@ -53,7 +52,7 @@ class FrameReader:
                 raise ConnectionError("connection closed")
             buf = self.buf
             buf += chunk
-            pos = self.pos
+            pos = 0
             n = len(buf)
             while n - pos >= 8:
                 size, ftype = _FRAME.unpack_from(buf, pos)
@@ -62,8 +61,17 @@ class FrameReader:
                 out.append((ftype, bytes(buf[pos + 8:pos + 4 + size])))
                 pos += 4 + size
             del buf[:pos]
-            self.pos = 0
         return out
+
+
+def _answer(sock: socket.socket, frames: list[tuple[int, bytes]]) -> list[bytes]:
+    """FIN every message and NOP every heartbeat in one send; returns the message payloads."""
+    msgs = [data for ftype, data in frames if ftype == 2]
+    replies = [b"FIN " + data[10:26] + b"\n" for data in msgs]
+    replies.extend(b"NOP\n" for ftype, data in frames if data == b"_heartbeat_")
+    if replies:
+        sock.sendall(b"".join(replies))
+    return msgs
 
 
 def _mpub(topic: bytes, bodies: list[bytes]) -> bytes:
@@ -118,15 +126,7 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
             frames = reader.frames()
         except TimeoutError:
             continue
-        fins = []
-        for ftype, data in frames:
-            if ftype == 2:
-                fins.append(b"FIN " + data[10:26] + b"\n")
-            elif data == b"_heartbeat_":
-                fins.append(b"NOP\n")
-        if fins:
-            sock.sendall(b"".join(fins))
-            count += len(fins)
+        count += len(_answer(sock, frames))
     sock.close()
     out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
 
@@ -165,17 +165,8 @@ def _latency_worker(address: str, topic: str, channel: str, rate: float, size: i
             frames = sub_reader.frames()
         except (TimeoutError, BlockingIOError):
             continue
-        fins = []
         t = time.monotonic()
-        for ftype, data in frames:
-            if ftype == 2:
-                (t0,) = struct.unpack_from(">d", data, 26)
-                latencies.append(t - t0)
-                fins.append(b"FIN " + data[10:26] + b"\n")
-            elif data == b"_heartbeat_":
-                fins.append(b"NOP\n")
-        if fins:
-            sub.sendall(b"".join(fins))
+        latencies.extend(t - struct.unpack_from(">d", data, 26)[0] for data in _answer(sub, frames))
     out.put((sent, latencies))
 
 

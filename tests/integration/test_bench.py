@@ -1,0 +1,59 @@
+"""nsqtw-bench: every mode runs against a live daemon and prints its result line (not a timed test)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+
+from nsqtw.bench import _answer
+from tests.daemon import ROOT
+
+LINE = re.compile(r"duration: \S+ - [\d.]+mb/s - ([\d.]+)ops/s - [\d.]+us/op")
+
+
+def bench(*args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "nsqtw.bench", *args], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_writer_then_reader(nsqd) -> None:
+    """The writer publishes and the reader consumes, each printing bench_writer's line."""
+    w = bench("writer", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1",
+              "--batch-size=50", "--size=100")
+    m = LINE.search(w)
+    assert m and float(m.group(1)) > 0, w
+    r = bench("reader", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1")
+    m = LINE.search(r)
+    assert m and float(m.group(1)) > 0, r
+
+
+def test_single_message_round_trips_and_go_flags(nsqd) -> None:
+    """Batch size 1 works, and Go's single-dash flags are accepted."""
+    out = bench("writer", f"-nsqd-tcp-address={nsqd.tcp_address}", "-runfor=1s", "-workers=1",
+                "-batch-size=1", "-topic=single")
+    assert LINE.search(out), out
+
+
+def test_latency_mode(nsqd) -> None:
+    """The latency mode publishes at a fixed rate and reports percentiles of everything it sent."""
+    out = bench("latency", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--rate=200")
+    m = re.search(r"sent (\d+) - received (\d+) - p50 [\d.]+ms - p99 [\d.]+ms - p999 [\d.]+ms", out)
+    assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), out
+
+
+def test_heartbeats_answered_not_counted() -> None:
+    """A heartbeat gets a NOP but is not counted as a message; each message gets its FIN."""
+    a, b = socket.socketpair()
+    msg = struct.pack(">qH", 1, 1) + b"0123456789abcdef" + b"body"
+    got = _answer(a, [(0, b"_heartbeat_"), (2, msg)])
+    assert got == [msg]
+    assert b.recv(100) == b"FIN 0123456789abcdef\nNOP\n"
+    a.close()
+    b.close()
