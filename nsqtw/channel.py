@@ -158,7 +158,6 @@ class Channel:
         if self.exiting:
             raise ExitingError()
         self.message_count += len(msgs)
-        now = None
         ready = msgs
         if any(m.deferred for m in msgs):
             now = self._clock.seconds()
@@ -239,6 +238,7 @@ class Channel:
         out: list[Message] = []
         if self.backend.depth():
             due = self.restored_due
+            now = self._clock.seconds()
             for data in self.backend.read(n):
                 try:
                     msg = decode_message(data)
@@ -248,7 +248,6 @@ class Channel:
                     continue
                 if due:
                     when = due.pop(msg.id, None)
-                    now = self._clock.seconds()
                     if when is not None and when > now:
                         self._defer(msg, when - now, now)
                         continue

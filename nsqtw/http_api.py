@@ -585,13 +585,6 @@ class HTTPAPI:
             raise APIError(404, "TOPIC_NOT_FOUND")
         return topic
 
-    def _persist(self) -> None:
-        persist = getattr(self.nsqd, "persist_metadata", None)
-        if callable(persist):
-            result = persist()
-            if isinstance(result, Deferred):
-                result.addErrback(lambda f: self.log.failure("failed to persist metadata", f))
-
     @app.route("/topic/create", methods=["POST"], merge_slashes=False, strict_slashes=True)
     def topic_create(self, request: Any) -> Any:
         return self._run(request, self._topic_create)
@@ -651,7 +644,6 @@ class HTTPAPI:
             raise APIError(400, "MISSING_ARG_TOPIC")
         topic = self._existing_topic(values["topic"][0])
         topic.pause() if pause else topic.unpause()
-        self._persist()
 
     # -- channels ----------------------------------------------------------------
 
@@ -728,7 +720,6 @@ class HTTPAPI:
         topic, name = self._topic_channel(request)
         channel = self._existing_channel(topic, name)
         channel.pause() if pause else channel.unpause()
-        self._persist()
 
     # -- stats ---------------------------------------------------------------------
 

@@ -129,7 +129,6 @@ class MetadataStore:
         self._clock = clock
         self._submit = submit
         self._scheduled = False
-        self._last: Deferred[Any] | None = None
 
     def changed(self) -> None:
         if not self._scheduled:
@@ -145,7 +144,6 @@ class MetadataStore:
         data = encode(self.nsqd)
         d = self._submit(write_file, self.data_path, data)
         d.addCallbacks(self._ok, self._failed)
-        self._last = d
         return d
 
     def _ok(self, _: Any) -> None:

@@ -130,3 +130,20 @@ def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
     assert err.value.code == 500
     assert b"NOK" in err.value.read()
     Client(d2.tcp_address).pub("t", b"still-works")
+
+
+def test_pause_persisted_at_once(tmp_path, daemon_factory) -> None:
+    """Pausing over HTTP rewrites nsqd.dat right away: the paused states survive even kill -9."""
+    data = str(tmp_path / "p")
+    d = daemon_factory(data_path=data)
+    subscribe(d.tcp_address, "t", "c").close()
+    for path in ("/topic/pause?topic=t", "/channel/pause?topic=t&channel=c"):
+        urllib.request.urlopen(urllib.request.Request(f"http://{d.http_address}{path}", method="POST"))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and '"paused":true' not in open(os.path.join(data, "nsqd.dat")).read():
+        time.sleep(0.05)
+    d.kill()
+    d2 = daemon_factory(data_path=data)
+    [topic] = http_json(d2, "/stats?format=json")["topics"]
+    assert topic["paused"] is True
+    assert [c["paused"] for c in topic["channels"]] == [True]
