@@ -49,6 +49,8 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
+        #: waiting for a channel's disk to catch up before copying more to it
+        self._held = False
         self._pump = Pump(clock, self._distribute, f"TOPIC({name})")
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
@@ -98,8 +100,15 @@ class Topic:
 
     def _distribute(self) -> bool:
         channels = list(self.channels.values())
-        if not channels or self.paused or self.exiting:
+        if not channels or self.paused or self.exiting or self._held:
             return False
+        for channel in channels:
+            if channel.backend.backlog() > BACKLOG_LIMIT:
+                # that channel's disk is behind: keep messages here (where their
+                # own backlog pauses publishers) until it has caught up
+                self._held = True
+                channel.backend.written().addBoth(self._release)
+                return False
         msgs: list[Message] = []
         if self.backend.depth():
             for data in self.backend.read(TOPIC_BATCH):
@@ -123,6 +132,10 @@ class Topic:
             self._put(channel, [m.copy() for m in msgs])
         self._put(first, msgs)
         return bool(memory) or self.backend.depth() > 0
+
+    def _release(self, _: object) -> None:
+        self._held = False
+        self._pump.wake()
 
     def _put(self, channel: Channel, msgs: list[Message]) -> None:
         try:

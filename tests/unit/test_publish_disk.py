@@ -148,3 +148,38 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t3), [(FRAME_TYPE_RESPONSE, b"OK")])
         topic = self.nsqd.topics["t"]
         self.assertEqual(topic.backend.depth(), 3)  # before, during (kept for retry), after
+
+    def test_topic_holds_messages_while_a_channel_disk_is_behind(self) -> None:
+        """A channel whose disk is BACKLOG_LIMIT records behind gets no more until it catches up.
+
+        The rest waits in the topic's own queue, whose backlog paces the
+        publishers: a slow channel disk cannot grow the daemon's memory.
+        """
+        from nsqtw.topic import BACKLOG_LIMIT, TOPIC_BATCH
+        from nsqtw.wire import encode_mpub
+        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        options = make_options(mem_queue_size=0)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            executor = held if ":" in name else SynchronousDiskExecutor()
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 2500, 2.0, self.clock, executor)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+        topic = self.nsqd.get_topic("t")
+        channel = topic.get_channel("c")
+        held.run_all()  # the channel queue's load
+        p, t = connect(self.nsqd, self.clock)
+        total = 3 * BACKLOG_LIMIT
+        for _ in range(total // 1000):
+            p.dataReceived(encode_mpub(b"t", [b"m"] * 1000))
+            self.settle()
+        self.assertEqual(len(take_frames(t)), total // 1000)
+        self.assertLessEqual(channel.backend.backlog(), BACKLOG_LIMIT + TOPIC_BATCH)
+        self.assertGreater(topic.depth(), 0)
+        for _ in range(20):
+            held.run_all()
+            self.settle()
+        self.assertEqual(topic.depth(), 0)
+        self.assertEqual(channel.depth(), total)
+        self.assertEqual(channel.backend.backlog(), 0)
