@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,16 +17,25 @@ TWISTD = ("import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'tw
 
 
 class Daemon:
-    """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported."""
+    """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported.
 
-    def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None) -> None:
+    After start-up a thread keeps reading the daemon's output into ``output``,
+    so a daemon that logs a lot (thousands of connections) never blocks on a
+    full pipe. ``code`` is the Python that runs twistd; a test may prepend
+    set-up (a fault injected in the disk layer) to it.
+    """
+
+    def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None,
+                 code: str = TWISTD) -> None:
         self.data_path = data_path
         self.args = list(args)
         self.env = env
+        self.code = code
         self.proc: subprocess.Popen[bytes] | None = None
         self.tcp: tuple[str, int] = ("", 0)
         self.http: tuple[str, int] = ("", 0)
         self.output: list[str] = []
+        self._reader: threading.Thread | None = None
 
     @property
     def tcp_address(self) -> str:
@@ -38,7 +48,7 @@ class Daemon:
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", "nsqtw",
+        cmd = [sys.executable, "-c", self.code, "--pidfile=", "-n", "nsqtw",
                f"--tcp-address={tcp}", f"--http-address={http}",
                f"--data-path={self.data_path}", *self.args]
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
@@ -68,22 +78,35 @@ class Daemon:
                 m = _LISTEN.search(line)
                 if m:
                     found[m.group(1)] = m.group(2)
-        self._drain_fd = fd
+        if buf:
+            self.output.append(buf.decode("utf-8", "replace"))
+        self._reader = threading.Thread(target=self._drain, args=(fd,), daemon=True)
+        self._reader.start()
         host, port = found["TCP"].rsplit(":", 1)
         self.tcp = (host, int(port))
         host, port = found["HTTP"].rsplit(":", 1)
         self.http = (host, int(port))
         return self
 
-    def read_output(self) -> str:
-        """Everything logged so far (non-blocking)."""
-        if self.proc is not None and self.proc.stdout is not None:
-            fd = self.proc.stdout.fileno()
-            while select.select([fd], [], [], 0)[0]:
+    def _drain(self, fd: int) -> None:
+        while True:
+            try:
                 chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                self.output.append(chunk.decode("utf-8", "replace"))
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.output.append(chunk.decode("utf-8", "replace"))
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def read_output(self) -> str:
+        """Everything logged so far (a moment after the daemon wrote it)."""
+        if self._reader is not None and self.proc is not None and self.proc.poll() is not None:
+            self._reader.join(5)
         return "".join(self.output)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
@@ -94,13 +117,14 @@ class Daemon:
         try:
             deadline = time.monotonic() + timeout
             while self.proc.poll() is None and time.monotonic() < deadline:
-                self.read_output()
                 time.sleep(0.02)
             if self.proc.poll() is None:
                 self.proc.kill()
             rc = self.proc.wait()
         finally:
-            self.read_output()
+            if self._reader is not None:
+                self._reader.join(5)
+                self._reader = None
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self.proc = None
