@@ -200,8 +200,17 @@ def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
     return results
 
 
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) the process has used so far, from /proc (Linux)."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _report(kind: str, count: int, size: int, duration: float, results: list[Any],
-            as_json: bool) -> str:
+            as_json: bool, daemon_cpu: float | None = None) -> str:
     cpu = sum(r[1].ru_utime + r[1].ru_stime for r in results)
     if count == 0:
         line = f"duration: {format_duration(duration)} - 0.000mb/s - 0.000ops/s - 0.000us/op"
@@ -212,8 +221,12 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
     if as_json:
         return json.dumps({"mode": kind, "messages": count, "duration_s": duration,
                            "ops_per_s": count / duration if duration else 0.0,
-                           "bench_cpu_s": cpu, "line": line})
-    return f"{line}\n[{kind}] bench's own CPU: {cpu:.2f}s over {duration:.2f}s ({len(results)} processes)"
+                           "bench_cpu_s": cpu, "daemon_cpu_s": daemon_cpu, "line": line})
+    text = f"{line}\n[{kind}] bench's own CPU: {cpu:.2f}s over {duration:.2f}s ({len(results)} processes)"
+    if daemon_cpu is not None:
+        per_msg = daemon_cpu * 1e6 / count if count else 0.0
+        text += f"\n[{kind}] daemon CPU: {daemon_cpu:.2f}s - {per_msg:.3f}us/msg"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="processes, one connection each (default: one per core)")
     parser.add_argument("--rate", type=float, default=1000.0, help="messages/s (latency)")
+    parser.add_argument("--daemon-pid", type=int, default=0,
+                        help="also report the CPU this process (the nsqd under test) used per message")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the text line")
     # Go's flag syntax: -flag=value
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -236,14 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     runfor = parse_duration(ns.runfor)
     start_at = time.time() + 0.2
-    if ns.mode == "writer":
-        results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
-                                                runfor, start_at), ns.workers)
-        print(_report("writer", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
-    elif ns.mode == "reader":
-        results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
-                                                runfor, start_at), ns.workers)
-        print(_report("reader", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
+    cpu_before = _process_cpu(ns.daemon_pid)
+    if ns.mode in ("writer", "reader"):
+        if ns.mode == "writer":
+            results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
+                                                    runfor, start_at), ns.workers)
+        else:
+            results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
+                                                    runfor, start_at), ns.workers)
+        daemon_cpu = _process_cpu(ns.daemon_pid) - cpu_before if ns.daemon_pid else None
+        print(_report(ns.mode, sum(r[0] for r in results), ns.size, runfor, results, ns.json, daemon_cpu))
     else:
         ctx = mp.get_context("fork")
         out = ctx.Queue()
