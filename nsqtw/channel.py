@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump
+from nsqtw.quantile import Quantile
 
 if TYPE_CHECKING:
     from nsqtw.topic import Topic
@@ -28,6 +30,16 @@ DELIVERY_BATCH = 4096
 _COMPACT_MIN = 1024
 
 _seq = itertools.count()
+
+
+def _sample(msgs: list[Message], rate: int) -> list[Message]:
+    """The messages a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
+
+    nsqd sends a message when a draw from 0..99 is at most the rate, and the
+    rest are gone for this channel (neither in flight nor requeued).
+    """
+    draw = random.randrange
+    return [m for m in msgs if draw(100) <= rate]
 
 
 class TimeoutQueue:
@@ -135,6 +147,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
+        self.e2e: Quantile | None = None
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
@@ -280,15 +294,18 @@ class Channel:
                 msgs = self._next_messages(min(cap, budget, 64))
                 if not msgs:
                     return False
+                budget -= len(msgs)
+                progress = True
+                if client.sample_rate:
+                    msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
                 for m in msgs:
                     m.attempts += 1
                     m.client = client
                     m.delivered_at = now
                     in_flight.push(m, deadline)
-                client.deliver(msgs)
-                budget -= len(msgs)
-                progress = True
+                if msgs:
+                    client.deliver(msgs)
                 if budget <= 0:
                     break
         deadline = in_flight.next_deadline()
@@ -310,8 +327,10 @@ class Channel:
 
     def finish(self, client: IConsumer, msg_id: bytes) -> None:
         """FIN: the message is done with."""
-        self._pop_in_flight(client, msg_id)
+        msg = self._pop_in_flight(client, msg_id)
         client.message_finished()
+        if self.e2e is not None:
+            self.e2e.insert(self._clock.seconds(), msg.timestamp)
         self._pump.wake()
 
     def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:
