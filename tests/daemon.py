@@ -86,6 +86,17 @@ class Daemon:
                 self.output.append(chunk.decode("utf-8", "replace"))
         return "".join(self.output)
 
+    def wait_output(self, pattern: str, timeout: float = 10) -> re.Match[str]:
+        """Wait until the log matches ``pattern`` (a regex); returns the match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.read_output())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} in the log:\n" + "".join(self.output))
+            time.sleep(0.05)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc is None:
             return 0

@@ -379,9 +379,10 @@ class V2Protocol(Protocol):
         if not data.get("feature_negotiation"):
             self._write(_OK)
             return
-        tls_v1 = self.nsqd.tls is not None and bool(data.get("tls_v1"))
-        deflate = bool(o.deflate and data.get("deflate"))
-        snappy = bool(o.snappy and data.get("snappy"))
+        # a connection is upgraded once; a repeated IDENTIFY negotiates nothing more
+        tls_v1 = self.nsqd.tls is not None and bool(data.get("tls_v1")) and not self.tls
+        deflate = bool(o.deflate and data.get("deflate")) and self._decoder is None
+        snappy = bool(o.snappy and data.get("snappy")) and self._decoder is None
         deflate_level = DEFAULT_DEFLATE_LEVEL
         if deflate and (data.get("deflate_level") or 0) > 0:
             deflate_level = data["deflate_level"]
