@@ -30,7 +30,7 @@ import snappy
 from tests.certs import CertFiles, make_certs
 from tests.daemon import ROOT, TWISTD
 from tests.integration.pynsq_driver import consume, publish
-from tests.rawclient import FRAME_MESSAGE, OK, Client, Closed
+from tests.rawclient import OK, Client, Closed
 
 ERROR = 1
 
