@@ -21,7 +21,15 @@ from zope.interface import implementer
 
 
 class EagerServer(tcp.Server):
-    """A server-side connection that writes directly when its buffer is empty."""
+    """A server-side connection that writes directly when its buffer is empty.
+
+    It also turns Nagle's algorithm off, as Go does for every TCP connection:
+    small answers (OK, a heartbeat) must not wait for an ACK.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setTcpNoDelay(True)
 
     def write(self, data: bytes) -> None:
         # Twisted's own buffers (FileDescriptor internals, read here as a subclass):

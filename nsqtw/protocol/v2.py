@@ -236,6 +236,12 @@ class V2Protocol(Protocol):
     def _process(self) -> None:
         parser = self.parser
         while not self._closed and not self._blocked:
+            if self.channel is not None and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING):
+                ids = parser.take_fins()
+                if ids:
+                    self._restart_read_deadline()
+                    self._fin_many(ids)
+                    continue
             try:
                 cmd = parser.next_command()
             except NSQError as e:
@@ -661,12 +667,12 @@ class V2Protocol(Protocol):
         return msg_id
 
     def _fin(self, args: list[bytes]) -> None:
-        msg_id = self._message_id("FIN", args, 1)
+        self._fin_many([self._message_id("FIN", args, 1)])
+
+    def _fin_many(self, msg_ids: list[bytes]) -> None:
         assert self.channel is not None
-        try:
-            self.channel.finish(self, msg_id)
-        except NotInFlightError as e:
-            raise nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}") from None
+        for msg_id, e in self.channel.finish_many(self, msg_ids):
+            self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)
