@@ -106,6 +106,8 @@ class DeflateCodec:
         self._compress = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
         self._decompress = zlib.decompressobj(-zlib.MAX_WBITS)
         self._pending = b""
+        #: the last read stopped at the size limit: zlib may hold more output
+        self._full = False
 
     def encode(self, data: bytes) -> bytes:
         c = self._compress
@@ -116,14 +118,15 @@ class DeflateCodec:
 
     def read(self) -> bytes:
         d = self._decompress
-        while self._pending:
-            if d.eof:
+        while self._pending or self._full:
+            if d.eof and self._pending:
                 raise CodecError("flate: data after the final block")
             try:
                 out = d.decompress(self._pending, READ_CHUNK)
             except zlib.error as e:
                 raise CodecError(f"flate: corrupt input - {e}") from None
             self._pending = d.unconsumed_tail
+            self._full = len(out) == READ_CHUNK
             if out:
                 return out
         return b""
