@@ -48,7 +48,7 @@ class Daemon:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
-        while len(found) < 2:
+        while not {"TCP", "HTTP"} <= found.keys():  # HTTPS may be logged too, in any order
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stop()
