@@ -131,43 +131,54 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
     out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
 
 
-def _latency_worker(address: str, topic: str, channel: str, rate: float, size: int,
-                    runfor: float, out: Any) -> None:
-    """Publish at a fixed rate with the send time in the body; measure receipt."""
-    sub = _connect(address)
-    sub_reader = FrameReader(sub)
-    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
-    if sub_reader.frames()[0][1] != b"OK":
-        raise RuntimeError("SUB failed")
+def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor: float,
+                       start_at: float, sent_total: Any, out: Any) -> None:
+    """PUB at a fixed rate, the send time (CLOCK_MONOTONIC, system-wide) in the body."""
     pub = _connect(address)
-    pub_reader = FrameReader(pub)
+    reader = FrameReader(pub)
     pending: list[tuple[int, bytes]] = []
     pad = b"a" * max(0, size - 8)
-    latencies: list[float] = []
+    prefix = b"PUB " + topic.encode() + b"\n"
+    while time.time() < start_at:
+        time.sleep(0.001)
     interval = 1.0 / rate
     start = time.monotonic()
-    end = start + runfor
     sent = 0
-    sub.settimeout(0.0005)
-    while True:
-        now = time.monotonic()
-        if now >= end and len(latencies) >= sent:
-            break
-        if now > end + 5:
-            break
-        due = int((min(now, end) - start) / interval)
+    while (now := time.monotonic()) < start + runfor:
+        due = int((now - start) / interval) + 1
         while sent < due:
             body = struct.pack(">d", time.monotonic()) + pad
-            pub.sendall(b"PUB " + topic.encode() + b"\n" + _INT.pack(len(body)) + body)
-            _expect_ok(pub_reader, pending)
+            pub.sendall(prefix + _INT.pack(len(body)) + body)
+            _expect_ok(reader, pending)
             sent += 1
+        time.sleep(max(0.0, start + sent * interval - time.monotonic()))
+    pub.close()
+    sent_total.value = sent
+    out.put(("sent", sent))
+
+
+def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, start_at: float,
+                        sent_total: Any, out: Any) -> None:
+    """Receive, FIN, and note publish-to-receipt times until all the publisher sent is in.
+
+    Gives up 10 s after the publisher's run time (``sent_total`` is -1 until it is done)."""
+    sub = _connect(address)
+    reader = FrameReader(sub)
+    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
+    if reader.frames()[0][1] != b"OK":
+        raise RuntimeError("SUB failed")
+    latencies: list[float] = []
+    end = start_at + runfor + 10.0
+    sub.settimeout(0.1)
+    while time.time() < end and not (0 <= sent_total.value <= len(latencies)):
         try:
-            frames = sub_reader.frames()
-        except (TimeoutError, BlockingIOError):
+            frames = reader.frames()
+        except TimeoutError:
             continue
         t = time.monotonic()
         latencies.extend(t - struct.unpack_from(">d", data, 26)[0] for data in _answer(sub, frames))
-    out.put((sent, latencies))
+    sub.close()
+    out.put(("latencies", latencies))
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -234,9 +245,19 @@ def main(argv: list[str] | None = None) -> int:
                                                 runfor, start_at), ns.workers)
         print(_report("reader", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
     else:
-        results = _run_workers(_latency_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rate,
-                                                 ns.size, runfor), 1)
-        sent, lat = results[0]
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        sent_total = ctx.Value("q", -1)
+        procs = [ctx.Process(target=_latency_subscriber, args=(ns.nsqd_tcp_address, ns.topic, ns.channel,
+                                                               runfor, start_at, sent_total, out)),
+                 ctx.Process(target=_latency_publisher, args=(ns.nsqd_tcp_address, ns.topic, ns.rate,
+                                                              ns.size, runfor, start_at, sent_total, out))]
+        for p in procs:
+            p.start()
+        got = dict(out.get() for _ in procs)
+        for p in procs:
+            p.join()
+        sent, lat = got["sent"], got["latencies"]
         lat.sort()
         p50, p99, p999 = (_percentile(lat, q) * 1e3 for q in (0.5, 0.99, 0.999))
         if ns.json:

@@ -595,6 +595,22 @@ class ThreadPoolExecutorTests(SynchronousTestCase):
         self.assertNotIn(threading.get_ident(), threads)
 
 
+    def test_failure_and_stop(self) -> None:
+        """A raising job fails its Deferred; stop() refuses new jobs but finishes queued ones."""
+        reactor = FakeThreadReactor()
+        executor = ThreadPoolDiskExecutor(reactor, name="test")  # type: ignore[arg-type]
+        failing = executor.submit(lambda: 1 // 0)
+        queued = executor.submit(lambda: "done")
+        executor.stop()
+        self.failureResultOf(executor.submit(lambda: None), BackendError)
+        reactor.run_one()
+        reactor.run_one()
+        self.failureResultOf(failing, ZeroDivisionError)
+        self.assertEqual(self.successResultOf(queued), "done")
+        executor._thread.join(5)
+        self.assertFalse(executor._thread.is_alive())
+
+
 class ModelTests(DiskQueueTestBase):
     def test_random_operations_match_a_fifo(self) -> None:
         """Random puts, reads, turns, reopens and empties behave like an in-memory FIFO."""
