@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump
+from nsqtw.quantile import Quantile
 
 if TYPE_CHECKING:
     from nsqtw.topic import Topic
@@ -28,6 +30,16 @@ DELIVERY_BATCH = 4096
 _COMPACT_MIN = 1024
 
 _seq = itertools.count()
+
+
+def _sample(msgs: list[Message], rate: int) -> list[Message]:
+    """The messages a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
+
+    nsqd sends a message when a draw from 0..99 is at most the rate, and the
+    rest are gone for this channel (neither in flight nor requeued).
+    """
+    draw = random.randrange
+    return [m for m in msgs if draw(100) <= rate]
 
 
 class TimeoutQueue:
@@ -164,6 +176,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
+        self.e2e: Quantile | None = None
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
@@ -311,19 +325,23 @@ class Channel:
                 if not msgs:
                     exhausted = True
                     break
+                taken = len(msgs)
+                if client.sample_rate:
+                    msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
                 for m in msgs:
                     m.attempts += 1
                     m.client = client
                     m.delivered_at = now
                     in_flight.push(m, deadline)
-                batch = batches.get(client.client_id)
-                if batch is None:
-                    batches[client.client_id] = msgs
-                else:
-                    batch.extend(msgs)
-                budget -= len(msgs)
-                cap -= len(msgs)
+                if msgs:
+                    batch = batches.get(client.client_id)
+                    if batch is None:
+                        batches[client.client_id] = msgs
+                    else:
+                        batch.extend(msgs)
+                budget -= taken
+                cap -= len(msgs)  # sampled-out messages leave the client ready for more
                 if budget <= 0:
                     break
                 if cap > 0:
@@ -353,6 +371,8 @@ class Channel:
         failed = []
         live = self.in_flight.live
         remove = self.in_flight.remove
+        e2e = self.e2e
+        now = self._clock.seconds() if e2e is not None else 0.0
         for msg_id in msg_ids:
             msg = live.get(msg_id)
             if msg is None or msg.client is not client:
@@ -362,6 +382,8 @@ class Channel:
             remove(msg_id)
             msg.client = None
             client.message_finished()
+            if e2e is not None:
+                e2e.insert(now, msg.timestamp)
         self._pump.wake()
         return failed
 

@@ -463,6 +463,7 @@ FLAGS: tuple[Flag, ...] = (
         "string",
         "<addr>:<port> for the HTTPS API (used only with --tls-cert/--tls-key); empty"
         " turns it off.",
+        _A,
     ),
     _flag(
         "http-address",
@@ -476,12 +477,14 @@ FLAGS: tuple[Flag, ...] = (
         "strings",
         "<addr>:<port> or URL of an auth server to ask about AUTH secrets; give it"
         " more than once for several servers.",
+        _A,
         toml_key="auth_http_addresses",
     ),
     _flag(
         "auth-http-request-method",
         "string",
         "HTTP method for auth server requests: get or post.",
+        _A,
     ),
     _flag(
         "broadcast-address",
@@ -512,11 +515,13 @@ FLAGS: tuple[Flag, ...] = (
         "http-client-connect-timeout",
         "duration",
         "Connect timeout for outgoing HTTP requests (auth server, lookupd).",
+        _A,
     ),
     _flag(
         "http-client-request-timeout",
         "duration",
         "Whole-request timeout for outgoing HTTP requests.",
+        _A,
     ),
     _flag(
         "data-path",
@@ -610,55 +615,64 @@ FLAGS: tuple[Flag, ...] = (
         "statsd-address",
         "string",
         "UDP <addr>:<port> of a statsd server to push stats to.",
+        _A,
     ),
-    _flag("statsd-interval", "duration", "Time between statsd pushes."),
-    _flag("statsd-mem-stats", "bool", "Also push memory and GC figures to statsd."),
+    _flag("statsd-interval", "duration", "Time between statsd pushes.", _A),
+    _flag("statsd-mem-stats", "bool", "Also push memory and GC figures to statsd.", _A),
     _flag(
         "statsd-prefix",
         "string",
         "Prefix of statsd keys; %s becomes this node's host and port.",
+        _A,
     ),
-    _flag("statsd-udp-packet-size", "int", "Largest statsd UDP packet, in bytes."),
+    _flag("statsd-udp-packet-size", "int", "Largest statsd UDP packet, in bytes.", _A),
     _flag(
         "statsd-exclude-ephemeral",
         "bool",
         "Leave ephemeral topics and channels out of statsd.",
+        _A,
     ),
     _flag(
         "e2e-processing-latency-percentile",
         "floats",
         "End-to-end processing latency percentile to track, in (0, 1]; repeat the"
         " flag or separate values with commas.",
+        _A,
         toml_key="e2e_processing_latency_percentiles",
     ),
     _flag(
         "e2e-processing-latency-window-time",
         "duration",
         "Time window the latency percentiles are computed over.",
+        _A,
     ),
-    _flag("tls-cert", "string", "Path to the TLS certificate file."),
-    _flag("tls-key", "string", "Path to the TLS private key file."),
+    _flag("tls-cert", "string", "Path to the TLS certificate file.", _A),
+    _flag("tls-key", "string", "Path to the TLS private key file.", _A),
     _flag(
         "tls-client-auth-policy",
         "string",
         "Client certificate policy: empty (none), require, or require-verify.",
+        _A,
     ),
     _flag(
         "tls-root-ca-file",
         "string",
         "Path to the CA file used to check client certificates (and auth server"
         " certificates).",
+        _A,
     ),
     _flag(
         "tls-required",
         "tls-required",
         "Require TLS: false, true, or tcp-https (TCP and HTTPS only, plain HTTP"
         " stays open). A bare flag means true; other values need =.",
+        _A,
     ),
     _flag(
         "tls-min-version",
         "tls-min-version",
         "Oldest protocol version accepted: ssl3.0, tls1.0, tls1.1, tls1.2 or tls1.3.",
+        _A,
     ),
     _flag("deflate", "bool", "Let clients negotiate deflate compression.", _A),
     _flag(
@@ -1009,10 +1023,10 @@ def _validate(opts: NSQDOptions) -> None:
             "cannot require TLS client connections without --tls-cert and --tls-key"
         )
     # nsqd spreads each statsd push over (interval - 1s) and crashes when that
-    # is not positive; refuse it up front instead.
-    if opts.statsd_address and opts.statsd_interval <= 1.0:
+    # is not positive; nsqtw sends at once for 1s and refuses shorter intervals.
+    if opts.statsd_address and opts.statsd_interval < 1.0:
         raise OptionsError(
-            f"--statsd-interval must be longer than 1s, got {format_duration(opts.statsd_interval)}"
+            f"--statsd-interval must be at least 1s, got {format_duration(opts.statsd_interval)}"
         )
 
 

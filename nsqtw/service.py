@@ -12,8 +12,10 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from nsqtw import NSQD_VERSION
+from nsqtw.auth import HTTPAuthorizer
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
 from nsqtw.eager import EagerTCPServerEndpoint
 from nsqtw.log import Logger
@@ -29,6 +31,8 @@ from nsqtw.metadata import (
 )
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
+from nsqtw.statsd import StatsdService
+from nsqtw.tls import build_server_tls, client_trust_root
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -150,6 +154,13 @@ class NSQDService(MultiService):
         self.data_path = options.resolved_data_path
         self.lock = DataPathLock(self.data_path)
         self.nsqd = NSQD(options, reactor, self._make_backend)
+        # a certificate that cannot be loaded stops nsqd before it listens (TLSConfigError)
+        self.nsqd.tls = build_server_tls(options)
+        if options.auth_http_address:
+            self.nsqd.auth = HTTPAuthorizer(
+                options.auth_http_address, options.auth_http_request_method,
+                options.http_client_connect_timeout, options.http_client_request_timeout,
+                reactor, client_trust_root(options.tls_root_ca_file))
         self.meta_executor: ThreadPoolDiskExecutor | None = None
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
@@ -161,6 +172,15 @@ class NSQDService(MultiService):
             site.noisy = False
             ListenerService("HTTP", server_endpoint(reactor, options.http_address),
                             site, self._http_bound).setServiceParent(self)
+        if self.nsqd.tls is not None and options.https_address:
+            # nsqd's HTTPS listener: the same API, TLS from the first byte
+            secure = HTTPAPI(self.nsqd, tls_enabled=True).site()
+            secure.noisy = False
+            ListenerService("HTTPS", server_endpoint(reactor, options.https_address),
+                            TLSMemoryBIOFactory(self.nsqd.tls, False, secure),
+                            self._https_bound).setServiceParent(self)
+        if options.statsd_address:
+            StatsdService(self.nsqd, reactor).setServiceParent(self)
 
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
@@ -173,6 +193,9 @@ class NSQDService(MultiService):
 
     def _http_bound(self, port: int) -> None:
         self.nsqd.http_port = port
+
+    def _https_bound(self, port: int) -> None:
+        self.nsqd.https_port = port
 
     def startService(self) -> Deferred[None]:  # type: ignore[override]
         Service.startService(self)

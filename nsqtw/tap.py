@@ -9,6 +9,7 @@ from twisted.application.service import IService
 from nsqtw.log import set_level
 from nsqtw.options import NSQDTwistdOptions as Options
 from nsqtw.service import NSQDService
+from nsqtw.tls import TLSConfigError
 
 __all__ = ["Options", "makeService"]
 
@@ -20,4 +21,8 @@ def makeService(config: Options) -> IService:
         print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
         raise SystemExit(0)
     set_level(config.nsqd.log_level)
-    return cast(IService, NSQDService(config.nsqd))
+    try:
+        return cast(IService, NSQDService(config.nsqd))
+    except TLSConfigError as e:
+        # nsqd: "failed to instantiate nsqd - failed to build TLS config - ..."
+        raise SystemExit(f"nsqtw: failed to build TLS config - {e}") from None

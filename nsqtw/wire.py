@@ -80,6 +80,17 @@ class V2Parser:
         """Bytes received and not yet parsed into a command."""
         return len(self._buf) - self._pos
 
+    def take_buffered(self) -> bytes:
+        """Hand over the bytes not parsed yet and forget them.
+
+        After IDENTIFY negotiates TLS or compression the rest of the stream
+        is in the new encoding; what already arrived belongs to that layer.
+        """
+        data = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return data
+
     def in_command(self) -> bool:
         """True while part of a command has been read (a frame is incomplete)."""
         return self._state != _LINE or self._pos < len(self._buf)

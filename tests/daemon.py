@@ -48,7 +48,7 @@ class Daemon:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
-        while len(found) < 2:
+        while not {"TCP", "HTTP"} <= found.keys():  # HTTPS may be logged too, in any order
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stop()
@@ -85,6 +85,17 @@ class Daemon:
                     break
                 self.output.append(chunk.decode("utf-8", "replace"))
         return "".join(self.output)
+
+    def wait_output(self, pattern: str, timeout: float = 10) -> re.Match[str]:
+        """Wait until the log matches ``pattern`` (a regex); returns the match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.read_output())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} in the log:\n" + "".join(self.output))
+            time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc is None:

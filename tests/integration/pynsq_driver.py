@@ -37,11 +37,14 @@ def fresh_loop() -> tornado.ioloop.IOLoop:
 
 
 def publish(address: str, topic: str, bodies: list[bytes], mpub: bool = False,
-            timeout: float = 10.0) -> list[Any]:
-    """Publish with nsq.Writer; returns the responses (each b'OK' or an error)."""
+            timeout: float = 10.0, **writer_kw: Any) -> list[Any]:
+    """Publish with nsq.Writer; returns the responses (each b'OK' or an error).
+
+    ``writer_kw`` go to pynsq's connections (tls_v1, snappy, deflate, auth_secret...).
+    """
     loop = fresh_loop()
     results: list[Any] = []
-    writer = nsq.Writer([address])
+    writer = nsq.Writer([address], **writer_kw)
 
     def cb(conn: Any, data: Any) -> None:
         results.append(data)
