@@ -186,11 +186,12 @@ class FlagTableTests(SynchronousTestCase):
             self.assertIsNone(keys[name])
 
     def test_statuses(self) -> None:
-        """Core flags are active; auth, TLS, statsd and lookupd are not yet."""
+        """Core flags and lookupd registration are active; auth, TLS and statsd are not yet."""
         status = {f.name: f.status for f in FLAGS}
-        for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy"):
+        for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy",
+                     "lookupd-tcp-address"):
             self.assertEqual(status[name], options.ACTIVE)
-        for name in ("tls-cert", "statsd-address", "lookupd-tcp-address"):
+        for name in ("tls-cert", "statsd-address"):
             self.assertEqual(status[name], options.NOT_YET_ACTIVE)
 
 
