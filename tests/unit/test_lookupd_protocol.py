@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import struct
+import tempfile
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -346,7 +349,10 @@ class OptionsTests(SynchronousTestCase):
 
     def test_config_file(self) -> None:
         """The TOML file uses nsqlookupd's keys; the command line wins."""
-        path = self.mktemp()
+        # tempfile rather than mktemp(): mktemp leaves directories behind under pytest
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, "nsqlookupd.toml")
         with open(path, "w") as f:
             f.write('tcp_address = "127.0.0.1:1"\nhttp_address = "127.0.0.1:2"\n'
                     'tombstone_lifetime = "10s"\ninactive_producer_timeout = 5000\n'
