@@ -39,7 +39,7 @@ from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.nsqd import NSQD
 from nsqtw.stats import format_text, go_json, snapshot
 
-__all__ = ["HTTPAPI", "APIError", "BoundedRequest", "GoHTTPAPI", "Marshal", "NSQDSite", "parse_query"]
+__all__ = ["HTTPAPI", "APIError", "BoundedRequest", "GoHTTPAPI", "NSQDSite", "parse_query"]
 
 _NS = 1_000_000_000
 _JSON = b"application/json; charset=utf-8"
@@ -72,14 +72,11 @@ ROUTES: dict[str, tuple[str, ...]] = {
 _STATUS_TEXT = {301: "Moved Permanently", 307: "Temporary Redirect"}
 
 
-class Marshal:
+class _Marshal:
     """A value RespondV1 must JSON-encode even when it is a string or None."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-_Marshal = Marshal
 
 
 class APIError(Exception):
