@@ -17,8 +17,7 @@ from zope.interface import implementer
 from nsqtw.lookup import PING_INTERVAL, Lookup, LookupPeerProtocol, peer_info_text
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.protocol import LookupFactory
-from tests.helpers import make_nsqd
-from tests.unit.test_lookupd_protocol import make_lookupd
+from tests.helpers import make_lookupd, make_nsqd
 
 
 @implementer(IStreamClientEndpoint)

@@ -10,8 +10,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.lookupd.http import ROUTES, LookupdHTTPAPI
 from nsqtw.lookupd.wire import identify
-from tests.helpers import reference
-from tests.unit.test_lookupd_protocol import Conn, make_lookupd
+from tests.helpers import make_lookupd, reference
+from tests.unit.test_lookupd_protocol import Conn
 
 REF_HTTP = reference("nsqlookupd-1.3.0-responses.json")["http"]
 #: the node registered when the reference answers were recorded

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -21,22 +20,12 @@ from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.options import defaults, parse_args
 from nsqtw.lookupd.protocol import LookupFactory, decode_peer_info
 from nsqtw.lookupd.wire import Body, Line, LineTooLong, ResponseReader, V1Parser, identify
-from tests.helpers import EPOCH, reference
+from tests.helpers import EPOCH, make_lookupd, reference
 
 REF_TCP = reference("nsqlookupd-1.3.0-responses.json")["tcp_v1"]
 CLOSED = "<connection closed>"
 IDENTIFY_BODY = (b'{"broadcast_address": "127.0.0.1", "hostname": "refhost", "tcp_port": 5150,'
                  b' "http_port": 5151, "version": "1.3.0"}')
-
-
-def make_lookupd(**overrides: Any) -> tuple[NSQLookupd, Clock]:
-    """An NSQLookupd shaped like the one the reference answers were recorded from."""
-    clock = Clock()
-    clock.advance(EPOCH)
-    options = dataclasses.replace(defaults("vm"), broadcast_address="127.0.0.1", **overrides)
-    lookupd = NSQLookupd(options, clock, hostname="vm")
-    lookupd.tcp_port, lookupd.http_port = 38645, 39703
-    return lookupd, clock
 
 
 class Conn:
