@@ -63,6 +63,8 @@ class NSQD:
         self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
         self.runtime_lookupd_tcp_addresses: list[str] | None = list(
             getattr(options, "lookupd_tcp_address", ()))
+        #: called with the option's name after PUT /config changed it (lookupd connections)
+        self.config_listeners: list[Callable[[str], None]] = []
         #: told (via ``changed()``) whenever nsqd.dat needs rewriting
         self.metadata: Any = None
         #: the bound ports, filled in by the listeners (port 0 means "pick one")
@@ -135,6 +137,8 @@ class NSQD:
         """PUT /config/<name> changed a run-time setting."""
         if name == "log_level":
             set_level(self.runtime_log_level)
+        for listener in list(self.config_listeners):
+            listener(name)
 
     def metadata_changed(self) -> None:
         """A topic or channel was created, deleted, paused or unpaused."""

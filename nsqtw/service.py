@@ -10,8 +10,8 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
-from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from nsqtw import NSQD_VERSION
@@ -19,6 +19,7 @@ from nsqtw.auth import HTTPAuthorizer
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
 from nsqtw.eager import EagerTCPServerEndpoint
 from nsqtw.log import Logger
+from nsqtw.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.metadata import (
     DEFERRED_FILENAME,
     MetadataStore,
@@ -53,6 +54,12 @@ def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamS
     if ":" in host:
         return TCP6ServerEndpoint(reactor, port, interface=host)
     return TCP4ServerEndpoint(reactor, port, interface=host or "0.0.0.0")
+
+
+def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClientEndpoint:
+    """An endpoint that connects to ``host:port`` (a name is resolved on each attempt)."""
+    host, port = split_host_port(address)
+    return HostnameEndpoint(reactor, host or "127.0.0.1", port, timeout=timeout)
 
 
 def format_address(port: IListeningPort) -> str:
@@ -107,6 +114,16 @@ class ListenerService(Service):
             self.log.info("{label}: closing {address}", label=self.label, address=format_address(port))
             return port.stopListening()
         return None
+
+
+def exit_cleanly_after_signal(reactor: Any) -> None:
+    """nsqd and nsqlookupd exit 0 after a graceful SIGTERM/SIGINT.
+
+    twistd would re-raise the signal (exit status -15) unless told the stop
+    was handled.
+    """
+    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
+        reactor._exitSignal = None
 
 
 class DataPathLock:
@@ -181,6 +198,9 @@ class NSQDService(MultiService):
                             self._https_bound).setServiceParent(self)
         if options.statsd_address:
             StatsdService(self.nsqd, reactor).setServiceParent(self)
+        # after the listeners: it announces their ports, and stops first
+        Lookup(self.nsqd, reactor,
+               lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
 
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
@@ -254,7 +274,4 @@ class NSQDService(MultiService):
             self.meta_executor.stop()
         self.lock.release()
         self.log.info("NSQ: stopped")
-        # nsqd exits 0 after a graceful SIGTERM/SIGINT; twistd would re-raise
-        # the signal (exit status -15) unless told the stop was handled.
-        if getattr(self.reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
-            self.reactor._exitSignal = None
+        exit_cleanly_after_signal(self.reactor)

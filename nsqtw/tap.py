@@ -6,7 +6,7 @@ from typing import cast
 
 from twisted.application.service import IService
 
-from nsqtw.log import set_level
+from nsqtw.log import set_level, set_prefix
 from nsqtw.options import NSQDTwistdOptions as Options
 from nsqtw.service import NSQDService
 from nsqtw.tls import TLSConfigError
@@ -21,6 +21,7 @@ def makeService(config: Options) -> IService:
         print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
         raise SystemExit(0)
     set_level(config.nsqd.log_level)
+    set_prefix(config.nsqd.log_prefix)
     try:
         return cast(IService, NSQDService(config.nsqd))
     except TLSConfigError as e:

@@ -1,4 +1,4 @@
-"""Start a real nsqtw daemon (twistd) on loopback port 0 for integration tests."""
+"""Start real nsqtw daemons (twistd nsqtw, nsqtw-lookupd) on loopback port 0 for integration tests."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ TWISTD = ("import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'tw
 
 class Daemon:
     """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported."""
+
+    plugin = "nsqtw"
 
     def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.data_path = data_path
@@ -38,9 +40,8 @@ class Daemon:
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", "nsqtw",
-               f"--tcp-address={tcp}", f"--http-address={http}",
-               f"--data-path={self.data_path}", *self.args]
+        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", self.plugin,
+               f"--tcp-address={tcp}", f"--http-address={http}", *self.plugin_args(), *self.args]
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         found: dict[str, str] = {}
@@ -52,14 +53,14 @@ class Daemon:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stop()
-                raise RuntimeError("nsqtw did not start:\n" + "".join(self.output))
+                raise RuntimeError(f"{self.plugin} did not start:\n" + "".join(self.output))
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 self.proc.wait()
-                raise RuntimeError("nsqtw exited:\n" + "".join(self.output) + buf.decode())
+                raise RuntimeError(f"{self.plugin} exited:\n" + "".join(self.output) + buf.decode())
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for raw in lines:
@@ -74,6 +75,9 @@ class Daemon:
         host, port = found["HTTP"].rsplit(":", 1)
         self.http = (host, int(port))
         return self
+
+    def plugin_args(self) -> list[str]:
+        return [f"--data-path={self.data_path}"]
 
     def read_output(self) -> str:
         """Everything logged so far (non-blocking)."""
@@ -119,3 +123,12 @@ class Daemon:
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
+
+
+class LookupdDaemon(Daemon):
+    """One nsqtw-lookupd process; it keeps no data, ``data_path`` is just its working directory."""
+
+    plugin = "nsqtw-lookupd"
+
+    def plugin_args(self) -> list[str]:
+        return []

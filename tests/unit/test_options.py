@@ -186,14 +186,13 @@ class FlagTableTests(SynchronousTestCase):
             self.assertIsNone(keys[name])
 
     def test_statuses(self) -> None:
-        """Core, TLS, auth, statsd and e2e flags are active; lookupd registration is not yet."""
+        """Every nsqd v1.3 flag is active, lookupd registration, TLS, auth, statsd and e2e included."""
         status = {f.name: f.status for f in FLAGS}
         for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy", "tls-cert",
                      "https-address", "auth-http-address", "statsd-address",
-                     "e2e-processing-latency-percentile"):
+                     "e2e-processing-latency-percentile", "lookupd-tcp-address"):
             self.assertEqual(status[name], options.ACTIVE)
-        for name in ("lookupd-tcp-address",):
-            self.assertEqual(status[name], options.NOT_YET_ACTIVE)
+        self.assertEqual([f.name for f in FLAGS if f.status != options.ACTIVE], [])
 
 
 class DurationTests(SynchronousTestCase):
