@@ -522,31 +522,21 @@ class Channel:
         assert journal is not None
         backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
         out: list[Message] = []
-        records = backend.read_positions(n) if backend.depth() else []
-        if records:
-            floor = self._taken_floor
-            due = self.restored_due
-            now = self._clock.seconds()
-            for data, num, pos in records:
-                if floor is not None and (num, pos) <= floor:
-                    continue  # journaled before a restart the queue's read position did not see
-                try:
-                    msg = decode_message(data)
-                except ValueError as e:
-                    self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
-                                   topic=self.topic_name, channel=self.name, error=e)
-                    continue
-                if journal.is_live(msg.id):
-                    continue  # a copy the journal already owns
-                if due:
-                    when = due.pop(msg.id, None)
-                    if when is not None and when > now:
-                        self._defer(msg, when - now, now)
-                        continue
-                out.append(msg)
+        last: Position | None = None
+        seen: set[bytes] = set()
+        # copies already owned by the journal (around a crash) are skipped;
+        # keep reading until something is left, a few batches at most
+        for _ in range(8):
+            records = backend.read_positions(n - len(out)) if backend.depth() else []
+            if not records:
+                break
             last = (records[-1][1], records[-1][2])
-            if floor is not None and last >= floor:
-                self._taken_floor = None
+            self._take(records, journal, out, seen)
+            if out:
+                break
+        else:
+            if not out and backend.depth():
+                self._pump.wake()  # all skipped so far: more next turn
         memory = self.memory
         k = min(n - len(out), len(memory))
         if k > 0:
@@ -554,12 +544,38 @@ class Channel:
             out.extend(pop() for _ in range(k))
         if out:
             journal.delivering(out)
-        if records:
+        if last is not None:
             # after the messages' own records: if this one survives, so did they
             journal.taken(last)
             mark = backend.read_mark()
             journal.on_synced(lambda: backend.commit_read(mark))
         return out
+
+    def _take(self, records: list[tuple[bytes, int, int]], journal: Journal, out: list[Message],
+              seen: set[bytes]) -> None:
+        floor = self._taken_floor
+        due = self.restored_due
+        now = self._clock.seconds()
+        for data, num, pos in records:
+            if floor is not None and (num, pos) <= floor:
+                continue  # journaled before a restart the queue's read position did not see
+            try:
+                msg = decode_message(data)
+            except ValueError as e:
+                self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
+                               topic=self.topic_name, channel=self.name, error=e)
+                continue
+            if journal.is_live(msg.id) or msg.id in seen:
+                continue  # a copy the journal already owns (handed over twice around a crash)
+            seen.add(msg.id)
+            if due:
+                when = due.pop(msg.id, None)
+                if when is not None and when > now:
+                    self._defer(msg, when - now, now)
+                    continue
+            out.append(msg)
+        if floor is not None and (records[-1][1], records[-1][2]) >= floor:
+            self._taken_floor = None
 
     def put_handoff(self, msgs: list[Message], pos: Position) -> Deferred[None]:
         """Durable mode: messages from the topic, up to its record ``pos``.
