@@ -7,6 +7,7 @@ core and never shares the daemon's reactor.
     nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --size=200 --batch-size=200 --runfor=10s
     nsqtw-bench reader --nsqd-tcp-address=127.0.0.1:4150 --channel=ch --rdy=2500 --runfor=10s
     nsqtw-bench latency --rate=5000 --runfor=10s
+    nsqtw-bench writer --batch-size=1 --workers=8 --runfor=10s   # 8 concurrent one-message publishers (PUB)
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ def _writer_worker(address: str, topic: str, size: int, batch: int, runfor: floa
     reader = FrameReader(sock)
     pending: list[tuple[int, bytes]] = []
     body = b"a" * size
-    cmd = _mpub(topic.encode(), [body] * batch)
+    if batch == 1:  # one message per command: PUB, as a one-at-a-time publisher sends it
+        cmd = b"PUB " + topic.encode() + b"\n" + _INT.pack(size) + body
+    else:
+        cmd = _mpub(topic.encode(), [body] * batch)
     while time.time() < start_at:
         time.sleep(0.001)
     count = 0
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default="sub_bench")
     parser.add_argument("--channel", default="ch")
     parser.add_argument("--size", type=int, default=200, help="message size in bytes")
-    parser.add_argument("--batch-size", type=int, default=200, help="messages per MPUB (writer)")
+    parser.add_argument("--batch-size", type=int, default=200, help="messages per MPUB (writer); 1 sends PUB")
     parser.add_argument("--rdy", type=int, default=2500, help="RDY count (reader)")
     parser.add_argument("--runfor", default="10s", help="Go duration, e.g. 10s")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,

@@ -95,9 +95,9 @@ class NSQD:
                 e = backend.health()
                 if e:
                     errors.append(e)
-            for channel in topic.channels.values():
-                if channel.journal is not None and channel.journal.error:
-                    errors.append(channel.journal.error)
+            for journal in [topic.journal] + [c.journal for c in topic.channels.values()]:
+                if journal is not None and journal.error:
+                    errors.append(journal.error)
         if not errors:
             return "OK"
         return "NOK - " + errors[0]
