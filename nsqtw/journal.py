@@ -417,6 +417,14 @@ class Journal:
         self._live_bytes -= self._live.pop(msg_id, 0)
         self._append(fin_record(msg_id))
 
+    def finished_many(self, msg_ids: list[bytes]) -> None:
+        if not msg_ids:
+            return
+        live = self._live
+        for msg_id in msg_ids:
+            self._live_bytes -= live.pop(msg_id, 0)
+        self._append(b"".join(fin_record(i) for i in msg_ids))
+
     def taken(self, pos: Position) -> None:
         """The channel's queue was read up to ``pos``; the records before it are journaled."""
         self._taken = max(self._taken or pos, pos)

@@ -15,6 +15,7 @@ from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 
 from nsqtw import NSQD_VERSION
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
+from nsqtw.eager import EagerTCPServerEndpoint
 from nsqtw.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.log import Logger
 from nsqtw.metadata import (
@@ -42,8 +43,11 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def server_endpoint(reactor: Any, address: str) -> IStreamServerEndpoint:
+def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamServerEndpoint:
+    """``eager``: connections send at once when idle (:mod:`nsqtw.eager`), for the V2 listener."""
     host, port = split_host_port(address)
+    if eager:
+        return EagerTCPServerEndpoint(reactor, port, interface=host or "0.0.0.0")
     if ":" in host:
         return TCP6ServerEndpoint(reactor, port, interface=host)
     return TCP4ServerEndpoint(reactor, port, interface=host or "0.0.0.0")
@@ -153,7 +157,7 @@ class NSQDService(MultiService):
         self.nsqd = NSQD(options, reactor, self._make_backend,
                          self._make_journal if self.durable else None)
         self.meta_executor: ThreadPoolDiskExecutor | None = None
-        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
+        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.http_api import HTTPAPI
 

@@ -114,6 +114,7 @@ class V2Protocol(Protocol):
         self._closed = False
         self._heartbeat_call: IDelayedCall | None = None
         self._read_deadline: IDelayedCall | None = None
+        self._command_at = 0.0
 
     def __str__(self) -> str:
         return self.remote_address or f"client {self.client_id}"
@@ -130,7 +131,7 @@ class V2Protocol(Protocol):
         self.nsqd.add_client(self.client_id, self)
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._restart_heartbeat()
-        self._restart_read_deadline()
+        self._reset_read_deadline()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
         self._closed = True
@@ -161,16 +162,30 @@ class V2Protocol(Protocol):
         self.transport.write(_HEARTBEAT)  # type: ignore[union-attr]
         self._restart_heartbeat()
 
-    def _restart_read_deadline(self) -> None:
-        """nsqd allows two heartbeat intervals for each command to arrive whole."""
+    def _reset_read_deadline(self) -> None:
+        """Start the read deadline afresh (new connection, new heartbeat interval)."""
         if self._read_deadline is not None and self._read_deadline.active():
             self._read_deadline.cancel()
         self._read_deadline = None
-        if self.heartbeat_interval > 0 and not self._closed:
+        self._restart_read_deadline()
+
+    def _restart_read_deadline(self) -> None:
+        """nsqd allows two heartbeat intervals for each command to arrive whole.
+
+        This runs for every command, so it only notes the time: the one timer
+        re-arms itself from that note when it fires, instead of a DelayedCall
+        being cancelled and made per command.
+        """
+        self._command_at = self.clock.seconds()
+        if self._read_deadline is None and self.heartbeat_interval > 0 and not self._closed:
             self._read_deadline = self.clock.callLater(2 * self.heartbeat_interval, self._read_timeout)
 
     def _read_timeout(self) -> None:
         self._read_deadline = None
+        left = self._command_at + 2 * self.heartbeat_interval - self.clock.seconds()
+        if left > 0:
+            self._read_deadline = self.clock.callLater(left, self._read_timeout)
+            return
         self.log.error("ERROR: client({client}) - failed to read command - i/o timeout", client=self)
         self._close()
 
@@ -195,6 +210,12 @@ class V2Protocol(Protocol):
     def _process(self) -> None:
         parser = self.parser
         while not self._closed and not self._blocked:
+            if self.channel is not None and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING):
+                ids = parser.take_fins()
+                if ids:
+                    self._restart_read_deadline()
+                    self._fin_many(ids)
+                    continue
             try:
                 cmd = parser.next_command()
             except NSQError as e:
@@ -307,7 +328,7 @@ class V2Protocol(Protocol):
         self.user_agent = data.get("user_agent") or ""
         self._identify_settings(data)
         self._restart_heartbeat()
-        self._restart_read_deadline()
+        self._reset_read_deadline()
         if not data.get("feature_negotiation"):
             self._write(_OK)
             return
@@ -446,12 +467,12 @@ class V2Protocol(Protocol):
         return msg_id
 
     def _fin(self, args: list[bytes]) -> None:
-        msg_id = self._message_id("FIN", args, 1)
+        self._fin_many([self._message_id("FIN", args, 1)])
+
+    def _fin_many(self, msg_ids: list[bytes]) -> None:
         assert self.channel is not None
-        try:
-            self.channel.finish(self, msg_id)
-        except NotInFlightError as e:
-            raise nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}") from None
+        for msg_id, e in self.channel.finish_many(self, msg_ids):
+            self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)
