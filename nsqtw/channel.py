@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -17,8 +19,11 @@ from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump
+from nsqtw.quantile import Quantile
 
 if TYPE_CHECKING:
+    from nsqtw.interfaces import IDurableBackendQueue
+    from nsqtw.journal import Journal, Position
     from nsqtw.topic import Topic
 
 #: messages handed to clients in one reactor turn before yielding
@@ -30,19 +35,34 @@ _COMPACT_MIN = 1024
 _seq = itertools.count()
 
 
+def _sample(msgs: list[Message], rate: int) -> list[Message]:
+    """The messages a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
+
+    nsqd sends a message when a draw from 0..99 is at most the rate, and the
+    rest are gone for this channel (neither in flight nor requeued).
+    """
+    draw = random.randrange
+    return [m for m in msgs if draw(100) <= rate]
+
+
 class TimeoutQueue:
     """Messages ordered by a deadline, with lazy removal.
 
-    Removing from the middle of a heap is O(n); instead an entry is left in
-    place and recognised as stale when it surfaces (the message is no longer
-    in ``live`` under that deadline). When stale entries pile up the heap is
-    rebuilt from the live ones, so memory stays proportional to them.
+    Most deadlines arrive in order (every client of a channel usually has the
+    same msg_timeout), so they go to a FIFO, which costs an append and a
+    popleft; only an out-of-order deadline (a shorter timeout, a REQ delay)
+    pays for the heap. Removing from the middle of either is O(n); instead an
+    entry is left in place and recognised as stale when it surfaces (the
+    message is no longer in ``live`` under that deadline). When stale entries
+    pile up both are rebuilt from the live ones, so memory stays proportional
+    to them.
     """
 
-    __slots__ = ("live", "_heap", "_stale")
+    __slots__ = ("live", "_fifo", "_heap", "_stale")
 
     def __init__(self) -> None:
         self.live: dict[bytes, Message] = {}
+        self._fifo: deque[tuple[float, Message]] = deque()
         self._heap: list[tuple[float, int, Message]] = []
         self._stale = 0
 
@@ -52,7 +72,11 @@ class TimeoutQueue:
     def push(self, msg: Message, when: float) -> None:
         msg.deadline = when
         self.live[msg.id] = msg
-        heapq.heappush(self._heap, (when, next(_seq), msg))
+        fifo = self._fifo
+        if not fifo or fifo[-1][0] <= when:
+            fifo.append((when, msg))
+        else:
+            heapq.heappush(self._heap, (when, next(_seq), msg))
 
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self.live.pop(msg_id, None)
@@ -63,9 +87,17 @@ class TimeoutQueue:
         return msg
 
     def pop_due(self, now: float) -> list[Message]:
-        heap = self._heap
         live = self.live
         due = []
+        fifo = self._fifo
+        while fifo and fifo[0][0] <= now:
+            when, msg = fifo.popleft()
+            if live.get(msg.id) is msg and msg.deadline == when:
+                del live[msg.id]
+                due.append(msg)
+            else:
+                self._stale -= 1
+        heap = self._heap
         while heap and heap[0][0] <= now:
             when, _, msg = heapq.heappop(heap)
             if live.get(msg.id) is msg and msg.deadline == when:
@@ -76,25 +108,37 @@ class TimeoutQueue:
         return due
 
     def next_deadline(self) -> float | None:
-        heap = self._heap
         live = self.live
+        fifo = self._fifo
+        while fifo:
+            when, msg = fifo[0]
+            if live.get(msg.id) is msg and msg.deadline == when:
+                break
+            fifo.popleft()
+            self._stale -= 1
+        heap = self._heap
         while heap:
             when, _, msg = heap[0]
             if live.get(msg.id) is msg and msg.deadline == when:
-                return when
+                break
             heapq.heappop(heap)
             self._stale -= 1
-        return None
+        if fifo:
+            return min(fifo[0][0], heap[0][0]) if heap else fifo[0][0]
+        return heap[0][0] if heap else None
 
     def clear(self) -> list[Message]:
         msgs = list(self.live.values())
         self.live.clear()
+        self._fifo.clear()
         self._heap.clear()
         self._stale = 0
         return msgs
 
     def _compact(self) -> None:
-        self._heap = [(m.deadline, next(_seq), m) for m in self.live.values()]
+        live = self.live
+        self._fifo = deque(e for e in self._fifo if live.get(e[1].id) is e[1] and e[1].deadline == e[0])
+        self._heap = [e for e in self._heap if live.get(e[2].id) is e[2] and e[2].deadline == e[0]]
         heapq.heapify(self._heap)
         self._stale = 0
 
@@ -113,7 +157,7 @@ class Channel:
     def __init__(self, topic: Topic, name: str, backend: IBackendQueue,
                  clock: IReactorTime, mem_queue_size: int, max_msg_timeout: float,
                  max_channel_consumers: int,
-                 on_delete: Callable[[Channel], None]) -> None:
+                 on_delete: Callable[[Channel], None], journal: Journal | None = None) -> None:
         self.topic = topic
         self.topic_name = topic.name
         self.name = name
@@ -135,13 +179,23 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
+        self.e2e: Quantile | None = None
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
         self.restored_due: dict[bytes, float] = {}
         self._timer: IDelayedCall | None = None
         self._timer_at = 0.0
+        #: --durable-delivery: what records where this channel's messages are
+        self.journal = journal
+        #: the topic's records up to this position reached this channel before a restart
+        self.handoff_floor: Position | None = None
+        self._taken_floor: Position | None = None
+        self._next: Callable[[int], list[Message]] = self._next_messages
         self._pump = Pump(clock, self._deliver, f"CHANNEL({topic.name}:{name})")
+        if journal is not None:
+            self._start_durable(journal)
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -190,6 +244,8 @@ class Channel:
         when = now + delay
         self.deferred.push(msg, when)
         self._arm(when)
+        if self.journal is not None:
+            self.journal.deferred(msg, when)
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         if self.exiting:
@@ -270,31 +326,46 @@ class Channel:
         clients = clients[start:] + clients[:start]
         now = self._clock.seconds()
         in_flight = self.in_flight
-        progress = True
-        while progress and budget > 0:
-            progress = False
-            for client in clients:
-                cap = client.ready_capacity()
-                if cap <= 0:
-                    continue
-                msgs = self._next_messages(min(cap, budget, 64))
+        # Round-robin in slices of 64 for fairness, but one deliver() (one
+        # write) per client per turn.
+        batches: dict[int, list[Message]] = {}
+        wanting = [(c, cap) for c in clients if (cap := c.ready_capacity()) > 0]
+        exhausted = False
+        while wanting and budget > 0 and not exhausted:
+            still = []
+            for client, cap in wanting:
+                msgs = self._next(min(cap, budget, 64))
                 if not msgs:
-                    return False
+                    exhausted = True
+                    break
+                taken = len(msgs)
+                if client.sample_rate:
+                    msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
                 for m in msgs:
                     m.attempts += 1
                     m.client = client
                     m.delivered_at = now
                     in_flight.push(m, deadline)
-                client.deliver(msgs)
-                budget -= len(msgs)
-                progress = True
+                if msgs:
+                    batch = batches.get(client.client_id)
+                    if batch is None:
+                        batches[client.client_id] = msgs
+                    else:
+                        batch.extend(msgs)
+                budget -= taken
+                cap -= len(msgs)  # sampled-out messages leave the client ready for more
                 if budget <= 0:
                     break
+                if cap > 0:
+                    still.append((client, cap))
+            wanting = still
+        for client_id, msgs in batches.items():
+            self.clients[client_id].deliver(msgs)
         deadline = in_flight.next_deadline()
         if deadline is not None:
             self._arm(deadline)
-        return budget <= 0
+        return budget <= 0 and not exhausted
 
     # -- acknowledgements -------------------------------------------------
 
@@ -308,11 +379,29 @@ class Channel:
         msg.client = None
         return msg
 
-    def finish(self, client: IConsumer, msg_id: bytes) -> None:
-        """FIN: the message is done with."""
-        self._pop_in_flight(client, msg_id)
-        client.message_finished()
+    def finish_many(self, client: IConsumer, msg_ids: list[bytes]) -> list[tuple[bytes, NotInFlightError]]:
+        """FIN: these messages are done with. Returns the ones that could not be, with why."""
+        failed = []
+        live = self.in_flight.live
+        remove = self.in_flight.remove
+        e2e = self.e2e
+        now = self._clock.seconds() if e2e is not None else 0.0
+        for msg_id in msg_ids:
+            msg = live.get(msg_id)
+            if msg is None or msg.client is not client:
+                why = "ID not in flight" if msg is None else "client does not own message"
+                failed.append((msg_id, NotInFlightError(why)))
+                continue
+            remove(msg_id)
+            msg.client = None
+            client.message_finished()
+            if e2e is not None:
+                e2e.insert(now, msg.timestamp)
+        if self.journal is not None:
+            bad = {i for i, _ in failed}
+            self.journal.finished_many([i for i in msg_ids if i not in bad] if bad else msg_ids)
         self._pump.wake()
+        return failed
 
     def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:
         """REQ: send it again now, or after ``delay`` seconds."""
@@ -394,6 +483,8 @@ class Channel:
         self.deferred.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
+        if self.journal is not None:
+            self.journal.cleared()
         return self.backend.empty()
 
     def all_pending(self) -> Iterable[Message]:
@@ -427,6 +518,8 @@ class Channel:
     def close(self) -> Deferred[None]:
         """Graceful stop: flush everything to the backend and close it."""
         self._stop()
+        if self.journal is not None:
+            return ensureDeferred(self._close_durable(self.journal))
         try:
             self.flush()
         except BackendError as e:
@@ -443,6 +536,10 @@ class Channel:
         self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
+        if self.journal is not None:
+            self.journal.remove().addErrback(
+                lambda f: self.log.failure("CHANNEL({topic}:{channel}): failed to remove journal", f,
+                                           topic=self.topic_name, channel=self.name))
         return self.backend.delete()
 
     def stats_counts(self) -> dict[str, Any]:
@@ -456,3 +553,167 @@ class Channel:
             "timeout_count": self.timeout_count,
         }
 
+
+    # -- durable delivery (--durable-delivery) -----------------------------
+    #
+    # The topic hands messages over into this channel's disk queue (fsynced);
+    # whatever leaves the queue, for delivery or to wait for its due time, is
+    # recorded in the journal first, and the queue's read position moves on
+    # only once the journal holding those records is fsynced. Memory here
+    # holds only journal-owned messages (requeued or timed out).
+
+    def _start_durable(self, journal: Journal) -> None:
+        self._mem_queue_size = sys.maxsize
+        self._next = self._next_messages_durable
+        journal.snapshot = self._journal_snapshot
+        self.handoff_floor = journal.handoff_floor
+        self._taken_floor = journal.taken_floor
+        recovered, journal.recovered = journal.recovered, {}
+        if recovered:
+            now = self._clock.seconds()
+            for msg_id, (ts, attempts, due_ms, body) in recovered.items():
+                msg = Message(msg_id, body, ts, attempts)
+                due = due_ms / 1000.0
+                if due > now:
+                    self.deferred.push(msg, due)
+                    self._arm(due)
+                else:
+                    self.memory.append(msg)
+            self.log.info("CHANNEL({topic}:{channel}): recovered {count} unfinished messages from its journal"
+                          " ({deferred} deferred)", topic=self.topic_name, channel=self.name,
+                          count=len(recovered), deferred=len(self.deferred))
+
+    def _journal_snapshot(self) -> Iterable[tuple[Message, float]]:
+        for m in self.memory:
+            yield m, 0.0
+        for m in self.in_flight.live.values():
+            yield m, 0.0
+        for m in self.deferred.live.values():
+            yield m, m.deadline
+
+    def _next_messages_durable(self, n: int) -> list[Message]:
+        journal = self.journal
+        assert journal is not None
+        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+        out: list[Message] = []
+        last: Position | None = None
+        seen: set[bytes] = set()
+        # copies already owned by the journal (around a crash) are skipped;
+        # keep reading until something is left, a few batches at most
+        for _ in range(8):
+            records = backend.read_positions(n - len(out)) if backend.depth() else []
+            if not records:
+                break
+            last = (records[-1][1], records[-1][2])
+            self._take(records, journal, out, seen)
+            if out:
+                break
+        else:
+            if not out and backend.depth():
+                self._pump.wake()  # all skipped so far: more next turn
+        memory = self.memory
+        k = min(n - len(out), len(memory))
+        if k > 0:
+            pop = memory.popleft
+            out.extend(pop() for _ in range(k))
+        if out:
+            journal.delivering(out)
+        if last is not None:
+            # after the messages' own records: if this one survives, so did they
+            journal.taken(last)
+            mark = backend.read_mark()
+            journal.on_synced(lambda: backend.commit_read(mark))
+        return out
+
+    def _take(self, records: list[tuple[bytes, int, int]], journal: Journal, out: list[Message],
+              seen: set[bytes]) -> None:
+        floor = self._taken_floor
+        due = self.restored_due
+        now = self._clock.seconds()
+        for data, num, pos in records:
+            if floor is not None and (num, pos) <= floor:
+                continue  # journaled before a restart the queue's read position did not see
+            try:
+                msg = decode_message(data)
+            except ValueError as e:
+                self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
+                               topic=self.topic_name, channel=self.name, error=e)
+                continue
+            if journal.is_live(msg.id) or msg.id in seen:
+                continue  # a copy the journal already owns (handed over twice around a crash)
+            seen.add(msg.id)
+            if due:
+                when = due.pop(msg.id, None)
+                if when is not None and when > now:
+                    self._defer(msg, when - now, now)
+                    continue
+            out.append(msg)
+        if floor is not None and (records[-1][1], records[-1][2]) >= floor:
+            self._taken_floor = None
+
+    def put_handoff(self, msgs: list[Message], pos: Position) -> Deferred[None]:
+        """Durable mode: messages from the topic, up to its record ``pos``.
+
+        Fires once they are safe here: the ready ones fsynced in this
+        channel's queue, the deferred ones and the hand-off in its journal.
+        Raises ExitingError or BackendError.
+        """
+        if self.exiting:
+            raise ExitingError()
+        if not msgs:
+            return succeed(None)
+        self.message_count += len(msgs)
+        ready = [m for m in msgs if not m.deferred]
+        later = [m for m in msgs if m.deferred]
+        if ready:
+            self.backend.put_many([m.encode() for m in ready])
+            self._pump.wake()
+        return ensureDeferred(self._hand_off(bool(ready), later, pos))
+
+    async def _hand_off(self, wrote: bool, later: list[Message], pos: Position) -> None:
+        journal = self.journal
+        assert journal is not None
+        while wrote:
+            try:
+                await self.backend.written()
+                break
+            except BackendError:
+                if self.exiting or self.topic.exiting:
+                    raise
+                d: Deferred[None] = Deferred()
+                self._clock.callLater(1.0, d.callback, None)
+                await d
+        # Recorded only now: the queue's copies are fsynced, and none of them
+        # has been taken yet (reads come back after this write's callback), so
+        # no record about them can precede this one in the journal.
+        journal.handed_off(pos)
+        if later:
+            now = self._clock.seconds()
+            for m in later:
+                self._defer(m, m.deferred, now)
+                m.deferred = 0.0
+        await journal.synced()
+
+    async def _close_durable(self, journal: Journal) -> None:
+        """Graceful stop: put the journal's messages back in the queue, then drop the journal.
+
+        What is left is a plain nsqd data directory (deferred due times go
+        to ``nsqtw.deferred.json`` as without the flag). If anything fails,
+        the journal stays and the next start with --durable-delivery uses it.
+        """
+        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+        try:
+            self.flush()
+        except BackendError as e:
+            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
+                           topic=self.topic_name, channel=self.name, error=e)
+            await backend.close()
+            await journal.close()
+            return
+        backend.commit_read(backend.read_mark())
+        try:
+            await backend.close()
+        except Exception:
+            await journal.close()
+            raise
+        await journal.remove()

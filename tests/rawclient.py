@@ -48,10 +48,25 @@ class Client:
         self.timeout = timeout
         self.buf = b""
         self.closed = False
+        #: set by a test after negotiating compression: bytes out / bytes in (start_decoding)
+        self.encode: Any = None
+        self.decode: Any = None
         if magic:
             self.send(b"  V2")
 
+    def start_decoding(self, decode: Any) -> None:
+        """Read through ``decode`` from here on, bytes already received after the last frame included.
+
+        The daemon's first compressed bytes may arrive in the same read as
+        the plain IDENTIFY answer.
+        """
+        self.decode = decode
+        if self.buf:
+            self.buf = decode(self.buf)
+
     def send(self, data: bytes) -> None:
+        if self.encode is not None:
+            data = self.encode(data)
         self.sock.sendall(data)
 
     def cmd(self, name: str, *args: Any, body: bytes | None = None) -> None:
@@ -77,6 +92,8 @@ class Client:
         if not chunk:
             self.closed = True
             raise Closed()
+        if self.decode is not None:
+            chunk = self.decode(chunk)
         self.buf += chunk
 
     def frame_ready(self) -> bool:

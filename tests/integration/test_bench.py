@@ -29,9 +29,12 @@ def test_writer_then_reader(nsqd) -> None:
               "--batch-size=50", "--size=100")
     m = LINE.search(w)
     assert m and float(m.group(1)) > 0, w
-    r = bench("reader", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1")
+    r = bench("reader", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1",
+              f"--daemon-pid={nsqd.proc.pid}")
     m = LINE.search(r)
     assert m and float(m.group(1)) > 0, r
+    cpu = re.search(r"\[reader\] daemon CPU: ([\d.]+)s - ([\d.]+)us/msg", r)
+    assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, r
 
 
 def test_single_message_round_trips_and_go_flags(nsqd) -> None:
@@ -39,6 +42,22 @@ def test_single_message_round_trips_and_go_flags(nsqd) -> None:
     out = bench("writer", f"-nsqd-tcp-address={nsqd.tcp_address}", "-runfor=1s", "-workers=1",
                 "-batch-size=1", "-topic=single")
     assert LINE.search(out), out
+
+
+def test_concurrent_single_publishers_durable(daemon_factory) -> None:
+    """Several one-message (PUB) publishers against --durable-delivery: all their messages land."""
+    import json
+    import urllib.request
+
+    d = daemon_factory("--durable-delivery")
+    out = bench("writer", f"--nsqd-tcp-address={d.tcp_address}", "--runfor=1s", "--workers=3",
+                "--pub", "--topic=dur")
+    m = LINE.search(out)
+    assert m, out
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic=dur") as r:
+        [topic] = json.load(r)["topics"]
+    # every PUB answered OK is counted (the line's ops/s is count / runfor)
+    assert topic["message_count"] == round(float(m.group(1))) > 0, (topic, out)
 
 
 def test_latency_mode(nsqd) -> None:
