@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 TOPIC_BATCH = 8192
 #: past this many records waiting for the disk thread, publishers wait for the write
 BACKLOG_LIMIT = 10000
+#: ... or past this many bytes of them (large messages)
+BACKLOG_BYTES = 16 * 1024 * 1024
+
+
+def _behind(backend: IBackendQueue) -> bool:
+    """Whether a backend's disk thread is so far behind that its writers must wait."""
+    return backend.backlog() > BACKLOG_LIMIT or backend.backlog_bytes() > BACKLOG_BYTES
 
 
 class Topic:
@@ -85,8 +92,9 @@ class Topic:
         are in memory, or handed to the disk thread. Returns the backend's
         ``written()`` when the publisher must wait for the write: with
         ``--sync-every=1`` (every acknowledged message survives kill -9), or
-        when the disk is behind by more than BACKLOG_LIMIT records (so a
-        publisher faster than the disk is slowed down to its pace).
+        when the disk is behind by more than BACKLOG_LIMIT records or
+        BACKLOG_BYTES (so a publisher faster than the disk is slowed down to
+        its pace).
         """
         if self.exiting:
             raise ExitingError()
@@ -110,7 +118,7 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
-        if rest and (self._wait_for_write or self.backend.backlog() > BACKLOG_LIMIT):
+        if rest and (self._wait_for_write or _behind(self.backend)):
             written = self.backend.written()
             journal = self.journal
             if journal is not None and rest[0].deferred:
@@ -126,7 +134,7 @@ class Topic:
         if not channels or self.paused or self.exiting or self._held:
             return False
         for channel in channels:
-            if channel.backend.backlog() > BACKLOG_LIMIT:
+            if _behind(channel.backend):
                 # that channel's disk is behind: keep messages here (where their
                 # own backlog pauses publishers) until it has caught up
                 self._held = True

@@ -120,6 +120,31 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
 
+    def test_publisher_waits_when_disk_falls_behind_in_bytes(self) -> None:
+        """Past BACKLOG_BYTES unwritten bytes, publishers wait too: large messages cannot pile up
+        10,000 deep (16 KiB ones would hold 160 MiB)."""
+        from nsqtw.topic import BACKLOG_BYTES
+        from nsqtw.wire import encode_mpub
+        self.executor = HeldExecutor()
+        self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
+        p, t = connect(self.nsqd, self.clock)
+        batch = [b"m" * (64 * 1024)] * 16  # 1 MiB per MPUB, far fewer records than BACKLOG_LIMIT
+        answered = BACKLOG_BYTES // (1 << 20) - 1  # each record also carries a 26-byte header
+        for _ in range(answered):
+            p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(len(take_frames(t)), answered)
+        p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(take_frames(t), [])
+        self.assertEqual(t.producerState, "paused")
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(t.producerState, "producing")
+        self.assertEqual(self.nsqd.topics["t"].backend.backlog_bytes(), 0)
+
     def test_disk_full_then_recovered(self) -> None:
         """ENOSPC: E_PUB_FAILED and NOK health; space back: the retry writes, PUB works, nothing lost."""
         self.build(sync_every=1)
@@ -179,6 +204,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertGreater(topic.depth(), 0)
         for _ in range(20):
             held.run_all()
+            self.clock.advance(0.01)  # the disk queue hands writes over at most once a millisecond
             self.settle()
         self.assertEqual(topic.depth(), 0)
         self.assertEqual(channel.depth(), total)
