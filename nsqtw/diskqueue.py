@@ -479,7 +479,7 @@ class _DiskState:
             self._wfd = fd
             self._truncate_on_open = False
             if self.durable:
-                _fsync_dir(self.data_path)  # the new segment's name must survive power loss too
+                fsync_dir(self.data_path)  # the new segment's name must survive power loss too
             self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
         view = memoryview(b"".join(parts))
         try:
@@ -736,7 +736,8 @@ class _DiskState:
                       name=self.name, error=str(e))
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a new or renamed file's name) survive power loss."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -44,7 +44,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
-from nsqtw.diskqueue import IDiskExecutor, ThreadPoolDiskExecutor
+from nsqtw.diskqueue import IDiskExecutor, ThreadPoolDiskExecutor, fsync_dir
 from nsqtw.log import Logger
 from nsqtw.message import Message
 
@@ -226,14 +226,6 @@ def _truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -259,7 +251,7 @@ class _JournalFile:
             if size == 0:
                 _write_all(fd, MAGIC, 0)
                 self.fsync_fn(fd)
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
                 size = len(MAGIC)
         except OSError:
             os.close(fd)
@@ -297,7 +289,7 @@ class _JournalFile:
             raise
         os.close(fd)
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.close()
         self.size = len(data)
         return self.size
@@ -313,7 +305,7 @@ class _JournalFile:
             os.remove(self.path)
         except FileNotFoundError:
             return
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
 
 # -- the reactor side --------------------------------------------------------------
