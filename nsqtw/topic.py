@@ -72,6 +72,11 @@ class Topic:
         self.journal = journal
         #: due times (unix seconds) of DPUB messages in the queue at the last graceful stop
         self.restored_due: dict[bytes, float] = {}
+        #: --sync-every=1: the topic's read position passes records only once every
+        #: channel has written them, so a kill -9 cannot lose an acknowledged message
+        #: between the topic's queue and a channel's (the marks above are reused)
+        self._commit_after_write = (not self.durable and self._wait_for_write
+                                    and IDurableBackendQueue.providedBy(backend))
         distribute = self._distribute_durable if self.durable else self._distribute
         self._pump = Pump(clock, distribute, f"TOPIC({name})")
         self._pump.start()
@@ -141,8 +146,15 @@ class Topic:
                 channel.backend.written().addBoth(self._release)
                 return False
         msgs: list[Message] = []
+        mark = None
         if self.backend.depth():
-            for data in self.backend.read(TOPIC_BATCH):
+            if self._commit_after_write:
+                backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+                records = [r[0] for r in backend.read_positions(TOPIC_BATCH)]
+                mark = backend.read_mark()
+            else:
+                records = self.backend.read(TOPIC_BATCH)
+            for data in records:
                 try:
                     msgs.append(decode_message(data))
                 except ValueError as e:
@@ -164,7 +176,20 @@ class Topic:
         for channel in others:
             self._put(channel, [m.copy() for m in msgs])
         self._put(first, msgs)
+        if mark is not None:
+            entry: list[Any] = [mark, False, []]
+            self._marks.append(entry)
+            d = DeferredList([self._when_written(c.backend) for c in channels], consumeErrors=True)
+            self._handoffs.add(d)
+            d.addCallback(self._handed_off, entry, d)
         return bool(memory) or self.backend.depth() > 0
+
+    def _when_written(self, backend: IBackendQueue) -> Deferred[Any]:
+        """Fires once ``backend`` has written everything put so far, through failed attempts
+        (a full disk keeps the records and retries); fails only if the topic is closing meanwhile."""
+        d = backend.written()
+        d.addErrback(lambda f: f if self.exiting else self._when_written(backend))
+        return d
 
     def _release(self, _: object) -> None:
         self._held = False
@@ -341,6 +366,16 @@ class Topic:
         self._stop()
         if self.durable:
             return ensureDeferred(self._close_durable())
+        if self._handoffs:
+            return ensureDeferred(self._close_after_handoffs())
+        return self._close_plain()
+
+    async def _close_after_handoffs(self) -> Any:
+        # --sync-every=1: let the channels' writes under way finish, so the read position persisted is exact
+        await DeferredList(list(self._handoffs), consumeErrors=True)
+        return await self._close_plain()
+
+    def _close_plain(self) -> Deferred[Any]:
         ds = [c.close() for c in self.channels.values()]
         try:
             if self.memory:

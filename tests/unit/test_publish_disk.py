@@ -209,3 +209,41 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(topic.depth(), 0)
         self.assertEqual(channel.depth(), total)
         self.assertEqual(channel.backend.backlog(), 0)
+
+    def test_sync_every_1_topic_read_position_waits_for_channel_writes(self) -> None:
+        """With --sync-every=1 the topic's read position passes a message only once every channel
+        has written it: a kill -9 between the two cannot lose an acknowledged message."""
+        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        options = make_options(mem_queue_size=0, sync_every=1)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            executor = held if ":" in name else SynchronousDiskExecutor()
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 1, 2.0, self.clock, executor)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+        topic = self.nsqd.get_topic("t")
+        channel = topic.get_channel("c")
+        held.run_all()  # the channel queue's load
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"acked"))
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(channel.backend.backlog(), 1)  # copied to the channel, not yet written there
+        # a crash now: the topic's queue on disk must still hold the message
+        meta = os.path.join(self.path, "t.diskqueue.meta.dat")
+        with open(meta) as f:
+            self.assertEqual(f.read().split("\n")[0], "1")
+        held.run_all()  # the channel writes it
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        self.assertEqual(channel.backend.backlog(), 0)
+        topic.backend.put(b"x" * 26)  # any later disk job persists the committed read position
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        with open(meta) as f:
+            self.assertEqual(f.read().split("\n")[0], "1")  # the first one consumed, the new one queued
