@@ -38,6 +38,8 @@ class Daemon:
         self.http: tuple[str, int] = ("", 0)
         self.output: list[str] = []
         self._reader: threading.Thread | None = None
+        self._output_lock = threading.Lock()
+        self._fd = -1
 
     @property
     def tcp_address(self) -> str:
@@ -81,6 +83,7 @@ class Daemon:
                     found[m.group(1)] = m.group(2)
         if buf:
             self.output.append(buf.decode("utf-8", "replace"))
+        self._fd = fd
         self._reader = threading.Thread(target=self._drain, args=(fd,), daemon=True)
         self._reader.start()
         host, port = found["TCP"].rsplit(":", 1)
@@ -93,14 +96,27 @@ class Daemon:
         return [f"--data-path={self.data_path}"]
 
     def _drain(self, fd: int) -> None:
+        poller = select.poll()  # poll, not select: the test may hold more than 1024 descriptors
+        poller.register(fd, select.POLLIN)
         while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
+            poller.poll(1000)
+            if not self._read_available(fd):
                 return
-            if not chunk:
-                return
-            self.output.append(chunk.decode("utf-8", "replace"))
+
+    def _read_available(self, fd: int) -> bool:
+        """Append what the pipe holds right now to ``output``; False once it is at its end."""
+        with self._output_lock:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while poller.poll(0):
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return False
+                if not chunk:
+                    return False
+                self.output.append(chunk.decode("utf-8", "replace"))
+        return True
 
     @property
     def pid(self) -> int:
@@ -108,9 +124,12 @@ class Daemon:
         return self.proc.pid
 
     def read_output(self) -> str:
-        """Everything logged so far (a moment after the daemon wrote it)."""
-        if self._reader is not None and self.proc is not None and self.proc.poll() is not None:
-            self._reader.join(5)
+        """Everything logged so far (whatever the daemon wrote before this call)."""
+        if self._reader is not None and self.proc is not None:
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+            else:
+                self._read_available(self._fd)
         return "".join(self.output)
 
     def wait_output(self, pattern: str, timeout: float = 10) -> re.Match[str]:
