@@ -226,14 +226,18 @@ class Consumer:
         A batch planned by an earlier process (a replay after a restart) has
         none here: nsqd redelivers its messages, and they come in a later batch.
         """
+        sends: list[tuple[NSQConnection, bytes]] = []
         with self._cond:
             self._last_seq = max(self._last_seq, end.seq)
             if self._earlier(end):
                 if start.seq not in self._replayed:
-                    self._skip.update(start.id_set())  # committed: FIN on redelivery
+                    sends = self._skip_ids(start.id_set())  # committed: FIN on redelivery
                 self._replayed.add(end.seq)  # not processed: emit on redelivery
-                return []
-            return [h for h in self._planned if start.seq < h.seq <= end.seq and not h.conn.closed]
+                batch = []
+            else:
+                batch = [h for h in self._planned if start.seq < h.seq <= end.seq and not h.conn.closed]
+        self._send_all(sends)
+        return batch
 
     # -- internals (callers hold self._cond unless said otherwise) --------
 
@@ -249,7 +253,7 @@ class Consumer:
                 # its FINs may never have gone out: drop its messages when nsqd redelivers
                 # them, unless this process replayed it as empty (never processed)
                 if offset.seq not in self._replayed:
-                    self._skip.update(offset.id_set())
+                    sends.extend(self._skip_ids(offset.id_set()))
                 return sends
             planned = self._planned
             while planned and planned[0].seq <= offset.seq:
@@ -257,6 +261,22 @@ class Consumer:
                 if not h.conn.closed:
                     sends.append((h.conn, fin(h.id)))
             self.stats["finished"] += len(sends)
+        return sends
+
+    def _skip_ids(self, ids: set[tuple[str, bytes]]) -> list[tuple[NSQConnection, bytes]]:
+        """Drop these messages: FIN the ones already received, the rest when they arrive."""
+        sends = []
+        keep: deque[Held] = deque()
+        for h in self._pending:
+            key = (h.conn.address, h.id)
+            if key in ids:
+                ids.discard(key)
+                sends.append((h.conn, fin(h.id)))
+            else:
+                keep.append(h)
+        self._pending = keep
+        self._skip.update(ids)
+        self.stats["skipped"] += len(sends)
         return sends
 
     def _eligible(self, h: Held) -> bool:
