@@ -54,6 +54,9 @@ class NSQDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> str:
+        # Spark asks for the schema in load(), for reads only: check the reader's
+        # options here so mistakes fail at load() instead of inside the query
+        ReaderOptions.parse(self.options)
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
