@@ -42,7 +42,7 @@ ID_LEN = 16
 #: how often the I/O thread wakes to TOUCH and notice new connections
 TICK = 0.2
 #: the quiet gap after which a burst of deliveries counts as complete
-GAP = 0.05
+GAP = 0.1
 #: how long a non-availableNow plan waits for nsqd to refill freed RDY slots
 REFILL_WAIT = 0.25
 

@@ -66,10 +66,13 @@ class NSQDataSource(DataSource):
         return NSQStreamReader(ReaderOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> NSQWriter:
-        return NSQWriter(_writer_options(self.options, schema, overwrite), _columns(schema))
+        if overwrite:
+            raise NSQOptionError("the nsq sink can only append (publish); mode 'overwrite' is not supported")
+        return NSQWriter(_writer_options(self.options, schema), _columns(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> NSQStreamWriter:
-        return NSQStreamWriter(_writer_options(self.options, schema, overwrite), _columns(schema))
+        # overwrite is the complete output mode: each trigger publishes the whole result
+        return NSQStreamWriter(_writer_options(self.options, schema), _columns(schema))
 
 
 # -- reading ---------------------------------------------------------------
@@ -208,9 +211,7 @@ def _columns(schema: StructType) -> Columns:
     return Columns(value.name, isinstance(value.dataType, BinaryType), topic.name if topic else None)
 
 
-def _writer_options(options: Any, schema: StructType, overwrite: bool) -> WriterOptions:
-    if overwrite:
-        raise NSQOptionError("the nsq sink can only append (publish); mode 'overwrite' is not supported")
+def _writer_options(options: Any, schema: StructType) -> WriterOptions:
     parsed = WriterOptions.parse(options)
     if not parsed.topic and "topic" not in {f.name.lower() for f in schema.fields}:
         raise NSQOptionError("set the option topic or give the DataFrame a 'topic' column")
