@@ -334,3 +334,62 @@ def test_producer_with_lookupd_uses_nodes_for_new_topics(nsqd: Daemon) -> None:
     finally:
         lookupd.close()
     assert topic_stats(nsqd, "fresh")["message_count"] == 2
+
+
+def fake_auth_nsqd(answers: list[bytes], seen: list[bytes]) -> tuple[str, Any]:
+    """A one-connection stand-in for an nsqd started with --auth-http-address (nsqtw has no AUTH yet).
+
+    It answers IDENTIFY with ``auth_required`` (Go nsqd's response shape) and
+    records the commands that follow, answering each with the next of ``answers``.
+    """
+    import socket
+
+    from nsqtw.message import FRAME_TYPE_RESPONSE, frame
+    from nsqtw.wire import V2Parser
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        parser = V2Parser(1 << 20, 1 << 20)
+        identify = {"max_rdy_count": 2500, "version": "1.3.0", "max_msg_timeout": 900000,
+                    "msg_timeout": 60000, "tls_v1": False, "deflate": False, "deflate_level": 6,
+                    "max_deflate_level": 6, "snappy": False, "sample_rate": 0, "auth_required": True,
+                    "output_buffer_size": 16384, "output_buffer_timeout": 250}
+        replies = [json.dumps(identify).encode(), *answers]
+        with conn:
+            while replies:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                parser.feed(data)
+                while (cmd := parser.next_command()) is not None:
+                    seen.append(cmd.name + b" " + (cmd.body or b""))
+                    conn.sendall(frame(FRAME_TYPE_RESPONSE, replies.pop(0)))
+            conn.recv(1)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{server.getsockname()[1]}", server
+
+
+def test_auth_secret_sent_when_required() -> None:
+    """When IDENTIFY says auth_required, the secret goes out with AUTH before anything else."""
+    from nsqtw.spark.client import ConnectSettings, NSQConnection
+
+    seen: list[bytes] = []
+    address, server = fake_auth_nsqd([b'{"identity":"spark","permission_count":1}'], seen)
+    with server:
+        conn = NSQConnection(address, ConnectSettings(auth_secret="s3cret")).connect()
+        conn.close()
+    assert seen[0].startswith(b"IDENTIFY {")
+    assert seen[1] == b"AUTH s3cret"
+
+
+def test_auth_required_without_secret_is_a_clear_error() -> None:
+    """Without auth_secret, an nsqd that requires AUTH gives an error that names the option."""
+    from nsqtw.spark.client import NSQConnection
+
+    seen: list[bytes] = []
+    address, server = fake_auth_nsqd([], seen)
+    with server, pytest.raises(NSQClientError, match="requires AUTH; set the auth_secret option"):
+        NSQConnection(address).connect()

@@ -147,8 +147,7 @@ class ArrowTests(SynchronousTestCase):
     def test_record_batch_matches_spark(self) -> None:
         """The Arrow rows the reader emits match what Spark expects for the schema."""
         from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import (BinaryType, IntegerType, StringType, StructField, StructType,
-                                       TimestampType)
+        from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType, TimestampType
 
         from nsqtw.spark.source import ARROW_SCHEMA, SCHEMA, NSQPartition, to_record_batch
 
