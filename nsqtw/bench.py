@@ -131,43 +131,54 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
     out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
 
 
-def _latency_worker(address: str, topic: str, channel: str, rate: float, size: int,
-                    runfor: float, out: Any) -> None:
-    """Publish at a fixed rate with the send time in the body; measure receipt."""
-    sub = _connect(address)
-    sub_reader = FrameReader(sub)
-    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
-    if sub_reader.frames()[0][1] != b"OK":
-        raise RuntimeError("SUB failed")
+def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor: float,
+                       start_at: float, sent_total: Any, out: Any) -> None:
+    """PUB at a fixed rate, the send time (CLOCK_MONOTONIC, system-wide) in the body."""
     pub = _connect(address)
-    pub_reader = FrameReader(pub)
+    reader = FrameReader(pub)
     pending: list[tuple[int, bytes]] = []
     pad = b"a" * max(0, size - 8)
-    latencies: list[float] = []
+    prefix = b"PUB " + topic.encode() + b"\n"
+    while time.time() < start_at:
+        time.sleep(0.001)
     interval = 1.0 / rate
     start = time.monotonic()
-    end = start + runfor
     sent = 0
-    sub.settimeout(0.0005)
-    while True:
-        now = time.monotonic()
-        if now >= end and len(latencies) >= sent:
-            break
-        if now > end + 5:
-            break
-        due = int((min(now, end) - start) / interval)
+    while (now := time.monotonic()) < start + runfor:
+        due = int((now - start) / interval) + 1
         while sent < due:
             body = struct.pack(">d", time.monotonic()) + pad
-            pub.sendall(b"PUB " + topic.encode() + b"\n" + _INT.pack(len(body)) + body)
-            _expect_ok(pub_reader, pending)
+            pub.sendall(prefix + _INT.pack(len(body)) + body)
+            _expect_ok(reader, pending)
             sent += 1
+        time.sleep(max(0.0, start + sent * interval - time.monotonic()))
+    pub.close()
+    sent_total.value = sent
+    out.put(("sent", sent))
+
+
+def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, start_at: float,
+                        sent_total: Any, out: Any) -> None:
+    """Receive, FIN, and note publish-to-receipt times until all the publisher sent is in.
+
+    Gives up 10 s after the publisher's run time (``sent_total`` is -1 until it is done)."""
+    sub = _connect(address)
+    reader = FrameReader(sub)
+    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
+    if reader.frames()[0][1] != b"OK":
+        raise RuntimeError("SUB failed")
+    latencies: list[float] = []
+    end = start_at + runfor + 10.0
+    sub.settimeout(0.1)
+    while time.time() < end and not (0 <= sent_total.value <= len(latencies)):
         try:
-            frames = sub_reader.frames()
-        except (TimeoutError, BlockingIOError):
+            frames = reader.frames()
+        except TimeoutError:
             continue
         t = time.monotonic()
         latencies.extend(t - struct.unpack_from(">d", data, 26)[0] for data in _answer(sub, frames))
-    out.put((sent, latencies))
+    sub.close()
+    out.put(("latencies", latencies))
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -189,8 +200,17 @@ def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
     return results
 
 
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) the process has used so far, from /proc (Linux)."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _report(kind: str, count: int, size: int, duration: float, results: list[Any],
-            as_json: bool) -> str:
+            as_json: bool, daemon_cpu: float | None = None) -> str:
     cpu = sum(r[1].ru_utime + r[1].ru_stime for r in results)
     if count == 0:
         line = f"duration: {format_duration(duration)} - 0.000mb/s - 0.000ops/s - 0.000us/op"
@@ -201,8 +221,12 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
     if as_json:
         return json.dumps({"mode": kind, "messages": count, "duration_s": duration,
                            "ops_per_s": count / duration if duration else 0.0,
-                           "bench_cpu_s": cpu, "line": line})
-    return f"{line}\n[{kind}] bench's own CPU: {cpu:.2f}s over {duration:.2f}s ({len(results)} processes)"
+                           "bench_cpu_s": cpu, "daemon_cpu_s": daemon_cpu, "line": line})
+    text = f"{line}\n[{kind}] bench's own CPU: {cpu:.2f}s over {duration:.2f}s ({len(results)} processes)"
+    if daemon_cpu is not None:
+        per_msg = daemon_cpu * 1e6 / count if count else 0.0
+        text += f"\n[{kind}] daemon CPU: {daemon_cpu:.2f}s - {per_msg:.3f}us/msg"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="processes, one connection each (default: one per core)")
     parser.add_argument("--rate", type=float, default=1000.0, help="messages/s (latency)")
+    parser.add_argument("--daemon-pid", type=int, default=0,
+                        help="also report the CPU this process (the nsqd under test) used per message")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the text line")
     # Go's flag syntax: -flag=value
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -225,18 +251,30 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     runfor = parse_duration(ns.runfor)
     start_at = time.time() + 0.2
-    if ns.mode == "writer":
-        results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
-                                                runfor, start_at), ns.workers)
-        print(_report("writer", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
-    elif ns.mode == "reader":
-        results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
-                                                runfor, start_at), ns.workers)
-        print(_report("reader", sum(r[0] for r in results), ns.size, runfor, results, ns.json))
+    cpu_before = _process_cpu(ns.daemon_pid)
+    if ns.mode in ("writer", "reader"):
+        if ns.mode == "writer":
+            results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
+                                                    runfor, start_at), ns.workers)
+        else:
+            results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
+                                                    runfor, start_at), ns.workers)
+        daemon_cpu = _process_cpu(ns.daemon_pid) - cpu_before if ns.daemon_pid else None
+        print(_report(ns.mode, sum(r[0] for r in results), ns.size, runfor, results, ns.json, daemon_cpu))
     else:
-        results = _run_workers(_latency_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rate,
-                                                 ns.size, runfor), 1)
-        sent, lat = results[0]
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        sent_total = ctx.Value("q", -1)
+        procs = [ctx.Process(target=_latency_subscriber, args=(ns.nsqd_tcp_address, ns.topic, ns.channel,
+                                                               runfor, start_at, sent_total, out)),
+                 ctx.Process(target=_latency_publisher, args=(ns.nsqd_tcp_address, ns.topic, ns.rate,
+                                                              ns.size, runfor, start_at, sent_total, out))]
+        for p in procs:
+            p.start()
+        got = dict(out.get() for _ in procs)
+        for p in procs:
+            p.join()
+        sent, lat = got["sent"], got["latencies"]
         lat.sort()
         p50, p99, p999 = (_percentile(lat, q) * 1e3 for q in (0.5, 0.99, 0.999))
         if ns.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump
+from nsqtw.quantile import Quantile
 
 if TYPE_CHECKING:
     from nsqtw.topic import Topic
@@ -30,19 +32,34 @@ _COMPACT_MIN = 1024
 _seq = itertools.count()
 
 
+def _sample(msgs: list[Message], rate: int) -> list[Message]:
+    """The messages a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
+
+    nsqd sends a message when a draw from 0..99 is at most the rate, and the
+    rest are gone for this channel (neither in flight nor requeued).
+    """
+    draw = random.randrange
+    return [m for m in msgs if draw(100) <= rate]
+
+
 class TimeoutQueue:
     """Messages ordered by a deadline, with lazy removal.
 
-    Removing from the middle of a heap is O(n); instead an entry is left in
-    place and recognised as stale when it surfaces (the message is no longer
-    in ``live`` under that deadline). When stale entries pile up the heap is
-    rebuilt from the live ones, so memory stays proportional to them.
+    Most deadlines arrive in order (every client of a channel usually has the
+    same msg_timeout), so they go to a FIFO, which costs an append and a
+    popleft; only an out-of-order deadline (a shorter timeout, a REQ delay)
+    pays for the heap. Removing from the middle of either is O(n); instead an
+    entry is left in place and recognised as stale when it surfaces (the
+    message is no longer in ``live`` under that deadline). When stale entries
+    pile up both are rebuilt from the live ones, so memory stays proportional
+    to them.
     """
 
-    __slots__ = ("live", "_heap", "_stale")
+    __slots__ = ("live", "_fifo", "_heap", "_stale")
 
     def __init__(self) -> None:
         self.live: dict[bytes, Message] = {}
+        self._fifo: deque[tuple[float, Message]] = deque()
         self._heap: list[tuple[float, int, Message]] = []
         self._stale = 0
 
@@ -52,7 +69,11 @@ class TimeoutQueue:
     def push(self, msg: Message, when: float) -> None:
         msg.deadline = when
         self.live[msg.id] = msg
-        heapq.heappush(self._heap, (when, next(_seq), msg))
+        fifo = self._fifo
+        if not fifo or fifo[-1][0] <= when:
+            fifo.append((when, msg))
+        else:
+            heapq.heappush(self._heap, (when, next(_seq), msg))
 
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self.live.pop(msg_id, None)
@@ -63,9 +84,17 @@ class TimeoutQueue:
         return msg
 
     def pop_due(self, now: float) -> list[Message]:
-        heap = self._heap
         live = self.live
         due = []
+        fifo = self._fifo
+        while fifo and fifo[0][0] <= now:
+            when, msg = fifo.popleft()
+            if live.get(msg.id) is msg and msg.deadline == when:
+                del live[msg.id]
+                due.append(msg)
+            else:
+                self._stale -= 1
+        heap = self._heap
         while heap and heap[0][0] <= now:
             when, _, msg = heapq.heappop(heap)
             if live.get(msg.id) is msg and msg.deadline == when:
@@ -76,25 +105,37 @@ class TimeoutQueue:
         return due
 
     def next_deadline(self) -> float | None:
-        heap = self._heap
         live = self.live
+        fifo = self._fifo
+        while fifo:
+            when, msg = fifo[0]
+            if live.get(msg.id) is msg and msg.deadline == when:
+                break
+            fifo.popleft()
+            self._stale -= 1
+        heap = self._heap
         while heap:
             when, _, msg = heap[0]
             if live.get(msg.id) is msg and msg.deadline == when:
-                return when
+                break
             heapq.heappop(heap)
             self._stale -= 1
-        return None
+        if fifo:
+            return min(fifo[0][0], heap[0][0]) if heap else fifo[0][0]
+        return heap[0][0] if heap else None
 
     def clear(self) -> list[Message]:
         msgs = list(self.live.values())
         self.live.clear()
+        self._fifo.clear()
         self._heap.clear()
         self._stale = 0
         return msgs
 
     def _compact(self) -> None:
-        self._heap = [(m.deadline, next(_seq), m) for m in self.live.values()]
+        live = self.live
+        self._fifo = deque(e for e in self._fifo if live.get(e[1].id) is e[1] and e[1].deadline == e[0])
+        self._heap = [e for e in self._heap if live.get(e[2].id) is e[2] and e[2].deadline == e[0]]
         heapq.heapify(self._heap)
         self._stale = 0
 
@@ -135,6 +176,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
+        self.e2e: Quantile | None = None
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
@@ -270,31 +313,46 @@ class Channel:
         clients = clients[start:] + clients[:start]
         now = self._clock.seconds()
         in_flight = self.in_flight
-        progress = True
-        while progress and budget > 0:
-            progress = False
-            for client in clients:
-                cap = client.ready_capacity()
-                if cap <= 0:
-                    continue
+        # Round-robin in slices of 64 for fairness, but one deliver() (one
+        # write) per client per turn.
+        batches: dict[int, list[Message]] = {}
+        wanting = [(c, cap) for c in clients if (cap := c.ready_capacity()) > 0]
+        exhausted = False
+        while wanting and budget > 0 and not exhausted:
+            still = []
+            for client, cap in wanting:
                 msgs = self._next_messages(min(cap, budget, 64))
                 if not msgs:
-                    return False
+                    exhausted = True
+                    break
+                taken = len(msgs)
+                if client.sample_rate:
+                    msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
                 for m in msgs:
                     m.attempts += 1
                     m.client = client
                     m.delivered_at = now
                     in_flight.push(m, deadline)
-                client.deliver(msgs)
-                budget -= len(msgs)
-                progress = True
+                if msgs:
+                    batch = batches.get(client.client_id)
+                    if batch is None:
+                        batches[client.client_id] = msgs
+                    else:
+                        batch.extend(msgs)
+                budget -= taken
+                cap -= len(msgs)  # sampled-out messages leave the client ready for more
                 if budget <= 0:
                     break
+                if cap > 0:
+                    still.append((client, cap))
+            wanting = still
+        for client_id, msgs in batches.items():
+            self.clients[client_id].deliver(msgs)
         deadline = in_flight.next_deadline()
         if deadline is not None:
             self._arm(deadline)
-        return budget <= 0
+        return budget <= 0 and not exhausted
 
     # -- acknowledgements -------------------------------------------------
 
@@ -308,11 +366,26 @@ class Channel:
         msg.client = None
         return msg
 
-    def finish(self, client: IConsumer, msg_id: bytes) -> None:
-        """FIN: the message is done with."""
-        self._pop_in_flight(client, msg_id)
-        client.message_finished()
+    def finish_many(self, client: IConsumer, msg_ids: list[bytes]) -> list[tuple[bytes, NotInFlightError]]:
+        """FIN: these messages are done with. Returns the ones that could not be, with why."""
+        failed = []
+        live = self.in_flight.live
+        remove = self.in_flight.remove
+        e2e = self.e2e
+        now = self._clock.seconds() if e2e is not None else 0.0
+        for msg_id in msg_ids:
+            msg = live.get(msg_id)
+            if msg is None or msg.client is not client:
+                why = "ID not in flight" if msg is None else "client does not own message"
+                failed.append((msg_id, NotInFlightError(why)))
+                continue
+            remove(msg_id)
+            msg.client = None
+            client.message_finished()
+            if e2e is not None:
+                e2e.insert(now, msg.timestamp)
         self._pump.wake()
+        return failed
 
     def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:
         """REQ: send it again now, or after ``delay`` seconds."""

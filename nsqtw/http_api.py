@@ -39,7 +39,7 @@ from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.nsqd import NSQD
 from nsqtw.stats import format_text, go_json, snapshot
 
-__all__ = ["HTTPAPI", "BoundedRequest", "NSQDSite", "parse_query"]
+__all__ = ["HTTPAPI", "APIError", "BoundedRequest", "GoHTTPAPI", "NSQDSite", "parse_query"]
 
 _NS = 1_000_000_000
 _JSON = b"application/json; charset=utf-8"
@@ -69,7 +69,6 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/channel/unpause": ("POST",),
     "/config/:opt": ("GET", "PUT"),
 }
-_METHODS_WITH_ROUTES = frozenset(m for ms in ROUTES.values() for m in ms)
 _STATUS_TEXT = {301: "Moved Permanently", 307: "Temporary Redirect"}
 
 
@@ -187,7 +186,7 @@ class BoundedRequest(Request):
     def _limit(self) -> int:
         api = getattr(getattr(self.channel, "site", None), "api", None)
         target = getattr(self.channel, "_path", b"") or b""
-        if isinstance(api, HTTPAPI):
+        if isinstance(api, GoHTTPAPI):
             return api.body_limit(target)
         return 5 * 1024 * 1024 + 1
 
@@ -225,7 +224,7 @@ class NSQDSite(Site):
 
     requestFactory = BoundedRequest
 
-    def __init__(self, api: HTTPAPI, **kwargs: Any) -> None:
+    def __init__(self, api: GoHTTPAPI, **kwargs: Any) -> None:
         super().__init__(api.resource(), **kwargs)
         self.api = api
 
@@ -242,9 +241,9 @@ class _Root(Resource):
 
     isLeaf = True
 
-    def __init__(self, api: HTTPAPI, klein_resource: Any) -> None:
+    def __init__(self, api: GoHTTPAPI, klein_resource: Any) -> None:
         super().__init__()
-        self.api = api
+        self.api: Any = api  # nsqd's or nsqlookupd's (only nsqd's can require TLS)
         self.klein_resource = klein_resource
 
     def render(self, request: Any) -> Any:
@@ -266,17 +265,19 @@ class _Root(Resource):
         return self.klein_resource.render(request)
 
 
-class HTTPAPI:
-    """nsqd's HTTP API over one :class:`~nsqtw.nsqd.NSQD`."""
+class GoHTTPAPI:
+    """What nsqd's and nsqlookupd's HTTP APIs share: Go's ``http_api`` and httprouter.
 
-    app = Klein()
+    Subclasses set :attr:`app` (their Klein routes, with :meth:`_route_error`
+    registered for NotFound and MethodNotAllowed) and :attr:`routes` (every
+    route with its methods, for httprouter's redirects, 405s and 404s).
+    """
+
+    app: Klein
+    routes: dict[str, tuple[str, ...]] = {}
     log = Logger()
-
-    def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
-        self.nsqd = nsqd
-        self.tls_enabled = tls_enabled
-        options = nsqd.options
-        self.tls_required = getattr(options, "tls_required", 0) == _TLS_REQUIRED
+    tls_enabled = False
+    tls_required = False
 
     def resource(self) -> IResource:
         root: IResource = _Root(self, self.app.resource())
@@ -289,12 +290,8 @@ class HTTPAPI:
     # -- plumbing -------------------------------------------------------
 
     def body_limit(self, target: bytes) -> int:
-        """How many body bytes a request to ``target`` may keep: nsqd's limit + 1."""
-        o = self.nsqd.options
-        path = target.split(b"?", 1)[0]
-        if path == b"/pub" or path.startswith(b"/config/"):
-            return int(o.max_msg_size) + 1
-        return int(o.max_body_size) + 1
+        """How many body bytes a request to ``target`` may keep (none: no route reads one)."""
+        return 0
 
     @staticmethod
     def _body(request: Any, limit: int) -> bytes:
@@ -309,6 +306,13 @@ class HTTPAPI:
         uri = request.uri.decode("latin-1")
         _, sep, raw = uri.partition("?")
         return parse_query(raw.partition("#")[0]) if sep else ({}, False)
+
+    def _params(self, request: Any) -> dict[str, list[str]]:
+        """Go's NewReqParams: the query, or 400 INVALID_REQUEST when it is malformed."""
+        values, bad = self._query(request)
+        if bad:
+            raise APIError(400, "INVALID_REQUEST")
+        return values
 
     def _write(self, request: Any, code: int, body: bytes, content_type: bytes | None) -> bytes:
         request.setResponseCode(code)
@@ -363,24 +367,22 @@ class HTTPAPI:
 
     # -- unrouted: redirects, 405, 404 (httprouter's rules) -------------------
 
-    @staticmethod
-    def _route_for(method: str, path: str) -> bool:
-        if path.startswith("/config/"):
+    def _route_for(self, method: str, path: str) -> bool:
+        if path.startswith("/config/") and "/config/:opt" in self.routes:
             opt = path[len("/config/"):]
-            return bool(opt) and "/" not in opt and method in ROUTES["/config/:opt"]
-        return method in ROUTES.get(path, ())
+            return bool(opt) and "/" not in opt and method in self.routes["/config/:opt"]
+        return method in self.routes.get(path, ())
 
-    @staticmethod
-    def _fixed_path(method: str, path: str) -> str | None:
+    def _fixed_path(self, method: str, path: str) -> str | None:
         """httprouter's RedirectFixedPath: cleaned, case-insensitive, slash-toggled."""
         cleaned = _clean_path(path)
         for candidate in (cleaned, cleaned.rstrip("/") if cleaned != "/" else cleaned, cleaned + "/"):
             low = candidate.lower()
-            if low.startswith("/config/"):
+            if low.startswith("/config/") and "/config/:opt" in self.routes:
                 opt = candidate[len("/config/"):]
-                if opt and "/" not in opt and method in ROUTES["/config/:opt"]:
+                if opt and "/" not in opt and method in self.routes["/config/:opt"]:
                     return "/config/" + opt
-            for route, methods in ROUTES.items():
+            for route, methods in self.routes.items():
                 if method in methods and ":" not in route and route == low:
                     return route
         return None
@@ -388,7 +390,8 @@ class HTTPAPI:
     def _unrouted(self, request: Any) -> bytes:
         method = request.method.decode("latin-1")
         path = unquote_to_bytes(request.path).decode("utf-8", "surrogateescape")
-        if method in _METHODS_WITH_ROUTES and method != "CONNECT" and path != "/":
+        methods_with_routes = {m for ms in self.routes.values() for m in ms}
+        if method in methods_with_routes and method != "CONNECT" and path != "/":
             target: str | None = None
             toggled = path[:-1] if path.endswith("/") else path + "/"
             if len(path) > 1 and self._route_for(method, toggled):
@@ -397,7 +400,7 @@ class HTTPAPI:
                 target = self._fixed_path(method, path)
             if target is not None and target != path:
                 return self._redirect(request, method, target)
-        allowed = sorted({m for m in _METHODS_WITH_ROUTES if self._route_for(m, path)})
+        allowed = sorted({m for m in methods_with_routes if self._route_for(m, path)})
         if method == "OPTIONS" and allowed:
             request.setHeader(b"Allow", ", ".join(sorted(allowed + ["OPTIONS"])).encode())
             return self._write(request, 200, b"", None)
@@ -420,13 +423,31 @@ class HTTPAPI:
             return self._write(request, code, body, _HTML)
         return self._write(request, code, b"", None)
 
-    @app.handle_errors(NotFound)
-    def _not_found(self, request: Any, failure: Failure) -> bytes:
+    def _route_error(self, request: Any, failure: Failure) -> bytes:
+        """Klein found no route (NotFound, MethodNotAllowed): answer as httprouter."""
         return self._unrouted(request)
 
-    @app.handle_errors(MethodNotAllowed)
-    def _method_not_allowed(self, request: Any, failure: Failure) -> bytes:
-        return self._unrouted(request)
+
+class HTTPAPI(GoHTTPAPI):
+    """nsqd's HTTP API over one :class:`~nsqtw.nsqd.NSQD`."""
+
+    app = Klein()
+    routes = ROUTES
+    app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
+
+    def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
+        self.nsqd = nsqd
+        self.tls_enabled = tls_enabled
+        options = nsqd.options
+        self.tls_required = getattr(options, "tls_required", 0) == _TLS_REQUIRED
+
+    def body_limit(self, target: bytes) -> int:
+        """How many body bytes a request to ``target`` may keep: nsqd's limit + 1."""
+        o = self.nsqd.options
+        path = target.split(b"?", 1)[0]
+        if path == b"/pub" or path.startswith(b"/config/"):
+            return int(o.max_msg_size) + 1
+        return int(o.max_body_size) + 1
 
     # -- /ping and /info ---------------------------------------------------
 
@@ -572,12 +593,6 @@ class HTTPAPI:
         return self._publish(name, bodies)
 
     # -- topics ----------------------------------------------------------------
-
-    def _params(self, request: Any) -> dict[str, list[str]]:
-        values, bad = self._query(request)
-        if bad:
-            raise APIError(400, "INVALID_REQUEST")
-        return values
 
     def _existing_topic(self, name: str) -> Any:
         topic = self.nsqd.get_existing_topic(name)

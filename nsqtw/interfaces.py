@@ -72,6 +72,7 @@ class IConsumer(Interface):
 
     client_id = Attribute("A unique integer per connection (nsqd's client ID).")
     msg_timeout = Attribute("Seconds a delivered message stays in flight.")
+    sample_rate = Attribute("Percentage (1-99) of messages to send, 0 for all (IDENTIFY sample_rate).")
 
     def ready_capacity():
         """How many more messages the client can take now (RDY minus in flight; 0 when paused)."""
@@ -93,3 +94,34 @@ class IConsumer(Interface):
 
     def channel_deleted():
         """The channel was deleted under this client (nsqd closes the connection)."""
+
+
+class IStreamCodec(Interface):
+    """One direction pair of a negotiated stream compression (snappy, deflate).
+
+    Outgoing bytes are encoded whole, so the peer can decode each write as
+    soon as it arrives; incoming bytes are buffered by ``feed`` and handed
+    out by ``read`` in bounded pieces, so a small compressed input never
+    turns into an unbounded allocation.
+    """
+
+    name = Attribute("The feature's name in IDENTIFY: ``snappy`` or ``deflate``.")
+
+    def encode(data):
+        """Compress ``data`` into bytes the peer can decode completely."""
+
+    def feed(data):
+        """Buffer compressed bytes received from the peer."""
+
+    def read():
+        """Return some decoded bytes (at most 64 KiB), or ``b""`` until more arrive.
+
+        Raises :class:`nsqtw.protocol.compress.CodecError` on corrupt input.
+        """
+
+
+class IAuthorizer(Interface):
+    """Answers an AUTH secret with the client's authorizations (nsqd's auth server client)."""
+
+    def query(remote_ip, tls, secret, common_name):
+        """A Deferred firing with an :class:`nsqtw.auth.AuthState`, or failing with the reason."""

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.logger import FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogPublisher
+from twisted.logger import (
+    FilteringLogObserver,
+    ILogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogPublisher,
+)
+from zope.interface import provider
 
 from twisted import logger as _tw
 
@@ -22,9 +29,26 @@ LEVELS: dict[str, tuple[LogLevel, int]] = {
     "fatal": (LogLevel.critical, 5),
 }
 
+_prefix = ""
+
+
+@provider(ILogObserver)
+def _publish(event: dict[str, Any]) -> None:
+    """Forward to twistd's observer, with nsqd's ``--log-prefix`` in front of the text."""
+    if _prefix and event.get("log_format") is not None:
+        event["log_format"] = _prefix + event["log_format"]
+    globalLogPublisher(event)
+
+
 _predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.info)
-_observer = FilteringLogObserver(globalLogPublisher, [_predicate])
+_observer = FilteringLogObserver(_publish, [_predicate])
 _current = "info"
+
+
+def set_prefix(prefix: str) -> None:
+    """nsqd's ``--log-prefix`` (``[nsqd] `` by default), put before every nsqtw log line."""
+    global _prefix
+    _prefix = prefix.replace("{", "{{").replace("}", "}}")
 
 
 def set_level(name: str) -> None:

@@ -16,6 +16,7 @@ from nsqtw.interfaces import IBackendQueue
 from nsqtw.log import Logger, set_level
 from nsqtw.message import Message
 from nsqtw.names import backend_name, is_ephemeral
+from nsqtw.quantile import Quantile
 from nsqtw.topic import Topic
 
 
@@ -62,12 +63,18 @@ class NSQD:
         self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
         self.runtime_lookupd_tcp_addresses: list[str] | None = list(
             getattr(options, "lookupd_tcp_address", ()))
+        #: called with the option's name after PUT /config changed it (lookupd connections)
+        self.config_listeners: list[Callable[[str], None]] = []
         #: told (via ``changed()``) whenever nsqd.dat needs rewriting
         self.metadata: Any = None
         #: the bound ports, filled in by the listeners (port 0 means "pick one")
         self.tcp_port = 0
         self.http_port = 0
         self.https_port = 0
+        #: the server TLS context (``--tls-cert``/``--tls-key``), None without
+        self.tls: Any = None
+        #: the IAuthorizer asked about AUTH secrets (``--auth-http-address``), None without
+        self.auth: Any = None
 
     # -- health -----------------------------------------------------------
 
@@ -130,6 +137,8 @@ class NSQD:
         """PUT /config/<name> changed a run-time setting."""
         if name == "log_level":
             set_level(self.runtime_log_level)
+        for listener in list(self.config_listeners):
+            listener(name)
 
     def metadata_changed(self) -> None:
         """A topic or channel was created, deleted, paused or unpaused."""
@@ -183,9 +192,14 @@ class NSQD:
         o = self.options
         backend = self.make_backend(backend_name(topic.name, name),
                                     topic.ephemeral or is_ephemeral(name))
-        return Channel(topic, name, backend, self.clock, o.mem_queue_size,
-                       o.max_msg_timeout, o.max_channel_consumers,
-                       topic._channel_wants_delete)
+        channel = Channel(topic, name, backend, self.clock, o.mem_queue_size,
+                          o.max_msg_timeout, o.max_channel_consumers,
+                          topic._channel_wants_delete)
+        percentiles = o.e2e_processing_latency_percentile
+        if percentiles:
+            channel.e2e = Quantile(o.e2e_processing_latency_window_time, percentiles,
+                                   self.clock.seconds())
+        return channel
 
     def channel_created(self, topic: Topic, channel: Channel) -> None:
         for listener in self.listeners:

@@ -36,13 +36,17 @@ __all__ = [
     "TLS_NOT_REQUIRED",
     "TLS_REQUIRED",
     "TLS_REQUIRED_EXCEPT_HTTP",
+    "NSQD_FLAGS",
     "Flag",
+    "FlagSet",
+    "GoFlagsTwistdOptions",
     "HelpRequested",
     "NSQDOptions",
     "NSQDTwistdOptions",
     "OptionsError",
     "defaults",
     "format_duration",
+    "make_flag",
     "node_id_for_hostname",
     "parse_args",
     "parse_duration",
@@ -405,9 +409,11 @@ def _flag(
     status: str = NOT_YET_ACTIVE,
     toml_key: str | None = "",
     default_text: str | None = None,
+    base: Any = _BASE,
 ) -> Flag:
+    """One flag record; its default is read from ``base`` (an options object)."""
     attribute = name.replace("-", "_")
-    default = getattr(_BASE, attribute)
+    default = getattr(base, attribute)
     if toml_key == "":
         toml_key = attribute
     if default_text is None:
@@ -463,6 +469,7 @@ FLAGS: tuple[Flag, ...] = (
         "string",
         "<addr>:<port> for the HTTPS API (used only with --tls-cert/--tls-key); empty"
         " turns it off.",
+        _A,
     ),
     _flag(
         "http-address",
@@ -476,12 +483,14 @@ FLAGS: tuple[Flag, ...] = (
         "strings",
         "<addr>:<port> or URL of an auth server to ask about AUTH secrets; give it"
         " more than once for several servers.",
+        _A,
         toml_key="auth_http_addresses",
     ),
     _flag(
         "auth-http-request-method",
         "string",
         "HTTP method for auth server requests: get or post.",
+        _A,
     ),
     _flag(
         "broadcast-address",
@@ -506,17 +515,20 @@ FLAGS: tuple[Flag, ...] = (
         "lookupd-tcp-address",
         "strings",
         "nsqlookupd TCP address to register with; give it more than once for several.",
+        _A,
         toml_key="nsqlookupd_tcp_addresses",
     ),
     _flag(
         "http-client-connect-timeout",
         "duration",
         "Connect timeout for outgoing HTTP requests (auth server, lookupd).",
+        _A,
     ),
     _flag(
         "http-client-request-timeout",
         "duration",
         "Whole-request timeout for outgoing HTTP requests.",
+        _A,
     ),
     _flag(
         "data-path",
@@ -610,55 +622,64 @@ FLAGS: tuple[Flag, ...] = (
         "statsd-address",
         "string",
         "UDP <addr>:<port> of a statsd server to push stats to.",
+        _A,
     ),
-    _flag("statsd-interval", "duration", "Time between statsd pushes."),
-    _flag("statsd-mem-stats", "bool", "Also push memory and GC figures to statsd."),
+    _flag("statsd-interval", "duration", "Time between statsd pushes.", _A),
+    _flag("statsd-mem-stats", "bool", "Also push memory and GC figures to statsd.", _A),
     _flag(
         "statsd-prefix",
         "string",
         "Prefix of statsd keys; %s becomes this node's host and port.",
+        _A,
     ),
-    _flag("statsd-udp-packet-size", "int", "Largest statsd UDP packet, in bytes."),
+    _flag("statsd-udp-packet-size", "int", "Largest statsd UDP packet, in bytes.", _A),
     _flag(
         "statsd-exclude-ephemeral",
         "bool",
         "Leave ephemeral topics and channels out of statsd.",
+        _A,
     ),
     _flag(
         "e2e-processing-latency-percentile",
         "floats",
         "End-to-end processing latency percentile to track, in (0, 1]; repeat the"
         " flag or separate values with commas.",
+        _A,
         toml_key="e2e_processing_latency_percentiles",
     ),
     _flag(
         "e2e-processing-latency-window-time",
         "duration",
         "Time window the latency percentiles are computed over.",
+        _A,
     ),
-    _flag("tls-cert", "string", "Path to the TLS certificate file."),
-    _flag("tls-key", "string", "Path to the TLS private key file."),
+    _flag("tls-cert", "string", "Path to the TLS certificate file.", _A),
+    _flag("tls-key", "string", "Path to the TLS private key file.", _A),
     _flag(
         "tls-client-auth-policy",
         "string",
         "Client certificate policy: empty (none), require, or require-verify.",
+        _A,
     ),
     _flag(
         "tls-root-ca-file",
         "string",
         "Path to the CA file used to check client certificates (and auth server"
         " certificates).",
+        _A,
     ),
     _flag(
         "tls-required",
         "tls-required",
         "Require TLS: false, true, or tcp-https (TCP and HTTPS only, plain HTTP"
         " stays open). A bare flag means true; other values need =.",
+        _A,
     ),
     _flag(
         "tls-min-version",
         "tls-min-version",
         "Oldest protocol version accepted: ssl3.0, tls1.0, tls1.1, tls1.2 or tls1.3.",
+        _A,
     ),
     _flag("deflate", "bool", "Let clients negotiate deflate compression.", _A),
     _flag(
@@ -669,6 +690,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     _flag("snappy", "bool", "Let clients negotiate snappy compression.", _A),
 )
+
+#: builds flag records for other programs' tables (nsqlookupd's)
+make_flag = _flag
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -796,7 +820,8 @@ _SCALAR_PARSERS: Mapping[str, Callable[[str], Any]] = {
 # --- command line -----------------------------------------------------------------
 
 
-def _parse_command_line(argv: Sequence[str]) -> dict[str, Any]:
+def _parse_command_line(argv: Sequence[str], by_name: Mapping[str, Flag],
+                        program: str) -> dict[str, Any]:
     """Go ``flag`` package parsing: the flags given on the command line, by attribute.
 
     ``-flag value``, ``-flag=value``, ``--flag value`` and ``--flag=value`` all
@@ -816,13 +841,13 @@ def _parse_command_line(argv: Sequence[str]) -> dict[str, Any]:
         bare_bool = ""
         if len(arg) < 2 or arg[0] != "-":
             raise OptionsError(
-                f"unexpected argument {_quote(arg)}: nsqd takes only flags"
+                f"unexpected argument {_quote(arg)}: {program} takes only flags"
             )
         dashes = 2 if arg[1] == "-" else 1
         if dashes == 2 and len(arg) == 2:
             if args:
                 raise OptionsError(
-                    f"unexpected argument {_quote(args[0])}: nsqd takes only flags"
+                    f"unexpected argument {_quote(args[0])}: {program} takes only flags"
                 )
             break
         name = arg[dashes:]
@@ -831,7 +856,7 @@ def _parse_command_line(argv: Sequence[str]) -> dict[str, Any]:
         value: str | None = None
         if "=" in name:
             name, value = name.split("=", 1)
-        flag = FLAGS_BY_NAME.get(name)
+        flag = by_name.get(name)
         if flag is None:
             if name in ("h", "help"):
                 raise HelpRequested()
@@ -944,7 +969,7 @@ def _coerce_config(flag: Flag, value: Any) -> Any:
     raise AssertionError(kind)  # pragma: no cover
 
 
-def _load_config(path: str) -> dict[str, Any]:
+def _load_config(path: str, by_toml_key: Mapping[str, Flag]) -> dict[str, Any]:
     """Read ``path`` as nsqd reads its ``--config``: known keys are used, others ignored."""
     try:
         with open(path, "rb") as f:
@@ -957,7 +982,7 @@ def _load_config(path: str) -> dict[str, Any]:
         raise OptionsError(f"failed to load config file {path} - {reason}") from None
     values: dict[str, Any] = {}
     for key, raw in data.items():
-        flag = FLAGS_BY_TOML_KEY.get(key)
+        flag = by_toml_key.get(key)
         if flag is None:
             continue
         try:
@@ -1009,11 +1034,66 @@ def _validate(opts: NSQDOptions) -> None:
             "cannot require TLS client connections without --tls-cert and --tls-key"
         )
     # nsqd spreads each statsd push over (interval - 1s) and crashes when that
-    # is not positive; refuse it up front instead.
-    if opts.statsd_address and opts.statsd_interval <= 1.0:
+    # is not positive; nsqtw sends at once for 1s and refuses shorter intervals.
+    if opts.statsd_address and opts.statsd_interval < 1.0:
         raise OptionsError(
-            f"--statsd-interval must be longer than 1s, got {format_duration(opts.statsd_interval)}"
+            f"--statsd-interval must be at least 1s, got {format_duration(opts.statsd_interval)}"
         )
+
+
+class FlagSet:
+    """One Go program's flags (nsqd's or nsqlookupd's) and how it resolves them.
+
+    The Go flag syntax, the TOML ``--config`` merge and the ``--help`` listing
+    are the same for every daemon nsqtw replaces; only the table, the
+    defaults and the start-up checks differ.
+    """
+
+    def __init__(self, program: str, flags: tuple[Flag, ...],
+                 defaults: Callable[[str | None], Any],
+                 validate: Callable[[Any], None]) -> None:
+        self.program = program
+        self.flags = flags
+        self.defaults = defaults
+        self.validate = validate
+        self.by_name: Mapping[str, Flag] = {f.name: f for f in flags}
+        self.by_toml_key: Mapping[str, Flag] = {f.toml_key: f for f in flags if f.toml_key}
+
+    def parse(self, argv: Sequence[str], hostname: str | None = None) -> Any:
+        """Resolve options from ``argv``: command line, then ``--config`` file, then default.
+
+        Raises :class:`OptionsError` (one line) for anything the Go program
+        would refuse, and :class:`HelpRequested` for ``-h``/``--help``.
+        """
+        given = _parse_command_line(argv, self.by_name, self.program)
+        base = self.defaults(hostname)
+        from_file: dict[str, Any] = {}
+        config_path = given.get("config", "")
+        if config_path:
+            from_file = _load_config(config_path, self.by_toml_key)
+        opts = dataclasses.replace(base, **{**from_file, **given})
+        self.validate(opts)
+        return opts
+
+    def usage(self, command: str) -> str:
+        """The ``--help`` listing: every flag with its argument, meaning and default."""
+        lines = [
+            f"Usage: {command} [flags]",
+            "",
+            "Flags take Go syntax: -flag value, -flag=value, --flag value or --flag=value;",
+            "a bool flag alone means true (--flag=false turns it off).",
+            "Priority: command line, then the --config file, then the default.",
+            "",
+        ]
+        for f in self.flags:
+            lines.append(f"  --{f.name}{_KIND_ARG[f.kind]}")
+            extra = " (repeatable)" if f.repeatable else ""
+            lines.append(f"        {f.help}{extra} (default {f.default_text})")
+        return "\n".join(lines) + "\n"
+
+
+#: nsqd's flags
+NSQD_FLAGS = FlagSet("nsqd", FLAGS, defaults, _validate)
 
 
 def parse_args(argv: list[str], hostname: str | None = None) -> NSQDOptions:
@@ -1022,14 +1102,7 @@ def parse_args(argv: list[str], hostname: str | None = None) -> NSQDOptions:
     Raises :class:`OptionsError` (one line) for anything nsqd would refuse, and
     :class:`HelpRequested` for ``-h``/``--help``.
     """
-    given = _parse_command_line(argv)
-    base = defaults(hostname)
-    from_file: dict[str, Any] = {}
-    config_path = given.get("config", "")
-    if config_path:
-        from_file = _load_config(config_path)
-    opts = dataclasses.replace(base, **{**from_file, **given})
-    _validate(opts)
+    opts: NSQDOptions = NSQD_FLAGS.parse(argv, hostname)
     return opts
 
 
@@ -1049,49 +1122,53 @@ _KIND_ARG = {
 
 
 def usage_text(program: str = "twistd nsqtw") -> str:
-    """The ``--help`` listing: every flag with its argument, meaning and default."""
-    lines = [
-        f"Usage: {program} [flags]",
-        "",
-        "Flags take Go syntax: -flag value, -flag=value, --flag value or --flag=value;",
-        "a bool flag alone means true (--flag=false turns it off).",
-        "Priority: command line, then the --config file, then the default.",
-        "",
-    ]
-    for f in FLAGS:
-        lines.append(f"  --{f.name}{_KIND_ARG[f.kind]}")
-        extra = " (repeatable)" if f.repeatable else ""
-        lines.append(f"        {f.help}{extra} (default {f.default_text})")
-    return "\n".join(lines) + "\n"
+    """nsqd's ``--help`` listing."""
+    return NSQD_FLAGS.usage(program)
 
 
-class NSQDTwistdOptions(usage.Options):
-    """twistd's options for the nsqtw plugin, parsed with nsqd's Go flag syntax.
+class GoFlagsTwistdOptions(usage.Options):
+    """twistd's options for a plugin whose flags use Go syntax (see :class:`FlagSet`).
 
     twistd's getopt cannot read ``-mem-queue-size=5`` style flags, so
-    :meth:`parseOptions` hands the arguments to :func:`parse_args` and keeps
-    the result in :attr:`nsqd`.
+    :meth:`parseOptions` hands the arguments to :attr:`flagset` and keeps
+    the result in :attr:`resolved`.
     """
 
-    synopsis = "[nsqd flags]"
+    synopsis = "[flags]"
+    #: the flag table; set by subclasses
+    flagset: FlagSet
+    #: the twistd plugin name, used in --help and error lines
+    command = "nsqtw"
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.nsqd: NSQDOptions = defaults()
+        self.resolved: Any = self.flagset.defaults(None)
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:
         if options is None:
             options = sys.argv[1:]
         try:
-            self.nsqd = parse_args(list(options))
+            self.resolved = self.flagset.parse(list(options))
         except HelpRequested:
             sys.stdout.write(self.getUsage())
             raise SystemExit(0) from None
         except OptionsError as e:
-            sys.stderr.write(f"nsqtw: {e}\n")
+            sys.stderr.write(f"{self.command}: {e}\n")
             raise SystemExit(1) from None
-        for f in dataclasses.fields(self.nsqd):
-            self[f.name] = getattr(self.nsqd, f.name)
+        for f in dataclasses.fields(self.resolved):
+            self[f.name] = getattr(self.resolved, f.name)
 
     def getUsage(self, width: int | None = None) -> str:
-        return usage_text()
+        return self.flagset.usage(f"twistd {self.command}")
+
+
+class NSQDTwistdOptions(GoFlagsTwistdOptions):
+    """twistd's options for the nsqtw plugin: nsqd's flags, resolved into :attr:`nsqd`."""
+
+    synopsis = "[nsqd flags]"
+    flagset = NSQD_FLAGS
+
+    @property
+    def nsqd(self) -> NSQDOptions:
+        opts: NSQDOptions = self.resolved
+        return opts

@@ -10,12 +10,16 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
-from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint
-from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
+from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from nsqtw import NSQD_VERSION
+from nsqtw.auth import HTTPAuthorizer
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
+from nsqtw.eager import EagerTCPServerEndpoint
 from nsqtw.log import Logger
+from nsqtw.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.metadata import (
     DEFERRED_FILENAME,
     MetadataStore,
@@ -28,6 +32,8 @@ from nsqtw.metadata import (
 )
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
+from nsqtw.statsd import StatsdService
+from nsqtw.tls import build_server_tls, client_trust_root
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -40,11 +46,20 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def server_endpoint(reactor: Any, address: str) -> IStreamServerEndpoint:
+def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamServerEndpoint:
+    """``eager``: connections send at once when idle (:mod:`nsqtw.eager`), for the V2 listener."""
     host, port = split_host_port(address)
+    if eager:
+        return EagerTCPServerEndpoint(reactor, port, interface=host or "0.0.0.0")
     if ":" in host:
         return TCP6ServerEndpoint(reactor, port, interface=host)
     return TCP4ServerEndpoint(reactor, port, interface=host or "0.0.0.0")
+
+
+def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClientEndpoint:
+    """An endpoint that connects to ``host:port`` (a name is resolved on each attempt)."""
+    host, port = split_host_port(address)
+    return HostnameEndpoint(reactor, host or "127.0.0.1", port, timeout=timeout)
 
 
 def format_address(port: IListeningPort) -> str:
@@ -101,6 +116,16 @@ class ListenerService(Service):
         return None
 
 
+def exit_cleanly_after_signal(reactor: Any) -> None:
+    """nsqd and nsqlookupd exit 0 after a graceful SIGTERM/SIGINT.
+
+    twistd would re-raise the signal (exit status -15) unless told the stop
+    was handled.
+    """
+    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
+        reactor._exitSignal = None
+
+
 class DataPathLock:
     """An exclusive lock on the data path, so two daemons never share one (as nsqd)."""
 
@@ -146,8 +171,15 @@ class NSQDService(MultiService):
         self.data_path = options.resolved_data_path
         self.lock = DataPathLock(self.data_path)
         self.nsqd = NSQD(options, reactor, self._make_backend)
+        # a certificate that cannot be loaded stops nsqd before it listens (TLSConfigError)
+        self.nsqd.tls = build_server_tls(options)
+        if options.auth_http_address:
+            self.nsqd.auth = HTTPAuthorizer(
+                options.auth_http_address, options.auth_http_request_method,
+                options.http_client_connect_timeout, options.http_client_request_timeout,
+                reactor, client_trust_root(options.tls_root_ca_file))
         self.meta_executor: ThreadPoolDiskExecutor | None = None
-        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
+        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.http_api import HTTPAPI
 
@@ -157,6 +189,18 @@ class NSQDService(MultiService):
             site.noisy = False
             ListenerService("HTTP", server_endpoint(reactor, options.http_address),
                             site, self._http_bound).setServiceParent(self)
+        if self.nsqd.tls is not None and options.https_address:
+            # nsqd's HTTPS listener: the same API, TLS from the first byte
+            secure = HTTPAPI(self.nsqd, tls_enabled=True).site()
+            secure.noisy = False
+            ListenerService("HTTPS", server_endpoint(reactor, options.https_address),
+                            TLSMemoryBIOFactory(self.nsqd.tls, False, secure),
+                            self._https_bound).setServiceParent(self)
+        if options.statsd_address:
+            StatsdService(self.nsqd, reactor).setServiceParent(self)
+        # after the listeners: it announces their ports, and stops first
+        Lookup(self.nsqd, reactor,
+               lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
 
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
@@ -169,6 +213,9 @@ class NSQDService(MultiService):
 
     def _http_bound(self, port: int) -> None:
         self.nsqd.http_port = port
+
+    def _https_bound(self, port: int) -> None:
+        self.nsqd.https_port = port
 
     def startService(self) -> Deferred[None]:  # type: ignore[override]
         Service.startService(self)
@@ -227,7 +274,4 @@ class NSQDService(MultiService):
             self.meta_executor.stop()
         self.lock.release()
         self.log.info("NSQ: stopped")
-        # nsqd exits 0 after a graceful SIGTERM/SIGINT; twistd would re-raise
-        # the signal (exit status -15) unless told the stop was handled.
-        if getattr(self.reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
-            self.reactor._exitSignal = None
+        exit_cleanly_after_signal(self.reactor)

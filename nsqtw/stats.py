@@ -21,6 +21,7 @@ from typing import Any
 
 from nsqtw import NSQD_VERSION
 from nsqtw.options import format_duration_ns
+from nsqtw.quantile import aggregate, empty_result
 
 __all__ = [
     "GO_VERSION_BANNER",
@@ -33,9 +34,6 @@ __all__ = [
 
 #: the first line of nsqd's text stats (``version.String("nsqd")``)
 GO_VERSION_BANNER = f"nsqd v{NSQD_VERSION} (built w/go1.19.8)"
-
-#: nsqd reports no end-to-end latency unless --e2e-processing-latency-percentile is set
-_E2E_EMPTY: Mapping[str, Any] = {"count": 0, "percentiles": None}
 
 #: client fields Go omits when empty (``omitempty``), in Go's order, after ``user_agent``
 _OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
@@ -251,7 +249,15 @@ def _is_producer(client: Any) -> bool:
     return bool(getattr(client, "pub_counts", None))
 
 
-def _topic_stats(topic: Any, channels: list[dict[str, Any]]) -> dict[str, Any]:
+def _topic_stats(topic: Any, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    o = topic.nsqd.options
+    if o.e2e_processing_latency_percentile:
+        # every channel of the topic counts, whatever the channel filter (as nsqd)
+        e2e = aggregate([c.e2e for c in topic.channels.values()],
+                        o.e2e_processing_latency_window_time,
+                        o.e2e_processing_latency_percentile, now)
+    else:
+        e2e = empty_result()
     return {
         "topic_name": topic.name,
         "channels": channels,
@@ -260,12 +266,13 @@ def _topic_stats(topic: Any, channels: list[dict[str, Any]]) -> dict[str, Any]:
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": bool(topic.paused),
-        "e2e_processing_latency": dict(_E2E_EMPTY),
+        "e2e_processing_latency": e2e,
     }
 
 
-def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: float) -> dict[str, Any]:
     counts = channel.stats_counts()
+    e2e = channel.e2e.result(now) if channel.e2e is not None else empty_result()
     return {
         "channel_name": channel.name,
         "depth": counts["depth"],
@@ -278,7 +285,7 @@ def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None) -> dict[s
         "client_count": len(channel.clients),
         "clients": clients,
         "paused": bool(channel.paused),
-        "e2e_processing_latency": dict(_E2E_EMPTY),
+        "e2e_processing_latency": e2e,
     }
 
 
@@ -294,6 +301,7 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
     """
     topic = topic or ""
     channel = channel or ""
+    now = nsqd.clock.seconds()
     topics: list[dict[str, Any]] | None
     producers: list[dict[str, Any]] | None = None
     if topic and topic not in nsqd.topics:
@@ -312,8 +320,8 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
             for c in chans:
                 clients = ([_client_stats(cl, topic) for cl in list(c.clients.values())]
                            if include_clients else None)
-                channel_stats.append(_channel_stats(c, clients))
-            topics.append(_topic_stats(t, channel_stats))
+                channel_stats.append(_channel_stats(c, clients, now))
+            topics.append(_topic_stats(t, channel_stats, now))
         if include_clients:
             found = [_client_stats(cl, topic) for cl in list(nsqd.clients.values()) if _is_producer(cl)]
             producers = found or None
@@ -345,9 +353,20 @@ def _rfc3339(ts: float) -> str:
     return f"{text}{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
+def _nanoseconds_to_human(value: float) -> str:
+    """nsqd's ``stringy.NanoSecondToHuman``: one decimal in the largest unit below the value."""
+    if value > 1e9:
+        return f"{value / 1e9:0.1f}s"
+    if value > 1e6:
+        return f"{value / 1e6:0.1f}ms"
+    if value > 1e3:
+        return f"{value / 1e3:0.1f}us"
+    return f"{value:0.1f}ns"
+
+
 def _e2e_text(e2e: Mapping[str, Any] | None) -> str:
     percentiles = (e2e or {}).get("percentiles") or []
-    return ", ".join(go_duration(int(p.get("value", 0))) for p in percentiles)
+    return ", ".join(_nanoseconds_to_human(float(p.get("value", 0))) for p in percentiles)
 
 
 def _port(remote_address: str) -> str:

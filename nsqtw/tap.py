@@ -6,9 +6,10 @@ from typing import cast
 
 from twisted.application.service import IService
 
-from nsqtw.log import set_level
+from nsqtw.log import set_level, set_prefix
 from nsqtw.options import NSQDTwistdOptions as Options
 from nsqtw.service import NSQDService
+from nsqtw.tls import TLSConfigError
 
 __all__ = ["Options", "makeService"]
 
@@ -20,4 +21,9 @@ def makeService(config: Options) -> IService:
         print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
         raise SystemExit(0)
     set_level(config.nsqd.log_level)
-    return cast(IService, NSQDService(config.nsqd))
+    set_prefix(config.nsqd.log_prefix)
+    try:
+        return cast(IService, NSQDService(config.nsqd))
+    except TLSConfigError as e:
+        # nsqd: "failed to instantiate nsqd - failed to build TLS config - ..."
+        raise SystemExit(f"nsqtw: failed to build TLS config - {e}") from None

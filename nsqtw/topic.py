@@ -91,7 +91,8 @@ class Topic:
                 raise
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
-        self._pump.wake()
+        if self.channels:  # else nothing to do until get_channel() wakes the pump
+            self._pump.wake()
         if rest and (self.nsqd.options.sync_every <= 1 or self.backend.backlog() > BACKLOG_LIMIT):
             return self.backend.written()
         return None

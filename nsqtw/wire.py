@@ -80,6 +80,17 @@ class V2Parser:
         """Bytes received and not yet parsed into a command."""
         return len(self._buf) - self._pos
 
+    def take_buffered(self) -> bytes:
+        """Hand over the bytes not parsed yet and forget them.
+
+        After IDENTIFY negotiates TLS or compression the rest of the stream
+        is in the new encoding; what already arrived belongs to that layer.
+        """
+        data = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return data
+
     def in_command(self) -> bool:
         """True while part of a command has been read (a frame is incomplete)."""
         return self._state != _LINE or self._pos < len(self._buf)
@@ -154,6 +165,28 @@ class V2Parser:
                     raise NSQError("E_BAD_PROTOCOL")
                 self._state = _LINE
 
+    def take_fins(self) -> list[bytes]:
+        """Message IDs of the plain ``FIN <16-byte id>\n`` lines at the head of the input.
+
+        A consumer answers every message with one, so they arrive back to back;
+        taking a run of them at once skips the generic line parse per message.
+        Anything else (a malformed FIN too) is left for :meth:`next_command`.
+        """
+        if self._state != _LINE:
+            return []
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        ids = []
+        while end - pos >= _FIN_LINE and buf[pos + _FIN_LINE - 1] == 10 and buf.startswith(b"FIN ", pos):
+            msg_id = bytes(buf[pos + 4:pos + _FIN_LINE - 1])
+            if b" " in msg_id or msg_id[-1] == 13:
+                break
+            ids.append(msg_id)
+            pos += _FIN_LINE
+        self._pos = pos
+        return ids
+
     def _compact(self) -> None:
         if self._pos:
             del self._buf[:self._pos]
@@ -205,6 +238,10 @@ class V2Parser:
             raise fatal("E_BAD_BODY", f"MPUB body too big {self._mpub_total} > {self.max_body_size}")
         self._need = size
         self._state = _MPUB_BODY
+
+
+#: ``FIN `` + a 16-byte message ID + newline
+_FIN_LINE = 21
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:

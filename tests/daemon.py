@@ -1,4 +1,4 @@
-"""Start a real nsqtw daemon (twistd) on loopback port 0 for integration tests."""
+"""Start real nsqtw daemons (twistd nsqtw, nsqtw-lookupd) on loopback port 0 for integration tests."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ TWISTD = ("import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'tw
 
 class Daemon:
     """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported."""
+
+    plugin = "nsqtw"
 
     def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.data_path = data_path
@@ -38,9 +40,8 @@ class Daemon:
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", "nsqtw",
-               f"--tcp-address={tcp}", f"--http-address={http}",
-               f"--data-path={self.data_path}", *self.args]
+        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", self.plugin,
+               f"--tcp-address={tcp}", f"--http-address={http}", *self.plugin_args(), *self.args]
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         found: dict[str, str] = {}
@@ -48,18 +49,18 @@ class Daemon:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
-        while len(found) < 2:
+        while not {"TCP", "HTTP"} <= found.keys():  # HTTPS may be logged too, in any order
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stop()
-                raise RuntimeError("nsqtw did not start:\n" + "".join(self.output))
+                raise RuntimeError(f"{self.plugin} did not start:\n" + "".join(self.output))
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 self.proc.wait()
-                raise RuntimeError("nsqtw exited:\n" + "".join(self.output) + buf.decode())
+                raise RuntimeError(f"{self.plugin} exited:\n" + "".join(self.output) + buf.decode())
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for raw in lines:
@@ -75,6 +76,9 @@ class Daemon:
         self.http = (host, int(port))
         return self
 
+    def plugin_args(self) -> list[str]:
+        return [f"--data-path={self.data_path}"]
+
     def read_output(self) -> str:
         """Everything logged so far (non-blocking)."""
         if self.proc is not None and self.proc.stdout is not None:
@@ -85,6 +89,17 @@ class Daemon:
                     break
                 self.output.append(chunk.decode("utf-8", "replace"))
         return "".join(self.output)
+
+    def wait_output(self, pattern: str, timeout: float = 10) -> re.Match[str]:
+        """Wait until the log matches ``pattern`` (a regex); returns the match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.read_output())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} in the log:\n" + "".join(self.output))
+            time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.proc is None:
@@ -108,3 +123,12 @@ class Daemon:
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
+
+
+class LookupdDaemon(Daemon):
+    """One nsqtw-lookupd process; it keeps no data, ``data_path`` is just its working directory."""
+
+    plugin = "nsqtw-lookupd"
+
+    def plugin_args(self) -> list[str]:
+        return []

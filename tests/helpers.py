@@ -11,6 +11,8 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from nsqtw.lookupd.lookupd import NSQLookupd
+from nsqtw.lookupd.options import defaults as lookupd_defaults
 from nsqtw.nsqd import NSQD
 from nsqtw.options import defaults
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
@@ -34,6 +36,16 @@ def make_nsqd(**overrides: Any) -> tuple[NSQD, Clock]:
     clock = Clock()
     clock.advance(EPOCH)
     return NSQD(make_options(**overrides), clock), clock
+
+
+def make_lookupd(**overrides: Any) -> tuple[NSQLookupd, Clock]:
+    """An NSQLookupd shaped like the one the reference answers were recorded from."""
+    clock = Clock()
+    clock.advance(EPOCH)
+    options = dataclasses.replace(lookupd_defaults("vm"), broadcast_address="127.0.0.1", **overrides)
+    lookupd = NSQLookupd(options, clock, hostname="vm")
+    lookupd.tcp_port, lookupd.http_port = 38645, 39703
+    return lookupd, clock
 
 
 def connect(nsqd: NSQD, clock: Clock, magic: bool = True) -> tuple[V2Protocol, StringTransport]:

@@ -48,10 +48,15 @@ class Client:
         self.timeout = timeout
         self.buf = b""
         self.closed = False
+        #: set by a test after negotiating compression: bytes out / bytes in
+        self.encode: Any = None
+        self.decode: Any = None
         if magic:
             self.send(b"  V2")
 
     def send(self, data: bytes) -> None:
+        if self.encode is not None:
+            data = self.encode(data)
         self.sock.sendall(data)
 
     def cmd(self, name: str, *args: Any, body: bytes | None = None) -> None:
@@ -77,6 +82,8 @@ class Client:
         if not chunk:
             self.closed = True
             raise Closed()
+        if self.decode is not None:
+            chunk = self.decode(chunk)
         self.buf += chunk
 
     def frame_ready(self) -> bool:

@@ -8,21 +8,27 @@ in :mod:`nsqtw.channel`. One protocol instance is one nsqd client.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
+from nsqtw.auth import AuthState
 from nsqtw.channel import Channel
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
-from nsqtw.interfaces import IConsumer
+from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
 from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.nsqd import NSQD
+from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
+from nsqtw.stats import go_json
+from nsqtw.tls import connection_info, peer_common_name
 from nsqtw.wire import Command, LineTooLong, V2Parser
 
 STATE_INIT = 0
@@ -33,6 +39,10 @@ STATE_CLOSING = 4
 
 #: nsqd's default per-client output buffer (reported in IDENTIFY)
 DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+#: nsqd's deadline for a TLS handshake after IDENTIFY
+TLS_HANDSHAKE_TIMEOUT = 5.0
+#: nsqd's deflate level when the client asks for none
+DEFAULT_DEFLATE_LEVEL = 6
 
 _OK = frame(FRAME_TYPE_RESPONSE, b"OK")
 _HEARTBEAT = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
@@ -73,7 +83,7 @@ def _decode_identify(body: bytes) -> dict[str, Any]:
     return data
 
 
-@implementer(IConsumer, IPushProducer)
+@implementer(IConsumer, IPushProducer, IHandshakeListener)
 class V2Protocol(Protocol):
     """One client connection speaking nsqd's V2 protocol."""
 
@@ -108,12 +118,23 @@ class V2Protocol(Protocol):
         self.tls = False
         self.snappy = False
         self.deflate = False
+        #: nsqd's --tls-required: every command but IDENTIFY needs TLS first
+        self._need_tls = bool(o.tls_required)
+        self._tls_info: dict[str, Any] = {}
+        self._handshake_call: IDelayedCall | None = None
+        #: reads through the negotiated compression, when there is one
+        self._decoder: IStreamCodec | None = None
+        #: AUTH: the authorizer (None: auth is off), the secret and its answer
+        self._authd = nsqd.auth
+        self.auth_secret = ""
+        self.auth_state: AuthState | None = None
         self._paused_writing = False
         #: a publish waits for its disk write: read and dispatch nothing meanwhile
         self._blocked = False
         self._closed = False
         self._heartbeat_call: IDelayedCall | None = None
         self._read_deadline: IDelayedCall | None = None
+        self._command_at = 0.0
 
     def __str__(self) -> str:
         return self.remote_address or f"client {self.client_id}"
@@ -130,11 +151,14 @@ class V2Protocol(Protocol):
         self.nsqd.add_client(self.client_id, self)
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._restart_heartbeat()
-        self._restart_read_deadline()
+        self._reset_read_deadline()
 
     def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
         self._closed = True
         self._cancel_timers()
+        if self.tls and not self._tls_info and reason is not None:
+            self.log.error("[{client}] - E_IDENTIFY_FAILED IDENTIFY failed {error}", client=self,
+                           error=reason.getErrorMessage())
         self.log.info("PROTOCOL(V2): [{client}] exiting ioloop", client=self)
         if self.channel is not None:
             self.channel.remove_client(self)
@@ -142,10 +166,10 @@ class V2Protocol(Protocol):
         self.nsqd.remove_client(self.client_id)
 
     def _cancel_timers(self) -> None:
-        for call in (self._heartbeat_call, self._read_deadline):
+        for call in (self._heartbeat_call, self._read_deadline, self._handshake_call):
             if call is not None and call.active():
                 call.cancel()
-        self._heartbeat_call = self._read_deadline = None
+        self._heartbeat_call = self._read_deadline = self._handshake_call = None
 
     def _restart_heartbeat(self) -> None:
         if self._heartbeat_call is not None and self._heartbeat_call.active():
@@ -161,16 +185,30 @@ class V2Protocol(Protocol):
         self.transport.write(_HEARTBEAT)  # type: ignore[union-attr]
         self._restart_heartbeat()
 
-    def _restart_read_deadline(self) -> None:
-        """nsqd allows two heartbeat intervals for each command to arrive whole."""
+    def _reset_read_deadline(self) -> None:
+        """Start the read deadline afresh (new connection, new heartbeat interval)."""
         if self._read_deadline is not None and self._read_deadline.active():
             self._read_deadline.cancel()
         self._read_deadline = None
-        if self.heartbeat_interval > 0 and not self._closed:
+        self._restart_read_deadline()
+
+    def _restart_read_deadline(self) -> None:
+        """nsqd allows two heartbeat intervals for each command to arrive whole.
+
+        This runs for every command, so it only notes the time: the one timer
+        re-arms itself from that note when it fires, instead of a DelayedCall
+        being cancelled and made per command.
+        """
+        self._command_at = self.clock.seconds()
+        if self._read_deadline is None and self.heartbeat_interval > 0 and not self._closed:
             self._read_deadline = self.clock.callLater(2 * self.heartbeat_interval, self._read_timeout)
 
     def _read_timeout(self) -> None:
         self._read_deadline = None
+        left = self._command_at + 2 * self.heartbeat_interval - self.clock.seconds()
+        if left > 0:
+            self._read_deadline = self.clock.callLater(left, self._read_timeout)
+            return
         self.log.error("ERROR: client({client}) - failed to read command - i/o timeout", client=self)
         self._close()
 
@@ -189,12 +227,21 @@ class V2Protocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
             return
-        self.parser.feed(data)
+        if self._decoder is None:
+            self.parser.feed(data)
+        else:
+            self._decoder.feed(data)
         self._process()
 
     def _process(self) -> None:
         parser = self.parser
         while not self._closed and not self._blocked:
+            if self.channel is not None and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING):
+                ids = parser.take_fins()
+                if ids:
+                    self._restart_read_deadline()
+                    self._fin_many(ids)
+                    continue
             try:
                 cmd = parser.next_command()
             except NSQError as e:
@@ -206,12 +253,29 @@ class V2Protocol(Protocol):
                 self._close()
                 return
             if cmd is None:
-                return
+                if self._decoder is None or not self._decompress_more():
+                    return
+                continue
             self._restart_read_deadline()
             try:
                 self._dispatch(cmd)
             except NSQError as e:
                 self._send_error(e)
+
+    def _decompress_more(self) -> bool:
+        """Give the parser the next piece of decompressed input; False when there is none."""
+        assert self._decoder is not None
+        try:
+            data = self._decoder.read()
+        except CodecError as e:
+            self.log.error("ERROR: client({client}) - failed to read command - {error}",
+                           client=self, error=str(e))
+            self._close()
+            return False
+        if not data:
+            return False
+        self.parser.feed(data)
+        return True
 
     def _send_error(self, e: NSQError) -> None:
         self.log.error("[{client}] - {error}", client=self, error=str(e))
@@ -222,8 +286,13 @@ class V2Protocol(Protocol):
     def _write(self, data: bytes) -> None:
         self.transport.write(data)  # type: ignore[union-attr]
 
+    def _tls_required(self, name: bytes) -> NSQError:
+        return fatal("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
+
     def _check_header(self, name: bytes, args: list[bytes]) -> None:
         """What nsqd checks before it reads a command's body."""
+        if self._need_tls and name != b"IDENTIFY":
+            raise self._tls_required(name)
         if name == b"IDENTIFY":
             if self.state != STATE_INIT:
                 raise fatal("E_INVALID", "cannot IDENTIFY in current state")
@@ -240,6 +309,9 @@ class V2Protocol(Protocol):
                 raise fatal("E_INVALID", "MPUB insufficient number of parameters")
             if not is_valid_topic_name(_text(args[0])):
                 raise fatal("E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(args[0])} is not valid")
+            if self._authd is not None:
+                # nsqd checks MPUB's authorization before reading its body
+                self._authorize("MPUB", _text(args[0]), "", None)
         elif name == b"DPUB":
             self._topic_arg(b"DPUB", args, 2)
             self._dpub_timeout(args[1])
@@ -267,6 +339,8 @@ class V2Protocol(Protocol):
 
     def _dispatch(self, cmd: Command) -> None:
         name = cmd.name
+        if self._need_tls and name != b"IDENTIFY":
+            raise self._tls_required(name)
         if name == b"FIN":
             self._fin(cmd.args)
         elif name == b"RDY":
@@ -307,34 +381,90 @@ class V2Protocol(Protocol):
         self.user_agent = data.get("user_agent") or ""
         self._identify_settings(data)
         self._restart_heartbeat()
-        self._restart_read_deadline()
+        self._reset_read_deadline()
         if not data.get("feature_negotiation"):
             self._write(_OK)
             return
-        want_deflate = bool(o.deflate and data.get("deflate"))
-        want_snappy = bool(o.snappy and data.get("snappy"))
-        if want_deflate and want_snappy:
+        # a connection is upgraded once; a repeated IDENTIFY negotiates nothing more
+        tls_v1 = self.nsqd.tls is not None and bool(data.get("tls_v1")) and not self.tls
+        deflate = bool(o.deflate and data.get("deflate")) and self._decoder is None
+        snappy = bool(o.snappy and data.get("snappy")) and self._decoder is None
+        deflate_level = DEFAULT_DEFLATE_LEVEL
+        if deflate and (data.get("deflate_level") or 0) > 0:
+            deflate_level = data["deflate_level"]
+        deflate_level = min(deflate_level, o.max_deflate_level)
+        if deflate and snappy:
             raise fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
-        # TLS and compression are answered "off" until the connection can be
-        # upgraded; a client then carries on uncompressed and in the clear.
-        deflate = snappy = False
-        deflate_level = min(6, o.max_deflate_level)
         response = {
             "max_rdy_count": o.max_rdy_count,
             "version": NSQD_VERSION,
             "max_msg_timeout": int(o.max_msg_timeout * 1000),
             "msg_timeout": int(self.msg_timeout * 1000),
-            "tls_v1": False,
+            "tls_v1": tls_v1,
             "deflate": deflate,
             "deflate_level": deflate_level,
             "max_deflate_level": o.max_deflate_level,
             "snappy": snappy,
             "sample_rate": self.sample_rate,
-            "auth_required": False,
+            "auth_required": self._authd is not None,
             "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
         }
         self._write(frame(FRAME_TYPE_RESPONSE, json.dumps(response, separators=(",", ":")).encode()))
+        if tls_v1 or snappy or deflate:
+            self._upgrade(tls_v1, snappy, deflate, deflate_level)
+
+    def _upgrade(self, tls_v1: bool, snappy: bool, deflate: bool, deflate_level: int) -> None:
+        """Switch the connection to TLS, then to compression, each confirmed by an OK.
+
+        The IDENTIFY answer went out as it was; from here on the client
+        speaks the new encoding, so whatever it already sent after IDENTIFY
+        is handed to the new layer instead of the parser.
+        """
+        early = self.parser.take_buffered()
+        if tls_v1:
+            self.log.info("PROTOCOL(V2): [{client}] upgrading connection to TLS", client=self)
+            self.transport.startTLS(self.nsqd.tls)  # type: ignore[union-attr]
+            self.tls = True
+            self._need_tls = False
+            self._handshake_call = self.clock.callLater(TLS_HANDSHAKE_TIMEOUT, self._handshake_timeout)
+            self._write(_OK)
+        codec: IStreamCodec | None = None
+        if snappy:
+            self.log.info("PROTOCOL(V2): [{client}] upgrading connection to snappy", client=self)
+            codec = SnappyCodec()
+            self.snappy = True
+        elif deflate:
+            self.log.info("PROTOCOL(V2): [{client}] upgrading connection to deflate (level {deflate_level})",
+                          client=self, deflate_level=deflate_level)
+            codec = DeflateCodec(deflate_level)
+            self.deflate = True
+        if codec is not None:
+            self.transport = CompressingTransport(self.transport, codec)
+            self._decoder = codec
+            self._write(_OK)
+        if early:
+            if tls_v1:
+                self.transport.protocol.dataReceived(early)  # type: ignore[union-attr]
+            elif codec is not None:
+                codec.feed(early)
+
+    def handshakeCompleted(self) -> None:
+        """The TLS handshake after IDENTIFY finished: note what was agreed, for /stats and AUTH."""
+        if self._handshake_call is not None and self._handshake_call.active():
+            self._handshake_call.cancel()
+        self._handshake_call = None
+        conn = self.transport.getHandle()  # type: ignore[union-attr]
+        self._tls_info = connection_info(conn)
+        self._tls_info["common_name"] = peer_common_name(conn)
+
+    def _handshake_timeout(self) -> None:
+        self._handshake_call = None
+        self.log.error("[{client}] - E_IDENTIFY_FAILED IDENTIFY failed TLS handshake timeout",
+                       client=self)
+        self._closed = True
+        self._cancel_timers()
+        self.transport.abortConnection()  # type: ignore[union-attr]
 
     def _identify_settings(self, data: dict[str, Any]) -> None:
         """Apply heartbeat, output buffer, sample rate and msg timeout as nsqd validates them."""
@@ -388,8 +518,96 @@ class V2Protocol(Protocol):
         else:
             raise bad("msg timeout", mt)
 
+    # -- AUTH -------------------------------------------------------------
+
+    def _has_authorizations(self) -> bool:
+        return self.auth_state is not None and bool(self.auth_state.authorizations)
+
     def _auth(self, body: bytes) -> None:
-        raise fatal("E_AUTH_DISABLED", "AUTH disabled")
+        if self._has_authorizations():
+            raise fatal("E_INVALID", "AUTH already set")
+        if self._authd is None:
+            raise fatal("E_AUTH_DISABLED", "AUTH disabled")
+        self.auth_secret = _text(body)
+        self._block_until(self._query_auth(), self._authed)
+
+    def _query_auth(self) -> Deferred[AuthState]:
+        assert self._authd is not None
+        peer = self.transport.getPeer()  # type: ignore[union-attr]
+        return self._authd.query(getattr(peer, "host", ""), self.tls, self.auth_secret,
+                                 self._tls_info.get("common_name", ""))
+
+    def _auth_failed(self, failure: Failure) -> NSQError:
+        # the reason stays in the log: nsqd does not tell the client
+        self.log.warn("PROTOCOL(V2): [{client}] AUTH failed {error}",  # noqa: G010 - twisted Logger
+                      client=self, error=failure.getErrorMessage())
+        return fatal("E_AUTH_FAILED", "AUTH failed")
+
+    def _authed(self, result: AuthState | Failure) -> None:
+        if isinstance(result, Failure):
+            raise self._auth_failed(result)
+        self.auth_state = result
+        if not result.authorizations:
+            raise fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
+        self.log.info("PROTOCOL(V2): [{client}] AUTH identity {identity}", client=self,
+                      identity=result.identity)
+        answer = {"identity": result.identity, "identity_url": result.identity_url,
+                  "permission_count": len(result.authorizations)}
+        self._write(frame(FRAME_TYPE_RESPONSE, go_json(answer)))
+
+    def _authorize(self, cmd: str, topic: str, channel: str,
+                   retry: Callable[[], None] | None) -> bool:
+        """nsqd's CheckAuth for SUB and the publishes; raises E_AUTH_FIRST/E_UNAUTHORIZED.
+
+        Returns True when the command may go on now. When the authorization
+        has expired it is asked for again: with ``retry`` the connection
+        waits for the answer and then runs the command again (False is
+        returned meanwhile); without, the check is left to a later call.
+        """
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise fatal("E_AUTH_FIRST", f"AUTH required before {cmd}")
+        if state.expired(self.clock.seconds()):
+            if retry is not None:
+                self._block_until(self._query_auth(), lambda result: self._reauthed(result, retry))
+            return False
+        if not state.is_allowed(topic, channel):
+            raise fatal("E_UNAUTHORIZED",
+                        f"AUTH failed for {cmd} on {go_quote(topic.encode('utf-8', 'surrogateescape'))} "
+                        f"{go_quote(channel.encode('utf-8', 'surrogateescape'))}")
+        return True
+
+    def _reauthed(self, result: AuthState | Failure, retry: Callable[[], None]) -> None:
+        if isinstance(result, Failure):
+            raise self._auth_failed(result)
+        self.auth_state = result
+        retry()
+
+    def _block_until(self, d: Deferred[Any], then: Callable[[Any], None]) -> None:
+        """Read and run nothing more until ``d`` fires, then ``then(result or Failure)``.
+
+        Used while a publish waits for its disk write and while the auth
+        server is asked; ``then`` may raise an NSQError for the client.
+        """
+        self._blocked = True
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+        d.addBoth(self._unblock, then).addErrback(self._unexpected)
+
+    def _unexpected(self, failure: Failure) -> None:
+        self.log.failure("[{client}] - unexpected error", failure, client=self)
+        self._close()
+
+    def _unblock(self, result: Any, then: Callable[[Any], None]) -> None:
+        if self._closed:
+            return
+        self._blocked = False
+        try:
+            then(result)
+        except NSQError as e:
+            self._send_error(e)
+        if not self._closed and not self._blocked:
+            self.transport.resumeProducing()  # type: ignore[union-attr]
+            self._process()
 
     def _sub(self, args: list[bytes]) -> None:
         if self.state != STATE_INIT:
@@ -404,6 +622,9 @@ class V2Protocol(Protocol):
         channel_name = _text(args[1])
         if not is_valid_channel_name(channel_name):
             raise fatal("E_BAD_CHANNEL", f"SUB channel name {go_quote(args[1])} is not valid")
+        if self._authd is not None and not self._authorize("SUB", topic_name, channel_name,
+                                                           lambda: self._sub(args)):
+            return
         channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
         try:
             channel.add_client(self)
@@ -446,12 +667,12 @@ class V2Protocol(Protocol):
         return msg_id
 
     def _fin(self, args: list[bytes]) -> None:
-        msg_id = self._message_id("FIN", args, 1)
+        self._fin_many([self._message_id("FIN", args, 1)])
+
+    def _fin_many(self, msg_ids: list[bytes]) -> None:
         assert self.channel is not None
-        try:
-            self.channel.finish(self, msg_id)
-        except NotInFlightError as e:
-            raise nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}") from None
+        for msg_id, e in self.channel.finish_many(self, msg_ids):
+            self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)
@@ -488,6 +709,9 @@ class V2Protocol(Protocol):
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
         c = cmd.decode()
+        if self._authd is not None and not self._authorize(
+                c, topic, "", lambda: self._publish(cmd, topic, bodies, defer)):
+            return
         try:
             written = self.nsqd.publish(topic, bodies, defer)
         except (ExitingError, BackendError) as e:
@@ -498,21 +722,12 @@ class V2Protocol(Protocol):
             return
         # Some went to disk: answer once written, like nsqd. Until then this
         # publisher is paused, which is our backpressure on fast publishers.
-        self._blocked = True
-        self.transport.pauseProducing()  # type: ignore[union-attr]
-        written.addCallbacks(self._published, self._publish_failed, errbackArgs=(c,))
+        self._block_until(written, lambda result: self._published(result, c))
 
-    def _published(self, _: object) -> None:
-        if self._closed:
-            return
+    def _published(self, result: Any, cmd: str) -> None:
+        if isinstance(result, Failure):
+            raise fatal(f"E_{cmd}_FAILED", f"{cmd} failed {result.getErrorMessage()}")
         self._write(_OK)
-        self._blocked = False
-        self.transport.resumeProducing()  # type: ignore[union-attr]
-        self._process()
-
-    def _publish_failed(self, failure: Failure, cmd: str) -> None:
-        if not self._closed:
-            self._send_error(fatal(f"E_{cmd}_FAILED", f"{cmd} failed {failure.getErrorMessage()}"))
 
     # -- IConsumer --------------------------------------------------------
 
@@ -581,10 +796,14 @@ class V2Protocol(Protocol):
             "snappy": self.snappy,
             "user_agent": self.user_agent,
             "tls": self.tls,
-            "tls_cipher_suite": "",
-            "tls_version": "",
-            "tls_negotiated_protocol": "",
-            "tls_negotiated_protocol_is_mutual": False,
+            "tls_cipher_suite": self._tls_info.get("tls_cipher_suite", ""),
+            "tls_version": self._tls_info.get("tls_version", ""),
+            "tls_negotiated_protocol": self._tls_info.get("tls_negotiated_protocol", ""),
+            "tls_negotiated_protocol_is_mutual": self._tls_info.get(
+                "tls_negotiated_protocol_is_mutual", False),
+            "authed": self._has_authorizations(),
+            "auth_identity": self.auth_state.identity if self.auth_state else "",
+            "auth_identity_url": self.auth_state.identity_url if self.auth_state else "",
         }
 
 

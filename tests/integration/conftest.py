@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon import Daemon
+from tests.daemon import Daemon, LookupdDaemon
 
 
 @pytest.fixture
@@ -29,3 +29,20 @@ def daemon_factory(tmp_path) -> Iterator:
 def nsqd(daemon_factory) -> Daemon:
     """One nsqtw daemon with default flags (plus a short msg timeout)."""
     return daemon_factory()
+
+
+@pytest.fixture
+def lookupd_factory(tmp_path) -> Iterator:
+    """Start nsqtw-lookupd daemons on loopback port 0; all are stopped at the end."""
+    started: list[LookupdDaemon] = []
+
+    def start(*args: str, **kw: object) -> LookupdDaemon:
+        path = tmp_path / f"lookupd{len(started)}"
+        path.mkdir(exist_ok=True)
+        d = LookupdDaemon(str(path), *args)
+        started.append(d)
+        return d.start(**kw)  # type: ignore[arg-type]
+
+    yield start
+    for d in started:
+        d.stop()

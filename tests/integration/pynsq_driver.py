@@ -37,11 +37,14 @@ def fresh_loop() -> tornado.ioloop.IOLoop:
 
 
 def publish(address: str, topic: str, bodies: list[bytes], mpub: bool = False,
-            timeout: float = 10.0) -> list[Any]:
-    """Publish with nsq.Writer; returns the responses (each b'OK' or an error)."""
+            timeout: float = 10.0, **writer_kw: Any) -> list[Any]:
+    """Publish with nsq.Writer; returns the responses (each b'OK' or an error).
+
+    ``writer_kw`` go to pynsq's connections (tls_v1, snappy, deflate, auth_secret...).
+    """
     loop = fresh_loop()
     results: list[Any] = []
-    writer = nsq.Writer([address])
+    writer = nsq.Writer([address], **writer_kw)
 
     def cb(conn: Any, data: Any) -> None:
         results.append(data)
@@ -65,10 +68,13 @@ def publish(address: str, topic: str, bodies: list[bytes], mpub: bool = False,
     return results
 
 
-def consume(address: str, topic: str, channel: str, count: int,
+def consume(address: str | None, topic: str, channel: str, count: int,
             handler: Callable[[Any], bool | None] | None = None,
             timeout: float = 10.0, **reader_kw: Any) -> list[Any]:
     """Consume with nsq.Reader until ``count`` messages arrived (or timeout).
+
+    ``address`` is one nsqd's TCP address; None to find nsqd nodes through
+    ``lookupd_http_addresses=[...]`` in ``reader_kw`` instead.
 
     ``handler`` may return False to let pynsq REQ the message, None to leave
     it for the handler to finish (async), True (default) to FIN it.
@@ -82,8 +88,9 @@ def consume(address: str, topic: str, channel: str, count: int,
             return True
         return handler(msg)
 
-    reader = nsq.Reader(topic=topic, channel=channel, message_handler=on_message,
-                        nsqd_tcp_addresses=[address], **reader_kw)
+    if address is not None:
+        reader_kw["nsqd_tcp_addresses"] = [address]
+    reader = nsq.Reader(topic=topic, channel=channel, message_handler=on_message, **reader_kw)
     run_until(loop, lambda: len(got) >= count, timeout)
     # let the last FIN/REQ leave before closing
     loop.call_later(0.1, loop.stop)

@@ -29,9 +29,12 @@ def test_writer_then_reader(nsqd) -> None:
               "--batch-size=50", "--size=100")
     m = LINE.search(w)
     assert m and float(m.group(1)) > 0, w
-    r = bench("reader", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1")
+    r = bench("reader", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--workers=1",
+              f"--daemon-pid={nsqd.proc.pid}")
     m = LINE.search(r)
     assert m and float(m.group(1)) > 0, r
+    cpu = re.search(r"\[reader\] daemon CPU: ([\d.]+)s - ([\d.]+)us/msg", r)
+    assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, r
 
 
 def test_single_message_round_trips_and_go_flags(nsqd) -> None:

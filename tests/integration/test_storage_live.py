@@ -139,9 +139,17 @@ def test_pause_persisted_at_once(tmp_path, daemon_factory) -> None:
     subscribe(d.tcp_address, "t", "c").close()
     for path in ("/topic/pause?topic=t", "/channel/pause?topic=t&channel=c"):
         urllib.request.urlopen(urllib.request.Request(f"http://{d.http_address}{path}", method="POST"))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and '"paused":true' not in open(os.path.join(data, "nsqd.dat")).read():
+    def both_paused_on_disk() -> bool:
+        try:
+            with open(os.path.join(data, "nsqd.dat")) as f:
+                return f.read().count('"paused":true') == 2  # the topic and its channel
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not both_paused_on_disk():
         time.sleep(0.05)
+    assert both_paused_on_disk()
     d.kill()
     d2 = daemon_factory(data_path=data)
     [topic] = http_json(d2, "/stats?format=json")["topics"]

@@ -76,6 +76,7 @@ class DiskQueueTestBase(SynchronousTestCase):
 
     def open(self, name: str = "t", max_bytes: int = 1 << 20, min_size: int = 1, max_size: int = 1 << 16,
              sync_every: int = 2500, sync_timeout: float = 2.0, **kw: Any) -> DiskQueue:
+        kw.setdefault("flush_interval", 0.0)  # FlushIntervalTests covers the rate limit
         q = DiskQueue(name=name, data_path=self.path, max_bytes_per_file=max_bytes, min_msg_size=min_size,
                       max_msg_size=max_size, sync_every=sync_every, sync_timeout=sync_timeout,
                       clock=self.clock, executor=SynchronousDiskExecutor(),
@@ -200,6 +201,38 @@ class BatchingTests(DiskQueueTestBase):
         self.assertEqual(self.listing()[:3], ["t.diskqueue.000000.dat", "t.diskqueue.000001.dat",
                                               "t.diskqueue.000002.dat"])
         self.assertEqual(self.read_all(q), [rec(i) for i in range(25)])
+
+
+class FlushIntervalTests(DiskQueueTestBase):
+    def test_at_most_one_flush_per_interval(self) -> None:
+        """An idle queue flushes on the next turn; a busy one waits out the interval."""
+        q = self.open(flush_interval=0.01)
+        q.put(rec(0))
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 1)
+        q.put(rec(1))
+        q.put(rec(2))
+        self.clock.advance(0.005)
+        self.assertEqual(self.hooks.writes, 1)
+        self.clock.advance(0.005)
+        self.assertEqual(self.hooks.writes, 2)
+        self.clock.advance(1)
+        q.put(rec(3))
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 3)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(4)])
+
+    def test_waiting_for_written_flushes_at_once(self) -> None:
+        """--sync-every=1 and backpressure wait on written(): no interval for them."""
+        q = self.open(flush_interval=0.01)
+        q.put(rec(0))
+        self.clock.advance(0)
+        q.put(rec(1))
+        d = q.written()
+        self.assertNoResult(d)
+        self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 2)
+        self.successResultOf(d)
 
 
 class ReadTests(DiskQueueTestBase):
@@ -560,6 +593,22 @@ class ThreadPoolExecutorTests(SynchronousTestCase):
         threads = {t for _, t in seen}
         self.assertEqual(len(threads), 1)
         self.assertNotIn(threading.get_ident(), threads)
+
+
+    def test_failure_and_stop(self) -> None:
+        """A raising job fails its Deferred; stop() refuses new jobs but finishes queued ones."""
+        reactor = FakeThreadReactor()
+        executor = ThreadPoolDiskExecutor(reactor, name="test")  # type: ignore[arg-type]
+        failing = executor.submit(lambda: 1 // 0)
+        queued = executor.submit(lambda: "done")
+        executor.stop()
+        self.failureResultOf(executor.submit(lambda: None), BackendError)
+        reactor.run_one()
+        reactor.run_one()
+        self.failureResultOf(failing, ZeroDivisionError)
+        self.assertEqual(self.successResultOf(queued), "done")
+        executor._thread.join(5)
+        self.assertFalse(executor._thread.is_alive())
 
 
 class ModelTests(DiskQueueTestBase):

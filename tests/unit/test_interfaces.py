@@ -6,12 +6,14 @@ import shutil
 import tempfile
 
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
+from nsqtw.auth import HTTPAuthorizer
 from nsqtw.backend import EphemeralBackend, MemoryBackend
 from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
-from nsqtw.interfaces import IBackendQueue, IConsumer
+from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer
 from tests.helpers import connect, make_nsqd
 
 
@@ -29,3 +31,8 @@ class InterfaceTests(SynchronousTestCase):
         nsqd, clock = make_nsqd()
         proto, _ = connect(nsqd, clock)
         self.assertTrue(verifyObject(IConsumer, proto))
+
+    def test_http_authorizer(self) -> None:
+        """The treq auth client provides IAuthorizer."""
+        authd = HTTPAuthorizer(["127.0.0.1:4181"], "get", 2.0, 5.0, MemoryReactorClock())
+        self.assertTrue(verifyObject(IAuthorizer, authd))

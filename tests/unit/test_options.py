@@ -186,12 +186,13 @@ class FlagTableTests(SynchronousTestCase):
             self.assertIsNone(keys[name])
 
     def test_statuses(self) -> None:
-        """Core flags are active; auth, TLS, statsd and lookupd are not yet."""
+        """Every nsqd v1.3 flag is active, lookupd registration, TLS, auth, statsd and e2e included."""
         status = {f.name: f.status for f in FLAGS}
-        for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy"):
+        for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy", "tls-cert",
+                     "https-address", "auth-http-address", "statsd-address",
+                     "e2e-processing-latency-percentile", "lookupd-tcp-address"):
             self.assertEqual(status[name], options.ACTIVE)
-        for name in ("tls-cert", "statsd-address", "lookupd-tcp-address"):
-            self.assertEqual(status[name], options.NOT_YET_ACTIVE)
+        self.assertEqual([f.name for f in FLAGS if f.status != options.ACTIVE], [])
 
 
 class DurationTests(SynchronousTestCase):
@@ -391,7 +392,7 @@ class CommandLineTests(SynchronousTestCase):
             ["--e2e-processing-latency-percentile=0"],
             ["--e2e-processing-latency-percentile=1.5"],
             ["--e2e-processing-latency-percentile=x"],
-            ["--statsd-address=127.0.0.1:8125", "--statsd-interval=1s"],
+            ["--statsd-address=127.0.0.1:8125", "--statsd-interval=999ms"],
             ["--broadcast-tcp-port=70000"],
         ):
             with self.assertRaises(OptionsError, msg=argv) as cm:
@@ -407,6 +408,7 @@ class CommandLineTests(SynchronousTestCase):
                 "--max-deflate-level=9",
                 "--tls-client-auth-policy=require-verify",
                 "--e2e-processing-latency-percentile=1",
+                "--statsd-address=127.0.0.1:8125",
                 "--statsd-interval=1s",
                 "--auth-http-request-method=post",
             ]

@@ -278,6 +278,23 @@ class FlightTests(SynchronousTestCase):
                          [(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN " + msg_id + b" failed client does not own message")])
         self.assertFalse(b.transport.disconnecting)
 
+    def test_run_of_fins_with_failures_answers_in_order(self) -> None:
+        """FINs sent back to back: each bad one gets its E_FIN_FAILED, the good ones all land."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        publish(nsqd, clock, "t", b"1", b"2", b"3")
+        ids = [m[1] for m in c.messages()]
+        bogus = b"ffffffffffffffff"
+        c.send(b"".join(b"FIN " + i + b"\n" for i in [ids[0], bogus, ids[1], ids[1], ids[2]]))
+        self.assertEqual(take_frames(c.transport), [
+            (FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN " + bogus + b" failed ID not in flight"),
+            (FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN " + ids[1] + b" failed ID not in flight"),
+        ])
+        self.assertEqual(c.proto.finish_count, 3)
+        self.assertEqual(c.proto.in_flight_count, 0)
+        self.assertEqual(len(nsqd.topics["t"].channels["c"].in_flight), 0)
+        self.assertFalse(c.transport.disconnecting)
+
     def test_disconnect_requeues_in_flight(self) -> None:
         """When a consumer goes away its in-flight messages go to the others at once."""
         nsqd, clock = make_nsqd()

@@ -70,6 +70,48 @@ class ChunkingTests(SynchronousTestCase):
         self.assertTrue(parser.in_command())
 
 
+class FinRunTests(SynchronousTestCase):
+    def parser(self, data: bytes) -> V2Parser:
+        parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+        parser.feed(data)
+        return parser
+
+    def test_takes_a_run_of_fins(self) -> None:
+        """Back-to-back FINs come out as IDs; the next command is left for next_command()."""
+        ids = [f"{i:016x}".encode() for i in range(5)]
+        parser = self.parser(b"".join(b"FIN " + i + b"\n" for i in ids) + b"RDY 3\nFIN 0000")
+        self.assertEqual(parser.take_fins(), ids)
+        self.assertEqual(parser.take_fins(), [])
+        self.assertEqual(parser.next_command(), Command(b"RDY", [b"3"]))
+        self.assertEqual(parser.take_fins(), [])  # partial line: wait for the rest
+        parser.feed(b"00000000000a\n")
+        self.assertEqual(parser.take_fins(), [b"000000000000000a"])
+        self.assertEqual(parser.next_command(), None)
+
+    def test_odd_fins_go_the_generic_way(self) -> None:
+        """A FIN whose ID holds a space or ends in \\r is parsed (and refused) like nsqd does."""
+        for line in (b"FIN 0123456 89abcdef\n", b"FIN 0123456789abcde\r\n", b"FIN 0123456789abcdef0\n",
+                     b"FIN  123456789abcdef\n"):
+            parser = self.parser(b"FIN 0123456789abcdef\n" + line)
+            self.assertEqual(parser.take_fins(), [b"0123456789abcdef"], line)
+            self.assertEqual(parser.take_fins(), [], line)
+            cmd = parser.next_command()
+            assert cmd is not None
+            self.assertEqual(cmd.name, b"FIN")
+            self.assertNotEqual([len(a) for a in cmd.args], [16], line)
+
+    def test_not_inside_a_body(self) -> None:
+        """Bytes that look like a FIN inside a PUB body are body bytes."""
+        body = b"FIN 0123456789abcdef\n"
+        parser = self.parser(encode_command(b"PUB", b"t", body=body))
+        self.assertEqual(parser.take_fins(), [])
+        parser = self.parser(b"PUB t\n")
+        self.assertIsNone(parser.next_command())
+        parser.feed(struct.pack(">i", len(body)) + body)
+        self.assertEqual(parser.take_fins(), [])
+        self.assertEqual(parser.next_command(), Command(b"PUB", [b"t"], body=body))
+
+
 class ErrorTests(SynchronousTestCase):
     def error(self, data: bytes) -> str:
         parser = V2Parser(MAX_MSG, MAX_BODY)

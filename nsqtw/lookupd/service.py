@@ -1,0 +1,56 @@
+"""Assembly: NSQLookupd plus its TCP and HTTP listeners, as one twistd service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, ensureDeferred
+
+from nsqtw import NSQD_VERSION
+from nsqtw.log import Logger
+from nsqtw.lookupd.http import LookupdHTTPAPI
+from nsqtw.lookupd.lookupd import NSQLookupd
+from nsqtw.lookupd.protocol import LookupFactory
+from nsqtw.service import ListenerService, exit_cleanly_after_signal, server_endpoint
+
+__all__ = ["LookupdService"]
+
+
+class LookupdService(MultiService):
+    """The daemon: ``TCP: listening on ...`` and ``HTTP: listening on ...`` like nsqlookupd."""
+
+    log = Logger()
+
+    def __init__(self, options: Any, reactor: Any = None) -> None:
+        super().__init__()
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.reactor = reactor
+        self.lookupd = NSQLookupd(options, reactor)
+        ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
+                        LookupFactory(self.lookupd), self._tcp_bound).setServiceParent(self)
+        site = LookupdHTTPAPI(self.lookupd).site()
+        site.noisy = False
+        ListenerService("HTTP", server_endpoint(reactor, options.http_address),
+                        site, self._http_bound).setServiceParent(self)
+
+    def _tcp_bound(self, port: int) -> None:
+        self.lookupd.tcp_port = port
+
+    def _http_bound(self, port: int) -> None:
+        self.lookupd.http_port = port
+
+    def startService(self) -> None:
+        self.log.info("nsqlookupd v{version} (nsqtw)", version=NSQD_VERSION)
+        super().startService()
+
+    def stopService(self) -> Deferred[None]:
+        return ensureDeferred(self._stop())
+
+    async def _stop(self) -> None:
+        await super().stopService()
+        self.log.info("LOOKUPD: stopped")
+        exit_cleanly_after_signal(self.reactor)

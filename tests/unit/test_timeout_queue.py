@@ -1,0 +1,84 @@
+"""TimeoutQueue: in-flight and deferred deadlines, FIFO fast lane plus heap."""
+
+from __future__ import annotations
+
+import random
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.channel import _COMPACT_MIN, TimeoutQueue
+from nsqtw.message import Message
+
+
+def msg(i: int) -> Message:
+    return Message(f"{i:016d}".encode(), b"body", 0)
+
+
+class TimeoutQueueTests(SynchronousTestCase):
+    def test_due_in_deadline_order_across_lanes(self) -> None:
+        """In-order deadlines (FIFO) and out-of-order ones (heap) both come due on time."""
+        q = TimeoutQueue()
+        q.push(msg(1), 10.0)
+        q.push(msg(2), 20.0)
+        q.push(msg(3), 5.0)  # earlier than the FIFO's tail: heap
+        q.push(msg(4), 30.0)
+        self.assertEqual(q.next_deadline(), 5.0)
+        self.assertEqual([m.id for m in q.pop_due(4.9)], [])
+        self.assertEqual([m.id for m in q.pop_due(10.0)], [msg(1).id, msg(3).id])
+        self.assertEqual(q.next_deadline(), 20.0)
+        self.assertEqual(len(q), 2)
+
+    def test_removed_and_repushed_entries_are_stale(self) -> None:
+        """A FINed message never comes due; a TOUCHed one comes due at its new deadline only."""
+        q = TimeoutQueue()
+        a, b = msg(1), msg(2)
+        q.push(a, 10.0)
+        q.push(b, 11.0)
+        self.assertIs(q.remove(a.id), a)
+        self.assertIsNone(q.remove(a.id))
+        q.remove(b.id)
+        q.push(b, 50.0)  # TOUCH
+        self.assertEqual(q.next_deadline(), 50.0)
+        self.assertEqual(q.pop_due(49.0), [])
+        self.assertEqual(q.pop_due(50.0), [b])
+        self.assertIsNone(q.next_deadline())
+
+    def test_stale_entries_stay_bounded(self) -> None:
+        """One message stuck in flight does not let FINed entries behind it pile up."""
+        q = TimeoutQueue()
+        stuck = msg(0)
+        q.push(stuck, 1.0)  # never finished
+        for i in range(1, 20 * _COMPACT_MIN):
+            m = msg(i)
+            q.push(m, 1.0 + i)
+            q.remove(m.id)
+        entries = len(q._fifo) + len(q._heap)
+        self.assertLessEqual(entries, 3 * _COMPACT_MIN)
+        self.assertEqual(q.pop_due(1e9), [stuck])
+
+    def test_matches_a_reference_model(self) -> None:
+        """Random pushes, removals and pops agree with a plain dict of deadlines."""
+        rng = random.Random(7)
+        q = TimeoutQueue()
+        model: dict[bytes, float] = {}
+        msgs = [msg(i) for i in range(300)]
+        now = 0.0
+        for _ in range(5000):
+            m = rng.choice(msgs)
+            op = rng.random()
+            if op < 0.5:
+                q.remove(m.id)
+                when = now + rng.choice([10.0, 10.0, 10.0, rng.uniform(0, 20)])
+                q.push(m, when)
+                model[m.id] = when
+            elif op < 0.8:
+                self.assertEqual(q.remove(m.id) is not None, model.pop(m.id, None) is not None)
+            else:
+                now += rng.uniform(0, 3)
+                due = sorted(x.id for x in q.pop_due(now))
+                expected = sorted(k for k, w in model.items() if w <= now)
+                self.assertEqual(due, expected)
+                for k in expected:
+                    del model[k]
+            self.assertEqual(len(q), len(model))
+            self.assertEqual(q.next_deadline(), min(model.values()) if model else None)
