@@ -121,7 +121,10 @@ class NSQConnection:
                 raise NSQClientError(f"{self.address}: TLS requested but nsqd did not enable it")
             if self.settings.get("auth_required"):
                 self._auth()
-            sock.settimeout(None)
+            self.sock.settimeout(None)
+        except (OSError, ValueError) as e:  # ssl.SSLError, resets, a garbled IDENTIFY answer
+            self.close()
+            raise NSQClientError(f"{self.address}: handshake failed: {e}") from e
         except BaseException:
             self.close()
             raise
@@ -166,7 +169,12 @@ class NSQConnection:
     def _fill(self) -> None:
         assert self.sock is not None
         try:
-            chunk = self.sock.recv(1 << 18)
+            if isinstance(self.sock, ssl.SSLSocket):
+                # one OpenSSL connection must not read and write in two threads at once
+                with self._send_lock:
+                    chunk = self.sock.recv(1 << 18)
+            else:
+                chunk = self.sock.recv(1 << 18)
         except (ssl.SSLWantReadError, BlockingIOError):
             return
         except TimeoutError:

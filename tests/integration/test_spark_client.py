@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +18,13 @@ import pytest
 
 from nsqtw.spark.client import NSQClientError
 from nsqtw.spark.consumer import Consumer, Offset
+from nsqtw.spark.discovery import all_nodes
 from nsqtw.spark.options import ReaderOptions, WriterOptions
 from nsqtw.spark.producer import Producer
 from tests import rawclient
+from tests.certs import make_certs
 from tests.daemon import Daemon
-
-REFERENCE = Path(__file__).parent.parent / "reference" / "nsqlookupd-1.3.0-responses.json"
+from tests.integration.test_features_live import AuthServer
 
 
 def channel_stats(d: Daemon, topic: str, channel: str) -> dict[str, Any]:
@@ -236,65 +235,19 @@ def test_reconnects_after_nsqd_restart(daemon_factory: Callable[..., Daemon], tm
     assert b"after" in bodies(c, Offset(1), end)
 
 
-class FakeLookupd:
-    """Answers /lookup and /nodes with Go nsqlookupd's recorded bodies, pointing at our nsqd."""
-
-    def __init__(self, nsqd: Daemon) -> None:
-        recorded: dict[str, Any] = {}
-        for r in json.loads(REFERENCE.read_text())["http"]:
-            recorded.setdefault(r["request"], r)  # the first answer, before any tombstone
-        self.lookup = json.loads(recorded["GET /lookup?topic=lk_t"]["body"])
-        self.nodes = json.loads(recorded["GET /nodes"]["body"])
-        for p in self.lookup["producers"] + self.nodes["producers"]:
-            p["broadcast_address"], p["tcp_port"] = nsqd.tcp[0], nsqd.tcp[1]
-        self.not_found = recorded["GET /lookup?topic=nope"]["body"]
-        self.has_topic = False
-        self.log: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path.startswith("/lookup") and not fake.has_topic:
-                    status, body = 404, fake.not_found
-                elif self.path.startswith("/lookup"):
-                    status, body = 200, json.dumps(fake.lookup)
-                else:
-                    status, body = 200, json.dumps(fake.nodes)
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                fake.log.append(format % args)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def test_lookupd_discovery(nsqd: Daemon, consumers: list[Consumer]) -> None:
-    """With lookupd the consumer finds the topic's nsqds once they appear, re-asking periodically."""
-    lookupd = FakeLookupd(nsqd)
-    try:
-        opts = ReaderOptions.parse({"lookupd_http_addresses": lookupd.address, "topic": "ev",
-                                    "channel": "sp", "lookupd_poll_interval_ms": "200"})
-        c = start(consumers, opts)
-        assert c.addresses() == []  # TOPIC_NOT_FOUND: nothing to connect to yet
-        publish(nsqd, "ev", [b"found"])
-        lookupd.has_topic = True
-        end = plan_until(c, Offset(0), 1)
-        assert c.addresses() == [nsqd.tcp_address]
-        assert bodies(c, Offset(0), end) == [b"found"]
-    finally:
-        lookupd.close()
+def test_lookupd_discovery(daemon_factory: Callable[..., Daemon], lookupd_factory: Callable[..., Any],
+                           consumers: list[Consumer]) -> None:
+    """With nsqlookupd the consumer finds the topic's nsqds once they appear, re-asking periodically."""
+    lookupd = lookupd_factory("--broadcast-address=127.0.0.1")
+    nsqd = daemon_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lookupd.tcp_address}")
+    opts = ReaderOptions.parse({"lookupd_http_addresses": lookupd.http_address, "topic": "ev",
+                                "channel": "sp", "lookupd_poll_interval_ms": "200"})
+    c = start(consumers, opts)
+    assert c.addresses() == []  # TOPIC_NOT_FOUND: nothing to connect to yet
+    publish(nsqd, "ev", [b"found"])
+    end = plan_until(c, Offset(0), 1)
+    assert c.addresses() == [nsqd.tcp_address]
+    assert bodies(c, Offset(0), end) == [b"found"]
 
 
 def test_unreachable_nsqd_is_a_clear_error(nsqd: Daemon) -> None:
@@ -324,72 +277,60 @@ def test_producer_chunks_mpub(nsqd: Daemon) -> None:
     assert got == sent
 
 
-def test_producer_with_lookupd_uses_nodes_for_new_topics(nsqd: Daemon) -> None:
+def test_producer_with_lookupd_uses_nodes_for_new_topics(daemon_factory: Callable[..., Daemon],
+                                                        lookupd_factory: Callable[..., Any]) -> None:
     """A topic no nsqd has yet is published to a node from lookupd's /nodes."""
-    lookupd = FakeLookupd(nsqd)
-    try:
-        p = Producer(WriterOptions.parse({"lookupd_http_addresses": lookupd.address, "topic": "fresh"}))
-        p.publish("fresh", [b"1", b"2"])
-        p.close()
-    finally:
-        lookupd.close()
+    lookupd = lookupd_factory("--broadcast-address=127.0.0.1")
+    nsqd = daemon_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lookupd.tcp_address}")
+    wait_for(lambda: all_nodes([f"http://{lookupd.http_address}"]), what="the node in /nodes")
+    p = Producer(WriterOptions.parse({"lookupd_http_addresses": lookupd.http_address, "topic": "fresh"}))
+    p.publish("fresh", [b"1", b"2"])
+    p.close()
+    assert p.count == 2
     assert topic_stats(nsqd, "fresh")["message_count"] == 2
 
 
-def fake_auth_nsqd(answers: list[bytes], seen: list[bytes]) -> tuple[str, Any]:
-    """A one-connection stand-in for an nsqd started with --auth-http-address (nsqtw has no AUTH yet).
-
-    It answers IDENTIFY with ``auth_required`` (Go nsqd's response shape) and
-    records the commands that follow, answering each with the next of ``answers``.
-    """
-    import socket
-
-    from nsqtw.message import FRAME_TYPE_RESPONSE, frame
-    from nsqtw.wire import V2Parser
-
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        parser = V2Parser(1 << 20, 1 << 20)
-        identify = {"max_rdy_count": 2500, "version": "1.3.0", "max_msg_timeout": 900000,
-                    "msg_timeout": 60000, "tls_v1": False, "deflate": False, "deflate_level": 6,
-                    "max_deflate_level": 6, "snappy": False, "sample_rate": 0, "auth_required": True,
-                    "output_buffer_size": 16384, "output_buffer_timeout": 250}
-        replies = [json.dumps(identify).encode(), *answers]
-        with conn:
-            while replies:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                parser.feed(data)
-                while (cmd := parser.next_command()) is not None:
-                    seen.append(cmd.name + b" " + (cmd.body or b""))
-                    conn.sendall(frame(FRAME_TYPE_RESPONSE, replies.pop(0)))
-            conn.recv(1)
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"127.0.0.1:{server.getsockname()[1]}", server
+def test_tls(daemon_factory: Callable[..., Daemon], tmp_path: Path, consumers: list[Consumer]) -> None:
+    """With tls=true the consumer and the producer upgrade after IDENTIFY and verify nsqd's certificate."""
+    certs = make_certs(str(tmp_path))
+    nsqd = daemon_factory(f"--tls-cert={certs.server_cert}", f"--tls-key={certs.server_key}",
+                          "--tls-required=tcp-https")  # TCP needs TLS; plain HTTP stays for /stats
+    tls = {"nsqd_tcp_addresses": nsqd.tcp_address, "tls": "true", "tls_ca_file": certs.ca}
+    p = Producer(WriterOptions.parse({**tls, "topic": "ev"}))
+    p.publish("ev", [b"s%d" % i for i in range(50)])
+    p.close()
+    c = start(consumers, ReaderOptions.parse({**tls, "topic": "ev", "channel": "sp", "msg_timeout_ms": "1000"}))
+    end = plan_until(c, Offset(0), 50)
+    time.sleep(1.5)  # TOUCHes and reads share the TLS connection
+    assert sorted(bodies(c, Offset(0), end)) == sorted(b"s%d" % i for i in range(50))
+    c.acknowledge(end)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs over TLS")
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["depth"], s["timeout_count"]) == (0, 0)
+    assert s["clients"][0]["tls"] is True
+    untrusted = ReaderOptions.parse({**tls, "tls_ca_file": "", "topic": "ev", "channel": "x"})
+    with pytest.raises(NSQClientError, match="CERTIFICATE_VERIFY_FAILED"):
+        Consumer(untrusted).start()
 
 
-def test_auth_secret_sent_when_required() -> None:
-    """When IDENTIFY says auth_required, the secret goes out with AUTH before anything else."""
-    from nsqtw.spark.client import ConnectSettings, NSQConnection
-
-    seen: list[bytes] = []
-    address, server = fake_auth_nsqd([b'{"identity":"spark","permission_count":1}'], seen)
-    with server:
-        conn = NSQConnection(address, ConnectSettings(auth_secret="s3cret")).connect()
-        conn.close()
-    assert seen[0].startswith(b"IDENTIFY {")
-    assert seen[1] == b"AUTH s3cret"
-
-
-def test_auth_required_without_secret_is_a_clear_error() -> None:
-    """Without auth_secret, an nsqd that requires AUTH gives an error that names the option."""
-    from nsqtw.spark.client import NSQConnection
-
-    seen: list[bytes] = []
-    address, server = fake_auth_nsqd([], seen)
-    with server, pytest.raises(NSQClientError, match="requires AUTH; set the auth_secret option"):
-        NSQConnection(address).connect()
+def test_auth(daemon_factory: Callable[..., Daemon], consumers: list[Consumer]) -> None:
+    """auth_secret goes out with AUTH when nsqd requires it; without it the error names the option."""
+    grants = {"spark": {"ttl": 60, "identity": "spark", "authorizations": [
+        {"topic": "^ev$", "channels": [".*"], "permissions": ["publish", "subscribe"]}]}}
+    server = AuthServer(grants)
+    try:
+        nsqd = daemon_factory(f"--auth-http-address={server.address}")
+        base = {"nsqd_tcp_addresses": nsqd.tcp_address, "topic": "ev"}
+        p = Producer(WriterOptions.parse({**base, "auth_secret": "spark"}))
+        p.publish("ev", [b"secret"])
+        p.close()
+        c = start(consumers, ReaderOptions.parse({**base, "channel": "sp", "auth_secret": "spark"}))
+        end = plan_until(c, Offset(0), 1)
+        assert bodies(c, Offset(0), end) == [b"secret"]
+        assert {q["secret"] for q in server.queries} == {"spark"}
+        with pytest.raises(NSQClientError, match="requires AUTH; set the auth_secret option"):
+            Consumer(ReaderOptions.parse({**base, "channel": "x"})).start()
+        with pytest.raises(NSQClientError, match="E_AUTH_FAILED"):
+            Producer(WriterOptions.parse({**base, "auth_secret": "wrong"})).publish("ev", [b"x"])
+    finally:
+        server.close()
