@@ -179,7 +179,8 @@ class Consumer:
         self._send_all(sends)
         if available_now:
             first_wait = self.options.drain_timeout
-        elif freed:
+        elif freed or self._base is None:
+            # nsqd refills the slots just freed, or sends the first messages after SUB
             first_wait = min(REFILL_WAIT, self.options.drain_timeout)
         else:
             first_wait = 0.0

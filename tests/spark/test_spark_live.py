@@ -22,13 +22,19 @@ def reader(spark: Any, d: Daemon, topic: str = "ev", **options: str) -> Any:
     return r.load()
 
 
-def collecting(into: list[Any], fail_on: int | None = None) -> Any:
-    """A foreachBatch sink that keeps (batch, body, attempts) rows, failing on one batch if asked."""
+def collecting(into: list[Any], fail_after: int | None = None) -> Any:
+    """A foreachBatch sink that keeps (batch, body, attempts) rows.
+
+    With ``fail_after=n`` it fails on the first batch with rows after ``n``
+    such batches were kept (Spark may run an empty batch 0 first).
+    """
+    kept = [0]
 
     def sink(df: Any, batch_id: int) -> None:
         rows = [(batch_id, r.body, r.attempts) for r in df.select("body", "attempts").collect()]
-        if batch_id == fail_on:
+        if rows and kept[0] == fail_after:
             raise RuntimeError("the sink is down")
+        kept[0] += bool(rows)
         into.extend(rows)
 
     return sink
@@ -67,11 +73,11 @@ def test_sink_failure_then_restart_loses_nothing(spark: Any, nsqd: Daemon, tmp_p
     publish(nsqd, "ev", sent)
     rows: list[Any] = []
     df = reader(spark, nsqd, max_messages_per_batch="300")
-    q = (df.writeStream.foreachBatch(collecting(rows, fail_on=1))
+    q = (df.writeStream.foreachBatch(collecting(rows, fail_after=1))
          .option("checkpointLocation", str(tmp_path / "ck")).start())
     with pytest.raises(Exception, match="the sink is down"):
         q.awaitTermination(TIMEOUT)
-    assert len(rows) == 300  # batch 0 made it, batch 1 failed
+    assert len(rows) == 300  # the first batch made it, the second failed
     settled(nsqd)
     run_available_now(reader(spark, nsqd, max_messages_per_batch="300"), collecting(rows), tmp_path / "ck")
     assert sorted(body for _b, body, _a in rows) == sent
