@@ -7,6 +7,7 @@ core and never shares the daemon's reactor.
     nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --size=200 --batch-size=200 --runfor=10s
     nsqtw-bench reader --nsqd-tcp-address=127.0.0.1:4150 --channel=ch --rdy=2500 --runfor=10s
     nsqtw-bench latency --rate=5000 --runfor=10s
+    nsqtw-bench writer --pub --workers=8 --runfor=10s   # 8 concurrent one-message publishers (PUB)
 """
 
 from __future__ import annotations
@@ -92,13 +93,17 @@ def _expect_ok(reader: FrameReader, pending: list[tuple[int, bytes]]) -> None:
         return
 
 
-def _writer_worker(address: str, topic: str, size: int, batch: int, runfor: float,
+def _writer_worker(address: str, topic: str, size: int, batch: int, pub: bool, runfor: float,
                    start_at: float, out: Any) -> None:
     sock = _connect(address)
     reader = FrameReader(sock)
     pending: list[tuple[int, bytes]] = []
     body = b"a" * size
-    cmd = _mpub(topic.encode(), [body] * batch)
+    if pub:  # one message per command, as a one-at-a-time publisher sends it
+        batch = 1
+        cmd = b"PUB " + topic.encode() + b"\n" + _INT.pack(size) + body
+    else:
+        cmd = _mpub(topic.encode(), [body] * batch)
     while time.time() < start_at:
         time.sleep(0.001)
     count = 0
@@ -236,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default="sub_bench")
     parser.add_argument("--channel", default="ch")
     parser.add_argument("--size", type=int, default=200, help="message size in bytes")
-    parser.add_argument("--batch-size", type=int, default=200, help="messages per MPUB (writer)")
+    parser.add_argument("--batch-size", type=int, default=200,
+                        help="messages per MPUB (writer); 1 is an MPUB of one, as bench_writer sends")
+    parser.add_argument("--pub", action="store_true", help="writer: one PUB per round trip instead of MPUB")
     parser.add_argument("--rdy", type=int, default=2500, help="RDY count (reader)")
     parser.add_argument("--runfor", default="10s", help="Go duration, e.g. 10s")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
@@ -255,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.mode in ("writer", "reader"):
         if ns.mode == "writer":
             results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
-                                                    runfor, start_at), ns.workers)
+                                                    ns.pub, runfor, start_at), ns.workers)
         else:
             results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
                                                     runfor, start_at), ns.workers)

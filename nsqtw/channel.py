@@ -5,11 +5,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -21,6 +22,8 @@ from nsqtw.pump import Pump
 from nsqtw.quantile import Quantile
 
 if TYPE_CHECKING:
+    from nsqtw.interfaces import IDurableBackendQueue
+    from nsqtw.journal import Journal, Position
     from nsqtw.topic import Topic
 
 #: messages handed to clients in one reactor turn before yielding
@@ -154,7 +157,7 @@ class Channel:
     def __init__(self, topic: Topic, name: str, backend: IBackendQueue,
                  clock: IReactorTime, mem_queue_size: int, max_msg_timeout: float,
                  max_channel_consumers: int,
-                 on_delete: Callable[[Channel], None]) -> None:
+                 on_delete: Callable[[Channel], None], journal: Journal | None = None) -> None:
         self.topic = topic
         self.topic_name = topic.name
         self.name = name
@@ -184,7 +187,15 @@ class Channel:
         self.restored_due: dict[bytes, float] = {}
         self._timer: IDelayedCall | None = None
         self._timer_at = 0.0
+        #: --durable-delivery: what records where this channel's messages are
+        self.journal = journal
+        #: the topic's records up to this position reached this channel before a restart
+        self.handoff_floor: Position | None = None
+        self._taken_floor: Position | None = None
+        self._next: Callable[[int], list[Message]] = self._next_messages
         self._pump = Pump(clock, self._deliver, f"CHANNEL({topic.name}:{name})")
+        if journal is not None:
+            self._start_durable(journal)
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -233,6 +244,8 @@ class Channel:
         when = now + delay
         self.deferred.push(msg, when)
         self._arm(when)
+        if self.journal is not None:
+            self.journal.deferred(msg, when)
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         if self.exiting:
@@ -321,7 +334,7 @@ class Channel:
         while wanting and budget > 0 and not exhausted:
             still = []
             for client, cap in wanting:
-                msgs = self._next_messages(min(cap, budget, 64))
+                msgs = self._next(min(cap, budget, 64))
                 if not msgs:
                     exhausted = True
                     break
@@ -384,6 +397,9 @@ class Channel:
             client.message_finished()
             if e2e is not None:
                 e2e.insert(now, msg.timestamp)
+        if self.journal is not None:
+            bad = {i for i, _ in failed}
+            self.journal.finished_many([i for i in msg_ids if i not in bad] if bad else msg_ids)
         self._pump.wake()
         return failed
 
@@ -467,6 +483,8 @@ class Channel:
         self.deferred.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
+        if self.journal is not None:
+            self.journal.cleared()
         return self.backend.empty()
 
     def all_pending(self) -> Iterable[Message]:
@@ -500,6 +518,8 @@ class Channel:
     def close(self) -> Deferred[None]:
         """Graceful stop: flush everything to the backend and close it."""
         self._stop()
+        if self.journal is not None:
+            return ensureDeferred(self._close_durable(self.journal))
         try:
             self.flush()
         except BackendError as e:
@@ -516,6 +536,10 @@ class Channel:
         self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
+        if self.journal is not None:
+            self.journal.remove().addErrback(
+                lambda f: self.log.failure("CHANNEL({topic}:{channel}): failed to remove journal", f,
+                                           topic=self.topic_name, channel=self.name))
         return self.backend.delete()
 
     def stats_counts(self) -> dict[str, Any]:
@@ -529,3 +553,167 @@ class Channel:
             "timeout_count": self.timeout_count,
         }
 
+
+    # -- durable delivery (--durable-delivery) -----------------------------
+    #
+    # The topic hands messages over into this channel's disk queue (fsynced);
+    # whatever leaves the queue, for delivery or to wait for its due time, is
+    # recorded in the journal first, and the queue's read position moves on
+    # only once the journal holding those records is fsynced. Memory here
+    # holds only journal-owned messages (requeued or timed out).
+
+    def _start_durable(self, journal: Journal) -> None:
+        self._mem_queue_size = sys.maxsize
+        self._next = self._next_messages_durable
+        journal.snapshot = self._journal_snapshot
+        self.handoff_floor = journal.handoff_floor
+        self._taken_floor = journal.taken_floor
+        recovered, journal.recovered = journal.recovered, {}
+        if recovered:
+            now = self._clock.seconds()
+            for msg_id, (ts, attempts, due_ms, body) in recovered.items():
+                msg = Message(msg_id, body, ts, attempts)
+                due = due_ms / 1000.0
+                if due > now:
+                    self.deferred.push(msg, due)
+                    self._arm(due)
+                else:
+                    self.memory.append(msg)
+            self.log.info("CHANNEL({topic}:{channel}): recovered {count} unfinished messages from its journal"
+                          " ({deferred} deferred)", topic=self.topic_name, channel=self.name,
+                          count=len(recovered), deferred=len(self.deferred))
+
+    def _journal_snapshot(self) -> Iterable[tuple[Message, float]]:
+        for m in self.memory:
+            yield m, 0.0
+        for m in self.in_flight.live.values():
+            yield m, 0.0
+        for m in self.deferred.live.values():
+            yield m, m.deadline
+
+    def _next_messages_durable(self, n: int) -> list[Message]:
+        journal = self.journal
+        assert journal is not None
+        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+        out: list[Message] = []
+        last: Position | None = None
+        seen: set[bytes] = set()
+        # copies already owned by the journal (around a crash) are skipped;
+        # keep reading until something is left, a few batches at most
+        for _ in range(8):
+            records = backend.read_positions(n - len(out)) if backend.depth() else []
+            if not records:
+                break
+            last = (records[-1][1], records[-1][2])
+            self._take(records, journal, out, seen)
+            if out:
+                break
+        else:
+            if not out and backend.depth():
+                self._pump.wake()  # all skipped so far: more next turn
+        memory = self.memory
+        k = min(n - len(out), len(memory))
+        if k > 0:
+            pop = memory.popleft
+            out.extend(pop() for _ in range(k))
+        if out:
+            journal.delivering(out)
+        if last is not None:
+            # after the messages' own records: if this one survives, so did they
+            journal.taken(last)
+            mark = backend.read_mark()
+            journal.on_synced(lambda: backend.commit_read(mark))
+        return out
+
+    def _take(self, records: list[tuple[bytes, int, int]], journal: Journal, out: list[Message],
+              seen: set[bytes]) -> None:
+        floor = self._taken_floor
+        due = self.restored_due
+        now = self._clock.seconds()
+        for data, num, pos in records:
+            if floor is not None and (num, pos) <= floor:
+                continue  # journaled before a restart the queue's read position did not see
+            try:
+                msg = decode_message(data)
+            except ValueError as e:
+                self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
+                               topic=self.topic_name, channel=self.name, error=e)
+                continue
+            if journal.is_live(msg.id) or msg.id in seen:
+                continue  # a copy the journal already owns (handed over twice around a crash)
+            seen.add(msg.id)
+            if due:
+                when = due.pop(msg.id, None)
+                if when is not None and when > now:
+                    self._defer(msg, when - now, now)
+                    continue
+            out.append(msg)
+        if floor is not None and (records[-1][1], records[-1][2]) >= floor:
+            self._taken_floor = None
+
+    def put_handoff(self, msgs: list[Message], pos: Position) -> Deferred[None]:
+        """Durable mode: messages from the topic, up to its record ``pos``.
+
+        Fires once they are safe here: the ready ones fsynced in this
+        channel's queue, the deferred ones and the hand-off in its journal.
+        Raises ExitingError or BackendError.
+        """
+        if self.exiting:
+            raise ExitingError()
+        if not msgs:
+            return succeed(None)
+        self.message_count += len(msgs)
+        ready = [m for m in msgs if not m.deferred]
+        later = [m for m in msgs if m.deferred]
+        if ready:
+            self.backend.put_many([m.encode() for m in ready])
+            self._pump.wake()
+        return ensureDeferred(self._hand_off(bool(ready), later, pos))
+
+    async def _hand_off(self, wrote: bool, later: list[Message], pos: Position) -> None:
+        journal = self.journal
+        assert journal is not None
+        while wrote:
+            try:
+                await self.backend.written()
+                break
+            except BackendError:
+                if self.exiting or self.topic.exiting:
+                    raise
+                d: Deferred[None] = Deferred()
+                self._clock.callLater(1.0, d.callback, None)
+                await d
+        # Recorded only now: the queue's copies are fsynced, and none of them
+        # has been taken yet (reads come back after this write's callback), so
+        # no record about them can precede this one in the journal.
+        journal.handed_off(pos)
+        if later:
+            now = self._clock.seconds()
+            for m in later:
+                self._defer(m, m.deferred, now)
+                m.deferred = 0.0
+        await journal.synced()
+
+    async def _close_durable(self, journal: Journal) -> None:
+        """Graceful stop: put the journal's messages back in the queue, then drop the journal.
+
+        What is left is a plain nsqd data directory (deferred due times go
+        to ``nsqtw.deferred.json`` as without the flag). If anything fails,
+        the journal stays and the next start with --durable-delivery uses it.
+        """
+        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+        try:
+            self.flush()
+        except BackendError as e:
+            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
+                           topic=self.topic_name, channel=self.name, error=e)
+            await backend.close()
+            await journal.close()
+            return
+        backend.commit_read(backend.read_mark())
+        try:
+            await backend.close()
+        except Exception:
+            await journal.close()
+            raise
+        await journal.remove()

@@ -46,7 +46,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw.errors import BackendError
-from nsqtw.interfaces import IBackendQueue
+from nsqtw.interfaces import IDurableBackendQueue
 from nsqtw.log import Logger
 
 __all__ = [
@@ -193,6 +193,9 @@ class _DiskState:
     sync_every: int
     write_fn: Callable[[int, Any], int] = os.write
     fsync_fn: Callable[[int], None] = os.fsync
+    #: --durable-delivery: every write batch is fsynced before it counts as
+    #: written, and records past a lagging metadata writePos are adopted at load
+    durable: bool = False
 
     read_file_num: int = 0
     read_pos: int = 0
@@ -253,7 +256,11 @@ class _DiskState:
             with open(path, "rb") as f:
                 text = f.read()
         except FileNotFoundError:
-            return 0
+            if not self.durable:
+                return 0
+            # a crash before the first metadata write: records fsynced in
+            # segment 0 were acknowledged, so take them in (below)
+            text = b"0\n0,0\n0,0\n"
         except OSError as e:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {error}",
                       name=self.name, error=str(e))
@@ -280,7 +287,9 @@ class _DiskState:
             if wpos > 0:
                 self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {path} is missing",
                           name=self.name, path=wpath)
-        if size is not None and wpos < size:
+        if size is not None and wpos < size and self.durable:
+            self._adopt_tail(wpath, size)
+        elif size is not None and wpos < size:
             self._log(LogLevel.warn,
                       "DISKQUEUE({name}) {path} metadata writePos {write_pos} < file size of {size},"
                       " skipping to new file",
@@ -292,6 +301,34 @@ class _DiskState:
         # the reactor takes the depth as loaded, corrections included
         self._depth_delta = 0
         return self.depth
+
+    def _adopt_tail(self, path: str, size: int) -> None:
+        """Durable mode: take in the whole records fsynced after the last metadata write.
+
+        Publishers were answered once those records were fsynced, so they are
+        part of the queue; a torn record at the end was never acknowledged and
+        is cut off.
+        """
+        with open(path, "r+b") as f:
+            f.seek(self.write_pos)
+            tail = f.read(size - self.write_pos)
+            off = count = 0
+            while len(tail) - off >= 4:
+                (rsize,) = _SIZE.unpack_from(tail, off)
+                if rsize < self.min_msg_size or rsize > self.max_msg_size or off + 4 + rsize > len(tail):
+                    break
+                off += 4 + rsize
+                count += 1
+            if off < len(tail):
+                f.truncate(self.write_pos + off)
+                os.fsync(f.fileno())
+        self._log(LogLevel.info,
+                  "DISKQUEUE({name}): recovered {count} records written after the last metadata sync"
+                  " (cut {torn} torn bytes)",
+                  name=self.name, count=count, torn=len(tail) - off)
+        self.write_pos += off
+        self.depth += count
+        self.need_sync = True
 
     def _persist_metadata(self) -> None:
         """Write the metadata to a temp file, fsync it and rename it into place."""
@@ -401,11 +438,31 @@ class _DiskState:
             if parts:
                 self._write_chunk(parts, chunk_count, chunk_bytes)
                 written += chunk_count
+            if self.durable and self._wfd is not None:
+                synced, written = written, 0  # none counts until the fsync succeeds
+                self._fsync_written()
+                written = synced
         except (OSError, ValueError) as e:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to write {count} records - {error}",
                       name=self.name, count=len(batch) - written, error=str(e))
             return written, f"DISKQUEUE({self.name}) failed to write: {e}"
         return written, None
+
+    def _fsync_written(self) -> None:
+        """Durable mode: a batch counts as written only once fsynced.
+
+        If fsync fails the records may or may not be on disk: the batch is
+        reported failed (and retried later, so it may be delivered twice) and
+        writing continues in a fresh segment, never over those records.
+        """
+        try:
+            self.fsync_fn(cast(int, self._wfd))
+        except OSError:
+            self._close_write()
+            self.write_file_num += 1
+            self.write_pos = 0
+            self._truncate_on_open = False
+            raise
 
     def _write_chunk(self, parts: list[bytes], count: int, nbytes: int) -> None:
         if self._wfd is None:
@@ -421,6 +478,8 @@ class _DiskState:
                 raise
             self._wfd = fd
             self._truncate_on_open = False
+            if self.durable:
+                fsync_dir(self.data_path)  # the new segment's name must survive power loss too
             self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
         view = memoryview(b"".join(parts))
         try:
@@ -677,6 +736,15 @@ class _DiskState:
                       name=self.name, error=str(e))
 
 
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a new or renamed file's name) survive power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _remove_quietly(path: str) -> None:
     try:
         os.remove(path)
@@ -685,7 +753,7 @@ def _remove_quietly(path: str) -> None:
             raise
 
 
-@implementer(IBackendQueue)
+@implementer(IDurableBackendQueue)
 class DiskQueue:
     """go-diskqueue-compatible backend for a topic or channel, driven from the reactor."""
 
@@ -709,6 +777,7 @@ class DiskQueue:
         flush_interval: float = FLUSH_INTERVAL,
         write_fn: Callable[[int, Any], int] = os.write,
         fsync_fn: Callable[[int], None] = os.fsync,
+        durable: bool = False,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -722,7 +791,7 @@ class DiskQueue:
         self._read_ahead_bytes = max(read_ahead_bytes, 1)
         self._retry_interval = retry_interval
         self._disk = _DiskState(name, data_path, max_bytes_per_file, min_msg_size, max_msg_size,
-                                sync_every, write_fn, fsync_fn)
+                                sync_every, write_fn, fsync_fn, durable)
 
         self._depth = 0
         self._epoch = 0  # bumped by empty/delete: results of older operations are stale
@@ -755,6 +824,11 @@ class DiskQueue:
         self._want_readable = True
         self._notify_call: IDelayedCall | None = None
         self._dirty = False
+        # durable mode: records handed out by read_positions() but not yet
+        # committed; cumulative counts so marks commit in any order
+        self._read_total = 0
+        self._read_last: tuple[int, int] | None = None
+        self._committed_total = 0
 
         self._sync_loop = LoopingCall(self._sync_tick)
         self._sync_loop.clock = clock
@@ -829,13 +903,54 @@ class DiskQueue:
         if out:
             self._consumed_count += len(out)
             self._depth -= len(out)
+        self._after_read(len(out), max_count)
+        return out
+
+    def _after_read(self, got: int, wanted: int) -> None:
         self._maybe_refill()
-        if len(out) < max_count:
+        if got < wanted:
             if self._buffer:
                 self._schedule_notify()  # a refill finished while we were in here
             else:
                 self._want_readable = True
+
+    # -- durable delivery: reads count as consumed only once committed -------
+
+    def read_positions(self, max_count: int) -> list[tuple[bytes, int, int]]:
+        """Like ``read``, with each record's end position; the read position
+        on disk moves past them only when :meth:`commit_read` says so."""
+        out: list[tuple[bytes, int, int]] = []
+        if self._closed:
+            return out
+        buffer = self._buffer
+        while buffer and len(out) < max_count:
+            rec = buffer.popleft()
+            out.append(rec)
+            self._buffer_bytes -= len(rec[0])
+        if out:
+            self._read_total += len(out)
+            self._read_last = (out[-1][1], out[-1][2])
+            self._depth -= len(out)
+        self._after_read(len(out), max_count)
         return out
+
+    def read_mark(self) -> tuple[int, int, int, int] | None:
+        """A token for everything ``read_positions`` returned so far."""
+        if self._read_last is None:
+            return None
+        return (self._epoch, self._read_total, *self._read_last)
+
+    def commit_read(self, mark: tuple[int, int, int, int] | None) -> None:
+        """The records up to ``mark`` are safe elsewhere: let the read position pass them."""
+        if mark is None or self._closed:
+            return
+        epoch, total, num, pos = mark
+        if epoch != self._epoch or total <= self._committed_total:
+            return  # emptied since, or a later mark was committed already
+        self._consumed_count += total - self._committed_total
+        self._consumed_pos = (num, pos)
+        self._committed_total = total
+        self._maybe_refill()
 
     def set_readable_callback(self, callback: Callable[[], object]) -> None:
         self._readable_callback = callback
@@ -949,6 +1064,8 @@ class DiskQueue:
         self._buffer_bytes = 0
         self._consumed_count = 0
         self._consumed_pos = None
+        self._read_total = self._committed_total = 0
+        self._read_last = None
         self._depth = 0
         self._disk_more = False
         self._write_error = None

@@ -67,6 +67,27 @@ class IBackendQueue(Interface):
         """``None`` when healthy, else a short text saying what failed."""
 
 
+class IDurableBackendQueue(IBackendQueue):
+    """A backend for ``--durable-delivery``: written means fsynced, and reads
+    are consumed on disk only when the reader commits them.
+
+    A record handed out by ``read_positions`` is still where a restart finds
+    it until ``commit_read`` covers it, so the reader can first make it safe
+    elsewhere (a channel's queue, a channel's journal).
+    """
+
+    write_error = Attribute("Why writes are refused right now, or ``None``.")
+
+    def read_positions(max_count):
+        """Up to ``max_count`` records as ``(data, file_num, end_pos)``, oldest first."""
+
+    def read_mark():
+        """An opaque mark covering every record ``read_positions`` returned so far (or None)."""
+
+    def commit_read(mark):
+        """Let the persisted read position move past the records ``mark`` covers."""
+
+
 class IConsumer(Interface):
     """What a channel needs from a subscribed client to deliver messages."""
 

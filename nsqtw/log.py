@@ -73,3 +73,14 @@ class Logger(_tw.Logger):
     def __init__(self, namespace: str | None = None, source: Any = None,
                  observer: Any = None) -> None:
         super().__init__(namespace, source, observer if observer is not None else _observer)
+
+
+def start_daemon(program: str, show_version: bool, level: str, prefix: str) -> None:
+    """What ``twistd nsqtw`` and ``twistd nsqtw-lookupd`` do first: ``--version``, then logging."""
+    if show_version:
+        from nsqtw import NSQD_VERSION, __version__
+
+        print(f"{program} v{NSQD_VERSION} (nsqtw {__version__})")
+        raise SystemExit(0)
+    set_level(level)
+    set_prefix(prefix)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
@@ -18,6 +18,9 @@ from nsqtw.message import Message
 from nsqtw.names import backend_name, is_ephemeral
 from nsqtw.quantile import Quantile
 from nsqtw.topic import Topic
+
+if TYPE_CHECKING:
+    from nsqtw.journal import Journal
 
 
 class _Options(Protocol):
@@ -37,6 +40,8 @@ class IRegistryListener(Protocol):
 
 
 BackendFactory = Callable[[str], IBackendQueue]
+#: makes the journal of a durable channel (``--durable-delivery``) from its backend name
+JournalFactory = Callable[[str], "Journal"]
 
 
 class NSQD:
@@ -45,7 +50,8 @@ class NSQD:
     log = Logger()
 
     def __init__(self, options: Any, clock: IReactorTime,
-                 backend_factory: BackendFactory | None = None) -> None:
+                 backend_factory: BackendFactory | None = None,
+                 journal_factory: JournalFactory | None = None) -> None:
         self.options = options
         self.clock = clock
         self.guid = GUIDFactory(options.node_id, clock)
@@ -55,6 +61,7 @@ class NSQD:
         self.start_time_precise = clock.seconds()
         self.start_time = int(self.start_time_precise)
         self._backend_factory = backend_factory or MemoryBackend
+        self._journal_factory = journal_factory
         self._client_ids = itertools.count(1)
         self._errors: dict[str, str] = {}
         self.exiting = False
@@ -95,6 +102,9 @@ class NSQD:
                 e = backend.health()
                 if e:
                     errors.append(e)
+            for journal in [topic.journal] + [c.journal for c in topic.channels.values()]:
+                if journal is not None and journal.error:
+                    errors.append(journal.error)
         if not errors:
             return "OK"
         return "NOK - " + errors[0]
@@ -124,8 +134,12 @@ class NSQD:
         """The topic of that name, created (and announced) if new."""
         topic = self.topics.get(name)
         if topic is None:
-            backend = self.make_backend(backend_name(name), is_ephemeral(name))
-            topic = Topic(self, name, backend, self.clock, self._topic_wants_delete)
+            ephemeral = is_ephemeral(name)
+            backend = self.make_backend(backend_name(name), ephemeral)
+            journal = None
+            if not ephemeral and self._journal_factory is not None:
+                journal = self._journal_factory(backend_name(name))
+            topic = Topic(self, name, backend, self.clock, self._topic_wants_delete, journal)
             self.topics[name] = topic
             self.log.info("TOPIC({topic}): created", topic=name)
             for listener in self.listeners:
@@ -164,6 +178,10 @@ class NSQD:
         """Due times of every durable channel's deferred messages (kept across restarts)."""
         out = {}
         for topic in self.topics.values():
+            if not topic.ephemeral:
+                tdue = topic.deferred_due()
+                if tdue:
+                    out[backend_name(topic.name)] = tdue
             for channel in topic.channels.values():
                 if not channel.ephemeral and not topic.ephemeral:
                     due = channel.deferred_due()
@@ -173,6 +191,9 @@ class NSQD:
 
     def restore_deferred(self, due: dict[str, dict[bytes, float]]) -> None:
         for topic in self.topics.values():
+            ids = due.get(backend_name(topic.name))
+            if ids:
+                topic.restored_due = ids
             for channel in topic.channels.values():
                 ids = due.get(backend_name(topic.name, channel.name))
                 if ids:
@@ -190,11 +211,15 @@ class NSQD:
 
     def make_channel(self, topic: Topic, name: str) -> Channel:
         o = self.options
-        backend = self.make_backend(backend_name(topic.name, name),
-                                    topic.ephemeral or is_ephemeral(name))
+        bname = backend_name(topic.name, name)
+        ephemeral = topic.ephemeral or is_ephemeral(name)
+        backend = self.make_backend(bname, ephemeral)
+        journal = None
+        if topic.durable and not ephemeral and self._journal_factory is not None:
+            journal = self._journal_factory(bname)
         channel = Channel(topic, name, backend, self.clock, o.mem_queue_size,
                           o.max_msg_timeout, o.max_channel_consumers,
-                          topic._channel_wants_delete)
+                          topic._channel_wants_delete, journal)
         percentiles = o.e2e_processing_latency_percentile
         if percentiles:
             channel.e2e = Quantile(o.e2e_processing_latency_window_time, percentiles,

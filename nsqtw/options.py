@@ -32,6 +32,7 @@ __all__ = [
     "FLAGS_BY_NAME",
     "FLAGS_BY_TOML_KEY",
     "NOT_YET_ACTIVE",
+    "NSQTW_FLAGS",
     "TLS_MIN_VERSIONS",
     "TLS_NOT_REQUIRED",
     "TLS_REQUIRED",
@@ -324,6 +325,8 @@ class NSQDOptions:
     deflate: bool = True
     max_deflate_level: int = 6
     snappy: bool = True
+    # nsqtw only
+    durable_delivery: bool = False
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -689,10 +692,21 @@ FLAGS: tuple[Flag, ...] = (
         _A,
     ),
     _flag("snappy", "bool", "Let clients negotiate snappy compression.", _A),
+    # nsqtw's own flags (not in nsqd)
+    _flag(
+        "durable-delivery",
+        "bool",
+        "nsqtw only: keep no message only in memory. PUB/MPUB/DPUB are answered"
+        " after fsync, and in-flight, deferred and requeued messages survive kill -9"
+        " (see docs/durability.md).",
+        _A,
+    ),
 )
 
 #: builds flag records for other programs' tables (nsqlookupd's)
 make_flag = _flag
+#: flags nsqtw adds to nsqd's
+NSQTW_FLAGS = frozenset({"durable-delivery"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}

@@ -18,6 +18,7 @@ from nsqtw import NSQD_VERSION
 from nsqtw.auth import HTTPAuthorizer
 from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
 from nsqtw.eager import EagerTCPServerEndpoint
+from nsqtw.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.log import Logger
 from nsqtw.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.metadata import (
@@ -30,6 +31,7 @@ from nsqtw.metadata import (
     take_deferred_file,
     write_file,
 )
+from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.nsqd import NSQD
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.statsd import StatsdService
@@ -170,7 +172,11 @@ class NSQDService(MultiService):
         self.reactor = reactor
         self.data_path = options.resolved_data_path
         self.lock = DataPathLock(self.data_path)
-        self.nsqd = NSQD(options, reactor, self._make_backend)
+        self.durable = bool(options.durable_delivery)
+        #: journals replayed at start, waiting for their channels to be made
+        self._recovered: dict[str, JournalState] = {}
+        self.nsqd = NSQD(options, reactor, self._make_backend,
+                         self._make_journal if self.durable else None)
         # a certificate that cannot be loaded stops nsqd before it listens (TLSConfigError)
         self.nsqd.tls = build_server_tls(options)
         if options.auth_http_address:
@@ -206,7 +212,38 @@ class NSQDService(MultiService):
         o = self.options
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
-                         o.sync_every, o.sync_timeout, self.reactor)
+                         o.sync_every, o.sync_timeout, self.reactor, durable=self.durable)
+
+    def _make_journal(self, name: str) -> Journal:
+        return Journal(name, self.data_path, self.reactor, state=self._recovered.pop(name, None))
+
+    async def _replay_journals(self, submit: Any) -> list[tuple[str, str | None]]:
+        """Read every journal left by a --durable-delivery run that did not stop cleanly.
+
+        Returns the (topic, channel or None) they belong to. Without the flag,
+        their messages could not be delivered as promised, so start-up stops
+        with an error instead.
+        """
+        names = await submit(find_journals, self.data_path)
+        if names and not self.durable:
+            raise RuntimeError(
+                f"{journal_path(self.data_path, names[0])} holds messages of a --durable-delivery run"
+                f" that did not stop cleanly ({len(names)} journal(s)); start with --durable-delivery"
+                " to deliver them (a graceful stop then leaves a plain data directory)")
+        pairs: list[tuple[str, str | None]] = []
+        for name in names:
+            topic, sep, channel = name.partition(":")
+            if not (is_valid_topic_name(topic) and (not sep or is_valid_channel_name(channel))):
+                self.log.warn("NSQ: ignoring journal {path} (not a topic or topic:channel name)",
+                              path=journal_path(self.data_path, name))
+                continue
+            state = await submit(replay, journal_path(self.data_path, name))
+            if state.torn:
+                self.log.warn("JOURNAL({name}): cut {torn} bytes of torn records at its end",
+                              name=name, torn=state.torn)
+            self._recovered[name] = state
+            pairs.append((topic, channel if sep else None))
+        return pairs
 
     def _tcp_bound(self, port: int) -> None:
         self.nsqd.tcp_port = port
@@ -232,6 +269,7 @@ class NSQDService(MultiService):
         self.meta_executor = ThreadPoolDiskExecutor(self.reactor, name="metadata")
         store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
         raw = await self.meta_executor.submit(read_file, self.data_path)
+        journaled = await self._replay_journals(self.meta_executor.submit)
         if raw is not None:
             try:
                 entries = decode(raw)
@@ -244,7 +282,16 @@ class NSQDService(MultiService):
             await gatherResults([b.loaded for b in self.nsqd.backends()  # type: ignore[attr-defined]
                                  if hasattr(b, "loaded")], consumeErrors=True)
             self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
+        # a channel made just before a crash may have a journal but no entry in nsqd.dat yet
+        missing = [(t, c) for t, c in journaled
+                   if t not in self.nsqd.topics or (c is not None and c not in self.nsqd.topics[t].channels)]
+        for topic, channel in missing:
+            t = self.nsqd.get_topic(topic)
+            if channel is not None:
+                t.get_channel(channel)
         self.nsqd.metadata = store
+        if missing:
+            store.changed()
         for service in self:
             service.startService()
 
@@ -258,13 +305,14 @@ class NSQDService(MultiService):
     async def _stop(self) -> None:
         await super().stopService()  # listeners first (reverse order)
         due = self.nsqd.deferred_due()
-        await self.nsqd.close()
+        # before closing: with --durable-delivery, closing drops the journals holding them
         if due and self.meta_executor is not None:
             try:
                 await self.meta_executor.submit(write_file, self.data_path, encode_deferred(due),
                                                 DEFERRED_FILENAME)
             except Exception as e:
                 self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
+        await self.nsqd.close()
         if self.nsqd.metadata is not None:
             try:
                 await self.nsqd.metadata.persist()

@@ -6,7 +6,7 @@ from typing import cast
 
 from twisted.application.service import IService
 
-from nsqtw.log import set_level, set_prefix
+from nsqtw.log import start_daemon
 from nsqtw.options import NSQDTwistdOptions as Options
 from nsqtw.service import NSQDService
 from nsqtw.tls import TLSConfigError
@@ -15,13 +15,7 @@ __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
-    if config.nsqd.version:
-        from nsqtw import NSQD_VERSION, __version__
-
-        print(f"nsqd v{NSQD_VERSION} (nsqtw {__version__})")
-        raise SystemExit(0)
-    set_level(config.nsqd.log_level)
-    set_prefix(config.nsqd.log_prefix)
+    start_daemon("nsqd", config.nsqd.version, config.nsqd.log_level, config.nsqd.log_prefix)
     try:
         return cast(IService, NSQDService(config.nsqd))
     except TLSConfigError as e:

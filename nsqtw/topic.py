@@ -6,18 +6,20 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet import defer
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 
 from nsqtw.channel import Channel
 from nsqtw.errors import BackendError, ExitingError
-from nsqtw.interfaces import IBackendQueue
+from nsqtw.interfaces import IBackendQueue, IDurableBackendQueue
 from nsqtw.log import Logger
 from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
 from nsqtw.pump import Pump
 
 if TYPE_CHECKING:
+    from nsqtw.journal import Journal
     from nsqtw.nsqd import NSQD
 
 #: messages copied to the channels in one reactor turn before yielding
@@ -36,7 +38,7 @@ class Topic:
     log = Logger()
 
     def __init__(self, nsqd: NSQD, name: str, backend: IBackendQueue, clock: IReactorTime,
-                 on_delete: Callable[[Topic], None]) -> None:
+                 on_delete: Callable[[Topic], None], journal: Journal | None = None) -> None:
         self.nsqd = nsqd
         self.name = name
         self.ephemeral = is_ephemeral(name)
@@ -49,7 +51,20 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
-        self._pump = Pump(clock, self._distribute, f"TOPIC({name})")
+        #: --durable-delivery: every message goes to the disk queue and the
+        #: publisher waits for its fsync; see _distribute_durable
+        self.durable = bool(getattr(nsqd.options, "durable_delivery", False)) and not self.ephemeral
+        self._mem_queue_size = 0 if self.durable else nsqd.options.mem_queue_size
+        self._wait_for_write = self.durable or nsqd.options.sync_every <= 1
+        #: durable mode: [read mark, handed off everywhere?] per batch, oldest first
+        self._marks: deque[list[Any]] = deque()
+        self._handoffs: set[Deferred[Any]] = set()
+        #: durable mode: due times of DPUB messages in the queue (nsqd's record has no field for them)
+        self.journal = journal
+        #: due times (unix seconds) of DPUB messages in the queue at the last graceful stop
+        self.restored_due: dict[bytes, float] = {}
+        distribute = self._distribute_durable if self.durable else self._distribute
+        self._pump = Pump(clock, distribute, f"TOPIC({name})")
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -74,7 +89,7 @@ class Topic:
         if self.exiting:
             raise ExitingError()
         memory = self.memory
-        room = self.nsqd.options.mem_queue_size - len(memory)
+        room = self._mem_queue_size - len(memory)
         rest = msgs
         if room > 0:
             memory.extend(msgs[:room])
@@ -93,8 +108,15 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
-        if rest and (self.nsqd.options.sync_every <= 1 or self.backend.backlog() > BACKLOG_LIMIT):
-            return self.backend.written()
+        if rest and (self._wait_for_write or self.backend.backlog() > BACKLOG_LIMIT):
+            written = self.backend.written()
+            journal = self.journal
+            if journal is not None and rest[0].deferred:
+                now = self._clock.seconds()
+                for m in rest:
+                    journal.due(m.id, now + m.deferred)
+                written.addCallback(lambda _: journal.synced())
+            return written
         return None
 
     def _distribute(self) -> bool:
@@ -109,6 +131,8 @@ class Topic:
                 except ValueError as e:
                     self.log.error("TOPIC({topic}): failed to decode message - {error}",
                                    topic=self.name, error=e)
+            if self.restored_due:
+                self._apply_dues(msgs, None)
         memory = self.memory
         k = min(TOPIC_BATCH - len(msgs), len(memory))
         if k == len(memory):
@@ -124,6 +148,115 @@ class Topic:
             self._put(channel, [m.copy() for m in msgs])
         self._put(first, msgs)
         return bool(memory) or self.backend.depth() > 0
+
+    def _distribute_durable(self) -> bool:
+        """Durable mode: copy a batch to every channel; the topic's read position
+        moves past it only once every durable channel has it safe.
+
+        After a restart the topic re-reads what it had not committed; a
+        channel's journal says how far it had got (``handoff_floor``) and
+        the records before that are not given to it again.
+        """
+        channels = list(self.channels.values())
+        if not channels or self.paused or self.exiting:
+            return False
+        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+        for channel in channels:
+            error = channel.backend.write_error if channel.journal is not None else None  # type: ignore[attr-defined]
+            if error is not None:
+                # a durable channel cannot take writes: wait rather than skip it
+                self._clock.callLater(1.0, self._pump.wake)
+                return False
+        records = backend.read_positions(TOPIC_BATCH)
+        if not records:
+            return False
+        mark = backend.read_mark()
+        msgs: list[Message] = []
+        positions: list[tuple[int, int]] = []
+        for data, num, pos in records:
+            try:
+                msgs.append(decode_message(data))
+            except ValueError as e:
+                self.log.error("TOPIC({topic}): failed to decode message - {error}", topic=self.name, error=e)
+                continue
+            positions.append((num, pos))
+        due_ids = self._apply_dues(msgs, self.journal) if self.restored_due or (
+            self.journal is not None and self.journal.dues) else []
+        end = (records[-1][1], records[-1][2])
+        waits: list[Deferred[None]] = []
+        for i, channel in enumerate(channels):
+            batch = msgs
+            floor = channel.handoff_floor
+            if floor is not None:
+                batch = [m for m, p in zip(msgs, positions, strict=True) if p > floor]
+                if end >= floor:
+                    channel.handoff_floor = None
+            if i:
+                batch = [m.copy() for m in batch]
+            try:
+                if channel.journal is not None:
+                    waits.append(channel.put_handoff(batch, end))
+                else:
+                    channel.put_many(batch)
+            except (ExitingError, BackendError) as e:
+                self.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
+                               topic=self.name, channel=channel.name, error=e)
+                if channel.journal is not None:
+                    waits.append(defer.fail(e))
+        entry: list[Any] = [mark, False, due_ids]
+        self._marks.append(entry)
+        if waits:
+            d = DeferredList(waits, consumeErrors=True)
+            self._handoffs.add(d)
+            d.addCallback(self._handed_off, entry, d)
+        else:
+            entry[1] = True
+            self._commit_marks()
+        return backend.depth() > 0
+
+    def _apply_dues(self, msgs: list[Message], journal: Journal | None) -> list[bytes]:
+        """Give DPUB messages read back from the queue their due time; returns their ids."""
+        dues = journal.dues if journal is not None else {}
+        restored = self.restored_due
+        now = self._clock.seconds()
+        ids = []
+        for m in msgs:
+            when = dues.get(m.id)
+            if when is None and restored:
+                when = restored.pop(m.id, None)
+            if when is not None:
+                ids.append(m.id)
+                if when > now:
+                    m.deferred = when - now
+        return ids
+
+    def deferred_due(self) -> dict[bytes, float]:
+        """Due times of DPUB messages still in the queue, to keep across a restart."""
+        due = dict(self.restored_due)
+        if self.journal is not None:
+            due.update(self.journal.dues)
+        return due
+
+    def _handed_off(self, results: list[tuple[bool, Any]], entry: list[Any], d: Deferred[Any]) -> None:
+        self._handoffs.discard(d)
+        failed = [r for ok, r in results if not ok]
+        if failed:
+            # left uncommitted: after a restart these records are read again
+            self.log.error("TOPIC({topic}): hand-off to a channel failed - {error}",
+                           topic=self.name, error=failed[0].getErrorMessage())
+            return
+        entry[1] = True
+        self._commit_marks()
+
+    def _commit_marks(self) -> None:
+        marks = self._marks
+        last = None
+        while marks and marks[0][1]:
+            last, _, due_ids = marks.popleft()
+            if due_ids and self.journal is not None:
+                self.journal.drop_dues(due_ids)
+        if last is not None:
+            self.backend.commit_read(last)  # type: ignore[attr-defined]
 
     def _put(self, channel: Channel, msgs: list[Message]) -> None:
         try:
@@ -185,6 +318,8 @@ class Topic:
     def close(self) -> Deferred[Any]:
         """Graceful stop: every message goes to its backend, every backend closes."""
         self._stop()
+        if self.durable:
+            return ensureDeferred(self._close_durable())
         ds = [c.close() for c in self.channels.values()]
         try:
             if self.memory:
@@ -194,6 +329,16 @@ class Topic:
             self.log.error("TOPIC({topic}): failed to flush - {error}", topic=self.name, error=e)
         ds.append(self.backend.close())
         return DeferredList(ds, consumeErrors=True)
+
+    async def _close_durable(self) -> Any:
+        # let hand-offs under way finish, so the read position persisted is exact
+        if self._handoffs:
+            await DeferredList(list(self._handoffs), consumeErrors=True)
+        await DeferredList([c.close() for c in self.channels.values()], consumeErrors=True)
+        await self.backend.close()
+        if self.journal is not None:
+            # the due times it holds go to nsqtw.deferred.json (see NSQD.deferred_due)
+            await self.journal.remove()
 
     def delete(self) -> Deferred[Any]:
         """Remove the topic, its channels and their data."""
@@ -205,4 +350,6 @@ class Topic:
             self.nsqd.channel_deleted(self, channel)
         self.memory.clear()
         ds.append(self.backend.delete())
+        if self.journal is not None:
+            ds.append(self.journal.remove())
         return DeferredList(ds, consumeErrors=True)

@@ -48,11 +48,21 @@ class Client:
         self.timeout = timeout
         self.buf = b""
         self.closed = False
-        #: set by a test after negotiating compression: bytes out / bytes in
+        #: set by a test after negotiating compression: bytes out / bytes in (start_decoding)
         self.encode: Any = None
         self.decode: Any = None
         if magic:
             self.send(b"  V2")
+
+    def start_decoding(self, decode: Any) -> None:
+        """Read through ``decode`` from here on, bytes already received after the last frame included.
+
+        The daemon's first compressed bytes may arrive in the same read as
+        the plain IDENTIFY answer.
+        """
+        self.decode = decode
+        if self.buf:
+            self.buf = decode(self.buf)
 
     def send(self, data: bytes) -> None:
         if self.encode is not None:

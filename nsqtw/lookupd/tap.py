@@ -6,7 +6,7 @@ from typing import cast
 
 from twisted.application.service import IService
 
-from nsqtw.log import set_level, set_prefix
+from nsqtw.log import start_daemon
 from nsqtw.lookupd.options import LookupdTwistdOptions as Options
 from nsqtw.lookupd.service import LookupdService
 
@@ -14,11 +14,5 @@ __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
-    if config.lookupd.version:
-        from nsqtw import NSQD_VERSION, __version__
-
-        print(f"nsqlookupd v{NSQD_VERSION} (nsqtw {__version__})")
-        raise SystemExit(0)
-    set_level(config.lookupd.log_level)
-    set_prefix(config.lookupd.log_prefix)
+    start_daemon("nsqlookupd", config.lookupd.version, config.lookupd.log_level, config.lookupd.log_prefix)
     return cast(IService, LookupdService(config.lookupd))

@@ -44,6 +44,22 @@ def test_single_message_round_trips_and_go_flags(nsqd) -> None:
     assert LINE.search(out), out
 
 
+def test_concurrent_single_publishers_durable(daemon_factory) -> None:
+    """Several one-message (PUB) publishers against --durable-delivery: all their messages land."""
+    import json
+    import urllib.request
+
+    d = daemon_factory("--durable-delivery")
+    out = bench("writer", f"--nsqd-tcp-address={d.tcp_address}", "--runfor=1s", "--workers=3",
+                "--pub", "--topic=dur")
+    m = LINE.search(out)
+    assert m, out
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic=dur") as r:
+        [topic] = json.load(r)["topics"]
+    # every PUB answered OK is counted (the line's ops/s is count / runfor)
+    assert topic["message_count"] == round(float(m.group(1))) > 0, (topic, out)
+
+
 def test_latency_mode(nsqd) -> None:
     """The latency mode publishes at a fixed rate and reports percentiles of everything it sent."""
     out = bench("latency", f"--nsqd-tcp-address={nsqd.tcp_address}", "--runfor=1s", "--rate=200")

@@ -193,7 +193,7 @@ def test_tls_then_snappy_raw(daemon_factory, certs) -> None:
     while len(raw) < 10:
         raw += c.sock.recv(10 - len(raw))
     assert raw == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
-    c.decode = snappy.StreamDecompressor().decompress
+    c.start_decoding(snappy.StreamDecompressor().decompress)
     compressor = snappy.StreamCompressor()
     c.encode = compressor.compress
     assert c.response() == OK
@@ -208,7 +208,7 @@ def test_deflate_raw(daemon_factory) -> None:
     c = Client(d.tcp_address)
     answer = negotiate(c, deflate=True, deflate_level=9)
     assert (answer["deflate"], answer["deflate_level"]) == (True, 9)
-    c.decode = zlib.decompressobj(-zlib.MAX_WBITS).decompress
+    c.start_decoding(zlib.decompressobj(-zlib.MAX_WBITS).decompress)
     out = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
     c.encode = lambda data: out.compress(data) + out.flush(zlib.Z_SYNC_FLUSH)
     assert c.response() == OK

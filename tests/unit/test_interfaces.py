@@ -13,7 +13,7 @@ from zope.interface.verify import verifyObject
 from nsqtw.auth import HTTPAuthorizer
 from nsqtw.backend import EphemeralBackend, MemoryBackend
 from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
-from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer
+from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer, IDurableBackendQueue
 from tests.helpers import connect, make_nsqd
 
 
@@ -25,6 +25,7 @@ class InterfaceTests(SynchronousTestCase):
         disk = DiskQueue("t", path, 1 << 20, 26, 1 << 20, 1, 2.0, Clock(), SynchronousDiskExecutor())
         for backend in (EphemeralBackend("e"), MemoryBackend("m"), disk):
             self.assertTrue(verifyObject(IBackendQueue, backend))
+        self.assertTrue(verifyObject(IDurableBackendQueue, disk))
 
     def test_v2_client_is_a_consumer(self) -> None:
         """A V2 protocol connection provides IConsumer."""

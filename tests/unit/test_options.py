@@ -120,9 +120,10 @@ class DefaultsTests(SynchronousTestCase):
             self.assertEqual(getattr(opts, name), want, name)
 
     def test_no_unchecked_attributes(self) -> None:
-        """The default table covers every attribute but the hostname-derived two."""
+        """The default table covers every attribute but the hostname-derived two and nsqtw's own."""
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
-        self.assertEqual(names - set(GO_DEFAULTS), {"node_id", "broadcast_address"})
+        self.assertEqual(names - set(GO_DEFAULTS), {"node_id", "broadcast_address", "durable_delivery"})
+        self.assertIs(NSQDOptions().durable_delivery, False)
 
     def test_hostname_defaults(self) -> None:
         """node_id is crc32(md5(hostname)) % 1024 and broadcast_address the hostname."""
@@ -157,9 +158,11 @@ class DefaultsTests(SynchronousTestCase):
 
 class FlagTableTests(SynchronousTestCase):
     def test_exactly_nsqds_flags(self) -> None:
-        """FLAGS holds every nsqd v1.3.0 flag and nothing more."""
-        self.assertEqual({f.name for f in FLAGS}, GO_FLAG_NAMES)
-        self.assertEqual(len(FLAGS), len(GO_FLAG_NAMES))
+        """FLAGS holds every nsqd v1.3.0 flag, and nothing more but nsqtw's own."""
+        names = [f.name for f in FLAGS if f.name not in options.NSQTW_FLAGS]
+        self.assertEqual(set(names), GO_FLAG_NAMES)
+        self.assertEqual(len(names), len(GO_FLAG_NAMES))
+        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -184,6 +187,13 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(keys["mem-queue-size"], "mem_queue_size")
         for name in ("config", "version", "verbose", "worker-id"):
             self.assertIsNone(keys[name])
+
+    def test_durable_delivery_flag(self) -> None:
+        """--durable-delivery is a bool flag (bare means true) with TOML key durable_delivery."""
+        self.assertIs(parse_args(["--durable-delivery"]).durable_delivery, True)
+        self.assertIs(parse_args(["-durable-delivery=false"]).durable_delivery, False)
+        self.assertEqual(FLAGS_BY_NAME["durable-delivery"].toml_key, "durable_delivery")
+        self.assertEqual(FLAGS_BY_NAME["durable-delivery"].status, options.ACTIVE)
 
     def test_statuses(self) -> None:
         """Every nsqd v1.3 flag is active, lookupd registration, TLS, auth, statsd and e2e included."""
@@ -451,6 +461,10 @@ class ConfigFileTests(SynchronousTestCase):
         self.assertEqual(opts.sync_every, 2500)
         self.assertEqual(opts.lookupd_tcp_address, ("c:4160",))
         self.assertEqual(opts.config, path)
+
+    def test_durable_delivery_key(self) -> None:
+        """The config file turns on --durable-delivery with durable_delivery = true."""
+        self.assertIs(parse_args(["--config", self.write("durable_delivery = true\n")]).durable_delivery, True)
 
     def test_order_does_not_matter(self) -> None:
         """A flag before --config still beats the file."""

@@ -278,6 +278,16 @@ class FlightTests(SynchronousTestCase):
                          [(FRAME_TYPE_ERROR, b"E_FIN_FAILED FIN " + msg_id + b" failed client does not own message")])
         self.assertFalse(b.transport.disconnecting)
 
+    def test_output_buffer_settings_never_hold_messages(self) -> None:
+        """A large output buffer and timeout are upper bounds: messages leave on the next turns, not after 1s."""
+        nsqd, clock = make_nsqd()
+        start = clock.seconds()
+        c = Consumer(nsqd, clock, "t", "c", rdy=100, identify={
+            "feature_negotiation": True, "output_buffer_size": 65536, "output_buffer_timeout": 1000})
+        publish(nsqd, clock, "t", b"1", b"2")
+        self.assertEqual(clock.seconds(), start)
+        self.assertEqual(sorted(m[2] for m in c.messages()), [b"1", b"2"])
+
     def test_run_of_fins_with_failures_answers_in_order(self) -> None:
         """FINs sent back to back: each bad one gets its E_FIN_FAILED, the good ones all land."""
         nsqd, clock = make_nsqd()

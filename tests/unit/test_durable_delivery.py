@@ -1,0 +1,154 @@
+"""--durable-delivery in process: a V2 client over StringTransport, a task.Clock, synchronous disk.
+
+A "crash" is simply abandoning the NSQD without closing anything (every disk
+job already ran) and building a new one on the same directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.journal import Journal, find_journals, journal_path, replay
+from nsqtw.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.nsqd import NSQD
+from nsqtw.wire import encode_command, encode_mpub
+from tests.helpers import EPOCH, connect, decode_message_frame, make_options, take_frames
+
+
+class DurableTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+        self.clock.advance(EPOCH)
+
+    def build(self) -> NSQD:
+        options = make_options(durable_delivery=True, msg_timeout=60.0)
+        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+
+        def backend(name: str) -> DiskQueue:
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, options.sync_every, 0, self.clock,
+                             SynchronousDiskExecutor(), durable=True)
+
+        def journal(name: str) -> Journal:
+            return Journal(name, self.path, self.clock, SynchronousDiskExecutor(),
+                           replay(journal_path(self.path, name)))
+
+        nsqd = NSQD(options, self.clock, backend, journal)
+        for name in find_journals(self.path):  # what the service does at start
+            topic, _, channel = name.partition(":")
+            t = nsqd.get_topic(topic)
+            if channel:
+                t.get_channel(channel)
+        self.settle()
+        return nsqd
+
+    def settle(self) -> None:
+        for _ in range(10):
+            self.clock.advance(0)
+
+    def consumer(self, nsqd: NSQD, rdy: int) -> tuple[Any, Any]:
+        p, t = connect(nsqd, self.clock)
+        p.dataReceived(encode_command(b"SUB", b"t", b"c"))
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        p.dataReceived(encode_command(b"RDY", str(rdy).encode()))
+        self.settle()
+        return p, t
+
+    def messages(self, t: Any) -> list[tuple[int, bytes, bytes]]:
+        out = []
+        for ftype, data in take_frames(t):
+            self.assertEqual(ftype, FRAME_TYPE_MESSAGE)
+            _, attempts, msg_id, body = decode_message_frame(data)
+            out.append((attempts, msg_id, body))
+        return out
+
+    def test_publish_answered_after_fsync(self) -> None:
+        """A PUB's OK comes only after the topic queue's write and fsync, even with one in memory room."""
+        fsyncs: list[int] = []
+        nsqd = self.build()
+        p, t = connect(nsqd, self.clock)
+        topic = nsqd.get_topic("t")
+        self.assertTrue(topic.durable)
+        topic.backend._disk.fsync_fn = lambda fd: fsyncs.append(fd)  # type: ignore[attr-defined]
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"x"))
+        self.assertEqual(take_frames(t), [])  # nothing yet: the write runs next turn
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(len(fsyncs), 1)
+        self.assertEqual(len(topic.memory), 0)
+
+    def test_crash_recovery_in_process(self) -> None:
+        """FINed ones never return; in-flight, requeued and DPUB ones do, attempts and due times kept."""
+        nsqd = self.build()
+        cp, ct = self.consumer(nsqd, 0)
+        pp, pt = connect(nsqd, self.clock)
+        pp.dataReceived(encode_mpub(b"t", [b"m%d" % i for i in range(10)]))
+        pp.dataReceived(encode_command(b"DPUB", b"t", b"5000", body=b"later"))
+        self.settle()
+        self.assertEqual(len(take_frames(pt)), 2)
+        cp.dataReceived(encode_command(b"RDY", b"10"))
+        self.settle()
+        got = {body: (attempts, msg_id) for attempts, msg_id, body in self.messages(ct)}
+        self.assertEqual(len(got), 10)
+        cmds = b"".join(encode_command(b"FIN", got[b"m%d" % i][1]) for i in range(4))
+        cmds += encode_command(b"REQ", got[b"m4"][1], b"3000")
+        cp.dataReceived(cmds)
+        self.settle()
+        self.clock.advance(1.0)  # one second later: crash
+        self.settle()
+
+        nsqd2 = self.build()
+        cp2, ct2 = self.consumer(nsqd2, 100)
+        back = {body: attempts for attempts, _, body in self.messages(ct2)}
+        self.assertEqual(back, {b"m%d" % i: 2 for i in range(5, 10)})
+        self.clock.advance(2.5)  # the REQ's due time (3s after it) has passed, not the DPUB's
+        self.settle()
+        self.assertEqual({body: a for a, _, body in self.messages(ct2)}, {b"m4": 2})
+        self.clock.advance(2.0)
+        self.settle()
+        self.assertEqual({body: a for a, _, body in self.messages(ct2)}, {b"later": 1})
+
+    def test_handoff_not_repeated_after_crash(self) -> None:
+        """The topic's read position lags after a crash; its records already in the channel are skipped."""
+        nsqd = self.build()
+        cp, ct = self.consumer(nsqd, 100)
+        pp, pt = connect(nsqd, self.clock)
+        pp.dataReceived(encode_mpub(b"t", [b"a", b"b", b"c"]))
+        self.settle()
+        ids = [msg_id for _, msg_id, _ in self.messages(ct)]
+        cp.dataReceived(b"".join(encode_command(b"FIN", i) for i in ids))
+        self.settle()
+        # the topic's read position on disk lags (persisted every --sync-every records)
+        meta = os.path.join(self.path, "t.diskqueue.meta.dat")
+        self.assertTrue(not os.path.exists(meta) or open(meta).read().split("\n")[1] == "0,0")
+        nsqd2 = self.build()
+        _, ct2 = self.consumer(nsqd2, 100)
+        self.clock.advance(1.0)
+        self.settle()
+        self.assertEqual(self.messages(ct2), [])
+
+    def test_compaction_keeps_disk_use_bounded(self) -> None:
+        """Thousands of FINed messages later, the journal holds only the unfinished ones."""
+        nsqd = self.build()
+        cp, ct = self.consumer(nsqd, 100)
+        journal = nsqd.topics["t"].channels["c"].journal
+        assert journal is not None
+        journal._compact_min = 8192
+        pp, pt = connect(nsqd, self.clock)
+        for _ in range(20):
+            pp.dataReceived(encode_mpub(b"t", [b"x" * 200] * 50))
+            self.settle()
+            cp.dataReceived(b"".join(encode_command(b"FIN", i) for _, i, _ in self.messages(ct)))
+            self.settle()
+        self.assertGreater(journal.compactions, 0)
+        self.assertEqual(replay(journal.path).messages, {})
+        self.assertLess(os.path.getsize(journal.path), 4 * 8192)

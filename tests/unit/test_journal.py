@@ -1,0 +1,393 @@
+"""The --durable-delivery journal: records, replay, torn tails, compaction, group commit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.journal import MAGIC, Journal, JournalError, find_journals, journal_path, replay
+from nsqtw.message import Message
+from tests.helpers import EPOCH
+
+
+def msg(i: int, body: bytes = b"body", attempts: int = 0) -> Message:
+    return Message(b"%016x" % i, body + b"%d" % i, 1000 + i, attempts)
+
+
+class HeldExecutor(SynchronousDiskExecutor):
+    """Runs disk jobs only when the test says so (a slow fsync)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: list[tuple[Any, tuple[Any, ...], Deferred[Any]]] = []
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        d: Deferred[Any] = Deferred()
+        self.jobs.append((fn, args, d))
+        return d
+
+    def run_one(self) -> None:
+        fn, args, d = self.jobs.pop(0)
+        d.callback(fn(*args))
+
+
+class JournalTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+        self.clock.advance(EPOCH)
+        self.file = journal_path(self.path, "t:c")
+
+    def journal(self, executor: Any = None, **kw: Any) -> Journal:
+        state = replay(self.file)
+        return Journal("t:c", self.path, self.clock, executor or SynchronousDiskExecutor(), state, **kw)
+
+    def settle(self) -> None:
+        for _ in range(3):
+            self.clock.advance(0)
+
+
+class ReplayTests(JournalTestCase):
+    def test_round_trip(self) -> None:
+        """What is recorded comes back on replay: live messages with attempts and due times, positions."""
+        j = self.journal()
+        a, b, c, d = msg(1), msg(2), msg(3), msg(4)
+        j.delivering([a, b, c])           # attempts become 1
+        j.deferred(d, EPOCH + 30)         # a DPUB message, not delivered yet
+        b.attempts = 1
+        j.deferred(b, EPOCH + 60)         # REQ with a delay
+        j.finished(a.id)
+        j.taken((0, 120))
+        j.handed_off((2, 40))
+        j.handed_off((1, 99))             # positions only move forward
+        self.settle()
+        state = replay(self.file)
+        self.assertEqual(list(state.messages), [b.id, c.id, d.id])
+        self.assertEqual(state.messages[b.id], [b.timestamp, 1, int((EPOCH + 60) * 1000), b.body])
+        self.assertEqual(state.messages[c.id], [c.timestamp, 1, 0, c.body])
+        self.assertEqual(state.messages[d.id][1:3], [0, int((EPOCH + 30) * 1000)])
+        self.assertEqual(state.taken, (0, 120))
+        self.assertEqual(state.handoff, (2, 40))
+        self.assertEqual(state.torn, 0)
+        self.assertEqual(state.size, os.path.getsize(self.file))
+
+    def test_clear(self) -> None:
+        """An emptied channel forgets every message but keeps its positions."""
+        j = self.journal()
+        j.delivering([msg(1), msg(2)])
+        j.taken((0, 50))
+        j.cleared()
+        j.delivering([msg(3)])
+        self.settle()
+        state = replay(self.file)
+        self.assertEqual(list(state.messages), [msg(3).id])
+        self.assertEqual(state.taken, (0, 50))
+
+    def test_recovered_state_feeds_the_next_journal(self) -> None:
+        """A journal opened on a replayed file knows its live ids and appends after them."""
+        j = self.journal()
+        j.delivering([msg(1), msg(2)])
+        self.settle()
+        j2 = self.journal()
+        self.assertTrue(j2.is_live(msg(1).id))
+        self.assertEqual(set(j2.recovered), {msg(1).id, msg(2).id})
+        j2.finished(msg(1).id)
+        self.settle()
+        self.assertEqual(list(replay(self.file).messages), [msg(2).id])
+
+    def test_missing_file_is_empty(self) -> None:
+        """No file yet: nothing to recover, and nothing is created until something is recorded."""
+        state = replay(self.file)
+        self.assertEqual((state.messages, state.taken, state.handoff), ({}, None, None))
+        j = self.journal()
+        self.settle()
+        self.assertFalse(os.path.exists(self.file))
+        j.finished(msg(1).id)
+        self.settle()
+        self.assertTrue(open(self.file, "rb").read().startswith(MAGIC))
+
+    def test_topic_due_times(self) -> None:
+        """A topic journal keeps DPUB due times; dropped ones vanish at the next compaction."""
+        j = self.journal(compact_min_bytes=1)
+        j.due(msg(1).id, EPOCH + 10)
+        j.due(msg(2).id, EPOCH + 20)
+        self.settle()
+        self.assertEqual(replay(self.file).dues, {msg(1).id: int((EPOCH + 10) * 1000),
+                                                  msg(2).id: int((EPOCH + 20) * 1000)})
+        j.drop_dues([msg(1).id])
+        j.due(msg(3).id, EPOCH - 5)  # already past: not worth keeping
+        for i in range(4, 10):
+            j.due(msg(i).id, EPOCH + 5)
+        j.drop_dues([msg(i).id for i in range(4, 10)])
+        j.finished(msg(0).id)  # anything, to make a write happen
+        self.settle()
+        self.assertGreater(j.compactions, 0)
+        self.assertEqual(set(replay(self.file).dues), {msg(2).id})
+        self.assertEqual(set(self.journal().dues), {msg(2).id})
+
+    def test_find_journals(self) -> None:
+        """find_journals lists the names that have a journal file."""
+        for name in ("t:c", "t", "u:d"):
+            open(journal_path(self.path, name), "wb").close()
+        open(os.path.join(self.path, "t.diskqueue.meta.dat"), "wb").close()
+        self.assertEqual(find_journals(self.path), ["t", "t:c", "u:d"])
+        self.assertEqual(find_journals(os.path.join(self.path, "nope")), [])
+
+
+class TornTailTests(JournalTestCase):
+    def write_three(self) -> int:
+        j = self.journal()
+        j.delivering([msg(1)])
+        self.settle()
+        j.delivering([msg(2)])
+        self.settle()
+        size = os.path.getsize(self.file)
+        j.delivering([msg(3)])
+        self.settle()
+        return size
+
+    def test_short_last_record(self) -> None:
+        """A record cut short (a crash mid-write) is dropped and cut off the file; the rest survives."""
+        good = self.write_three()
+        with open(self.file, "r+b") as f:
+            f.truncate(os.path.getsize(self.file) - 3)
+        state = replay(self.file)
+        self.assertEqual(list(state.messages), [msg(1).id, msg(2).id])
+        self.assertEqual(state.size, good)
+        self.assertGreater(state.torn, 0)
+        self.assertEqual(os.path.getsize(self.file), good)
+        # appending after the cut yields a clean journal
+        j = self.journal()
+        j.delivering([msg(4)])
+        self.settle()
+        self.assertEqual(list(replay(self.file).messages), [msg(1).id, msg(2).id, msg(4).id])
+
+    def test_garbage_and_zeros_at_the_end(self) -> None:
+        """Zeros or junk past the last record (unsynced pages after power loss) are cut off."""
+        self.write_three()
+        whole = os.path.getsize(self.file)
+        for junk in (b"\0" * 100, b"\xff\xff\xff\xff" + b"x" * 10, b"\0\0\0\x05Mabcd"):
+            with open(self.file, "ab") as f:
+                f.write(junk)
+            state = replay(self.file)
+            self.assertEqual(len(state.messages), 3)
+            self.assertEqual(state.torn, len(junk))
+            self.assertEqual(os.path.getsize(self.file), whole)
+
+    def test_bad_crc_stops_replay(self) -> None:
+        """A damaged record ends the journal there: nothing after it is trusted."""
+        good = self.write_three()
+        with open(self.file, "r+b") as f:
+            f.seek(good + 20)
+            byte = f.read(1)
+            f.seek(good + 20)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        state = replay(self.file)
+        self.assertEqual(list(state.messages), [msg(1).id, msg(2).id])
+        self.assertEqual(os.path.getsize(self.file), good)
+
+    def test_torn_header(self) -> None:
+        """A file whose header was cut short holds nothing and is reset."""
+        with open(self.file, "wb") as f:
+            f.write(MAGIC[:3])
+        state = replay(self.file)
+        self.assertEqual((state.messages, state.torn), ({}, 3))
+        self.assertEqual(os.path.getsize(self.file), 0)
+
+    def test_not_a_journal(self) -> None:
+        """A file that is not a journal is an error, never silently dropped."""
+        with open(self.file, "wb") as f:
+            f.write(b"something else entirely")
+        self.assertRaises(JournalError, replay, self.file)
+
+
+class CompactionTests(JournalTestCase):
+    def test_compaction_keeps_only_live_messages(self) -> None:
+        """When finished messages dominate, the file is rewritten with the live ones only."""
+        live: dict[bytes, Message] = {}
+        j = self.journal(compact_min_bytes=4096)
+        j.snapshot = lambda: [(m, 0.0) for m in live.values()]
+        for i in range(200):
+            m = msg(i, b"x" * 100)
+            j.delivering([m])
+            m.attempts += 1
+            if i % 10:
+                j.finished(m.id)
+            else:
+                live[m.id] = m
+            self.settle()
+        j.taken((0, 777))
+        self.settle()
+        self.assertGreater(j.compactions, 0)
+        size = os.path.getsize(self.file)
+        self.assertLess(size, 4 * 4096)
+        state = replay(self.file)
+        self.assertEqual(set(state.messages), set(live))
+        self.assertEqual({e[1] for e in state.messages.values()}, {1})
+        self.assertEqual(state.taken, (0, 777))
+
+    def test_compaction_carries_due_times(self) -> None:
+        """A deferred message keeps its due time through compaction."""
+        m = msg(1)
+        j = self.journal(compact_min_bytes=1)
+        j.snapshot = lambda: [(m, EPOCH + 99)]
+        j.deferred(m, EPOCH + 99)
+        for i in range(2, 20):
+            j.delivering([msg(i)])
+            j.finished(msg(i).id)
+            self.settle()
+        self.assertGreater(j.compactions, 0)
+        self.assertEqual(replay(self.file).messages[m.id][2], int((EPOCH + 99) * 1000))
+
+    def test_no_compaction_while_mostly_live(self) -> None:
+        """A journal of mostly unfinished messages is left alone however big."""
+        j = self.journal(compact_min_bytes=1024)
+        msgs = [msg(i, b"y" * 200) for i in range(50)]
+        j.snapshot = lambda: [(m, 0.0) for m in msgs]
+        j.delivering(msgs)
+        self.settle()
+        j.finished(msgs[0].id)
+        self.settle()
+        self.assertEqual(j.compactions, 0)
+
+
+class GroupCommitTests(JournalTestCase):
+    def test_records_arriving_during_a_write_go_in_the_next_one(self) -> None:
+        """Everything recorded while an fsync runs is written (and synced) together by the next."""
+        ex = HeldExecutor()
+        j = self.journal(ex)
+        done: list[str] = []
+        j.finished(msg(1).id)
+        j.on_synced(lambda: done.append("first"))
+        self.clock.advance(0)
+        self.assertEqual(len(ex.jobs), 1)
+        for i in range(2, 12):  # ten records while the first write runs
+            j.finished(msg(i).id)
+            j.on_synced(lambda i=i: done.append(f"r{i}"))
+        self.clock.advance(0)
+        self.assertEqual(len(ex.jobs), 1)  # still only the first write
+        ex.run_one()
+        self.assertEqual(done, ["first"])
+        self.assertEqual(len(ex.jobs), 1)  # the ten, as one write
+        ex.run_one()
+        self.assertEqual(done, ["first"] + [f"r{i}" for i in range(2, 12)])
+        self.assertEqual(ex.jobs, [])
+
+    def test_on_synced_immediately_when_idle(self) -> None:
+        """Nothing pending: on_synced runs at once and synced() has fired."""
+        j = self.journal()
+        seen: list[int] = []
+        j.on_synced(lambda: seen.append(1))
+        self.assertEqual(seen, [1])
+        self.assertIsNone(self.successResultOf(j.synced()))
+
+
+class FailureTests(JournalTestCase):
+    def test_failed_write_is_retried_and_leaves_no_half_record(self) -> None:
+        """A failed fsync reports unhealthy, keeps the records, retries, and the file stays clean."""
+        failing = [True]
+
+        def fsync(fd: int) -> None:
+            if failing[0]:
+                raise OSError(5, "I/O error")
+            os.fsync(fd)
+
+        j = self.journal(fsync_fn=fsync)
+        synced: list[int] = []
+        j.delivering([msg(1)])
+        j.on_synced(lambda: synced.append(1))
+        self.settle()
+        self.assertIn("failed to write", j.health() or "")
+        self.assertEqual(synced, [])
+        self.assertEqual(os.path.getsize(self.file), len(MAGIC))  # nothing half-written stays
+        failing[0] = False
+        self.clock.advance(1.0)
+        self.assertIsNone(j.health())
+        self.assertEqual(synced, [1])
+        self.assertEqual(list(replay(self.file).messages), [msg(1).id])
+
+    def test_close_writes_pending_and_remove_deletes(self) -> None:
+        """close() syncs what is pending and keeps the file; remove() deletes it."""
+        j = self.journal()
+        j.delivering([msg(1)])
+        self.successResultOf(j.close())
+        self.assertEqual(list(replay(self.file).messages), [msg(1).id])
+        j2 = self.journal()
+        j2.finished(msg(1).id)
+        self.successResultOf(j2.remove())
+        self.assertFalse(os.path.exists(self.file))
+
+
+class DurableDiskQueueTests(SynchronousTestCase):
+    """The disk queue's durable mode: committed reads, adopted tails."""
+
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+
+    def queue(self, **kw: Any) -> DiskQueue:
+        q = DiskQueue("q", self.path, 1 << 20, 26, 1 << 20, 2500, 0, self.clock,
+                      SynchronousDiskExecutor(), durable=True, **kw)
+        self.clock.advance(0)
+        return q
+
+    def settle(self) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+
+    def test_reads_consumed_only_when_committed(self) -> None:
+        """A restart finds every record read but not committed; committed ones are gone."""
+        q = self.queue()
+        q.put_many([b"r%025d" % i for i in range(10)])
+        self.settle()
+        first = q.read_positions(4)
+        self.assertEqual(len(first), 4)
+        q.commit_read(q.read_mark())
+        q.read_positions(3)  # read, never committed
+        self.successResultOf(q.close())
+        q2 = self.queue()
+        self.settle()
+        self.assertEqual(q2.depth(), 6)
+        self.assertEqual([r[0] for r in q2.read_positions(10)], [b"r%025d" % i for i in range(4, 10)])
+
+    def test_stale_marks_are_ignored(self) -> None:
+        """An older mark committed after a newer one changes nothing."""
+        q = self.queue()
+        q.put_many([b"s%025d" % i for i in range(5)])
+        self.settle()
+        q.read_positions(2)
+        old = q.read_mark()
+        q.read_positions(2)
+        new = q.read_mark()
+        q.commit_read(new)
+        q.commit_read(old)
+        self.successResultOf(q.close())
+        self.assertEqual(self.queue().depth(), 1)
+
+    def test_tail_past_metadata_is_adopted(self) -> None:
+        """Records fsynced after the last metadata write count after a crash; a torn one is cut."""
+        q = self.queue()
+        q.put_many([b"a%025d" % i for i in range(3)])
+        self.successResultOf(q.close())
+        q = self.queue()
+        q.put_many([b"b%025d" % i for i in range(4)])
+        self.settle()  # written and fsynced; metadata still says 3 (kill -9 now)
+        seg = os.path.join(self.path, "q.diskqueue.000000.dat")
+        with open(seg, "ab") as f:
+            f.write(b"\0\0\0\x30partial")  # a record torn by the crash
+        q2 = self.queue()
+        self.settle()
+        self.assertEqual(q2.depth(), 7)
+        got = [r[0] for r in q2.read_positions(10)]
+        self.assertEqual(got, [b"a%025d" % i for i in range(3)] + [b"b%025d" % i for i in range(4)])
+        self.assertEqual(os.path.getsize(seg), 7 * 30)
+        self.assertIsNone(q2.health())
