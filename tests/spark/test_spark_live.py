@@ -97,6 +97,11 @@ def test_idle_longer_than_msg_timeout_then_restart(spark: Any, nsqd: Daemon, tmp
         time.sleep(4)  # idle: four msg timeouts with the last batch committed but not yet FINed
         publish(nsqd, "ev", [b"i%03d" % i for i in range(50, 100)])
         wait_for(lambda: len(rows) >= 100, timeout=TIMEOUT, what="the next 50")
+        # Spark writes its commit log after the sink returns; stopping before that
+        # would make it replay the batch on restart (its own at-least-once)
+        last = max(b for b, _body, _a in rows)
+        wait_for(lambda: (tmp_path / "ck" / "commits" / str(last)).exists(), timeout=TIMEOUT,
+                 what=f"Spark to commit batch {last}")
         s = channel_stats(nsqd, "ev", "spark")
         assert (s["timeout_count"], s["requeue_count"]) == (0, 0)
     finally:
