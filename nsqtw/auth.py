@@ -21,8 +21,8 @@ import json
 import random
 import re
 from collections.abc import Sequence
-from typing import Any
-from urllib.parse import urlencode
+from typing import Any, cast
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import treq
 from treq.client import HTTPClient
@@ -109,6 +109,19 @@ def _strings(value: Any, what: str) -> list[str]:
     return value
 
 
+def https_endpoint(endpoint: str, body: bytes) -> str:
+    """The HTTPS address a 403 answer points to: same host and path, its ``https_port``."""
+    try:
+        port = int(json.loads(body)["https_port"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise AuthError(f"got response 403 without an https_port: {json.dumps(body.decode('utf-8', 'replace'))}") from e
+    url = urlsplit(endpoint)
+    host = url.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return urlunsplit(("https", f"{host}:{port}", url.path, url.query, url.fragment))
+
+
 def parse_auth_response(body: bytes, now: float) -> AuthState:
     """Decode and check an auth server's answer as nsqd does; raises AuthError."""
     try:
@@ -173,6 +186,20 @@ class HTTPAuthorizer:
         agent = Agent(reactor, contextFactory=policy, connectTimeout=connect_timeout, pool=pool)
         self._http = HTTPClient(agent)
 
+    async def _request(self, endpoint: str, values: dict[str, str]) -> tuple[int, Any, bytes]:
+        headers = Headers({"Accept": [_ACCEPT]})
+        if self.method == "post":
+            body = json.dumps({k: [v] for k, v in values.items()}, separators=(",", ":")).encode()
+            headers.setRawHeaders("Content-Type", ["application/json"])
+            d = self._http.post(endpoint, data=body, headers=headers)
+        else:
+            d = self._http.get(f"{endpoint}?{urlencode(values)}", headers=headers)
+        d.addCallback(lambda response: treq.content(response).addCallback(
+            lambda content: (response.code, response.phrase, content)))
+        # one deadline for connecting, sending and reading the whole answer (Go's client timeout)
+        d.addTimeout(self.request_timeout, self.clock)
+        return cast(tuple[int, Any, bytes], await d)
+
     def query(self, remote_ip: str, tls: bool, secret: str, common_name: str) -> Deferred[AuthState]:
         return ensureDeferred(self._query_any(remote_ip, tls, secret, common_name))
 
@@ -194,18 +221,11 @@ class HTTPAuthorizer:
 
     async def _query(self, address: str, values: dict[str, str]) -> AuthState:
         endpoint = address if "://" in address else f"http://{address}/auth"
-        headers = Headers({"Accept": [_ACCEPT]})
-        if self.method == "post":
-            body = json.dumps({k: [v] for k, v in values.items()}, separators=(",", ":")).encode()
-            headers.setRawHeaders("Content-Type", ["application/json"])
-            d = self._http.post(endpoint, data=body, headers=headers)
-        else:
-            d = self._http.get(f"{endpoint}?{urlencode(values)}", headers=headers)
-        d.addCallback(lambda response: treq.content(response).addCallback(
-            lambda content: (response.code, response.phrase, content)))
-        # one deadline for connecting, sending and reading the whole answer (Go's client timeout)
-        d.addTimeout(self.request_timeout, self.clock)
-        code, phrase, content = await d
+        code, phrase, content = await self._request(endpoint, values)
+        if code == 403 and not endpoint.startswith("https"):
+            # as nsqd's HTTP client: a server that wants TLS answers 403 with its
+            # "https_port"; ask again there
+            code, phrase, content = await self._request(https_endpoint(endpoint, content), values)
         if code != 200:
             status = phrase.decode("latin-1", "replace") if isinstance(phrase, bytes) else phrase
             raise AuthError(f"got response {code} {status} {json.dumps(content.decode('utf-8', 'replace'))}")

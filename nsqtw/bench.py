@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from nsqtw.options import format_duration, parse_duration
+from nsqtw.wire import encode_mpub, split_frames
 
-_FRAME = struct.Struct(">ii")
 _INT = struct.Struct(">i")
 
 
@@ -51,17 +51,8 @@ class FrameReader:
             chunk = self.sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError("connection closed")
-            buf = self.buf
-            buf += chunk
-            pos = 0
-            n = len(buf)
-            while n - pos >= 8:
-                size, ftype = _FRAME.unpack_from(buf, pos)
-                if n - pos < 4 + size:
-                    break
-                out.append((ftype, bytes(buf[pos + 8:pos + 4 + size])))
-                pos += 4 + size
-            del buf[:pos]
+            self.buf += chunk
+            out = split_frames(self.buf)
         return out
 
 
@@ -73,11 +64,6 @@ def _answer(sock: socket.socket, frames: list[tuple[int, bytes]]) -> list[bytes]
     if replies:
         sock.sendall(b"".join(replies))
     return msgs
-
-
-def _mpub(topic: bytes, bodies: list[bytes]) -> bytes:
-    payload = _INT.pack(len(bodies)) + b"".join(_INT.pack(len(b)) + b for b in bodies)
-    return b"MPUB " + topic + b"\n" + _INT.pack(len(payload)) + payload
 
 
 def _expect_ok(reader: FrameReader, pending: list[tuple[int, bytes]]) -> None:
@@ -103,7 +89,7 @@ def _writer_worker(address: str, topic: str, size: int, batch: int, pub: bool, r
         batch = 1
         cmd = b"PUB " + topic.encode() + b"\n" + _INT.pack(size) + body
     else:
-        cmd = _mpub(topic.encode(), [body] * batch)
+        cmd = encode_mpub(topic.encode(), [body] * batch)
     while time.time() < start_at:
         time.sleep(0.001)
     count = 0

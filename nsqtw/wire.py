@@ -259,3 +259,27 @@ def encode_mpub(topic: bytes, bodies: list[bytes]) -> bytes:
         parts.append(b)
     payload = b"".join(parts)
     return b"MPUB " + topic + b"\n" + _INT32.pack(len(payload)) + payload
+
+
+_FRAME_HEADER = struct.Struct(">ii")
+
+
+def split_frames(buf: bytearray) -> list[tuple[int, bytes]]:
+    """Client side: remove every complete frame from ``buf`` as ``(type, data)``.
+
+    A partial frame stays in ``buf`` for the next read.
+    """
+    frames: list[tuple[int, bytes]] = []
+    pos = 0
+    n = len(buf)
+    while n - pos >= 8:
+        size, ftype = _FRAME_HEADER.unpack_from(buf, pos)
+        if size < 4:
+            raise ValueError(f"invalid frame size {size}")
+        if n - pos < 4 + size:
+            break
+        frames.append((ftype, bytes(buf[pos + 8:pos + 4 + size])))
+        pos += 4 + size
+    if pos:
+        del buf[:pos]
+    return frames

@@ -24,11 +24,15 @@ class FakeAuthServer:
 
     app = Klein()
 
-    def __init__(self, answer: Any = GRANT, status: int = 200) -> None:
+    def __init__(self, answer: Any = GRANT, status: int = 200, tls: Any = None) -> None:
         self.answer = answer
         self.status = status
         self.requests: list[dict[str, Any]] = []
-        self.port = reactor.listenTCP(0, Site(self.app.resource()), interface="127.0.0.1")
+        site = Site(self.app.resource())
+        if tls is None:
+            self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        else:
+            self.port = reactor.listenSSL(0, site, tls, interface="127.0.0.1")
         self.address = f"127.0.0.1:{self.port.getHost().port}"
 
     @app.route("/auth", methods=["GET", "POST"])
@@ -109,6 +113,27 @@ async def test_failover_and_errors(servers) -> None:
         await authorizer(bad.address, "127.0.0.1:1").query("1.2.3.4", False, "s", "")
     assert "got response 403" in str(e.value)
     assert "failed to auth against 127.0.0.1:1" in str(e.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_403_with_https_port_retries_over_https(servers, tmp_path) -> None:
+    """Like nsqd's HTTP client: a 403 naming an https_port is asked again over HTTPS there."""
+    from twisted.internet import ssl
+
+    from nsqtw.tls import client_trust_root
+    from tests.certs import make_certs
+
+    certs = make_certs(str(tmp_path))
+    with open(certs.server_key) as k, open(certs.server_cert) as c:
+        server_tls = ssl.PrivateCertificate.loadPEM(k.read() + c.read()).options()
+    secure = servers(tls=server_tls)
+    plain = servers(answer={"message": "TLS_REQUIRED", "https_port": secure.port.getHost().port},
+                    status=403)
+    auth = HTTPAuthorizer([plain.address], "get", 2.0, 5.0, reactor, client_trust_root(certs.ca))
+    state = await auth.query("1.2.3.4", True, "s", "")
+    assert state.identity == "alice"
+    assert len(plain.requests) == len(secure.requests) == 1
+    assert secure.requests[0]["uri"] == plain.requests[0]["uri"]
 
 
 @pytest_twisted.ensureDeferred

@@ -138,6 +138,41 @@ class TLSRequiredTests(SynchronousTestCase):
         self.assertEqual(take_frames(transport), [OK])
 
 
+class TLSHandshakeTests(SynchronousTestCase):
+    def test_handshake_must_finish_in_time(self) -> None:
+        """After tls_v1 the handshake has TLS_HANDSHAKE_TIMEOUT seconds; then the connection is aborted."""
+        from twisted.internet.testing import StringTransport
+
+        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT, V2Factory
+
+        class TLSTransport(StringTransport):
+            started: object = None
+            aborting = False
+
+            def startTLS(self, ctx: object, normal: bool = True) -> None:
+                self.started = ctx
+
+            def abortConnection(self) -> None:
+                self.aborting = True
+
+        for finished in (False, True):
+            nsqd, clock = make_nsqd()
+            nsqd.tls = object()  # a stand-in context: only its hand-over is checked
+            proto = V2Factory(nsqd, clock).buildProtocol(None)
+            transport = TLSTransport()
+            proto.makeConnection(transport)
+            proto.dataReceived(b"  V2")
+            identify(proto, feature_negotiation=True, tls_v1=True)
+            answer, _ = split_identify(transport.value())
+            self.assertTrue(answer["tls_v1"])
+            self.assertIs(transport.started, nsqd.tls)
+            if finished:
+                proto._handshake_call.cancel()  # what handshakeCompleted() does first
+                proto._handshake_call = None
+            clock.advance(TLS_HANDSHAKE_TIMEOUT + 0.01)
+            self.assertEqual(transport.aborting, not finished)
+
+
 @implementer(IAuthorizer)
 class FakeAuthorizer:
     """Answers AUTH from a list of prepared results (AuthState or exception); records the queries."""

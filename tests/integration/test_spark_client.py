@@ -1,0 +1,336 @@
+"""The Spark connector's consumer and producer against a real nsqtw daemon, without Spark.
+
+These drive :class:`Consumer` the way Spark's stream reader does (plan,
+messages, acknowledge) and check what nsqd sees through ``/stats``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsqtw.spark.client import NSQClientError
+from nsqtw.spark.consumer import Consumer, Offset
+from nsqtw.spark.discovery import all_nodes
+from nsqtw.spark.options import ReaderOptions, WriterOptions
+from nsqtw.spark.producer import Producer
+from tests import rawclient
+from tests.certs import make_certs
+from tests.daemon import Daemon
+from tests.integration.test_features_live import AuthServer
+
+
+def channel_stats(d: Daemon, topic: str, channel: str) -> dict[str, Any]:
+    url = f"http://{d.http_address}/stats?format=json&topic={topic}&channel={channel}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        data = json.load(r)
+    for t in data["topics"]:
+        for c in t["channels"]:
+            if t["topic_name"] == topic and c["channel_name"] == channel:
+                return c  # type: ignore[no-any-return]
+    return {}
+
+
+def topic_stats(d: Daemon, topic: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic={topic}", timeout=10) as r:
+        data = json.load(r)
+    return next((t for t in data["topics"] if t["topic_name"] == topic), {})
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def publish(d: Daemon, topic: str, bodies: list[bytes]) -> None:
+    c = rawclient.Client(d.tcp_address)
+    c.mpub(topic, bodies)
+    assert c.response() == rawclient.OK
+    c.close()
+
+
+def options(d: Daemon, **extra: str) -> ReaderOptions:
+    return ReaderOptions.parse({"nsqd_tcp_addresses": d.tcp_address, "topic": "ev", "channel": "sp",
+                                **extra})
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[Consumer]]:
+    made: list[Consumer] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def start(made: list[Consumer], opts: ReaderOptions) -> Consumer:
+    c = Consumer(opts)
+    made.append(c)
+    c.start()
+    return c
+
+
+def plan_until(c: Consumer, begin: Offset, n: int, max_rows: int | None = None, timeout: float = 20) -> Offset:
+    """Call plan() as Spark's trigger loop does until a batch of ``n`` is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        end = c.plan(begin, max_rows)
+        if end.seq - begin.seq >= n:
+            return end
+        assert end == begin, (begin, end)  # nothing new means exactly the start back
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no batch of {n} within {timeout}s")
+        time.sleep(0.05)
+
+
+def bodies(c: Consumer, begin: Offset, end: Offset) -> list[bytes]:
+    return [h.body for h in c.messages(begin, end)]
+
+
+def test_fin_only_after_commit(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """Messages stay in flight while their batch is open and are FINed by commit."""
+    publish(nsqd, "ev", [b"m%d" % i for i in range(20)])
+    c = start(consumers, options(nsqd))
+    begin = Offset(0)
+    end = plan_until(c, begin, 20)
+    assert end.seq == 20 and len(end.id_set()) == 20
+    assert sorted(bodies(c, begin, end)) == sorted(b"m%d" % i for i in range(20))
+    assert channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 20
+    c.acknowledge(end)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["depth"], s["requeue_count"], s["timeout_count"]) == (0, 0, 0)
+
+
+def test_next_plan_acknowledges_start(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """Planning the batch after ``start`` FINs everything up to ``start``; limits are honoured."""
+    publish(nsqd, "ev", [b"a%d" % i for i in range(10)])
+    c = start(consumers, options(nsqd))
+    e1 = plan_until(c, Offset(0), 4, max_rows=4)
+    assert e1.seq == 4
+    assert channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 10  # all held: 4 planned, 6 waiting
+    e2 = plan_until(c, e1, 4, max_rows=4)
+    assert e2.seq == 8
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 6, what="first batch FINed")
+    e3 = plan_until(c, e2, 2, max_rows=4)
+    assert bodies(c, Offset(0), e1) + bodies(c, e1, e2) == []  # FINed batches are gone
+    assert bodies(c, e2, e3) == [b"a8", b"a9"]
+    c.acknowledge(e3)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="all FINed")
+    assert c.stats["finished"] == 10
+
+
+def test_batch_contents_and_fields(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """messages() of an open batch carries id, body, timestamp and attempts from nsqd."""
+    before = time.time_ns()
+    publish(nsqd, "ev", [b"x", b"y"])
+    c = start(consumers, options(nsqd))
+    end = plan_until(c, Offset(0), 2)
+    held = c.messages(Offset(0), end)
+    assert [h.body for h in held] == [b"x", b"y"]
+    assert all(h.attempts == 1 and len(h.id) == 16 for h in held)
+    assert all(before - 10**9 <= h.timestamp <= time.time_ns() for h in held)
+    assert end.ids == {nsqd.tcp_address: "".join(h.id.decode() for h in held)}
+
+
+def test_held_across_idle_longer_than_msg_timeout(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """Held messages are TOUCHed and heartbeats answered, so a long idle hold causes no redelivery."""
+    publish(nsqd, "ev", [b"t%d" % i for i in range(5)])
+    opts = options(nsqd, msg_timeout_ms="1000")
+    connect = dataclasses.replace(opts.endpoints.connect, heartbeat_interval_ms=1000)
+    opts = dataclasses.replace(opts, endpoints=dataclasses.replace(opts.endpoints, connect=connect))
+    c = start(consumers, opts)
+    end = plan_until(c, Offset(0), 3, max_rows=3)
+    time.sleep(3.5)  # idle: 3.5 msg timeouts, 3.5 heartbeat intervals (what is checked comes below)
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["timeout_count"], s["requeue_count"], s["in_flight_count"], s["client_count"]) == (0, 0, 5, 1)
+    assert c.stats["touched"] >= 5 and c.stats["lost"] == 0
+    e2 = plan_until(c, end, 2)
+    assert all(h.attempts == 1 for h in c.messages(end, e2))
+    c.acknowledge(e2)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
+
+
+def test_restart_drops_committed_redeliveries(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """A new process FINs on sight what Spark committed but the dead process never FINed."""
+    publish(nsqd, "ev", [b"r%d" % i for i in range(6)])
+    a = start(consumers, options(nsqd))
+    committed = plan_until(a, Offset(0), 6)
+    a.close()  # the stream process dies after Spark committed the batch, before the next plan
+    b = start(consumers, options(nsqd))
+    assert b.plan(committed, None) == committed
+    wait_for(lambda: b.stats["skipped"] == 6, what="redeliveries dropped")
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
+    publish(nsqd, "ev", [b"new"])
+    end = plan_until(b, committed, 1)
+    assert end.seq == 7 and bodies(b, committed, end) == [b"new"]
+
+
+def test_replayed_batch_is_emitted_again(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """A batch Spark replays after a restart comes back through nsqd and is emitted, not dropped."""
+    publish(nsqd, "ev", [b"p%d" % i for i in range(6)])
+    a = start(consumers, options(nsqd))
+    e1 = plan_until(a, Offset(0), 3, max_rows=3)
+    e2 = plan_until(a, e1, 3, max_rows=3)  # FINs batch 1; batch 2 fails in the sink
+    second = sorted(bodies(a, e1, e2))
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 3, what="batch 1 FINed")
+    a.close()
+    b = start(consumers, options(nsqd))
+    assert b.messages(e1, e2) == []  # replayed by Spark: the messages went back to nsqd
+    e3 = plan_until(b, e2, 3)
+    again = b.messages(e2, e3)
+    assert sorted(h.body for h in again) == second
+    assert all(h.attempts == 2 for h in again)
+    b.acknowledge(e3)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert b.stats["skipped"] == 0
+
+
+def test_available_now_stops_at_start_time(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """availableNow takes what was published before it began, then requeues the rest and stops."""
+    publish(nsqd, "ev", [b"old%d" % i for i in range(5)])
+    c = Consumer(options(nsqd, drain_timeout_ms="500"))
+    consumers.append(c)
+    c.available_now()
+    time.sleep(0.01)
+    publish(nsqd, "ev", [b"late%d" % i for i in range(3)])
+    c.start()
+    end = c.plan(Offset(0), None)
+    assert sorted(bodies(c, Offset(0), end)) == sorted(b"old%d" % i for i in range(5))
+    assert c.plan(end, None) == end  # drained: the query ends here
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="nothing in flight")
+    s = channel_stats(nsqd, "ev", "sp")
+    assert s["depth"] == 3 and c.stats["requeued"] == 3
+
+
+def test_reconnects_after_nsqd_restart(daemon_factory: Callable[..., Daemon], tmp_path: Path,
+                                       consumers: list[Consumer]) -> None:
+    """When nsqd goes away the held messages are given up, and the consumer comes back with nsqd."""
+    data = tmp_path / "restart"
+    data.mkdir()
+    d = daemon_factory(data_path=str(data))
+    publish(d, "ev", [b"before"])
+    c = start(consumers, options(d))
+    plan_until(c, Offset(0), 1)
+    address = d.tcp_address
+    d.kill()
+    wait_for(lambda: c.stats["lost"] == 1, what="connection loss noticed")
+    d2 = daemon_factory(data_path=str(data), tcp=address)
+    publish(d2, "ev", [b"after"])
+    end = plan_until(c, Offset(1), 1, timeout=30)
+    assert b"after" in bodies(c, Offset(1), end)
+
+
+def test_lookupd_discovery(daemon_factory: Callable[..., Daemon], lookupd_factory: Callable[..., Any],
+                           consumers: list[Consumer]) -> None:
+    """With nsqlookupd the consumer finds the topic's nsqds once they appear, re-asking periodically."""
+    lookupd = lookupd_factory("--broadcast-address=127.0.0.1")
+    nsqd = daemon_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lookupd.tcp_address}")
+    opts = ReaderOptions.parse({"lookupd_http_addresses": lookupd.http_address, "topic": "ev",
+                                "channel": "sp", "lookupd_poll_interval_ms": "200"})
+    c = start(consumers, opts)
+    assert c.addresses() == []  # TOPIC_NOT_FOUND: nothing to connect to yet
+    publish(nsqd, "ev", [b"found"])
+    end = plan_until(c, Offset(0), 1)
+    assert c.addresses() == [nsqd.tcp_address]
+    assert bodies(c, Offset(0), end) == [b"found"]
+
+
+def test_unreachable_nsqd_is_a_clear_error(nsqd: Daemon) -> None:
+    """A consumer that can reach no nsqd fails at start with the address in the message."""
+    host, port = nsqd.tcp
+    nsqd.stop()
+    c = Consumer(ReaderOptions.parse({"nsqd_tcp_addresses": f"{host}:{port}", "topic": "t", "channel": "c",
+                                      "connect_timeout_ms": "2000"}))
+    with pytest.raises(NSQClientError, match=f"cannot subscribe to any nsqd: {host}:{port}: cannot connect"):
+        c.start()
+    c.close()
+
+
+def test_producer_chunks_mpub(nsqd: Daemon) -> None:
+    """The producer publishes every body, in several MPUBs when they exceed max_body_size."""
+    o = WriterOptions.parse({"nsqd_tcp_addresses": nsqd.tcp_address, "topic": "out",
+                             "max_msg_size": "100", "max_body_size": "1000"})
+    p = Producer(o, partition_id=3)
+    sent = [b"w%03d" % i for i in range(500)]
+    assert p.publish("out", sent) == 500
+    p.close()
+    assert (p.count, p.bytes) == (500, 2000)
+    assert topic_stats(nsqd, "out")["message_count"] == 500
+    sub = rawclient.subscribe(nsqd.tcp_address, "out", "check", rdy=500)
+    got = sorted(m.body for m in sub.messages(500, timeout=20, fin=True))
+    sub.close()
+    assert got == sent
+
+
+def test_producer_with_lookupd_uses_nodes_for_new_topics(daemon_factory: Callable[..., Daemon],
+                                                        lookupd_factory: Callable[..., Any]) -> None:
+    """A topic no nsqd has yet is published to a node from lookupd's /nodes."""
+    lookupd = lookupd_factory("--broadcast-address=127.0.0.1")
+    nsqd = daemon_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lookupd.tcp_address}")
+    wait_for(lambda: all_nodes([f"http://{lookupd.http_address}"]), what="the node in /nodes")
+    p = Producer(WriterOptions.parse({"lookupd_http_addresses": lookupd.http_address, "topic": "fresh"}))
+    p.publish("fresh", [b"1", b"2"])
+    p.close()
+    assert p.count == 2
+    assert topic_stats(nsqd, "fresh")["message_count"] == 2
+
+
+def test_tls(daemon_factory: Callable[..., Daemon], tmp_path: Path, consumers: list[Consumer]) -> None:
+    """With tls=true the consumer and the producer upgrade after IDENTIFY and verify nsqd's certificate."""
+    certs = make_certs(str(tmp_path))
+    nsqd = daemon_factory(f"--tls-cert={certs.server_cert}", f"--tls-key={certs.server_key}",
+                          "--tls-required=tcp-https")  # TCP needs TLS; plain HTTP stays for /stats
+    tls = {"nsqd_tcp_addresses": nsqd.tcp_address, "tls": "true", "tls_ca_file": certs.ca}
+    p = Producer(WriterOptions.parse({**tls, "topic": "ev"}))
+    p.publish("ev", [b"s%d" % i for i in range(50)])
+    p.close()
+    c = start(consumers, ReaderOptions.parse({**tls, "topic": "ev", "channel": "sp", "msg_timeout_ms": "1000"}))
+    end = plan_until(c, Offset(0), 50)
+    time.sleep(1.5)  # TOUCHes and reads share the TLS connection
+    assert sorted(bodies(c, Offset(0), end)) == sorted(b"s%d" % i for i in range(50))
+    c.acknowledge(end)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs over TLS")
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["depth"], s["timeout_count"]) == (0, 0)
+    assert s["clients"][0]["tls"] is True
+    untrusted = ReaderOptions.parse({**tls, "tls_ca_file": "", "topic": "ev", "channel": "x"})
+    with pytest.raises(NSQClientError, match="CERTIFICATE_VERIFY_FAILED"):
+        Consumer(untrusted).start()
+
+
+def test_auth(daemon_factory: Callable[..., Daemon], consumers: list[Consumer]) -> None:
+    """auth_secret goes out with AUTH when nsqd requires it; without it the error names the option."""
+    grants = {"spark": {"ttl": 60, "identity": "spark", "authorizations": [
+        {"topic": "^ev$", "channels": [".*"], "permissions": ["publish", "subscribe"]}]}}
+    server = AuthServer(grants)
+    try:
+        nsqd = daemon_factory(f"--auth-http-address={server.address}")
+        base = {"nsqd_tcp_addresses": nsqd.tcp_address, "topic": "ev"}
+        p = Producer(WriterOptions.parse({**base, "auth_secret": "spark"}))
+        p.publish("ev", [b"secret"])
+        p.close()
+        c = start(consumers, ReaderOptions.parse({**base, "channel": "sp", "auth_secret": "spark"}))
+        end = plan_until(c, Offset(0), 1)
+        assert bodies(c, Offset(0), end) == [b"secret"]
+        assert {q["secret"] for q in server.queries} == {"spark"}
+        with pytest.raises(NSQClientError, match="requires AUTH; set the auth_secret option"):
+            Consumer(ReaderOptions.parse({**base, "channel": "x"})).start()
+        with pytest.raises(NSQClientError, match="E_AUTH_FAILED"):
+            Producer(WriterOptions.parse({**base, "auth_secret": "wrong"})).publish("ev", [b"x"])
+    finally:
+        server.close()
