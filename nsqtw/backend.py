@@ -34,6 +34,9 @@ class EphemeralBackend:
     def backlog(self) -> int:
         return 0
 
+    def backlog_bytes(self) -> int:
+        return 0
+
     def read(self, max_count: int) -> list[bytes]:
         return []
 
@@ -79,6 +82,9 @@ class MemoryBackend:
         return succeed(None)
 
     def backlog(self) -> int:
+        return 0
+
+    def backlog_bytes(self) -> int:
         return 0
 
     def read(self, max_count: int) -> list[bytes]:

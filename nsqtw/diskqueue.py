@@ -809,6 +809,8 @@ class DiskQueue:
         # records put / written so far, and who waits for a given count
         self._put_seq = 0
         self._written_seq = 0
+        #: bytes of the records put and not yet written (they are in memory meanwhile)
+        self._backlog_bytes = 0
         self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
         self._corruption: str | None = None
@@ -851,6 +853,7 @@ class DiskQueue:
         self._pending.append(data)
         self._depth += 1
         self._put_seq += 1
+        self._backlog_bytes += len(data)
         self._schedule_flush()
 
     def put_many(self, records: Iterable[bytes]) -> None:
@@ -861,6 +864,7 @@ class DiskQueue:
         self._pending.extend(records)
         self._depth += len(records)
         self._put_seq += len(records)
+        self._backlog_bytes += sum(map(len, records))
         self._schedule_flush()
 
     def written(self) -> Deferred[None]:
@@ -880,6 +884,9 @@ class DiskQueue:
 
     def backlog(self) -> int:
         return self._put_seq - self._written_seq
+
+    def backlog_bytes(self) -> int:
+        return self._backlog_bytes
 
     def _release_written(self, error: str | None = None) -> None:
         waiters = self._written_waiters
@@ -1059,6 +1066,7 @@ class DiskQueue:
         self._pending = []
         # the records are gone on purpose (empty/delete): nobody waits for them
         self._written_seq = self._put_seq
+        self._backlog_bytes = 0
         self._release_written()
         self._buffer.clear()
         self._buffer_bytes = 0
@@ -1120,6 +1128,7 @@ class DiskQueue:
         if written:
             self._disk_more = True
             self._written_seq += written
+            self._backlog_bytes -= sum(map(len, batch if written == len(batch) else batch[:written]))
         self._release_written(error)
         if error is not None:
             self._pending[:0] = batch[written:]

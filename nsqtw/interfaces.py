@@ -37,6 +37,9 @@ class IBackendQueue(Interface):
     def backlog():
         """Records put and not yet written (what a crash would lose)."""
 
+    def backlog_bytes():
+        """Bytes of those records: what they hold in memory until written."""
+
     def read(max_count):
         """Return up to ``max_count`` records available right now, oldest first.
 

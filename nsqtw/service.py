@@ -6,6 +6,7 @@ import fcntl
 import gc
 import os
 import signal
+import socket
 from typing import Any
 
 from twisted.application.service import MultiService, Service
@@ -48,14 +49,30 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def listen_backlog() -> int:
+    """The kernel's somaxconn, as Go's net.Listen uses for nsqd's listeners.
+
+    Twisted's default backlog of 50 overflows when hundreds of clients
+    connect at once (a reconnect storm after a restart): the kernel drops
+    their SYNs and each one waits a second or more to retry.
+    """
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            n = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return socket.SOMAXCONN
+    return max(1, min(n, 65535))
+
+
 def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamServerEndpoint:
     """``eager``: connections send at once when idle (:mod:`nsqtw.eager`), for the V2 listener."""
     host, port = split_host_port(address)
+    backlog = listen_backlog()
     if eager:
-        return EagerTCPServerEndpoint(reactor, port, interface=host or "0.0.0.0")
+        return EagerTCPServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
     if ":" in host:
-        return TCP6ServerEndpoint(reactor, port, interface=host)
-    return TCP4ServerEndpoint(reactor, port, interface=host or "0.0.0.0")
+        return TCP6ServerEndpoint(reactor, port, backlog=backlog, interface=host)
+    return TCP4ServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
 
 
 def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClientEndpoint:

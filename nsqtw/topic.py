@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 TOPIC_BATCH = 8192
 #: past this many records waiting for the disk thread, publishers wait for the write
 BACKLOG_LIMIT = 10000
+#: ... or past this many bytes of them (large messages)
+BACKLOG_BYTES = 16 * 1024 * 1024
+
+
+def _behind(backend: IBackendQueue) -> bool:
+    """Whether a backend's disk thread is so far behind that its writers must wait."""
+    return backend.backlog() > BACKLOG_LIMIT or backend.backlog_bytes() > BACKLOG_BYTES
 
 
 class Topic:
@@ -51,6 +58,8 @@ class Topic:
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
+        #: waiting for a channel's disk to catch up before copying more to it
+        self._held = False
         #: --durable-delivery: every message goes to the disk queue and the
         #: publisher waits for its fsync; see _distribute_durable
         self.durable = bool(getattr(nsqd.options, "durable_delivery", False)) and not self.ephemeral
@@ -63,6 +72,11 @@ class Topic:
         self.journal = journal
         #: due times (unix seconds) of DPUB messages in the queue at the last graceful stop
         self.restored_due: dict[bytes, float] = {}
+        #: --sync-every=1: the topic's read position passes records only once every
+        #: channel has written them, so a kill -9 cannot lose an acknowledged message
+        #: between the topic's queue and a channel's (the marks above are reused)
+        self._commit_after_write = (not self.durable and self._wait_for_write
+                                    and IDurableBackendQueue.providedBy(backend))
         distribute = self._distribute_durable if self.durable else self._distribute
         self._pump = Pump(clock, distribute, f"TOPIC({name})")
         self._pump.start()
@@ -83,8 +97,9 @@ class Topic:
         are in memory, or handed to the disk thread. Returns the backend's
         ``written()`` when the publisher must wait for the write: with
         ``--sync-every=1`` (every acknowledged message survives kill -9), or
-        when the disk is behind by more than BACKLOG_LIMIT records (so a
-        publisher faster than the disk is slowed down to its pace).
+        when the disk is behind by more than BACKLOG_LIMIT records or
+        BACKLOG_BYTES (so a publisher faster than the disk is slowed down to
+        its pace).
         """
         if self.exiting:
             raise ExitingError()
@@ -108,7 +123,7 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
-        if rest and (self._wait_for_write or self.backend.backlog() > BACKLOG_LIMIT):
+        if rest and (self._wait_for_write or _behind(self.backend)):
             written = self.backend.written()
             journal = self.journal
             if journal is not None and rest[0].deferred:
@@ -121,11 +136,25 @@ class Topic:
 
     def _distribute(self) -> bool:
         channels = list(self.channels.values())
-        if not channels or self.paused or self.exiting:
+        if not channels or self.paused or self.exiting or self._held:
             return False
+        for channel in channels:
+            if _behind(channel.backend):
+                # that channel's disk is behind: keep messages here (where their
+                # own backlog pauses publishers) until it has caught up
+                self._held = True
+                channel.backend.written().addBoth(self._release)
+                return False
         msgs: list[Message] = []
+        mark = None
         if self.backend.depth():
-            for data in self.backend.read(TOPIC_BATCH):
+            if self._commit_after_write:
+                backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
+                records = [r[0] for r in backend.read_positions(TOPIC_BATCH)]
+                mark = backend.read_mark()
+            else:
+                records = self.backend.read(TOPIC_BATCH)
+            for data in records:
                 try:
                     msgs.append(decode_message(data))
                 except ValueError as e:
@@ -147,7 +176,24 @@ class Topic:
         for channel in others:
             self._put(channel, [m.copy() for m in msgs])
         self._put(first, msgs)
+        if mark is not None:
+            entry: list[Any] = [mark, False, []]
+            self._marks.append(entry)
+            d = DeferredList([self._when_written(c.backend) for c in channels], consumeErrors=True)
+            self._handoffs.add(d)
+            d.addCallback(self._handed_off, entry, d)
         return bool(memory) or self.backend.depth() > 0
+
+    def _when_written(self, backend: IBackendQueue) -> Deferred[Any]:
+        """Fires once ``backend`` has written everything put so far, through failed attempts
+        (a full disk keeps the records and retries); fails only if the topic is closing meanwhile."""
+        d = backend.written()
+        d.addErrback(lambda f: f if self.exiting else self._when_written(backend))
+        return d
+
+    def _release(self, _: object) -> None:
+        self._held = False
+        self._pump.wake()
 
     def _distribute_durable(self) -> bool:
         """Durable mode: copy a batch to every channel; the topic's read position
@@ -320,6 +366,16 @@ class Topic:
         self._stop()
         if self.durable:
             return ensureDeferred(self._close_durable())
+        if self._handoffs:
+            return ensureDeferred(self._close_after_handoffs())
+        return self._close_plain()
+
+    async def _close_after_handoffs(self) -> Any:
+        # --sync-every=1: let the channels' writes under way finish, so the read position persisted is exact
+        await DeferredList(list(self._handoffs), consumeErrors=True)
+        return await self._close_plain()
+
+    def _close_plain(self) -> Deferred[Any]:
         ds = [c.close() for c in self.channels.values()]
         try:
             if self.memory:

@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,18 +17,29 @@ TWISTD = ("import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'tw
 
 
 class Daemon:
-    """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported."""
+    """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported.
+
+    After start-up a thread keeps reading the daemon's output into ``output``,
+    so a daemon that logs a lot (thousands of connections) never blocks on a
+    full pipe. ``code`` is the Python that runs twistd; a test may prepend
+    set-up (a fault injected in the disk layer) to it.
+    """
 
     plugin = "nsqtw"
 
-    def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None,
+                 code: str = TWISTD) -> None:
         self.data_path = data_path
         self.args = list(args)
         self.env = env
+        self.code = code
         self.proc: subprocess.Popen[bytes] | None = None
         self.tcp: tuple[str, int] = ("", 0)
         self.http: tuple[str, int] = ("", 0)
         self.output: list[str] = []
+        self._reader: threading.Thread | None = None
+        self._output_lock = threading.Lock()
+        self._fd = -1
 
     @property
     def tcp_address(self) -> str:
@@ -40,7 +52,7 @@ class Daemon:
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", self.plugin,
+        cmd = [sys.executable, "-c", self.code, "--pidfile=", "-n", self.plugin,
                f"--tcp-address={tcp}", f"--http-address={http}", *self.plugin_args(), *self.args]
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
@@ -69,7 +81,11 @@ class Daemon:
                 m = _LISTEN.search(line)
                 if m:
                     found[m.group(1)] = m.group(2)
-        self._drain_fd = fd
+        if buf:
+            self.output.append(buf.decode("utf-8", "replace"))
+        self._fd = fd
+        self._reader = threading.Thread(target=self._drain, args=(fd,), daemon=True)
+        self._reader.start()
         host, port = found["TCP"].rsplit(":", 1)
         self.tcp = (host, int(port))
         host, port = found["HTTP"].rsplit(":", 1)
@@ -79,15 +95,41 @@ class Daemon:
     def plugin_args(self) -> list[str]:
         return [f"--data-path={self.data_path}"]
 
-    def read_output(self) -> str:
-        """Everything logged so far (non-blocking)."""
-        if self.proc is not None and self.proc.stdout is not None:
-            fd = self.proc.stdout.fileno()
-            while select.select([fd], [], [], 0)[0]:
-                chunk = os.read(fd, 65536)
+    def _drain(self, fd: int) -> None:
+        poller = select.poll()  # poll, not select: the test may hold more than 1024 descriptors
+        poller.register(fd, select.POLLIN)
+        while True:
+            poller.poll(1000)
+            if not self._read_available(fd):
+                return
+
+    def _read_available(self, fd: int) -> bool:
+        """Append what the pipe holds right now to ``output``; False once it is at its end."""
+        with self._output_lock:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while poller.poll(0):
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return False
                 if not chunk:
-                    break
+                    return False
                 self.output.append(chunk.decode("utf-8", "replace"))
+        return True
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def read_output(self) -> str:
+        """Everything logged so far (whatever the daemon wrote before this call)."""
+        if self._reader is not None and self.proc is not None:
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+            else:
+                self._read_available(self._fd)
         return "".join(self.output)
 
     def wait_output(self, pattern: str, timeout: float = 10) -> re.Match[str]:
@@ -109,13 +151,14 @@ class Daemon:
         try:
             deadline = time.monotonic() + timeout
             while self.proc.poll() is None and time.monotonic() < deadline:
-                self.read_output()
                 time.sleep(0.02)
             if self.proc.poll() is None:
                 self.proc.kill()
             rc = self.proc.wait()
         finally:
-            self.read_output()
+            if self._reader is not None:
+                self._reader.join(5)
+                self._reader = None
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self.proc = None

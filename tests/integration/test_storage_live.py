@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 import urllib.request
 
@@ -13,7 +12,7 @@ import pytest
 
 from tests.daemon import Daemon
 from tests.helpers import REFERENCE_DIR
-from tests.rawclient import OK, Client, Closed, subscribe
+from tests.rawclient import Client, subscribe
 
 
 def http_json(daemon: Daemon, path: str) -> dict:
@@ -41,72 +40,6 @@ def test_go_data_dir_opens_and_delivers(tmp_path, daemon_factory) -> None:
     assert {t["name"]: t["paused"] for t in meta["topics"]} == {"ref": False, "paused_t": True}
     # the paused channel still holds its 20 messages (depth kept in its metadata)
     assert (data / "ref:paused_c.diskqueue.meta.dat").read_text().split("\n")[0] == "20"
-
-
-def test_sigterm_keeps_queued_in_flight_and_deferred(tmp_path, daemon_factory) -> None:
-    """SIGTERM flushes memory, in-flight and deferred messages; a restart delivers them all."""
-    data = str(tmp_path / "d")
-    d = daemon_factory("--mem-queue-size=100", data_path=data)
-    consumer = subscribe(d.tcp_address, "t", "c", rdy=50)
-    pub = Client(d.tcp_address)
-    bodies = [b"m%05d" % i for i in range(10000)]
-    for i in range(0, len(bodies), 500):
-        pub.mpub("t", bodies[i:i + 500])
-        assert pub.response() == OK
-    pub.cmd("DPUB", "t", 4000, body=b"deferred")
-    assert pub.response() == OK
-    in_flight = consumer.messages(50)  # held in flight, never finished
-    assert len(in_flight) == 50
-    d.stop()
-    consumer.close()
-    d2 = daemon_factory(data_path=data)
-    c2 = subscribe(d2.tcp_address, "t", "c", rdy=500)
-    got = c2.messages(10000, timeout=30, fin=True)
-    assert sorted(m.body for m in got) == bodies
-    # the fifty that were in flight kept their attempt
-    attempts = {m.body: m.attempts for m in got}
-    assert all(attempts[m.body] == 2 for m in in_flight)
-    # the deferred one arrives, but not before its due time
-    with pytest.raises(TimeoutError):
-        c2.messages(1, timeout=1.0)
-    [late] = c2.messages(1, timeout=10, fin=True)
-    assert late.body == b"deferred"
-
-
-def test_kill9_loses_no_acknowledged_message(tmp_path, daemon_factory) -> None:
-    """With --mem-queue-size=0 --sync-every=1, every PUB answered OK survives kill -9."""
-    data = str(tmp_path / "k")
-    d = daemon_factory("--mem-queue-size=0", "--sync-every=1", data_path=data)
-    acked: list[bytes] = []
-    stop = threading.Event()
-
-    def publish() -> None:
-        c = Client(d.tcp_address)
-        i = 0
-        try:
-            while not stop.is_set():
-                body = b"k%06d" % i
-                c.pub("t", body)
-                acked.append(body)
-                i += 1
-        except (Closed, OSError, AssertionError):
-            pass
-
-    threads = [threading.Thread(target=publish) for _ in range(2)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 10
-    while len(acked) < 500 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    d.kill()
-    stop.set()
-    for t in threads:
-        t.join(5)
-    assert len(acked) >= 500
-    d2 = daemon_factory(data_path=data)
-    got = {m.body for m in subscribe(d2.tcp_address, "t", "c", rdy=1000).drain()}
-    missing = set(acked) - got
-    assert not missing, f"{len(missing)} acknowledged messages lost"
 
 
 def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:

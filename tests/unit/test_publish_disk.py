@@ -120,6 +120,31 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
 
+    def test_publisher_waits_when_disk_falls_behind_in_bytes(self) -> None:
+        """Past BACKLOG_BYTES unwritten bytes, publishers wait too: large messages cannot pile up
+        10,000 deep (16 KiB ones would hold 160 MiB)."""
+        from nsqtw.topic import BACKLOG_BYTES
+        from nsqtw.wire import encode_mpub
+        self.executor = HeldExecutor()
+        self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
+        p, t = connect(self.nsqd, self.clock)
+        batch = [b"m" * (64 * 1024)] * 16  # 1 MiB per MPUB, far fewer records than BACKLOG_LIMIT
+        answered = BACKLOG_BYTES // (1 << 20) - 1  # each record also carries a 26-byte header
+        for _ in range(answered):
+            p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(len(take_frames(t)), answered)
+        p.dataReceived(encode_mpub(b"t", batch))
+        self.settle()
+        self.assertEqual(take_frames(t), [])
+        self.assertEqual(t.producerState, "paused")
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(t.producerState, "producing")
+        self.assertEqual(self.nsqd.topics["t"].backend.backlog_bytes(), 0)
+
     def test_disk_full_then_recovered(self) -> None:
         """ENOSPC: E_PUB_FAILED and NOK health; space back: the retry writes, PUB works, nothing lost."""
         self.build(sync_every=1)
@@ -148,3 +173,77 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t3), [(FRAME_TYPE_RESPONSE, b"OK")])
         topic = self.nsqd.topics["t"]
         self.assertEqual(topic.backend.depth(), 3)  # before, during (kept for retry), after
+
+    def test_topic_holds_messages_while_a_channel_disk_is_behind(self) -> None:
+        """A channel whose disk is BACKLOG_LIMIT records behind gets no more until it catches up.
+
+        The rest waits in the topic's own queue, whose backlog paces the
+        publishers: a slow channel disk cannot grow the daemon's memory.
+        """
+        from nsqtw.topic import BACKLOG_LIMIT, TOPIC_BATCH
+        from nsqtw.wire import encode_mpub
+        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        options = make_options(mem_queue_size=0)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            executor = held if ":" in name else SynchronousDiskExecutor()
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 2500, 2.0, self.clock, executor)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+        topic = self.nsqd.get_topic("t")
+        channel = topic.get_channel("c")
+        held.run_all()  # the channel queue's load
+        p, t = connect(self.nsqd, self.clock)
+        total = 3 * BACKLOG_LIMIT
+        for _ in range(total // 1000):
+            p.dataReceived(encode_mpub(b"t", [b"m"] * 1000))
+            self.settle()
+        self.assertEqual(len(take_frames(t)), total // 1000)
+        self.assertLessEqual(channel.backend.backlog(), BACKLOG_LIMIT + TOPIC_BATCH)
+        self.assertGreater(topic.depth(), 0)
+        for _ in range(20):
+            held.run_all()
+            self.clock.advance(0.01)  # the disk queue hands writes over at most once a millisecond
+            self.settle()
+        self.assertEqual(topic.depth(), 0)
+        self.assertEqual(channel.depth(), total)
+        self.assertEqual(channel.backend.backlog(), 0)
+
+    def test_sync_every_1_topic_read_position_waits_for_channel_writes(self) -> None:
+        """With --sync-every=1 the topic's read position passes a message only once every channel
+        has written it: a kill -9 between the two cannot lose an acknowledged message."""
+        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        options = make_options(mem_queue_size=0, sync_every=1)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            executor = held if ":" in name else SynchronousDiskExecutor()
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 1, 2.0, self.clock, executor)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+        topic = self.nsqd.get_topic("t")
+        channel = topic.get_channel("c")
+        held.run_all()  # the channel queue's load
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"acked"))
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(channel.backend.backlog(), 1)  # copied to the channel, not yet written there
+        # a crash now: the topic's queue on disk must still hold the message
+        meta = os.path.join(self.path, "t.diskqueue.meta.dat")
+        with open(meta) as f:
+            self.assertEqual(f.read().split("\n")[0], "1")
+        held.run_all()  # the channel writes it
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        self.assertEqual(channel.backend.backlog(), 0)
+        topic.backend.put(b"x" * 26)  # any later disk job persists the committed read position
+        for _ in range(3):
+            self.clock.advance(0.01)
+            self.settle()
+        with open(meta) as f:
+            self.assertEqual(f.read().split("\n")[0], "1")  # the first one consumed, the new one queued

@@ -1,0 +1,43 @@
+"""Faults injected into a live daemon's disk layer (a test-only prelude to twistd).
+
+``Daemon(..., code=faulty_daemon_code(), env={...})`` runs twistd after
+replacing the default ``write_fn`` of every :class:`~nsqtw.diskqueue.DiskQueue`
+(the function its disk thread writes records with):
+
+- ``NSQTW_TEST_DISK_FULL_FLAG=<path>``: while that file exists, writes fail
+  with ENOSPC (a disk that fills up, where the test may not mount a tmpfs);
+- ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
+  slower than the publishers).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import Any
+
+from tests.daemon import TWISTD
+
+
+def install() -> None:
+    from nsqtw import diskqueue
+
+    flag = os.environ.get("NSQTW_TEST_DISK_FULL_FLAG")
+    rate = float(os.environ.get("NSQTW_TEST_DISK_BYTES_PER_SEC") or 0)
+
+    def write(fd: int, data: Any) -> int:
+        if flag and os.path.exists(flag):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if rate:
+            time.sleep(len(data) / rate)
+        return os.write(fd, data)
+
+    defaults = diskqueue.DiskQueue.__init__.__kwdefaults__
+    assert defaults is not None and "write_fn" in defaults
+    defaults["write_fn"] = write
+
+
+def faulty_daemon_code() -> str:
+    """Python for ``Daemon(code=...)``: install the faults, then run twistd."""
+    return "from tests.reliability.faults import install; install()\n" + TWISTD
