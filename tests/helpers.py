@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import struct
+import time
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -82,3 +84,15 @@ def decode_message_frame(payload: bytes) -> tuple[int, int, bytes, bytes]:
 
 def body(data: bytes) -> bytes:
     return struct.pack(">i", len(data)) + data
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something true and return that; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: last {value!r}")
+        time.sleep(0.05)

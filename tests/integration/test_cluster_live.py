@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests import helpers
 from tests.daemon import Daemon
 from tests.integration.pynsq_driver import consume, publish
 
@@ -37,15 +37,7 @@ def post(address: str, path: str) -> None:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    """Poll ``check`` until it returns something true; fail with its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}: last {value!r}")
-        time.sleep(0.05)
+    return helpers.wait_for(check, timeout, what)
 
 
 def ports(lookup: dict[str, Any]) -> set[tuple[int, int]]:

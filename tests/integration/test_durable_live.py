@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from tests.helpers import wait_for
 from tests.rawclient import OK, Client, Closed, subscribe
 
 DURABLE = "--durable-delivery"
@@ -26,14 +27,6 @@ def channel_stats(daemon, topic: str, channel: str) -> dict:
                 if c["channel_name"] == channel:
                     return c
     return {}
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def journals(path: str) -> list[str]:

@@ -24,6 +24,7 @@ from nsqtw.spark.producer import Producer
 from tests import rawclient
 from tests.certs import make_certs
 from tests.daemon import Daemon
+from tests.helpers import wait_for
 from tests.integration.test_features_live import AuthServer
 
 
@@ -42,17 +43,6 @@ def topic_stats(d: Daemon, topic: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic={topic}", timeout=10) as r:
         data = json.load(r)
     return next((t for t in data["topics"] if t["topic_name"] == topic), {})
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def publish(d: Daemon, topic: str, bodies: list[bytes]) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tests.daemon import Daemon
-from tests.integration.test_spark_client import channel_stats, publish, topic_stats, wait_for
+from tests.helpers import wait_for
+from tests.integration.test_spark_client import channel_stats, publish, topic_stats
 
 TIMEOUT = 120
 
