@@ -22,12 +22,20 @@ def rss_kib(daemon: Daemon) -> int:
     raise AssertionError("no VmRSS")
 
 
-def http_raw(address: str, request: bytes, timeout: float = 10.0) -> bytes:
-    """Send raw bytes to the HTTP listener and read until it closes or answers in full."""
+def http_raw(address: str, request: bytes, timeout: float = 10.0, half_close: bool = False) -> bytes:
+    """Send raw bytes to the HTTP listener and read until it closes or answers in full.
+
+    ``half_close`` signals the end of input after sending, for input that may
+    leave the daemon waiting for more. Twisted drops a connection (and a
+    response still being made) when the client half-closes, so whole
+    requests are sent without it.
+    """
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         try:
             s.sendall(request)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the daemon may answer and hang up before reading it all
         chunks = []

@@ -8,7 +8,6 @@ a traceback, and the daemon's memory stays bounded.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -66,33 +65,6 @@ def _request(draw: st.DrawFn) -> bytes:
     return method + b" " + target + b" HTTP/1.1\r\n" + b"\r\n".join(headers) + b"\r\n\r\n" + payload
 
 
-def _send(address: str, request: bytes, timeout: float = 10.0) -> bytes:
-    """Send bytes that may not be a whole request, signal end of input, return whatever came back.
-
-    Twisted drops a connection (and a response still being made) when the
-    client half-closes, so only input that may leave the daemon waiting
-    for more goes through here; whole requests use ``http_raw``.
-    """
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        try:
-            s.sendall(request)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        chunks = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
 @pytest.fixture(scope="module")
 def api(tmp_path_factory) -> Iterator[Daemon]:
     """One daemon whose HTTP API the module fuzzes (small message limits keep huge bodies cheap)."""
@@ -109,7 +81,7 @@ def test_http_fuzz_well_framed(api, request: bytes) -> None:
     """Every well-framed request with hostile method, path, query or body gets an answer below 500."""
     if b"Transfer-Encoding: chunked" in request:
         # a lying chunk size leaves the daemon waiting for the rest: end the input, accept a hang-up
-        status = status_of(_send(api.http_address, request))
+        status = status_of(http_raw(api.http_address, request, half_close=True))
         assert status == 0 or 200 <= status < 500, (request[:200], status)
         return
     response = http_raw(api.http_address, request)
@@ -127,7 +99,7 @@ def test_http_fuzz_well_framed(api, request: bytes) -> None:
 ))
 def test_http_fuzz_garbage(api, data: bytes) -> None:
     """Bytes that are barely HTTP get a 4xx or a hang-up, never a 5xx."""
-    status = status_of(_send(api.http_address, data))
+    status = status_of(http_raw(api.http_address, data, half_close=True))
     assert status == 0 or 200 <= status < 500, (data[:200], status)
 
 
