@@ -193,6 +193,14 @@ class Channel:
                            topic=self.topic_name, channel=self.name, error=e)
             return None
 
+    def _defer_restored(self, msg: Message, now: float) -> bool:
+        """A message deferred at the last stop waits out its due time again; True if it must wait."""
+        when = self.restored_due.pop(msg.id, None)
+        if when is not None and when > now:
+            self._defer(msg, when - now, now)
+            return True
+        return False
+
     def _next_messages(self, n: int) -> list[Message]:
         out: list[Message] = []
         if self.backend.depth():
@@ -202,11 +210,8 @@ class Channel:
                 msg = self._decode(data)
                 if msg is None:
                     continue
-                if due:
-                    when = due.pop(msg.id, None)
-                    if when is not None and when > now:
-                        self._defer(msg, when - now, now)
-                        continue
+                if due and self._defer_restored(msg, now):
+                    continue
                 out.append(msg)
         memory = self.memory
         k = min(n - len(out), len(memory))
@@ -539,11 +544,8 @@ class Channel:
             if journal.is_live(msg.id) or msg.id in seen:
                 continue  # a copy the journal already owns (handed over twice around a crash)
             seen.add(msg.id)
-            if due:
-                when = due.pop(msg.id, None)
-                if when is not None and when > now:
-                    self._defer(msg, when - now, now)
-                    continue
+            if due and self._defer_restored(msg, now):
+                continue
             out.append(msg)
         if floor is not None and (records[-1][1], records[-1][2]) >= floor:
             self._taken_floor = None
