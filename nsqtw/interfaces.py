@@ -148,4 +148,4 @@ class IAuthorizer(Interface):
     """Answers an AUTH secret with the client's authorizations (nsqd's auth server client)."""
 
     def query(remote_ip, tls, secret, common_name):
-        """A Deferred firing with an :class:`nsqtw.auth.AuthState`, or failing with the reason."""
+        """A Deferred firing with an :class:`nsqtw.protocol.auth.AuthState`, or failing with the reason."""

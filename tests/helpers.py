@@ -13,10 +13,10 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from nsqtw.core.nsqd import NSQD
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.options import defaults as lookupd_defaults
-from nsqtw.nsqd import NSQD
-from nsqtw.options import defaults
+from nsqtw.nsqd.options import defaults
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
 
 #: facts recorded from Go nsqd/nsqlookupd v1.3.0 (copied from the project workspace)

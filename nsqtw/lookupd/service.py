@@ -12,7 +12,7 @@ from nsqtw.log import Logger
 from nsqtw.lookupd.http import LookupdHTTPAPI
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.protocol import LookupFactory
-from nsqtw.service import ListenerService, exit_cleanly_after_signal, server_endpoint
+from nsqtw.net.listen import ListenerService, exit_cleanly_after_signal, server_endpoint
 
 __all__ = ["LookupdService"]
 

@@ -14,7 +14,7 @@ import struct
 from typing import NamedTuple
 
 from nsqtw.errors import fatal
-from nsqtw.wire import MAX_LINE_LENGTH, LineTooLong
+from nsqtw.protocol.wire import MAX_LINE_LENGTH, LineTooLong
 
 __all__ = ["MAGIC_V1", "MAX_IDENTIFY_BODY", "Body", "Line", "LineTooLong", "ResponseReader",
            "V1Parser", "encode_command", "encode_response", "identify"]

@@ -2,7 +2,7 @@
 
 The protocol turns parsed commands into calls on topics and channels and
 their results into frames; decisions about queues, flight and timeouts live
-in :mod:`nsqtw.channel`. One protocol instance is one nsqd client.
+in :mod:`nsqtw.core.channel`. One protocol instance is one nsqd client.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
-from nsqtw.auth import AuthState
-from nsqtw.channel import Channel
+from nsqtw.core.channel import Channel
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
+from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
-from nsqtw.nsqd import NSQD
+from nsqtw.net.tls import connection_info, peer_common_name
+from nsqtw.observe.stats import go_json
+from nsqtw.protocol.auth import AuthState
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
-from nsqtw.stats import go_json
-from nsqtw.tls import connection_info, peer_common_name
-from nsqtw.wire import Command, LineTooLong, V2Parser
+from nsqtw.protocol.wire import Command, LineTooLong, V2Parser
 
 STATE_INIT = 0
 STATE_DISCONNECTED = 1

@@ -4,7 +4,7 @@ Spark runs the connector in plain Python worker processes, not under a
 reactor, so this client uses ordinary sockets. It speaks the V2 protocol as
 any NSQ client does (IDENTIFY with feature negotiation, optional TLS and AUTH,
 SUB, RDY, FIN, TOUCH, REQ, MPUB, NOP) and works against Go nsqd and nsqtw
-alike. Encoding goes through :mod:`nsqtw.wire` and :mod:`nsqtw.message`.
+alike. Encoding goes through :mod:`nsqtw.protocol.wire` and :mod:`nsqtw.core.message`.
 
 One thread reads a connection (:meth:`NSQConnection.read_frames`); any
 thread may send (sends are serialised by a lock), which lets the driver's I/O
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsqtw import __version__
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.wire import MAGIC_V2, encode_command, encode_mpub, split_frames
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.protocol.wire import MAGIC_V2, encode_command, encode_mpub, split_frames
 
 HEARTBEAT = b"_heartbeat_"
 USER_AGENT = f"nsqtw-spark/{__version__}"

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, decode_message
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, decode_message
 from nsqtw.spark.client import HEARTBEAT, NSQClientError, NSQConnection, fin, rdy, req, touch
 from nsqtw.spark.discovery import LookupdUnavailable, lookup_topic
 from nsqtw.spark.options import ReaderOptions, lookupd_url

@@ -13,7 +13,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.web.server import NOT_DONE_YET, Site
 
-from nsqtw.auth import AuthError, HTTPAuthorizer, parse_auth_response
+from nsqtw.protocol.auth import AuthError, HTTPAuthorizer, parse_auth_response
 
 GRANT = {"ttl": 30, "identity": "alice", "identity_url": "http://id/alice",
          "authorizations": [{"topic": "^t", "channels": [".*"], "permissions": ["publish"]}]}
@@ -120,7 +120,7 @@ async def test_403_with_https_port_retries_over_https(servers, tmp_path) -> None
     """Like nsqd's HTTP client: a 403 naming an https_port is asked again over HTTPS there."""
     from twisted.internet import ssl
 
-    from nsqtw.tls import client_trust_root
+    from nsqtw.net.tls import client_trust_root
     from tests.certs import make_certs
 
     certs = make_certs(str(tmp_path))

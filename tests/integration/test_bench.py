@@ -9,7 +9,7 @@ import struct
 import subprocess
 import sys
 
-from nsqtw.bench import _answer
+from nsqtw.tools.bench import _answer
 from tests.daemon import ROOT
 
 LINE = re.compile(r"duration: \S+ - [\d.]+mb/s - ([\d.]+)ops/s - [\d.]+us/op")
@@ -17,7 +17,7 @@ LINE = re.compile(r"duration: \S+ - [\d.]+mb/s - ([\d.]+)ops/s - [\d.]+us/op")
 
 def bench(*args: str) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-m", "nsqtw.bench", *args], env=env,
+    out = subprocess.run([sys.executable, "-m", "nsqtw.tools.bench", *args], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -15,8 +15,8 @@ from twisted.internet.defer import ensureDeferred
 from twisted.web.client import FileBodyProducer
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from nsqtw.http_api import HTTPAPI
-from nsqtw.nsqd import NSQD
+from nsqtw.core.nsqd import NSQD
+from nsqtw.nsqd.http import HTTPAPI
 from tests.helpers import make_options
 
 

@@ -1,7 +1,7 @@
 """Faults injected into a live daemon's disk layer (a test-only prelude to twistd).
 
 ``Daemon(..., code=faulty_daemon_code(), env={...})`` runs twistd after
-replacing the default ``write_fn`` of every :class:`~nsqtw.diskqueue.DiskQueue`
+replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.DiskQueue`
 (the function its disk thread writes records with):
 
 - ``NSQTW_TEST_DISK_FULL_FLAG=<path>``: while that file exists, writes fail
@@ -21,7 +21,7 @@ from tests.daemon import TWISTD
 
 
 def install() -> None:
-    from nsqtw import diskqueue
+    from nsqtw.storage import diskqueue
 
     flag = os.environ.get("NSQTW_TEST_DISK_FULL_FLAG")
     rate = float(os.environ.get("NSQTW_TEST_DISK_BYTES_PER_SEC") or 0)

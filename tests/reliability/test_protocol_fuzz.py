@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nsqtw.errors import NSQError
-from nsqtw.wire import MAX_LINE_LENGTH, LineTooLong, V2Parser
+from nsqtw.protocol.wire import MAX_LINE_LENGTH, LineTooLong, V2Parser
 from tests.daemon import Daemon
 from tests.helpers import connect, make_nsqd, read_frames
 from tests.rawclient import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, OK, Client, Closed, pub

@@ -18,14 +18,14 @@ from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from nsqtw.diskqueue import (
+from nsqtw.errors import BackendError
+from nsqtw.interfaces import IBackendQueue
+from nsqtw.storage.diskqueue import (
     DiskQueue,
     SynchronousDiskExecutor,
     ThreadPoolDiskExecutor,
     nsqd_msg_size_limits,
 )
-from nsqtw.errors import BackendError
-from nsqtw.interfaces import IBackendQueue
 
 
 class FileHooks:

@@ -14,11 +14,11 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
-from nsqtw.journal import Journal, find_journals, journal_path, replay
-from nsqtw.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.nsqd import NSQD
-from nsqtw.wire import encode_command, encode_mpub
+from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.core.nsqd import NSQD
+from nsqtw.protocol.wire import encode_command, encode_mpub
+from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.journal import Journal, find_journals, journal_path, replay
 from tests.helpers import EPOCH, connect, decode_message_frame, make_options, take_frames
 
 

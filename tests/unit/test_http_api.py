@@ -11,9 +11,9 @@ from treq.testing import StubTreq
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.http_api import HTTPAPI, BoundedRequest, parse_query
-from nsqtw.stats import format_text, go_duration, go_json, snapshot
-from nsqtw.wire import encode_command
+from nsqtw.nsqd.http import HTTPAPI, BoundedRequest, parse_query
+from nsqtw.observe.stats import format_text, go_duration, go_json, snapshot
+from nsqtw.protocol.wire import encode_command
 from tests.helpers import EPOCH, connect, make_nsqd, reference, take_frames
 
 REF = reference("nsqd-1.3.0-responses.json")["http"]

@@ -10,10 +10,10 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from nsqtw.auth import HTTPAuthorizer
-from nsqtw.backend import EphemeralBackend, MemoryBackend
-from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
 from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer, IDurableBackendQueue
+from nsqtw.protocol.auth import HTTPAuthorizer
+from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.storage.memory import EphemeralBackend, MemoryBackend
 from tests.helpers import connect, make_nsqd
 
 

@@ -11,9 +11,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor
-from nsqtw.journal import MAGIC, Journal, JournalError, find_journals, journal_path, replay
-from nsqtw.message import Message
+from nsqtw.core.message import Message
+from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.storage.journal import MAGIC, Journal, JournalError, find_journals, journal_path, replay
 from tests.helpers import EPOCH
 
 

@@ -8,7 +8,7 @@ from twisted.internet.protocol import ServerFactory
 from twisted.internet.testing import MemoryReactor
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.service import listen_backlog, server_endpoint
+from nsqtw.net.listen import listen_backlog, server_endpoint
 
 
 class ListenBacklogTests(SynchronousTestCase):

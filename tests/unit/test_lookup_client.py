@@ -14,9 +14,9 @@ from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from nsqtw.lookup import PING_INTERVAL, Lookup, LookupPeerProtocol, peer_info_text
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.protocol import LookupFactory
+from nsqtw.nsqd.lookup import PING_INTERVAL, Lookup, LookupPeerProtocol, peer_info_text
 from tests.helpers import make_lookupd, make_nsqd
 
 

@@ -1,4 +1,4 @@
-"""Tests for nsqtw.options: nsqd's flags, defaults, durations and config file."""
+"""Tests for nsqtw.nsqd.options: nsqd's flags, defaults, durations and config file."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import zlib
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw import options
-from nsqtw.options import (
+from nsqtw.nsqd import options
+from nsqtw.nsqd.options import (
     FLAGS,
     FLAGS_BY_NAME,
     NSQDOptions,

@@ -6,8 +6,8 @@ import random
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.message import Message
-from nsqtw.pqueue import _COMPACT_MIN, TimeoutQueue
+from nsqtw.core.message import Message
+from nsqtw.core.pqueue import _COMPACT_MIN, TimeoutQueue
 
 
 def msg(i: int) -> Message:

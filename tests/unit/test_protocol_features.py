@@ -12,12 +12,12 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nsqtw import channel as channel_module
-from nsqtw.auth import AuthError, Authorization, AuthState
+from nsqtw.core import channel as channel_module
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.interfaces import IAuthorizer
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.stats import format_text, snapshot
-from nsqtw.wire import encode_command, encode_mpub
+from nsqtw.observe.stats import format_text, snapshot
+from nsqtw.protocol.auth import AuthError, Authorization, AuthState
+from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import body, connect, make_nsqd, read_frames, take_frames
 
 OK = (FRAME_TYPE_RESPONSE, b"OK")

@@ -7,9 +7,9 @@ import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
-from nsqtw.wire import encode_command, encode_mpub
+from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, reference, take_frames
 
 

@@ -10,10 +10,10 @@ import tempfile
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
-from nsqtw.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
-from nsqtw.nsqd import NSQD
-from nsqtw.wire import encode_command
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqtw.core.nsqd import NSQD
+from nsqtw.protocol.wire import encode_command
+from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
 from tests.helpers import EPOCH, connect, make_options, take_frames
 
 
@@ -99,8 +99,8 @@ class DiskPublishTests(SynchronousTestCase):
 
     def test_publisher_waits_when_disk_falls_behind(self) -> None:
         """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure)."""
-        from nsqtw.topic import BACKLOG_LIMIT
-        from nsqtw.wire import encode_mpub
+        from nsqtw.core.topic import BACKLOG_LIMIT
+        from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build()
         p, t = connect(self.nsqd, self.clock)
@@ -123,8 +123,8 @@ class DiskPublishTests(SynchronousTestCase):
     def test_publisher_waits_when_disk_falls_behind_in_bytes(self) -> None:
         """Past BACKLOG_BYTES unwritten bytes, publishers wait too: large messages cannot pile up
         10,000 deep (16 KiB ones would hold 160 MiB)."""
-        from nsqtw.topic import BACKLOG_BYTES
-        from nsqtw.wire import encode_mpub
+        from nsqtw.core.topic import BACKLOG_BYTES
+        from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
         p, t = connect(self.nsqd, self.clock)
@@ -180,8 +180,8 @@ class DiskPublishTests(SynchronousTestCase):
         The rest waits in the topic's own queue, whose backlog paces the
         publishers: a slow channel disk cannot grow the daemon's memory.
         """
-        from nsqtw.topic import BACKLOG_LIMIT, TOPIC_BATCH
-        from nsqtw.wire import encode_mpub
+        from nsqtw.core.topic import BACKLOG_LIMIT, TOPIC_BATCH
+        from nsqtw.protocol.wire import encode_mpub
         held = HeldExecutor()  # the channel's disk thread, run only when the test says so
         options = make_options(mem_queue_size=0)
 

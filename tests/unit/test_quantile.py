@@ -6,7 +6,7 @@ import random
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.quantile import BUFFER_SIZE, Quantile, Stream, aggregate, empty_result
+from nsqtw.observe.quantile import BUFFER_SIZE, Quantile, Stream, aggregate, empty_result
 
 NS = 1_000_000_000
 

@@ -6,11 +6,11 @@ import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, Message, frame
+from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, Message, frame
+from nsqtw.protocol.wire import V2Parser, encode_mpub, split_frames
 from nsqtw.spark.consumer import Offset
 from nsqtw.spark.options import NSQOptionError, ReaderOptions, WriterOptions, lookupd_url
 from nsqtw.spark.producer import NSQWriteError, chunks
-from nsqtw.wire import V2Parser, encode_mpub, split_frames
 
 BASE = {"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "events", "channel": "spark"}
 

@@ -6,9 +6,9 @@ from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.stats import snapshot
-from nsqtw.statsd import StatsdService, format_prefix, metrics, packets
-from nsqtw.wire import encode_mpub
+from nsqtw.observe.stats import snapshot
+from nsqtw.observe.statsd import StatsdService, format_prefix, metrics, packets
+from nsqtw.protocol.wire import encode_mpub
 from tests.helpers import connect, make_nsqd
 
 

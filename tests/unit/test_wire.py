@@ -7,7 +7,7 @@ import struct
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.errors import NSQError
-from nsqtw.wire import MAX_LINE_LENGTH, Command, LineTooLong, V2Parser, encode_command, encode_mpub
+from nsqtw.protocol.wire import MAX_LINE_LENGTH, Command, LineTooLong, V2Parser, encode_command, encode_mpub
 
 MAX_MSG = 1024
 MAX_BODY = 4096

@@ -2,7 +2,7 @@ from twisted.application.service import ServiceMaker
 
 nsqtw = ServiceMaker(
     "nsqtw",
-    "nsqtw.tap",
+    "nsqtw.nsqd.tap",
     "NSQ's nsqd on Twisted: the V2 TCP protocol and HTTP API (drop-in for nsqd v1.3)",
     "nsqtw",
 )

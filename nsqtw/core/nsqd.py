@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 
-from nsqtw.backend import EphemeralBackend, MemoryBackend
-from nsqtw.channel import Channel
-from nsqtw.guid import GUIDFactory
+from nsqtw.core.channel import Channel
+from nsqtw.core.guid import GUIDFactory
+from nsqtw.core.message import Message
+from nsqtw.core.topic import Topic
 from nsqtw.interfaces import IBackendQueue
 from nsqtw.log import Logger, set_level
-from nsqtw.message import Message
 from nsqtw.names import backend_name, is_ephemeral
-from nsqtw.quantile import Quantile
-from nsqtw.topic import Topic
+from nsqtw.observe.quantile import Quantile
+from nsqtw.storage.memory import EphemeralBackend, MemoryBackend
 
 if TYPE_CHECKING:
-    from nsqtw.journal import Journal
+    from nsqtw.storage.journal import Journal
 
 
 class _Options(Protocol):

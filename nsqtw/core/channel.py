@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from nsqtw.core.message import Message, decode_message
+from nsqtw.core.pqueue import TimeoutQueue
+from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import IBackendQueue, IConsumer
 from nsqtw.log import Logger
-from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
-from nsqtw.pqueue import TimeoutQueue
-from nsqtw.pump import Pump
-from nsqtw.quantile import Quantile
+from nsqtw.observe.quantile import Quantile
 
 if TYPE_CHECKING:
+    from nsqtw.core.topic import Topic
     from nsqtw.interfaces import IDurableBackendQueue
-    from nsqtw.journal import Journal, Position
-    from nsqtw.topic import Topic
+    from nsqtw.storage.journal import Journal, Position
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096

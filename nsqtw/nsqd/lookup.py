@@ -32,7 +32,7 @@ from zope.interface import implementer
 from nsqtw import NSQD_VERSION
 from nsqtw.log import Logger
 from nsqtw.lookupd.wire import MAGIC_V1, ResponseReader, encode_command, identify
-from nsqtw.stats import go_json
+from nsqtw.observe.stats import go_json
 
 __all__ = ["PING_INTERVAL", "Lookup", "LookupPeer", "LookupPeerProtocol", "peer_info_text"]
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
-import signal
-import socket
 from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP6ServerEndpoint
-from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from nsqtw import NSQD_VERSION
-from nsqtw.auth import HTTPAuthorizer
-from nsqtw.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
-from nsqtw.eager import EagerTCPServerEndpoint
-from nsqtw.journal import Journal, JournalState, find_journals, journal_path, replay
+from nsqtw.core.nsqd import NSQD
 from nsqtw.log import Logger
-from nsqtw.lookup import CONNECT_TIMEOUT, Lookup
-from nsqtw.metadata import (
+from nsqtw.names import is_valid_channel_name, is_valid_topic_name
+from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
+from nsqtw.net.tls import build_server_tls, client_trust_root
+from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
+from nsqtw.observe.statsd import StatsdService
+from nsqtw.protocol.auth import HTTPAuthorizer
+from nsqtw.protocol.v2 import V2Factory
+from nsqtw.storage.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
+from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
     MetadataStore,
     decode,
@@ -32,117 +33,6 @@ from nsqtw.metadata import (
     take_deferred_file,
     write_file,
 )
-from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.nsqd import NSQD
-from nsqtw.protocol.v2 import V2Factory
-from nsqtw.statsd import StatsdService
-from nsqtw.tls import build_server_tls, client_trust_root
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces), as Go accepts them."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"missing port in address {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def listen_backlog() -> int:
-    """The kernel's somaxconn, as Go's net.Listen uses for nsqd's listeners.
-
-    Twisted's default backlog of 50 overflows when hundreds of clients
-    connect at once (a reconnect storm after a restart): the kernel drops
-    their SYNs and each one waits a second or more to retry.
-    """
-    try:
-        with open("/proc/sys/net/core/somaxconn") as f:
-            n = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return socket.SOMAXCONN
-    return max(1, min(n, 65535))
-
-
-def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamServerEndpoint:
-    """``eager``: connections send at once when idle (:mod:`nsqtw.eager`), for the V2 listener."""
-    host, port = split_host_port(address)
-    backlog = listen_backlog()
-    if eager:
-        return EagerTCPServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
-    if ":" in host:
-        return TCP6ServerEndpoint(reactor, port, backlog=backlog, interface=host)
-    return TCP4ServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
-
-
-def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClientEndpoint:
-    """An endpoint that connects to ``host:port`` (a name is resolved on each attempt)."""
-    host, port = split_host_port(address)
-    return HostnameEndpoint(reactor, host or "127.0.0.1", port, timeout=timeout)
-
-
-def format_address(port: IListeningPort) -> str:
-    addr = port.getHost()
-    host = getattr(addr, "host", "")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{getattr(addr, 'port', '')}"
-
-
-class ListenerService(Service):
-    """Listens on one address and logs nsqd's start-up line with the bound address.
-
-    Tools that start nsqd on port 0 read ``TCP: listening on HOST:PORT`` from
-    its log to learn the port, so the line carries the real address.
-    """
-
-    log = Logger()
-
-    def __init__(self, label: str, endpoint: IStreamServerEndpoint, factory: Any,
-                 on_bound: Any = None) -> None:
-        self.label = label
-        self.endpoint = endpoint
-        self.factory = factory
-        self.on_bound = on_bound
-        self.port: IListeningPort | None = None
-        self.ready: Deferred[IListeningPort] | None = None
-
-    def startService(self) -> None:
-        super().startService()
-        self.ready = self.endpoint.listen(self.factory)
-        self.ready.addCallbacks(self._bound, self._failed)
-
-    def _bound(self, port: IListeningPort) -> IListeningPort:
-        self.port = port
-        self.log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
-        if self.on_bound is not None:
-            self.on_bound(getattr(port.getHost(), "port", 0))
-        return port
-
-    def _failed(self, failure: Any) -> None:
-        from twisted.internet import reactor
-
-        self.log.critical("FATAL: {label}: listen failed - {error}", label=self.label,
-                          error=failure.getErrorMessage())
-        reactor.stop()  # type: ignore[attr-defined]
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()
-        if self.port is not None:
-            port, self.port = self.port, None
-            self.log.info("{label}: closing {address}", label=self.label, address=format_address(port))
-            return port.stopListening()
-        return None
-
-
-def exit_cleanly_after_signal(reactor: Any) -> None:
-    """nsqd and nsqlookupd exit 0 after a graceful SIGTERM/SIGINT.
-
-    twistd would re-raise the signal (exit status -15) unless told the stop
-    was handled.
-    """
-    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
-        reactor._exitSignal = None
 
 
 class DataPathLock:
@@ -204,7 +94,7 @@ class NSQDService(MultiService):
         self.meta_executor: ThreadPoolDiskExecutor | None = None
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
-        from nsqtw.http_api import HTTPAPI
+        from nsqtw.nsqd.http import HTTPAPI
 
         tcp.setServiceParent(self)
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off

@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Any
 
-from nsqtw.options import format_duration, parse_duration
-from nsqtw.wire import encode_mpub, split_frames
+from nsqtw.nsqd.options import format_duration, parse_duration
+from nsqtw.protocol.wire import encode_mpub, split_frames
 
 _INT = struct.Struct(">i")
 

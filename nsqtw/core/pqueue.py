@@ -6,7 +6,7 @@ import heapq
 import itertools
 from collections import deque
 
-from nsqtw.message import Message
+from nsqtw.core.message import Message
 
 #: when this many heap entries are stale (FINed, requeued, touched) and they
 #: outnumber the live ones twice, the heap is rebuilt

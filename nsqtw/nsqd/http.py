@@ -33,11 +33,11 @@ from twisted.web.server import Request, Site
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
+from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.nsqd import NSQD
-from nsqtw.stats import format_text, go_json, snapshot
+from nsqtw.observe.stats import format_text, go_json, snapshot
 
 __all__ = ["HTTPAPI", "APIError", "BoundedRequest", "GoHTTPAPI", "NSQDSite", "parse_query"]
 
@@ -429,7 +429,7 @@ class GoHTTPAPI:
 
 
 class HTTPAPI(GoHTTPAPI):
-    """nsqd's HTTP API over one :class:`~nsqtw.nsqd.NSQD`."""
+    """nsqd's HTTP API over one :class:`~nsqtw.core.nsqd.NSQD`."""
 
     app = Klein()
     routes = ROUTES
@@ -799,7 +799,7 @@ class HTTPAPI(GoHTTPAPI):
         if opt == "log_level":
             return _Marshal(_LOG_LEVELS[nsqd.runtime_log_level])
         try:
-            from nsqtw.options import FLAGS_BY_TOML_KEY
+            from nsqtw.nsqd.options import FLAGS_BY_TOML_KEY
         except ImportError:  # pragma: no cover - options.py is part of the package
             raise APIError(400, "INVALID_OPTION") from None
         flag = FLAGS_BY_TOML_KEY.get(opt)

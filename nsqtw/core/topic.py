@@ -10,17 +10,17 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 
-from nsqtw.channel import Channel
+from nsqtw.core.channel import Channel
+from nsqtw.core.message import Message, decode_message
+from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IDurableBackendQueue
 from nsqtw.log import Logger
-from nsqtw.message import Message, decode_message
 from nsqtw.names import is_ephemeral
-from nsqtw.pump import Pump
 
 if TYPE_CHECKING:
-    from nsqtw.journal import Journal
-    from nsqtw.nsqd import NSQD
+    from nsqtw.core.nsqd import NSQD
+    from nsqtw.storage.journal import Journal
 
 #: messages copied to the channels in one reactor turn before yielding
 TOPIC_BATCH = 8192

@@ -30,7 +30,7 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 
 from nsqtw.log import Logger
-from nsqtw.stats import memory_stats, snapshot
+from nsqtw.observe.stats import memory_stats, snapshot
 
 __all__ = ["StatsdService", "format_prefix", "metrics", "packets"]
 

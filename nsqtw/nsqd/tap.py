@@ -7,9 +7,9 @@ from typing import cast
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
-from nsqtw.options import NSQDTwistdOptions as Options
-from nsqtw.service import NSQDService
-from nsqtw.tls import TLSConfigError
+from nsqtw.net.tls import TLSConfigError
+from nsqtw.nsqd.options import NSQDTwistdOptions as Options
+from nsqtw.nsqd.service import NSQDService
 
 __all__ = ["Options", "makeService"]
 

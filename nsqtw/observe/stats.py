@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Any
 
 from nsqtw import NSQD_VERSION
-from nsqtw.options import format_duration_ns
-from nsqtw.quantile import aggregate, empty_result
+from nsqtw.nsqd.options import format_duration_ns
+from nsqtw.observe.quantile import aggregate, empty_result
 
 __all__ = [
     "GO_VERSION_BANNER",

@@ -44,9 +44,9 @@ from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
-from nsqtw.diskqueue import IDiskExecutor, ThreadPoolDiskExecutor, fsync_dir
+from nsqtw.core.message import Message
 from nsqtw.log import Logger
-from nsqtw.message import Message
+from nsqtw.storage.diskqueue import IDiskExecutor, ThreadPoolDiskExecutor, fsync_dir
 
 __all__ = [
     "MAGIC",

@@ -21,13 +21,13 @@ from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 
 if TYPE_CHECKING:
-    from nsqtw.nsqd import NSQD
+    from nsqtw.core.nsqd import NSQD
 
 FILENAME = "nsqd.dat"
 #: nsqtw's own: due times of deferred messages flushed at stop (nsqd has no place for them)
 DEFERRED_FILENAME = "nsqtw.deferred.json"
 
-log = Logger(namespace="nsqtw.metadata")
+log = Logger(namespace="nsqtw.storage.metadata")
 
 Submit = Callable[..., "Deferred[Any]"]
 

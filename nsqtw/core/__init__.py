@@ -1,0 +1,1 @@
+"""The message core: topics, channels, messages, in-flight and deferred queues, pumps."""

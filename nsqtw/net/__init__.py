@@ -1,0 +1,1 @@
+"""Transport pieces shared by the daemons: listeners, the eager TCP transport, TLS."""

@@ -1,0 +1,1 @@
+"""The nsqd program: flags, service assembly, HTTP routes, lookupd registration."""

@@ -1,0 +1,1 @@
+"""Observing a node: the stats snapshot, statsd, quantiles."""

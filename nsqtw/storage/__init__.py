@@ -1,0 +1,1 @@
+"""Where messages rest: disk queues, journals, metadata, memory backends."""
