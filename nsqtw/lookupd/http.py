@@ -1,7 +1,7 @@
 """nsqlookupd's HTTP API (v1.3.0) on Klein: discovery for consumers, administration for nsqadmin.
 
 Answers are shaped by the same Go ``http_api`` helpers nsqd's API uses
-(:class:`~nsqtw.nsqd.http.GoHTTPAPI`): 200 with the JSON (or nothing) from the
+(:class:`~nsqtw.http.base.GoHTTPAPI`): 200 with the JSON (or nothing) from the
 handler, anything else ``{"message":"CODE"}``, and httprouter's redirects,
 405s and 404s for paths without a route.
 """
@@ -14,10 +14,10 @@ from klein import Klein
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
+from nsqtw.http import APIError, GoHTTPAPI
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.nsqd.http import APIError, GoHTTPAPI
 
 __all__ = ["LookupdHTTPAPI", "ROUTES"]
 

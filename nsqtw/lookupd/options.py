@@ -1,7 +1,7 @@
 """nsqlookupd's flags and TOML config file, with the same Go flag machinery as nsqd's.
 
 Every flag of Go nsqlookupd v1.3.0 with its name, default and unit; the
-parsing, ``--config`` merge and ``--help`` come from :class:`nsqtw.nsqd.options.FlagSet`.
+parsing, ``--config`` merge and ``--help`` come from :class:`nsqtw._go.flags.FlagSet`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from nsqtw.nsqd.options import (
+from nsqtw._go.flags import (
     ACTIVE,
     FlagSet,
     GoFlagsTwistdOptions,

@@ -14,13 +14,13 @@ from typing import Any
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
+from nsqtw._go.json import go_json
 from nsqtw.errors import NSQError, fatal
 from nsqtw.log import Logger
 from nsqtw.lookupd.db import PeerInfo
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.wire import MAGIC_V1, Body, Line, LineTooLong, V1Parser, encode_response
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.observe.stats import go_json
 
 __all__ = ["LookupFactory", "LookupProtocolV1", "decode_peer_info"]
 

@@ -30,9 +30,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
+from nsqtw._go.json import go_json
 from nsqtw.log import Logger
 from nsqtw.lookupd.wire import MAGIC_V1, ResponseReader, encode_command, identify
-from nsqtw.observe.stats import go_json
 
 __all__ = ["PING_INTERVAL", "Lookup", "LookupPeer", "LookupPeerProtocol", "peer_info_text"]
 

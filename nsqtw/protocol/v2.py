@@ -18,6 +18,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
+from nsqtw._go.json import go_json
+from nsqtw._go.strconv import parse_int
 from nsqtw.core.channel import Channel
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
 from nsqtw.core.nsqd import NSQD
@@ -26,7 +28,6 @@ from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.tls import connection_info, peer_common_name
-from nsqtw.observe.stats import go_json
 from nsqtw.protocol.auth import AuthState
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import Command, LineTooLong, V2Parser
@@ -55,10 +56,8 @@ _IDENTIFY_INT = ("heartbeat_interval", "output_buffer_size", "output_buffer_time
 
 
 def _parse_base10(value: bytes) -> int:
-    """nsqd's ByteToBase10: digits only (no sign, no spaces)."""
-    if not value or not value.isdigit() or not value.isascii():
-        raise ValueError(value)
-    return int(value)
+    """nsqd's ByteToBase10: digits only (no sign, no spaces); the caller checks the range."""
+    return parse_int(value, 10, signed=False, bounded=False)
 
 
 def _text(value: bytes) -> str:

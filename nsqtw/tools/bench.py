@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from nsqtw.nsqd.options import format_duration, parse_duration
+from nsqtw._go.duration import format_duration, parse_duration
 from nsqtw.protocol.wire import encode_mpub, split_frames
 
 _INT = struct.Struct(">i")

@@ -11,8 +11,11 @@ from treq.testing import StubTreq
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.nsqd.http import HTTPAPI, BoundedRequest, parse_query
-from nsqtw.observe.stats import format_text, go_duration, go_json, snapshot
+from nsqtw._go.json import go_json
+from nsqtw._go.query import parse_query
+from nsqtw.http import BoundedRequest
+from nsqtw.nsqd.http import HTTPAPI
+from nsqtw.observe.stats import format_text, go_duration, snapshot
 from nsqtw.protocol.wire import encode_command
 from tests.helpers import EPOCH, connect, make_nsqd, reference, take_frames
 
@@ -593,3 +596,36 @@ class StatsTests(SynchronousTestCase):
         self.assertEqual(go_json(b"\xff".decode("utf-8", "surrogateescape")), b'"\\ufffd"')
         self.assertEqual(go_json([1.0, 0.99, 1e21, 1e-7]), b"[1,0.99,1e+21,1e-7]")
 
+
+
+class TwistedPrivatesTests(SynchronousTestCase):
+    """The private twisted.web attribute BoundedRequest reads is still there and means the same."""
+
+    def test_http_channel_keeps_request_target_in_path(self) -> None:
+        """HTTPChannel stores the request target in ``_path`` before the body arrives."""
+        from twisted.internet.testing import StringTransport
+        from twisted.web.http import HTTPChannel
+
+        seen: list[object] = []
+
+        class Probe(BoundedRequest):
+            def gotLength(self, length: int | None) -> None:
+                seen.append(getattr(self.channel, "_path", "MISSING"))
+
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        channel = HTTPChannel()
+        channel.site = Site(Resource())
+        channel.requestFactory = Probe
+        channel.makeConnection(StringTransport())
+        channel.dataReceived(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n")
+        self.assertEqual(seen, [b"/pub?topic=t"],
+                         "twisted.web.http.HTTPChannel no longer keeps _path: update BoundedRequest._limit")
+        channel.connectionLost(None)
+
+    def test_missing_path_falls_back_to_largest_limit(self) -> None:
+        """Without ``_path`` a request still gets a body limit large enough for every route."""
+        client = Client(self)
+        request = BoundedRequest(channel=type("C", (), {"site": client.api.site()})())
+        self.assertEqual(request._limit(), int(client.nsqd.options.max_body_size) + 1)

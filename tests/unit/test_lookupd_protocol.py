@@ -317,8 +317,8 @@ class WireTests(SynchronousTestCase):
 class OptionsTests(SynchronousTestCase):
     def test_nsqlookupd_flags(self) -> None:
         """nsqlookupd's flags, Go syntax and defaults; nsqd-only flags are refused."""
+        from nsqtw._go.flags import OptionsError
         from nsqtw.lookupd.options import FLAGS
-        from nsqtw.nsqd.options import OptionsError
 
         self.assertEqual([f.name for f in FLAGS], [
             "config", "version", "log-level", "log-prefix", "verbose", "tcp-address",

@@ -13,18 +13,18 @@ import zlib
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw._go import flags
+from nsqtw._go.duration import format_duration, parse_duration
+from nsqtw._go.flags import OptionsError
 from nsqtw.nsqd import options
 from nsqtw.nsqd.options import (
     FLAGS,
     FLAGS_BY_NAME,
     NSQDOptions,
     NSQDTwistdOptions,
-    OptionsError,
     defaults,
-    format_duration,
     node_id_for_hostname,
     parse_args,
-    parse_duration,
 )
 
 # Go nsqd v1.3.0's defaults (nsqd/options.go NewOptions), in our units.
@@ -170,7 +170,7 @@ class FlagTableTests(SynchronousTestCase):
         for f in FLAGS:
             self.assertEqual(f.attribute, f.name.replace("-", "_"))
             self.assertEqual(f.default, getattr(base, f.attribute))
-            self.assertIn(f.status, (options.ACTIVE, options.NOT_YET_ACTIVE))
+            self.assertIn(f.status, (flags.ACTIVE, flags.NO_EFFECT))
             self.assertTrue(f.help)
             self.assertNotIn("\n", f.help)
 
@@ -193,7 +193,7 @@ class FlagTableTests(SynchronousTestCase):
         self.assertIs(parse_args(["--durable-delivery"]).durable_delivery, True)
         self.assertIs(parse_args(["-durable-delivery=false"]).durable_delivery, False)
         self.assertEqual(FLAGS_BY_NAME["durable-delivery"].toml_key, "durable_delivery")
-        self.assertEqual(FLAGS_BY_NAME["durable-delivery"].status, options.ACTIVE)
+        self.assertEqual(FLAGS_BY_NAME["durable-delivery"].status, flags.ACTIVE)
 
     def test_statuses(self) -> None:
         """Every nsqd v1.3 flag is active, lookupd registration, TLS, auth, statsd and e2e included."""
@@ -201,8 +201,11 @@ class FlagTableTests(SynchronousTestCase):
         for name in ("mem-queue-size", "msg-timeout", "tcp-address", "snappy", "tls-cert",
                      "https-address", "auth-http-address", "statsd-address",
                      "e2e-processing-latency-percentile", "lookupd-tcp-address"):
-            self.assertEqual(status[name], options.ACTIVE)
-        self.assertEqual([f.name for f in FLAGS if f.status != options.ACTIVE], [])
+            self.assertEqual(status[name], flags.ACTIVE)
+        # nsqtw keeps one timer per channel instead of nsqd's queue scan: those flags do nothing
+        self.assertEqual([f.name for f in FLAGS if f.status != flags.ACTIVE],
+                         ["queue-scan-worker-pool-max", "queue-scan-selection-count"])
+        self.assertEqual({f.status for f in FLAGS if f.name.startswith("queue-scan-")}, {flags.NO_EFFECT})
 
 
 class DurationTests(SynchronousTestCase):
@@ -430,7 +433,7 @@ class CommandLineTests(SynchronousTestCase):
     def test_help(self) -> None:
         """-h and --help ask for the usage listing."""
         for arg in ("-h", "--help", "-help"):
-            with self.assertRaises(options.HelpRequested):
+            with self.assertRaises(flags.HelpRequested):
                 parse_args([arg])
 
 

@@ -1,0 +1,348 @@
+"""What nsqd's and nsqlookupd's HTTP APIs share: Go's ``http_api`` answers and httprouter's routing.
+
+Every answer is shaped like Go's ``http_api.RespondV1``: a 200 carries the
+handler's text as is (``OK``, or nothing at all for the admin routes),
+anything else is ``{"message":"CODE"}`` as JSON. Go's net/http picks a
+``Content-Type`` by sniffing when the handler sets none; :func:`sniff` does
+the same, and an empty body gets no ``Content-Type`` at all. Unroutable
+requests get httprouter's redirects, 405s and 404s.
+
+Request bodies are bounded while they arrive (:class:`BoundedRequest`): at
+most one byte more than the route's limit is kept, which is all Go's
+``io.LimitReader(body, max+1)`` checks need.
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import Any
+from urllib.parse import quote, unquote_to_bytes
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request, Site
+
+from nsqtw._go.json import go_json
+from nsqtw._go.path import clean_path
+from nsqtw._go.query import parse_query
+from nsqtw.log import Logger
+
+__all__ = ["JSON", "TEXT", "APIError", "BoundedRequest", "GoHTTPAPI", "GoSite", "Marshal", "sniff"]
+
+JSON = b"application/json; charset=utf-8"
+TEXT = b"text/plain; charset=utf-8"
+HTML = b"text/html; charset=utf-8"
+
+_STATUSTEXT = {301: "Moved Permanently", 307: "Temporary Redirect"}
+
+
+class Marshal:
+    """A value RespondV1 must JSON-encode even when it is a string or None."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class APIError(Exception):
+    """An answer other than 200: nsqd's ``http_api.Err{Code, Text}``."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(code, text)
+        self.code = code
+        self.text = text
+
+
+# --- Go's content sniffing ------------------------------------------------------
+
+
+_HTML_SIGS = (b"<!DOCTYPE HTML", b"<HTML", b"<HEAD", b"<SCRIPT", b"<IFRAME", b"<H1", b"<DIV",
+              b"<FONT", b"<TABLE", b"<A", b"<STYLE", b"<TITLE", b"<B", b"<BODY", b"<BR", b"<P",
+              b"<!--")
+_BINARY = frozenset(list(range(0x09)) + [0x0B] + list(range(0x0E, 0x1B)) + list(range(0x1C, 0x20)))
+
+
+def sniff(body: bytes) -> bytes | None:
+    """The ``Content-Type`` Go's net/http would pick for a body (nothing for an empty one)."""
+    if not body:
+        return None
+    head = body[:512]
+    stripped = head.lstrip(b"\t\n\x0c\r ")
+    upper = stripped.upper()
+    for sig in _HTML_SIGS:
+        if upper.startswith(sig) and len(stripped) > len(sig) and stripped[len(sig)] in b" >":
+            return HTML
+    if stripped.startswith(b"<?xml"):
+        return b"text/xml; charset=utf-8"
+    if any(b in _BINARY for b in head):
+        return b"application/octet-stream"
+    return TEXT
+
+
+# --- body bounding -----------------------------------------------------------------
+
+
+class BoundedRequest(Request):
+    """A request that keeps at most ``limit`` body bytes, dropping the rest as it arrives.
+
+    twisted.web buffers a whole body before any handler runs; this keeps
+    only what nsqd would read (its limit plus one byte, so "too big" can
+    still be told apart) and counts the rest in ``body_received``.
+    """
+
+    body_limit = 0
+    body_received = 0
+    declared_length: int | None = None
+    _hidden_content_type: list[bytes] | None = None
+
+    def _limit(self) -> int:
+        api = getattr(getattr(self.channel, "site", None), "api", None)
+        # twisted.web keeps the request target only in HTTPChannel's private ``_path``
+        # until the body is in (tests/unit/test_http_api.py::TwistedPrivatesTests guards
+        # it); without it, every route gets the largest limit, which still answers right.
+        target = getattr(self.channel, "_path", None)
+        if isinstance(api, GoHTTPAPI):
+            return api.body_limit(target if isinstance(target, bytes) else b"")
+        return 5 * 1024 * 1024 + 1
+
+    def gotLength(self, length: int | None) -> None:
+        self.declared_length = length
+        self.body_limit = self._limit()
+        self.body_received = 0
+        self._kept = BytesIO()
+        self.content = self._kept  # type: ignore[assignment]
+
+    def handleContentChunk(self, data: bytes) -> None:
+        self.body_received += len(data)
+        room = self.body_limit - self._kept.tell()
+        if room > 0:
+            self._kept.write(data[:room] if len(data) > room else data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        # nsqd never reads form fields; keep twisted from parsing (possibly
+        # large or malformed) form bodies into request.args
+        hidden = self.requestHeaders.getRawHeaders(b"content-type")
+        self._hidden_content_type = None if hidden is None else list(hidden)
+        if self._hidden_content_type is not None:
+            self.requestHeaders.removeHeader(b"content-type")
+        super().requestReceived(command, path, version)
+
+    def process(self) -> None:
+        if self._hidden_content_type is not None:
+            self.requestHeaders.setRawHeaders(b"content-type", self._hidden_content_type)
+            self._hidden_content_type = None
+        super().process()
+
+
+class GoSite(Site):
+    """The HTTP listener's factory: bounded request bodies, nsqd-style logging only."""
+
+    requestFactory = BoundedRequest
+
+    def __init__(self, api: GoHTTPAPI, **kwargs: Any) -> None:
+        super().__init__(api.resource(), **kwargs)
+        self.api = api
+
+    def log(self, request: Any) -> None:
+        # HTTPAPI logs each request as nsqd does; no common-log-format lines
+        return None
+
+
+# --- the API -------------------------------------------------------------------------
+
+
+class _Root(Resource):
+    """Checks nsqd's TLS requirement and unroutable paths, then hands over to Klein."""
+
+    isLeaf = True
+
+    def __init__(self, api: GoHTTPAPI, klein_resource: Any) -> None:
+        super().__init__()
+        self.api: Any = api  # nsqd's or nsqlookupd's (only nsqd's can require TLS)
+        self.klein_resource = klein_resource
+
+    def render(self, request: Any) -> Any:
+        request.responseHeaders.removeHeader(b"server")
+        api = self.api
+        if api.tls_required and not api.tls_enabled:
+            body = (f'{{"message": "TLS_REQUIRED", "https_port": {api.https_port()}}}').encode()
+            request.setHeader(b"X-NSQ-Content-Type", b"nsq; version=1.0")
+            return api._write(request, 403, body, JSON)
+        try:
+            unquote_to_bytes(request.path).decode("utf-8")
+        except UnicodeDecodeError:
+            return api._unrouted(request)
+        path = unquote_to_bytes(request.path).decode("utf-8")
+        if clean_path(path).rstrip("/") != path.rstrip("/") or request.method == b"HEAD":
+            # httprouter redirects unclean paths (//, /./, /../) to their clean form and
+            # registers no HEAD routes (GET routes answer HEAD with 405)
+            return api._unrouted(request)
+        return self.klein_resource.render(request)
+
+
+class GoHTTPAPI:
+    """What nsqd's and nsqlookupd's HTTP APIs share: Go's ``http_api`` and httprouter.
+
+    Subclasses set :attr:`app` (their Klein routes, with :meth:`_route_error`
+    registered for NotFound and MethodNotAllowed) and :attr:`routes` (every
+    route with its methods, for httprouter's redirects, 405s and 404s).
+    """
+
+    app: Klein
+    routes: dict[str, tuple[str, ...]] = {}
+    log = Logger()
+    tls_enabled = False
+    tls_required = False
+
+    def https_port(self) -> int:
+        """The HTTPS port a ``TLS_REQUIRED`` answer points to (only nsqd can require TLS)."""
+        return 0
+
+    def resource(self) -> IResource:
+        root: IResource = _Root(self, self.app.resource())
+        return root
+
+    def site(self, **kwargs: Any) -> Site:
+        """The factory to listen with: bounds request bodies as they arrive."""
+        return GoSite(self, **kwargs)
+
+    # -- plumbing -------------------------------------------------------
+
+    def body_limit(self, target: bytes) -> int:
+        """How many body bytes a request to ``target`` may keep (none: no route reads one)."""
+        return 0
+
+    @staticmethod
+    def _body(request: Any, limit: int) -> bytes:
+        content = request.content
+        if content is None:
+            return b""
+        content.seek(0)
+        return bytes(content.read(limit))
+
+    @staticmethod
+    def _query(request: Any) -> tuple[dict[str, list[str]], bool]:
+        uri = request.uri.decode("latin-1")
+        _, sep, raw = uri.partition("?")
+        return parse_query(raw.partition("#")[0]) if sep else ({}, False)
+
+    def _params(self, request: Any) -> dict[str, list[str]]:
+        """Go's NewReqParams: the query, or 400 INVALID_REQUEST when it is malformed."""
+        values, bad = self._query(request)
+        if bad:
+            raise APIError(400, "INVALID_REQUEST")
+        return values
+
+    def _write(self, request: Any, code: int, body: bytes, content_type: bytes | None) -> bytes:
+        request.setResponseCode(code)
+        request.defaultContentType = None
+        if content_type is not None:
+            request.setHeader(b"Content-Type", content_type)
+        request.setHeader(b"Content-Length", str(len(body)).encode())
+        return body
+
+    def _v1(self, request: Any, code: int, data: Any) -> bytes:
+        """nsqd's RespondV1: raw text on 200, JSON otherwise."""
+        request.setHeader(b"X-NSQ-Content-Type", b"nsq; version=1.0")
+        if code != 200:
+            return self._write(request, code, go_json({"message": str(data)}), JSON)
+        if isinstance(data, Marshal):
+            return self._write(request, 200, go_json(data.value), JSON)
+        if data is None:
+            return self._write(request, 200, b"", None)
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        if isinstance(data, bytes):
+            return self._write(request, 200, data, sniff(data))
+        return self._write(request, 200, go_json(data), JSON)
+
+    def _log_request(self, request: Any, code: int) -> None:
+        peer = request.getClientAddress()
+        self.log.info("{status} {method} {uri} ({peer})", status=code,
+                      method=request.method.decode("latin-1"),
+                      uri=request.uri.decode("latin-1"),
+                      peer=f"{getattr(peer, 'host', '')}:{getattr(peer, 'port', '')}")
+
+    def _answer(self, request: Any, result: Any, logged: bool = True) -> bytes:
+        if isinstance(result, APIError):
+            code, data = result.code, result.text
+        else:
+            code, data = 200, result
+        if logged:
+            self._log_request(request, code)
+        return self._v1(request, code, data)
+
+    async def _run(self, request: Any, handler: Any, *args: Any, logged: bool = True) -> bytes:
+        try:
+            result = handler(request, *args)
+            if isinstance(result, Deferred) or hasattr(result, "__await__"):
+                result = await result
+        except APIError as e:
+            result = e
+        except Exception:  # noqa: BLE001 - nsqd's PanicHandler: any failure is a 500
+            self.log.failure("panic in HTTP handler")
+            result = APIError(500, "INTERNAL_ERROR")
+        return self._answer(request, result, logged)
+
+    # -- unrouted: redirects, 405, 404 (httprouter's rules) -------------------
+
+    def _route_for(self, method: str, path: str) -> bool:
+        if path.startswith("/config/") and "/config/:opt" in self.routes:
+            opt = path[len("/config/"):]
+            return bool(opt) and "/" not in opt and method in self.routes["/config/:opt"]
+        return method in self.routes.get(path, ())
+
+    def _fixed_path(self, method: str, path: str) -> str | None:
+        """httprouter's RedirectFixedPath: cleaned, case-insensitive, slash-toggled."""
+        cleaned = clean_path(path)
+        for candidate in (cleaned, cleaned.rstrip("/") if cleaned != "/" else cleaned, cleaned + "/"):
+            low = candidate.lower()
+            if low.startswith("/config/") and "/config/:opt" in self.routes:
+                opt = candidate[len("/config/"):]
+                if opt and "/" not in opt and method in self.routes["/config/:opt"]:
+                    return "/config/" + opt
+            for route, methods in self.routes.items():
+                if method in methods and ":" not in route and route == low:
+                    return route
+        return None
+
+    def _unrouted(self, request: Any) -> bytes:
+        method = request.method.decode("latin-1")
+        path = unquote_to_bytes(request.path).decode("utf-8", "surrogateescape")
+        methods_with_routes = {m for ms in self.routes.values() for m in ms}
+        if method in methods_with_routes and method != "CONNECT" and path != "/":
+            target: str | None = None
+            toggled = path[:-1] if path.endswith("/") else path + "/"
+            if len(path) > 1 and self._route_for(method, toggled):
+                target = toggled
+            else:
+                target = self._fixed_path(method, path)
+            if target is not None and target != path:
+                return self._redirect(request, method, target)
+        allowed = sorted({m for m in methods_with_routes if self._route_for(m, path)})
+        if method == "OPTIONS" and allowed:
+            request.setHeader(b"Allow", ", ".join(sorted(allowed + ["OPTIONS"])).encode())
+            return self._write(request, 200, b"", None)
+        if allowed and method not in allowed:
+            request.setHeader(b"Allow", ", ".join(sorted(allowed + ["OPTIONS"])).encode())
+            return self._answer(request, APIError(405, "METHOD_NOT_ALLOWED"))
+        return self._answer(request, APIError(404, "NOT_FOUND"))
+
+    def _redirect(self, request: Any, method: str, target: str) -> bytes:
+        code = 301 if method == "GET" else 307
+        _, sep, query = request.uri.decode("latin-1").partition("?")
+        url = quote(target, safe="/:@!$&'()*+,;=-._~") + (sep + query if sep else "")
+        request.setHeader(b"Location", url.encode("latin-1", "replace"))
+        if method in ("GET", "HEAD"):
+            body = b""
+            if method == "GET":
+                escaped = (url.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+                           .replace('"', "&#34;").replace("'", "&#39;"))
+                body = f'<a href="{escaped}">{_STATUSTEXT[code]}</a>.\n\n'.encode()
+            return self._write(request, code, body, HTML)
+        return self._write(request, code, b"", None)
+
+    def _route_error(self, request: Any, failure: Failure) -> bytes:
+        """Klein found no route (NotFound, MethodNotAllowed): answer as httprouter."""
+        return self._unrouted(request)
