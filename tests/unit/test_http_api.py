@@ -626,6 +626,13 @@ class TwistedPrivatesTests(SynchronousTestCase):
 
     def test_missing_path_falls_back_to_largest_limit(self) -> None:
         """Without ``_path`` a request still gets a body limit large enough for every route."""
+        from twisted.internet.testing import StringTransport
+        from twisted.web.http import HTTPChannel
+
         client = Client(self)
-        request = BoundedRequest(channel=type("C", (), {"site": client.api.site()})())
+        channel = HTTPChannel()
+        channel.site = client.api.site()
+        channel.makeConnection(StringTransport())
+        self.assertFalse(hasattr(channel, "_path"))
+        request = BoundedRequest(channel)
         self.assertEqual(request._limit(), int(client.nsqd.options.max_body_size) + 1)
