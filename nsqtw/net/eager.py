@@ -9,15 +9,54 @@ directly; whatever the kernel does not take goes through Twisted's normal
 buffering, so ordering, producers (``pauseProducing`` on a full buffer) and
 connection-loss handling are unchanged. TLS connections always take
 Twisted's path (the bytes must be encrypted first).
+
+Knowing that "nothing is queued" means reading ``FileDescriptor``'s private
+buffer attributes. :func:`twisted_buffers_understood` checks once, at import,
+that they exist and behave as expected in the installed Twisted; if not,
+:class:`EagerPort` hands out plain ``tcp.Server`` connections (Twisted's
+normal write path, TCP_NODELAY still on) and logs why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import defer, tcp
+from twisted.internet import abstract, defer, tcp
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from zope.interface import implementer
+
+from nsqtw.log import Logger
+
+
+#: the FileDescriptor attributes :meth:`EagerServer.write` reads
+PRIVATE_ATTRIBUTES = ("_tempDataLen", "offset", "dataBuffer", "_writeDisconnected")
+
+
+def twisted_buffers_understood(fd_class: type[abstract.FileDescriptor] = abstract.FileDescriptor) -> bool:
+    """Whether ``fd_class`` keeps its write buffers the way :class:`EagerServer` assumes.
+
+    A buffered write must show up in ``_tempDataLen`` while ``offset`` and
+    ``dataBuffer`` say nothing was flushed yet, and ``_writeDisconnected``
+    must be a bool. Checked on a scratch instance with a do-nothing reactor.
+    """
+
+    class _Reactor:
+        def addWriter(self, _: object) -> None:
+            pass
+
+        def removeWriter(self, _: object) -> None:
+            pass
+
+    try:
+        fd = fd_class(reactor=_Reactor())
+        fd.connected = 1
+        if any(not hasattr(fd, name) for name in PRIVATE_ATTRIBUTES):
+            return False
+        fd.write(b"abc")
+        return (fd._tempDataLen == 3 and fd.offset == 0  # type: ignore[attr-defined]
+                and fd.dataBuffer == b"" and fd._writeDisconnected is False)
+    except Exception:
+        return False
 
 
 class EagerServer(tcp.Server):
@@ -51,8 +90,20 @@ class EagerServer(tcp.Server):
             super().write(data[sent:] if sent else data)
 
 
+class _NoDelayServer(tcp.Server):
+    """The fallback connection: Twisted's own write path, Nagle off as Go does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setTcpNoDelay(True)
+
+
+#: decided once: the eager connection when Twisted's buffers are as expected, else the fallback
+SERVER_CLASS: type[tcp.Server] = EagerServer if twisted_buffers_understood() else _NoDelayServer
+
+
 class EagerPort(tcp.Port):
-    transport = EagerServer
+    transport = SERVER_CLASS
 
 
 @implementer(IStreamServerEndpoint)
@@ -68,7 +119,13 @@ class EagerTCPServerEndpoint:
     def listen(self, factory: Any) -> defer.Deferred[IListeningPort]:
         return defer.execute(self._listen, factory)
 
+    log = Logger()
+
     def _listen(self, factory: Any) -> IListeningPort:
+        if SERVER_CLASS is not EagerServer:
+            self.log.warn("TCP: this Twisted keeps its write buffers differently than nsqtw expects"
+                          " ({attributes}); using Twisted's normal write path",
+                          attributes=", ".join(PRIVATE_ATTRIBUTES))
         port = EagerPort(self.port, factory, self.backlog, self.interface, self.reactor)
         port.startListening()
         return port
