@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
+
+#: an opaque token for "every record read so far" (epoch, total read, file number, position)
+ReadMark = tuple[int, int, int, int]
+
+if TYPE_CHECKING:
+    from nsqtw.core.message import Message
+    from nsqtw.protocol.auth import AuthState
 
 
 class IBackendQueue(Interface):
@@ -15,7 +26,7 @@ class IBackendQueue(Interface):
 
     name = Attribute("The backend's name: ``topic`` or ``topic:channel``.")
 
-    def put(data):
+    def put(data: bytes) -> None:
         """Append one record.
 
         Raises :class:`nsqtw.errors.BackendError` when the queue cannot take
@@ -23,10 +34,10 @@ class IBackendQueue(Interface):
         to the disk thread in order with every other write.
         """
 
-    def put_many(records):
+    def put_many(records: Sequence[bytes]) -> None:
         """Append several records (one write for the whole batch)."""
 
-    def written():
+    def written() -> Deferred[None]:
         """A Deferred that fires once every record put so far is written.
 
         Written means handed to the operating system (``write()`` returned),
@@ -34,39 +45,39 @@ class IBackendQueue(Interface):
         write failed.
         """
 
-    def backlog():
+    def backlog() -> int:
         """Records put and not yet written (what a crash would lose)."""
 
-    def backlog_bytes():
+    def backlog_bytes() -> int:
         """Bytes of those records: what they hold in memory until written."""
 
-    def read(max_count):
+    def read(max_count: int) -> list[bytes]:
         """Return up to ``max_count`` records available right now, oldest first.
 
         Returns an empty list when nothing is ready; never blocks. A record
         returned here is removed from the queue (and from ``depth()``).
         """
 
-    def set_readable_callback(callback):
+    def set_readable_callback(callback: Callable[[], None]) -> None:
         """Register a zero-argument callable called when records become readable.
 
         It is called on the reactor thread whenever new records may be
         available after ``read`` returned fewer than were asked for.
         """
 
-    def depth():
+    def depth() -> int:
         """Number of records written and not yet returned by ``read``."""
 
-    def empty():
+    def empty() -> Deferred[None]:
         """Drop every record; returns a Deferred that fires when done."""
 
-    def delete():
+    def delete() -> Deferred[None]:
         """Drop every record and remove the queue's files; returns a Deferred."""
 
-    def close():
+    def close() -> Deferred[None]:
         """Flush, sync and persist metadata, then stop; returns a Deferred."""
 
-    def health():
+    def health() -> str | None:
         """``None`` when healthy, else a short text saying what failed."""
 
 
@@ -81,13 +92,13 @@ class IDurableBackendQueue(IBackendQueue):
 
     write_error = Attribute("Why writes are refused right now, or ``None``.")
 
-    def read_positions(max_count):
+    def read_positions(max_count: int) -> list[tuple[bytes, int, int]]:
         """Up to ``max_count`` records as ``(data, file_num, end_pos)``, oldest first."""
 
-    def read_mark():
+    def read_mark() -> ReadMark | None:
         """An opaque mark covering every record ``read_positions`` returned so far (or None)."""
 
-    def commit_read(mark):
+    def commit_read(mark: ReadMark | None) -> None:
         """Let the persisted read position move past the records ``mark`` covers."""
 
 
@@ -98,25 +109,25 @@ class IConsumer(Interface):
     msg_timeout = Attribute("Seconds a delivered message stays in flight.")
     sample_rate = Attribute("Percentage (1-99) of messages to send, 0 for all (IDENTIFY sample_rate).")
 
-    def ready_capacity():
+    def ready_capacity() -> int:
         """How many more messages the client can take now (RDY minus in flight; 0 when paused)."""
 
-    def deliver(messages):
+    def deliver(messages: list[Message]) -> None:
         """Send these messages (already marked in flight) to the client."""
 
-    def message_finished():
+    def message_finished() -> None:
         """One of this client's in-flight messages was FINed."""
 
-    def message_requeued():
+    def message_requeued() -> None:
         """One of this client's in-flight messages was requeued by REQ."""
 
-    def message_timed_out():
+    def message_timed_out() -> None:
         """One of this client's in-flight messages timed out."""
 
-    def in_flight_emptied():
+    def in_flight_emptied() -> None:
         """The channel was emptied: none of this client's messages is in flight any more."""
 
-    def channel_deleted():
+    def channel_deleted() -> None:
         """The channel was deleted under this client (nsqd closes the connection)."""
 
 
@@ -131,13 +142,13 @@ class IStreamCodec(Interface):
 
     name = Attribute("The feature's name in IDENTIFY: ``snappy`` or ``deflate``.")
 
-    def encode(data):
+    def encode(data: bytes) -> bytes:
         """Compress ``data`` into bytes the peer can decode completely."""
 
-    def feed(data):
+    def feed(data: bytes) -> None:
         """Buffer compressed bytes received from the peer."""
 
-    def read():
+    def read() -> bytes:
         """Return some decoded bytes (at most 64 KiB), or ``b""`` until more arrive.
 
         Raises :class:`nsqtw.protocol.compress.CodecError` on corrupt input.
@@ -147,5 +158,5 @@ class IStreamCodec(Interface):
 class IAuthorizer(Interface):
     """Answers an AUTH secret with the client's authorizations (nsqd's auth server client)."""
 
-    def query(remote_ip, tls, secret, common_name):
+    def query(remote_ip: str, tls: bool, secret: str, common_name: str) -> Deferred[AuthState]:
         """A Deferred firing with an :class:`nsqtw.protocol.auth.AuthState`, or failing with the reason."""

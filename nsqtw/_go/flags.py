@@ -489,7 +489,7 @@ class GoFlagsTwistdOptions(usage.Options):
     command = "nsqtw"
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.resolved: Any = self.flagset.defaults(None)
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from nsqtw.core.channel import Channel
 from nsqtw.core.guid import GUIDFactory
 from nsqtw.core.message import Message
 from nsqtw.core.topic import Topic
-from nsqtw.interfaces import IBackendQueue
+from nsqtw.interfaces import IAuthorizer, IBackendQueue
 from nsqtw.log import Logger, set_level
 from nsqtw.names import backend_name, is_ephemeral
 from nsqtw.observe.quantile import Quantile
@@ -81,7 +81,7 @@ class NSQD:
         #: the server TLS context (``--tls-cert``/``--tls-key``), None without
         self.tls: Any = None
         #: the IAuthorizer asked about AUTH secrets (``--auth-http-address``), None without
-        self.auth: Any = None
+        self.auth: IAuthorizer | None = None
 
     # -- health -----------------------------------------------------------
 

@@ -111,7 +111,7 @@ class BoundedRequest(Request):
         self.body_limit = self._limit()
         self.body_received = 0
         self._kept = BytesIO()
-        self.content = self._kept  # type: ignore[assignment]
+        self.content = self._kept
 
     def handleContentChunk(self, data: bytes) -> None:
         self.body_received += len(data)

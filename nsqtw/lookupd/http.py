@@ -8,7 +8,8 @@ handler, anything else ``{"message":"CODE"}``, and httprouter's redirects,
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from klein import Klein
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -38,8 +39,14 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _route(app: Klein, path: str) -> Any:
-    return app.route(path, methods=list(ROUTES[path]), merge_slashes=False, strict_slashes=True)
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def _route(app: Klein, path: str) -> Callable[[_Handler], _Handler]:
+    """Klein's route decorator with httprouter's strictness (no slash merging or fixing)."""
+    route: Callable[[_Handler], _Handler] = app.route(
+        path, methods=list(ROUTES[path]), merge_slashes=False, strict_slashes=True)
+    return route
 
 
 class LookupdHTTPAPI(GoHTTPAPI):

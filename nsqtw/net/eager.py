@@ -19,14 +19,13 @@ normal write path, TCP_NODELAY still on) and logs why.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import abstract, defer, tcp
-from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IReactorFDSet, IStreamServerEndpoint
 from zope.interface import implementer
 
 from nsqtw.log import Logger
-
 
 #: the FileDescriptor attributes :meth:`EagerServer.write` reads
 PRIVATE_ATTRIBUTES = ("_tempDataLen", "offset", "dataBuffer", "_writeDisconnected")
@@ -48,12 +47,12 @@ def twisted_buffers_understood(fd_class: type[abstract.FileDescriptor] = abstrac
             pass
 
     try:
-        fd = fd_class(reactor=_Reactor())
+        fd = fd_class(reactor=cast(IReactorFDSet, _Reactor()))
         fd.connected = 1
         if any(not hasattr(fd, name) for name in PRIVATE_ATTRIBUTES):
             return False
         fd.write(b"abc")
-        return (fd._tempDataLen == 3 and fd.offset == 0  # type: ignore[attr-defined]
+        return (fd._tempDataLen == 3 and fd.offset == 0
                 and fd.dataBuffer == b"" and fd._writeDisconnected is False)
     except Exception:
         return False

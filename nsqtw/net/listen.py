@@ -100,7 +100,7 @@ class ListenerService(Service):
 
         self.log.critical("FATAL: {label}: listen failed - {error}", label=self.label,
                           error=failure.getErrorMessage())
-        reactor.stop()  # type: ignore[attr-defined]
+        reactor.stop()
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()

@@ -161,7 +161,7 @@ class NSQDService(MultiService):
     def _https_bound(self, port: int) -> None:
         self.nsqd.https_port = port
 
-    def startService(self) -> Deferred[None]:  # type: ignore[override]
+    def startService(self) -> Deferred[None]:
         Service.startService(self)
         self.log.info("nsqd v{version} (nsqtw)", version=NSQD_VERSION)
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
@@ -186,7 +186,7 @@ class NSQDService(MultiService):
             raw_due = await self.meta_executor.submit(take_deferred_file, self.data_path)
             if raw_due:
                 self.nsqd.restore_deferred(decode_deferred(raw_due))
-            await gatherResults([b.loaded for b in self.nsqd.backends()  # type: ignore[attr-defined]
+            await gatherResults([b.loaded for b in self.nsqd.backends()
                                  if hasattr(b, "loaded")], consumeErrors=True)
             self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
         # a channel made just before a crash may have a journal but no entry in nsqd.dat yet

@@ -152,7 +152,7 @@ class V2Protocol(Protocol):
         self._restart_heartbeat()
         self._reset_read_deadline()
 
-    def connectionLost(self, reason: Failure | None = None) -> None:  # type: ignore[override]
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self._closed = True
         self._cancel_timers()
         if self.tls and not self._tls_info and reason is not None:
