@@ -189,7 +189,8 @@ _QUEUE_SCAN_NOTE = (
 FLAGS: tuple[Flag, ...] = (
     _flag("version", "bool", "Print the version and exit.", _A, toml_key=None),
     _flag(
-        "config", "string", "Path to a TOML config file (see below).", _A, toml_key=None
+        "config", "string", "Path to a TOML config file; its keys are the TOML keys in docs/configuration.md.",
+        _A, toml_key=None,
     ),
     _flag(
         "log-level",
