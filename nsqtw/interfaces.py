@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
+
+T = TypeVar("T")
 
 #: an opaque token for "every record read so far" (epoch, total read, file number, position)
 ReadMark = tuple[int, int, int, int]
@@ -100,6 +102,16 @@ class IDurableBackendQueue(IBackendQueue):
 
     def commit_read(mark: ReadMark | None) -> None:
         """Let the persisted read position move past the records ``mark`` covers."""
+
+
+class IDiskExecutor(Interface):
+    """Runs functions one at a time, in submission order, off the reactor thread."""
+
+    def submit(fn: Callable[..., T], *args: object) -> Deferred[T]:
+        """Run ``fn(*args)``; the Deferred fires on the reactor thread with its result."""
+
+    def stop() -> None:
+        """Stop accepting work; jobs already queued still run."""
 
 
 class IConsumer(Interface):

@@ -21,7 +21,8 @@ from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
-from nsqtw.storage.diskqueue import DiskQueue, ThreadPoolDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import ThreadPoolDiskExecutor
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
@@ -33,6 +34,7 @@ from nsqtw.storage.metadata import (
     take_deferred_file,
     write_file,
 )
+from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
 class DataPathLock:

@@ -45,8 +45,10 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
 from nsqtw.core.message import Message
+from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
-from nsqtw.storage.diskqueue import IDiskExecutor, ThreadPoolDiskExecutor, fsync_dir
+from nsqtw.storage.atomic import atomic_write, fsync_dir
+from nsqtw.storage.executor import ThreadPoolDiskExecutor
 
 __all__ = [
     "MAGIC",
@@ -278,18 +280,7 @@ class _JournalFile:
 
     def rewrite(self, data: bytes) -> int:
         """Replace the file with ``data`` (a snapshot): temp file, fsync, rename."""
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            _write_all(fd, data, 0)
-            self.fsync_fn(fd)
-        except OSError:
-            os.close(fd)
-            os.remove(tmp)
-            raise
-        os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.dir)
+        atomic_write(self.path, data, fsync=self.fsync_fn)
         self.close()
         self.size = len(data)
         return self.size

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from nsqtw import NSQD_VERSION
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
+from nsqtw.storage.atomic import atomic_write
 
 if TYPE_CHECKING:
     from nsqtw.core.nsqd import NSQD
@@ -98,21 +98,8 @@ def take_deferred_file(data_path: str) -> bytes | None:
 
 
 def write_file(data_path: str, data: bytes, filename: str = FILENAME) -> None:
-    """Disk thread: replace the metadata atomically (temp file, fsync, rename)."""
-    final = os.path.join(data_path, filename)
-    tmp = f"{final}.{secrets.randbelow(1 << 31)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    dfd = os.open(data_path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """Disk thread: replace the metadata atomically (temp file, fsync, rename, directory fsync)."""
+    atomic_write(os.path.join(data_path, filename), data)
 
 
 class MetadataStore:

@@ -20,12 +20,9 @@ from zope.interface.verify import verifyObject
 
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue
-from nsqtw.storage.diskqueue import (
-    DiskQueue,
-    SynchronousDiskExecutor,
-    ThreadPoolDiskExecutor,
-    nsqd_msg_size_limits,
-)
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor, ThreadPoolDiskExecutor
+from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
 class FileHooks:

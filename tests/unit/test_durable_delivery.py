@@ -17,8 +17,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.core.nsqd import NSQD
 from nsqtw.protocol.wire import encode_command, encode_mpub
-from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.journal import Journal, find_journals, journal_path, replay
+from nsqtw.storage.segments import nsqd_msg_size_limits
 from tests.helpers import EPOCH, connect, decode_message_frame, make_options, take_frames
 
 

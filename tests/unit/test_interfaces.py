@@ -10,9 +10,10 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer, IDurableBackendQueue
+from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer, IDiskExecutor, IDurableBackendQueue
 from nsqtw.protocol.auth import HTTPAuthorizer
-from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor, ThreadPoolDiskExecutor
 from nsqtw.storage.memory import EphemeralBackend, MemoryBackend
 from tests.helpers import connect, make_nsqd
 
@@ -37,3 +38,10 @@ class InterfaceTests(SynchronousTestCase):
         """The treq auth client provides IAuthorizer."""
         authd = HTTPAuthorizer(["127.0.0.1:4181"], "get", 2.0, 5.0, MemoryReactorClock())
         self.assertTrue(verifyObject(IAuthorizer, authd))
+
+    def test_disk_executors(self) -> None:
+        """The threaded and the synchronous disk executors provide IDiskExecutor."""
+        threaded = ThreadPoolDiskExecutor(MemoryReactorClock(), name="verify")
+        self.addCleanup(threaded.stop)
+        for executor in (threaded, SynchronousDiskExecutor()):
+            self.assertTrue(verifyObject(IDiskExecutor, executor))

@@ -12,7 +12,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core.message import Message
-from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.journal import MAGIC, Journal, JournalError, find_journals, journal_path, replay
 from tests.helpers import EPOCH
 

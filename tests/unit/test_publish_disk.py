@@ -13,7 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
 from nsqtw.core.nsqd import NSQD
 from nsqtw.protocol.wire import encode_command
-from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor
+from nsqtw.storage.segments import nsqd_msg_size_limits
 from tests.helpers import EPOCH, connect, make_options, take_frames
 
 

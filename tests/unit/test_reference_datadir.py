@@ -12,7 +12,9 @@ import tempfile
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.storage.diskqueue import DiskQueue, SynchronousDiskExecutor, nsqd_msg_size_limits
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor
+from nsqtw.storage.segments import nsqd_msg_size_limits
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "reference")
 DATADIR = os.path.join(REFERENCE, "nsqd-1.3.0-datadir")

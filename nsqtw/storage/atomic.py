@@ -1,0 +1,72 @@
+"""Replacing a file so a crash leaves either the old or the new contents, never a mix.
+
+nsqd's metadata (``nsqd.dat``), go-diskqueue's ``.meta.dat`` files and
+nsqtw's journal snapshots are all replaced the same way: write a temporary
+file beside the target, fsync it, rename it over the target, and (where the
+name must survive power loss) fsync the directory. Disk thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections.abc import Callable
+
+__all__ = ["atomic_write", "fsync_dir", "remove_quietly", "write_all"]
+
+_random = random.SystemRandom()
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is taken (a write may take only part)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a new or renamed file's name) survive power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_quietly(path: str) -> None:
+    """Remove ``path``; a file that is already gone is fine."""
+    try:
+        os.remove(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            raise
+
+
+def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fsync,
+                 ignore_fsync_error: bool = False, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, then the directory's fsync.
+
+    ``fsync`` is injectable so tests can make it fail. ``ignore_fsync_error``
+    keeps go-diskqueue's rule for its metadata (a failed temp-file sync is
+    not an error); ``sync_dir=False`` skips the directory fsync where the
+    Go code it mirrors does not do it. On any failure the temp file is gone
+    and ``path`` is untouched.
+    """
+    tmp = f"{path}.{_random.getrandbits(63)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write_all(fd, data)
+        try:
+            fsync(fd)
+        except OSError:
+            if not ignore_fsync_error:
+                raise
+    except BaseException:
+        os.close(fd)
+        remove_quietly(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if sync_dir:
+        fsync_dir(os.path.dirname(path) or ".")

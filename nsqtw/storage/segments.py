@@ -1,0 +1,605 @@
+"""go-diskqueue's files: segment and metadata formats, positions, reads, writes, corruption.
+
+Go nsqd keeps each topic's and channel's overflow in nsqio/go-diskqueue files:
+``NAME.diskqueue.%06d.dat`` segments of ``[int32 big-endian size][data]``
+records and ``NAME.diskqueue.meta.dat`` holding
+``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``. :class:`DiskState`
+owns those files and go-diskqueue's positions; it runs only on its queue's
+disk executor and touches only bytes and files; what it wants logged travels
+back with each result (:class:`OpResult`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from twisted.logger import LogLevel
+
+from nsqtw.core.message import MIN_VALID_MSG_LENGTH
+from nsqtw.storage.atomic import atomic_write, fsync_dir
+
+__all__ = ["Consumption", "DiskState", "OpResult", "ReadRecord", "nsqd_msg_size_limits"]
+
+
+_SIZE = struct.Struct(">i")
+_META_RE = re.compile(rb"\A(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n")
+
+#: (level, format, fields) of a log event produced on the disk thread
+_LogEvent = tuple[LogLevel, str, dict[str, Any]]
+#: (count, file_num, pos): records consumed since the last disk operation,
+#: and the position just past the last of them
+Consumption = tuple[int, int, int]
+#: a record read ahead, with the position just past it
+ReadRecord = tuple[bytes, int, int]
+
+
+def nsqd_msg_size_limits(max_msg_size: int) -> tuple[int, int]:
+    """The (min, max) record sizes nsqd gives go-diskqueue for ``--max-msg-size``."""
+    return MIN_VALID_MSG_LENGTH, max_msg_size + MIN_VALID_MSG_LENGTH
+
+
+class _ReadError(Exception):
+    """A record at the read position could not be read (short file or bad size)."""
+
+
+@dataclass
+class OpResult:
+    """What one disk-thread operation hands back to the reactor."""
+
+    value: Any
+    events: list[_LogEvent]
+    depth_delta: int
+    corruption: str | None
+    more: bool
+
+
+@dataclass
+class DiskState:
+    """go-diskqueue's file state; every method runs on the disk thread only.
+
+    ``read_*`` is the position past the last record ``read()`` returned (what
+    go-diskqueue persists as readFileNum/readPos); ``cursor_*`` is how far
+    read-ahead got, never behind ``read_*``.
+    """
+
+    name: str
+    data_path: str
+    max_bytes_per_file: int
+    min_msg_size: int
+    max_msg_size: int
+    sync_every: int
+    write_fn: Callable[[int, Any], int] = os.write
+    fsync_fn: Callable[[int], None] = os.fsync
+    #: --durable-delivery: every write batch is fsynced before it counts as
+    #: written, and records past a lagging metadata writePos are adopted at load
+    durable: bool = False
+
+    read_file_num: int = 0
+    read_pos: int = 0
+    write_file_num: int = 0
+    write_pos: int = 0
+    depth: int = 0
+    cursor_file_num: int = 0
+    cursor_pos: int = 0
+    count: int = 0
+    need_sync: bool = False
+
+    _wfd: int | None = None
+    _truncate_on_open: bool = False
+    _rfd: int | None = None
+    _rfd_num: int = -1
+    _random: random.Random = field(default_factory=random.Random)
+
+    # outputs of the operation in progress
+    _events: list[_LogEvent] = field(default_factory=list)
+    _depth_delta: int = 0
+    _corruption: str | None = None
+
+    # -- names -------------------------------------------------------------
+
+    def file_name(self, num: int) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
+
+    def meta_file_name(self) -> str:
+        return os.path.join(self.data_path, f"{self.name}.diskqueue.meta.dat")
+
+    # -- operation frame ---------------------------------------------------
+
+    def run(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any) -> OpResult:
+        """Apply what the reactor consumed, run ``fn``, sync if due, report back."""
+        self._events = []
+        self._depth_delta = 0
+        self._corruption = None
+        self._apply_consumption(consumption)
+        value = fn(*args)
+        if self.count >= max(self.sync_every, 1):
+            self.need_sync = True
+        if self.need_sync:
+            self._sync()
+        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more())
+
+    def _log(self, level: LogLevel, fmt: str, **kw: Any) -> None:
+        self._events.append((level, fmt, kw))
+
+    def _has_more(self) -> bool:
+        return (self.cursor_file_num, self.cursor_pos) < (self.write_file_num, self.write_pos)
+
+    # -- metadata ----------------------------------------------------------
+
+    def load(self) -> int:
+        """Read the metadata file (go-diskqueue's retrieveMetaData); returns the depth."""
+        path = self.meta_file_name()
+        try:
+            with open(path, "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            if not self.durable:
+                return 0
+            # a crash before the first metadata write: records fsynced in
+            # segment 0 were acknowledged, so take them in (below)
+            text = b"0\n0,0\n0,0\n"
+        except OSError as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {error}",
+                      name=self.name, error=str(e))
+            return 0
+        m = _META_RE.match(text)
+        if m is None:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - bad format {text!r}",
+                      name=self.name, text=text[:100])
+            return 0
+        depth, rnum, rpos, wnum, wpos = (int(g) for g in m.groups())
+        self.depth = depth
+        self.read_file_num, self.read_pos = rnum, rpos
+        self.cursor_file_num, self.cursor_pos = rnum, rpos
+        self.write_file_num, self.write_pos = wnum, wpos
+
+        # metadata not synced before a crash can lag the write segment: writing
+        # at writePos would clobber records, so go-diskqueue starts a new
+        # segment and lets the reader salvage what lies past writePos
+        wpath = self.file_name(wnum)
+        try:
+            size: int | None = os.stat(wpath).st_size
+        except OSError:
+            size = None
+            if wpos > 0:
+                self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {path} is missing",
+                          name=self.name, path=wpath)
+        if size is not None and wpos < size and self.durable:
+            self._adopt_tail(wpath, size)
+        elif size is not None and wpos < size:
+            self._log(LogLevel.warn,
+                      "DISKQUEUE({name}) {path} metadata writePos {write_pos} < file size of {size},"
+                      " skipping to new file",
+                      name=self.name, path=wpath, write_pos=wpos, size=size)
+            self.write_file_num += 1
+            self.write_pos = 0
+        self._normalize_consumed(self.read_file_num)
+        self._check_tail_corruption()
+        # the reactor takes the depth as loaded, corrections included
+        self._depth_delta = 0
+        return self.depth
+
+    def _adopt_tail(self, path: str, size: int) -> None:
+        """Durable mode: take in the whole records fsynced after the last metadata write.
+
+        Publishers were answered once those records were fsynced, so they are
+        part of the queue; a torn record at the end was never acknowledged and
+        is cut off.
+        """
+        with open(path, "r+b") as f:
+            f.seek(self.write_pos)
+            tail = f.read(size - self.write_pos)
+            off = count = 0
+            while len(tail) - off >= 4:
+                (rsize,) = _SIZE.unpack_from(tail, off)
+                if rsize < self.min_msg_size or rsize > self.max_msg_size or off + 4 + rsize > len(tail):
+                    break
+                off += 4 + rsize
+                count += 1
+            if off < len(tail):
+                f.truncate(self.write_pos + off)
+                os.fsync(f.fileno())
+        self._log(LogLevel.info,
+                  "DISKQUEUE({name}): recovered {count} records written after the last metadata sync"
+                  " (cut {torn} torn bytes)",
+                  name=self.name, count=count, torn=len(tail) - off)
+        self.write_pos += off
+        self.depth += count
+        self.need_sync = True
+
+    def _persist_metadata(self) -> None:
+        """Replace the metadata file atomically (go-diskqueue does not fsync the directory)."""
+        text = (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
+                f"{self.write_file_num},{self.write_pos}\n").encode("ascii")
+        # go-diskqueue ignores the temp file's Sync error too
+        atomic_write(self.meta_file_name(), text, fsync=self.fsync_fn, ignore_fsync_error=True,
+                     sync_dir=False)
+
+    def _sync(self) -> bool:
+        """fsync the write segment and persist metadata (go-diskqueue's sync)."""
+        if self._wfd is not None:
+            try:
+                self.fsync_fn(self._wfd)
+            except OSError as e:
+                self._close_write()
+                self._truncate_on_open = True
+                self._log(LogLevel.error, "DISKQUEUE({name}) failed to sync - {error}",
+                          name=self.name, error=str(e))
+                return False
+        try:
+            self._persist_metadata()
+        except OSError as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to sync - {error}",
+                      name=self.name, error=str(e))
+            return False
+        self.need_sync = False
+        self.count = 0
+        return True
+
+    # -- files -------------------------------------------------------------
+
+    def _close_write(self) -> None:
+        if self._wfd is not None:
+            os.close(self._wfd)
+            self._wfd = None
+
+    def _close_read(self) -> None:
+        if self._rfd is not None:
+            os.close(self._rfd)
+            self._rfd = None
+            self._rfd_num = -1
+
+    def _remove_segment(self, num: int) -> None:
+        path = self.file_name(num)
+        if self._rfd_num == num:
+            self._close_read()
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to Remove({path}) - {error}",
+                      name=self.name, path=path, error=str(e))
+
+    def _segment_size(self, num: int) -> int | None:
+        try:
+            return os.stat(self.file_name(num)).st_size
+        except OSError:
+            return None
+
+    # -- writing -----------------------------------------------------------
+
+    def write_batch(self, batch: Sequence[bytes]) -> tuple[int, str | None]:
+        """Append records, rolling segments as go-diskqueue v1.1 does.
+
+        Each segment touched gets one write call.  Returns how many leading
+        records are on disk and, if the rest failed, why.
+        """
+        written = 0
+        parts: list[bytes] = []
+        chunk_count = chunk_bytes = 0
+        try:
+            for data in batch:
+                size = len(data)
+                if size < self.min_msg_size or size > self.max_msg_size:
+                    raise ValueError(f"invalid message write size ({size}) minMsgSize={self.min_msg_size}"
+                                     f" maxMsgSize={self.max_msg_size}")
+                total = 4 + size
+                pos = self.write_pos + chunk_bytes
+                # roll *before* a record that would pass the limit, unless the
+                # segment is empty (a record bigger than a segment gets its own)
+                if pos > 0 and pos + total > self.max_bytes_per_file:
+                    if parts:
+                        self._write_chunk(parts, chunk_count, chunk_bytes)
+                        written += chunk_count
+                        parts, chunk_count, chunk_bytes = [], 0, 0
+                    self._roll()
+                parts.append(_SIZE.pack(size))
+                parts.append(data)
+                chunk_count += 1
+                chunk_bytes += total
+            if parts:
+                self._write_chunk(parts, chunk_count, chunk_bytes)
+                written += chunk_count
+            if self.durable and self._wfd is not None:
+                synced, written = written, 0  # none counts until the fsync succeeds
+                self._fsync_written()
+                written = synced
+        except (OSError, ValueError) as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to write {count} records - {error}",
+                      name=self.name, count=len(batch) - written, error=str(e))
+            return written, f"DISKQUEUE({self.name}) failed to write: {e}"
+        return written, None
+
+    def _fsync_written(self) -> None:
+        """Durable mode: a batch counts as written only once fsynced.
+
+        If fsync fails the records may or may not be on disk: the batch is
+        reported failed (and retried later, so it may be delivered twice) and
+        writing continues in a fresh segment, never over those records.
+        """
+        try:
+            self.fsync_fn(cast(int, self._wfd))
+        except OSError:
+            self._close_write()
+            self.write_file_num += 1
+            self.write_pos = 0
+            self._truncate_on_open = False
+            raise
+
+    def _write_chunk(self, parts: list[bytes], count: int, nbytes: int) -> None:
+        if self._wfd is None:
+            path = self.file_name(self.write_file_num)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if self._truncate_on_open:
+                    # drop whatever a failed write left past writePos
+                    os.ftruncate(fd, self.write_pos)
+                os.lseek(fd, self.write_pos, os.SEEK_SET)
+            except OSError:
+                os.close(fd)
+                raise
+            self._wfd = fd
+            self._truncate_on_open = False
+            if self.durable:
+                fsync_dir(self.data_path)  # the new segment's name must survive power loss too
+            self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
+        view = memoryview(b"".join(parts))
+        try:
+            while view:
+                view = view[self.write_fn(self._wfd, view):]
+        except OSError:
+            self._close_write()
+            self._truncate_on_open = True
+            raise
+        self.write_pos += nbytes
+        self.depth += count
+        self.count += count
+
+    def _roll(self) -> None:
+        self.write_file_num += 1
+        self.write_pos = 0
+        # sync every time we start writing to a new file (fsyncs the old one)
+        self._sync()
+        self._close_write()
+
+    # -- reading -----------------------------------------------------------
+
+    def _apply_consumption(self, consumption: Consumption | None) -> None:
+        """go-diskqueue's moveForward for a batch of records the reactor handed out."""
+        old = self.read_file_num
+        if consumption is not None:
+            count, num, pos = consumption
+            self.read_file_num, self.read_pos = num, pos
+            self.depth -= count
+            self.count += count
+            self._cursor_at_least(num, pos)
+        self._normalize_consumed(old)
+        self._check_tail_corruption()
+
+    def _cursor_at_least(self, num: int, pos: int) -> None:
+        self.cursor_file_num, self.cursor_pos = max((self.cursor_file_num, self.cursor_pos), (num, pos))
+
+    def _normalize_consumed(self, old: int) -> None:
+        """Step the read position past fully-read finished segments and delete them."""
+        while self.read_file_num < self.write_file_num:
+            size = self._segment_size(self.read_file_num)
+            if size is None or self.read_pos < size:
+                break
+            self.read_file_num += 1
+            self.read_pos = 0
+        self._cursor_at_least(self.read_file_num, self.read_pos)
+        if self.read_file_num != old:
+            # sync every time we start reading from a new file
+            self.need_sync = True
+            for num in range(old, self.read_file_num):
+                self._remove_segment(num)
+
+    def _check_tail_corruption(self) -> None:
+        """At the tail the depth must be 0 and the positions equal; fix them if not."""
+        read = (self.read_file_num, self.read_pos)
+        write = (self.write_file_num, self.write_pos)
+        if read < write:
+            return
+        if self.depth != 0:
+            if self.depth < 0:
+                text = (f"DISKQUEUE({self.name}) negative depth at tail ({self.depth}),"
+                        " metadata corruption, resetting 0...")
+            else:
+                text = f"DISKQUEUE({self.name}) positive depth at tail ({self.depth}), data loss, resetting 0..."
+            self._log(LogLevel.error, "{text}", text=text)
+            self._corruption = text
+            self._depth_delta -= self.depth
+            self.depth = 0
+            self.need_sync = True
+        if read != write:
+            if self.read_file_num > self.write_file_num:
+                text = (f"DISKQUEUE({self.name}) readFileNum > writeFileNum ({self.read_file_num} >"
+                        f" {self.write_file_num}), corruption, skipping to next writeFileNum and resetting 0...")
+            else:
+                text = (f"DISKQUEUE({self.name}) readPos > writePos ({self.read_pos} > {self.write_pos}),"
+                        " corruption, skipping to next writeFileNum and resetting 0...")
+            self._log(LogLevel.error, "{text}", text=text)
+            self._corruption = text
+            self._skip_to_next_rw_file()
+            self.need_sync = True
+
+    def _skip_to_next_rw_file(self) -> None:
+        """Remove every segment from the read one to the write one and start afresh after them."""
+        self._close_read()
+        self._close_write()
+        for num in range(min(self.read_file_num, self.write_file_num), self.write_file_num + 1):
+            self._remove_segment(num)
+        self.write_file_num = max(self.read_file_num, self.write_file_num) + 1
+        self.write_pos = 0
+        self.read_file_num = self.cursor_file_num = self.write_file_num
+        self.read_pos = self.cursor_pos = 0
+        self._truncate_on_open = False
+        self._depth_delta -= self.depth
+        self.depth = 0
+
+    def _normalize_cursor(self) -> None:
+        """Step read-ahead past fully-read finished segments.
+
+        Reaching the end of a finished segment is not an error: the writer may
+        have rolled after read-ahead got to the end of what was then the
+        write segment.  (go-diskqueue v1.1.0, which nsqd 1.3.0 ships, renames
+        such a segment to ``.bad``; later go-diskqueue just deletes it.)
+        """
+        while self.cursor_file_num < self.write_file_num:
+            size = self._segment_size(self.cursor_file_num)
+            if size is None or self.cursor_pos < size:
+                return
+            if (self.read_file_num, self.read_pos) == (self.cursor_file_num, self.cursor_pos):
+                self.read_file_num, self.read_pos = self.cursor_file_num + 1, 0
+                self.need_sync = True
+                self._remove_segment(self.cursor_file_num)
+            elif self._rfd_num == self.cursor_file_num:
+                self._close_read()
+            self.cursor_file_num += 1
+            self.cursor_pos = 0
+
+    def read_chunk(self, max_records: int, max_bytes: int) -> list[ReadRecord]:
+        """Read ahead from the cursor: up to ``max_records`` records or about ``max_bytes``."""
+        out: list[ReadRecord] = []
+        nbytes = 0
+        while len(out) < max_records and nbytes < max_bytes:
+            self._normalize_cursor()
+            if not self._has_more():
+                break
+            try:
+                nbytes += self._read_records(max_records - len(out), max_bytes - nbytes, out)
+            except _ReadError as e:
+                if out or (self.read_file_num, self.read_pos) != (self.cursor_file_num, self.cursor_pos):
+                    # deal with it once everything before it has been consumed,
+                    # as go-diskqueue does (it reads one record at a time)
+                    break
+                self._handle_read_error(str(e))
+        return out
+
+    def _read_records(self, max_records: int, max_bytes: int, out: list[ReadRecord]) -> int:
+        num, pos = self.cursor_file_num, self.cursor_pos
+        path = self.file_name(num)
+        if self._rfd_num != num or self._rfd is None:
+            self._close_read()
+            try:
+                self._rfd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise _ReadError(str(e)) from e
+            self._rfd_num = num
+            self._log(LogLevel.info, "DISKQUEUE({name}): readOne() opened {path}", name=self.name, path=path)
+        fd = self._rfd
+        if num == self.write_file_num:
+            end = self.write_pos
+        else:
+            end = self._segment_size(num) or 0
+        try:
+            buf = os.pread(fd, max(min(end - pos, max_bytes), 4), pos)
+        except OSError as e:
+            raise _ReadError(str(e)) from e
+        off = count = 0
+        while count < max_records and off < max_bytes:
+            remaining = len(buf) - off
+            if remaining == 0 and count:
+                break
+            if remaining < 4:
+                if count:
+                    break
+                raise _ReadError("EOF" if remaining == 0 else "unexpected EOF")
+            (size,) = _SIZE.unpack_from(buf, off)
+            if size < self.min_msg_size or size > self.max_msg_size:
+                if count:
+                    break
+                # no reasonable guarantee where the next record would begin
+                raise _ReadError(f"invalid message read size ({size})")
+            total = 4 + size
+            if remaining < total:
+                if count:
+                    break
+                try:
+                    rec = os.pread(fd, total, pos)
+                except OSError as e:
+                    raise _ReadError(str(e)) from e
+                if len(rec) < total:
+                    raise _ReadError("unexpected EOF")
+                data = rec[4:]
+            else:
+                data = buf[off + 4:off + total]
+            off += total
+            count += 1
+            out.append((data, num, pos + off))
+        self.cursor_pos = pos + off
+        return off
+
+    def _handle_read_error(self, error: str) -> None:
+        """Rename the unreadable segment to ``.bad`` and jump to the next one."""
+        num = self.read_file_num
+        bad = self.file_name(num)
+        text = f"DISKQUEUE({self.name}) reading at {self.read_pos} of {bad} - {error}"
+        self._log(LogLevel.error, "{text}", text=text)
+        if num == self.write_file_num:
+            # can't read the current write file: skip it too
+            self._close_write()
+            self._truncate_on_open = False
+            self.write_file_num += 1
+            self.write_pos = 0
+        self._close_read()
+        renamed = bad + ".bad"
+        self._log(LogLevel.warn, "DISKQUEUE({name}) jump to next file and saving bad file as {path}",
+                  name=self.name, path=renamed)
+        try:
+            os.rename(bad, renamed)
+        except OSError as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to rename bad diskqueue file {src} to {dst} - {error}",
+                      name=self.name, src=bad, dst=renamed, error=str(e))
+        self.read_file_num = self.cursor_file_num = num + 1
+        self.read_pos = self.cursor_pos = 0
+        self._corruption = f"{text}; saved bad file as {renamed}"
+        self.need_sync = True
+        self._check_tail_corruption()
+
+    # -- whole-queue operations --------------------------------------------
+
+    def sync_if_dirty(self) -> None:
+        """The sync timer: sync when anything happened since the last sync."""
+        if self.count > 0:
+            self.need_sync = True
+
+    def empty(self) -> None:
+        """Drop every record: remove the segments, restart after them, persist metadata."""
+        self._skip_to_next_rw_file()
+        self._depth_delta = 0  # the reactor already counts the queue as empty
+        self.count = 0
+        self.need_sync = True
+
+    def close(self, batch: Sequence[bytes]) -> tuple[int, str | None]:
+        """Write what is pending, then fsync, persist metadata and close the files."""
+        result = self.write_batch(batch)
+        self._apply_consumption(None)
+        self._sync()
+        self.need_sync = False
+        self._close_read()
+        self._close_write()
+        return result
+
+    def delete(self) -> None:
+        """Remove the segments and the metadata; nothing is persisted afterwards."""
+        self._skip_to_next_rw_file()
+        self._remove_meta()
+        self.count = 0
+        self.need_sync = False
+
+    def _remove_meta(self) -> None:
+        try:
+            os.remove(self.meta_file_name())
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to remove metadata file - {error}",
+                      name=self.name, error=str(e))
