@@ -41,7 +41,9 @@ class InterfaceTests(SynchronousTestCase):
 
     def test_disk_executors(self) -> None:
         """The threaded and the synchronous disk executors provide IDiskExecutor."""
-        threaded = ThreadPoolDiskExecutor(MemoryReactorClock(), name="verify")
+        from twisted.internet import reactor
+
+        threaded = ThreadPoolDiskExecutor(reactor, name="verify")  # type: ignore[arg-type]
         self.addCleanup(threaded.stop)
         for executor in (threaded, SynchronousDiskExecutor()):
             self.assertTrue(verifyObject(IDiskExecutor, executor))
