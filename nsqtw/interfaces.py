@@ -14,7 +14,9 @@ T = TypeVar("T")
 ReadMark = tuple[int, int, int, int]
 
 if TYPE_CHECKING:
+    from nsqtw.core.channel import Channel
     from nsqtw.core.message import Message
+    from nsqtw.core.topic import Topic
     from nsqtw.protocol.auth import AuthState
 
 
@@ -112,6 +114,107 @@ class IDiskExecutor(Interface):
 
     def stop() -> None:
         """Stop accepting work; jobs already queued still run."""
+
+
+class ITopicDelivery(Interface):
+    """How one topic's messages reach its backend and move on to its channels (a delivery mode).
+
+    nsqd's own behaviour, ``--sync-every=1``'s commit-after-write and
+    ``--durable-delivery`` differ exactly here; the Topic calls these and
+    never asks which mode it is in.
+    """
+
+    mem_queue_size = Attribute("Messages the topic keeps in memory before it writes to its backend.")
+    wait_for_write = Attribute("Whether a publisher whose messages went to the backend waits for the write.")
+
+    def distribute() -> bool:
+        """Copy one batch to every channel; True when more is waiting (another turn)."""
+
+    def published(msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
+        """``msgs`` went to the backend; returns what their publisher waits on (``written`` or later)."""
+
+    def deferred_due() -> dict[bytes, float]:
+        """Due times of DPUB messages in the topic's queue, to keep across a restart."""
+
+    def health() -> str | None:
+        """``None``, or what is failing in this mode's own files."""
+
+    def close() -> Deferred[object]:
+        """Graceful stop: hand-offs under way finish, channels and backend close."""
+
+    def delete() -> Deferred[object]:
+        """Remove this mode's own files for the topic (the backend is deleted by the topic)."""
+
+
+class IChannelDelivery(Interface):
+    """How one channel takes messages out of its queue and keeps track of them (a delivery mode)."""
+
+    mem_queue_size = Attribute("Messages the channel keeps in memory before it writes to its backend.")
+
+    def next_messages(n: int) -> list[Message]:
+        """Up to ``n`` messages to deliver now, oldest first."""
+
+    def deferred(msg: Message, when: float) -> None:
+        """``msg`` waits until ``when`` (DPUB, REQ with a delay)."""
+
+    def finished(msg_ids: list[bytes]) -> None:
+        """These in-flight messages were FINed."""
+
+    def emptied() -> None:
+        """The channel was emptied."""
+
+    def health() -> str | None:
+        """``None``, or what is failing in this mode's own files."""
+
+    def close() -> Deferred[None]:
+        """Graceful stop: everything the channel holds goes to its backend, which closes."""
+
+    def delete() -> None:
+        """The channel is deleted: drop this mode's own files."""
+
+
+class IDeliveryMode(Interface):
+    """Makes each topic's and channel's delivery strategy (one object per node)."""
+
+    def for_topic(topic: Topic) -> ITopicDelivery:
+        """The strategy of a new topic (its backend is already set)."""
+
+    def for_channel(channel: Channel) -> IChannelDelivery:
+        """The strategy of a new channel (its backend is already set)."""
+
+
+class ITopicOwner(Interface):
+    """What a topic reports to, and asks of, the registry that holds it (NSQD)."""
+
+    options = Attribute("The node's options.")
+
+    def make_channel(topic: Topic, name: str) -> Channel:
+        """A new channel of ``topic`` with its backend and delivery mode."""
+
+    def channel_created(topic: Topic, channel: Channel) -> None:
+        """``channel`` was added to ``topic``."""
+
+    def channel_deleted(topic: Topic, channel: Channel) -> None:
+        """``channel`` was removed from ``topic``."""
+
+    def state_changed() -> None:
+        """A topic or channel was paused or unpaused (metadata to persist)."""
+
+    def topic_unused(topic: Topic) -> None:
+        """An ephemeral topic lost its last channel: the owner deletes it."""
+
+
+class IChannelOwner(Interface):
+    """What a channel reports to its topic."""
+
+    name = Attribute("The topic's name.")
+    exiting = Attribute("Whether the topic is closing.")
+
+    def state_changed() -> None:
+        """The channel was paused or unpaused."""
+
+    def channel_unused(channel: Channel) -> None:
+        """An ephemeral channel lost its last client: the topic deletes it."""
 
 
 class IConsumer(Interface):

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import random
-import sys
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from nsqtw.core.message import Message, decode_message
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
-from nsqtw.interfaces import IBackendQueue, IConsumer
+from nsqtw.interfaces import IBackendQueue, IChannelDelivery, IChannelOwner, IConsumer, IDeliveryMode
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.observe.quantile import Quantile
-
-if TYPE_CHECKING:
-    from nsqtw.core.topic import Topic
-    from nsqtw.interfaces import IDurableBackendQueue
-    from nsqtw.storage.journal import Journal, Position
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096
@@ -48,20 +42,20 @@ class Channel:
 
     log = Logger()
 
-    def __init__(self, topic: Topic, name: str, backend: IBackendQueue,
+    def __init__(self, owner: IChannelOwner, name: str, backend: IBackendQueue,
                  clock: IReactorTime, mem_queue_size: int, max_msg_timeout: float,
-                 max_channel_consumers: int,
-                 on_delete: Callable[[Channel], None], journal: Journal | None = None) -> None:
-        self.topic = topic
-        self.topic_name = topic.name
+                 max_channel_consumers: int, mode: IDeliveryMode) -> None:
+        self.owner = owner
+        self.topic_name: str = owner.name
+        self.topic_ephemeral = is_ephemeral(self.topic_name)
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.backend = backend
-        self._clock = clock
-        self._mem_queue_size = mem_queue_size
+        self.clock = clock
+        #: ``--mem-queue-size``; the delivery mode decides what the channel really keeps
+        self.options_mem_queue_size = mem_queue_size
         self._max_msg_timeout = max_msg_timeout
         self._max_channel_consumers = max_channel_consumers
-        self._on_delete = on_delete
 
         self.memory: deque[Message] = deque()
         self.clients: dict[int, IConsumer] = {}
@@ -81,15 +75,9 @@ class Channel:
         self.restored_due: dict[bytes, float] = {}
         self._timer: IDelayedCall | None = None
         self._timer_at = 0.0
-        #: --durable-delivery: what records where this channel's messages are
-        self.journal = journal
-        #: the topic's records up to this position reached this channel before a restart
-        self.handoff_floor: Position | None = None
-        self._taken_floor: Position | None = None
-        self._next: Callable[[int], list[Message]] = self._next_messages
-        self._pump = Pump(clock, self._deliver, f"CHANNEL({topic.name}:{name})")
-        if journal is not None:
-            self._start_durable(journal)
+        self._pump = Pump(clock, self._deliver, f"CHANNEL({self.topic_name}:{name})")
+        self.delivery: IChannelDelivery = mode.for_channel(self)
+        self._next = self.delivery.next_messages
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -108,11 +96,11 @@ class Channel:
         self.message_count += len(msgs)
         ready = msgs
         if any(m.deferred for m in msgs):
-            now = self._clock.seconds()
+            now = self.clock.seconds()
             ready = []
             for m in msgs:
                 if m.deferred:
-                    self._defer(m, m.deferred, now)
+                    self.defer(m, m.deferred, now)
                     m.deferred = 0.0
                 else:
                     ready.append(m)
@@ -121,7 +109,7 @@ class Channel:
 
     def _queue(self, msgs: list[Message]) -> None:
         memory = self.memory
-        room = self._mem_queue_size - len(memory)
+        room = self.delivery.mem_queue_size - len(memory)
         if room > 0:
             memory.extend(msgs[:room])
             msgs = msgs[room:]
@@ -134,18 +122,18 @@ class Channel:
                 raise
         self._pump.wake()
 
-    def _defer(self, msg: Message, delay: float, now: float) -> None:
+    def defer(self, msg: Message, delay: float, now: float) -> None:
+        """``msg`` waits ``delay`` seconds from ``now`` before it is queued again."""
         when = now + delay
         self.deferred.push(msg, when)
-        self._arm(when)
-        if self.journal is not None:
-            self.journal.deferred(msg, when)
+        self.arm(when)
+        self.delivery.deferred(msg, when)
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         if self.exiting:
             raise ExitingError()
         self.message_count += 1
-        self._defer(msg, delay, self._clock.seconds())
+        self.defer(msg, delay, self.clock.seconds())
 
     # -- clients ----------------------------------------------------------
 
@@ -176,7 +164,7 @@ class Channel:
             except BackendError:
                 pass  # logged by _queue; health says why
         if not self.clients and self.ephemeral and not self.exiting:
-            self._on_delete(self)
+            self.owner.channel_unused(self)
 
     def wake(self) -> None:
         """A client's capacity changed (RDY, FIN, resumed writing): deliver."""
@@ -184,7 +172,7 @@ class Channel:
 
     # -- delivery ---------------------------------------------------------
 
-    def _decode(self, data: bytes) -> Message | None:
+    def decode(self, data: bytes) -> Message | None:
         """A record from the backend as a Message; a bad one is logged and skipped, as nsqd does."""
         try:
             return decode_message(data)
@@ -193,32 +181,13 @@ class Channel:
                            topic=self.topic_name, channel=self.name, error=e)
             return None
 
-    def _defer_restored(self, msg: Message, now: float) -> bool:
+    def defer_restored(self, msg: Message, now: float) -> bool:
         """A message deferred at the last stop waits out its due time again; True if it must wait."""
         when = self.restored_due.pop(msg.id, None)
         if when is not None and when > now:
-            self._defer(msg, when - now, now)
+            self.defer(msg, when - now, now)
             return True
         return False
-
-    def _next_messages(self, n: int) -> list[Message]:
-        out: list[Message] = []
-        if self.backend.depth():
-            due = self.restored_due
-            now = self._clock.seconds()
-            for data in self.backend.read(n):
-                msg = self._decode(data)
-                if msg is None:
-                    continue
-                if due and self._defer_restored(msg, now):
-                    continue
-                out.append(msg)
-        memory = self.memory
-        k = min(n - len(out), len(memory))
-        if k > 0:
-            pop = memory.popleft
-            out.extend(pop() for _ in range(k))
-        return out
 
     def _deliver(self) -> bool:
         if self.paused or not self.clients or self.exiting:
@@ -229,7 +198,7 @@ class Channel:
         start = self._rotation % n
         self._rotation += 1
         clients = clients[start:] + clients[:start]
-        now = self._clock.seconds()
+        now = self.clock.seconds()
         in_flight = self.in_flight
         # Round-robin in slices of 64 for fairness, but one deliver() (one
         # write) per client per turn.
@@ -269,7 +238,7 @@ class Channel:
             self.clients[client_id].deliver(msgs)
         deadline = in_flight.next_deadline()
         if deadline is not None:
-            self._arm(deadline)
+            self.arm(deadline)
         return budget <= 0 and not exhausted
 
     # -- acknowledgements -------------------------------------------------
@@ -290,7 +259,7 @@ class Channel:
         live = self.in_flight.live
         remove = self.in_flight.remove
         e2e = self.e2e
-        now = self._clock.seconds() if e2e is not None else 0.0
+        now = self.clock.seconds() if e2e is not None else 0.0
         for msg_id in msg_ids:
             msg = live.get(msg_id)
             if msg is None or msg.client is not client:
@@ -302,9 +271,8 @@ class Channel:
             client.message_finished()
             if e2e is not None:
                 e2e.insert(now, msg.timestamp)
-        if self.journal is not None:
-            bad = {i for i, _ in failed}
-            self.journal.finished_many([i for i in msg_ids if i not in bad] if bad else msg_ids)
+        bad = {i for i, _ in failed}
+        self.delivery.finished([i for i in msg_ids if i not in bad] if bad else msg_ids)
         self._pump.wake()
         return failed
 
@@ -316,7 +284,7 @@ class Channel:
         client.message_requeued()
         self.requeue_count += 1
         if delay > 0:
-            self._defer(msg, delay, self._clock.seconds())
+            self.defer(msg, delay, self.clock.seconds())
         else:
             self._queue([msg])
         self._pump.wake()
@@ -328,28 +296,28 @@ class Channel:
             raise NotInFlightError("ID not in flight")
         if msg.client is not client:
             raise NotInFlightError("client does not own message")
-        now = self._clock.seconds()
+        now = self.clock.seconds()
         deadline = min(now + timeout, msg.delivered_at + self._max_msg_timeout)
         self.in_flight.remove(msg_id)
         self.in_flight.push(msg, deadline)
-        self._arm(deadline)
+        self.arm(deadline)
 
     # -- timers -----------------------------------------------------------
 
-    def _arm(self, when: float) -> None:
+    def arm(self, when: float) -> None:
         timer = self._timer
         if timer is not None and timer.active():
             if self._timer_at <= when:
                 return
             timer.cancel()
         self._timer_at = when
-        self._timer = self._clock.callLater(max(0.0, when - self._clock.seconds()), self._on_timer)
+        self._timer = self.clock.callLater(max(0.0, when - self.clock.seconds()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         if self.exiting:
             return
-        now = self._clock.seconds()
+        now = self.clock.seconds()
         expired = self.in_flight.pop_due(now)
         if expired:
             for m in expired:
@@ -367,17 +335,17 @@ class Channel:
                 pass  # logged by _queue; health says why
         nexts = [t for t in (self.in_flight.next_deadline(), self.deferred.next_deadline()) if t is not None]
         if nexts:
-            self._arm(min(nexts))
+            self.arm(min(nexts))
 
     # -- administration ---------------------------------------------------
 
     def pause(self) -> None:
         self.paused = True
-        self.topic.nsqd.metadata_changed()
+        self.owner.state_changed()
 
     def unpause(self) -> None:
         self.paused = False
-        self.topic.nsqd.metadata_changed()
+        self.owner.state_changed()
         self._pump.wake()
 
     def empty(self) -> Deferred[None]:
@@ -388,8 +356,7 @@ class Channel:
         self.deferred.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
-        if self.journal is not None:
-            self.journal.cleared()
+        self.delivery.emptied()
         return self.backend.empty()
 
     def all_pending(self) -> Iterable[Message]:
@@ -423,14 +390,7 @@ class Channel:
     def close(self) -> Deferred[None]:
         """Graceful stop: flush everything to the backend and close it."""
         self._stop()
-        if self.journal is not None:
-            return ensureDeferred(self._close_durable(self.journal))
-        try:
-            self.flush()
-        except BackendError as e:
-            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
-                           topic=self.topic_name, channel=self.name, error=e)
-        return self.backend.close()
+        return self.delivery.close()
 
     def delete(self) -> Deferred[None]:
         """Drop the channel: disconnect its clients, forget its messages, remove its backend."""
@@ -441,11 +401,12 @@ class Channel:
         self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
-        if self.journal is not None:
-            self.journal.remove().addErrback(
-                lambda f: self.log.failure("CHANNEL({topic}:{channel}): failed to remove journal", f,
-                                           topic=self.topic_name, channel=self.name))
+        self.delivery.delete()
         return self.backend.delete()
+
+    def health(self) -> str | None:
+        """The channel's storage failure, or ``None``."""
+        return self.backend.health() or self.delivery.health()
 
     def stats_counts(self) -> dict[str, Any]:
         return {
@@ -457,162 +418,3 @@ class Channel:
             "requeue_count": self.requeue_count,
             "timeout_count": self.timeout_count,
         }
-
-
-    # -- durable delivery (--durable-delivery) -----------------------------
-    #
-    # The topic hands messages over into this channel's disk queue (fsynced);
-    # whatever leaves the queue, for delivery or to wait for its due time, is
-    # recorded in the journal first, and the queue's read position moves on
-    # only once the journal holding those records is fsynced. Memory here
-    # holds only journal-owned messages (requeued or timed out).
-
-    def _start_durable(self, journal: Journal) -> None:
-        self._mem_queue_size = sys.maxsize
-        self._next = self._next_messages_durable
-        journal.snapshot = self._journal_snapshot
-        self.handoff_floor = journal.handoff_floor
-        self._taken_floor = journal.taken_floor
-        recovered, journal.recovered = journal.recovered, {}
-        if recovered:
-            now = self._clock.seconds()
-            for msg_id, (ts, attempts, due_ms, body) in recovered.items():
-                msg = Message(msg_id, body, ts, attempts)
-                due = due_ms / 1000.0
-                if due > now:
-                    self.deferred.push(msg, due)
-                    self._arm(due)
-                else:
-                    self.memory.append(msg)
-            self.log.info("CHANNEL({topic}:{channel}): recovered {count} unfinished messages from its journal"
-                          " ({deferred} deferred)", topic=self.topic_name, channel=self.name,
-                          count=len(recovered), deferred=len(self.deferred))
-
-    def _journal_snapshot(self) -> Iterable[tuple[Message, float]]:
-        for m in self.memory:
-            yield m, 0.0
-        for m in self.in_flight.live.values():
-            yield m, 0.0
-        for m in self.deferred.live.values():
-            yield m, m.deadline
-
-    def _next_messages_durable(self, n: int) -> list[Message]:
-        journal = self.journal
-        assert journal is not None
-        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
-        out: list[Message] = []
-        last: Position | None = None
-        seen: set[bytes] = set()
-        # copies already owned by the journal (around a crash) are skipped;
-        # keep reading until something is left, a few batches at most
-        for _ in range(8):
-            records = backend.read_positions(n - len(out)) if backend.depth() else []
-            if not records:
-                break
-            last = (records[-1][1], records[-1][2])
-            self._take(records, journal, out, seen)
-            if out:
-                break
-        else:
-            if not out and backend.depth():
-                self._pump.wake()  # all skipped so far: more next turn
-        memory = self.memory
-        k = min(n - len(out), len(memory))
-        if k > 0:
-            pop = memory.popleft
-            out.extend(pop() for _ in range(k))
-        if out:
-            journal.delivering(out)
-        if last is not None:
-            # after the messages' own records: if this one survives, so did they
-            journal.taken(last)
-            mark = backend.read_mark()
-            journal.on_synced(lambda: backend.commit_read(mark))
-        return out
-
-    def _take(self, records: list[tuple[bytes, int, int]], journal: Journal, out: list[Message],
-              seen: set[bytes]) -> None:
-        floor = self._taken_floor
-        due = self.restored_due
-        now = self._clock.seconds()
-        for data, num, pos in records:
-            if floor is not None and (num, pos) <= floor:
-                continue  # journaled before a restart the queue's read position did not see
-            msg = self._decode(data)
-            if msg is None:
-                continue
-            if journal.is_live(msg.id) or msg.id in seen:
-                continue  # a copy the journal already owns (handed over twice around a crash)
-            seen.add(msg.id)
-            if due and self._defer_restored(msg, now):
-                continue
-            out.append(msg)
-        if floor is not None and (records[-1][1], records[-1][2]) >= floor:
-            self._taken_floor = None
-
-    def put_handoff(self, msgs: list[Message], pos: Position) -> Deferred[None]:
-        """Durable mode: messages from the topic, up to its record ``pos``.
-
-        Fires once they are safe here: the ready ones fsynced in this
-        channel's queue, the deferred ones and the hand-off in its journal.
-        Raises ExitingError or BackendError.
-        """
-        if self.exiting:
-            raise ExitingError()
-        if not msgs:
-            return succeed(None)
-        self.message_count += len(msgs)
-        ready = [m for m in msgs if not m.deferred]
-        later = [m for m in msgs if m.deferred]
-        if ready:
-            self.backend.put_many([m.encode() for m in ready])
-            self._pump.wake()
-        return ensureDeferred(self._hand_off(bool(ready), later, pos))
-
-    async def _hand_off(self, wrote: bool, later: list[Message], pos: Position) -> None:
-        journal = self.journal
-        assert journal is not None
-        while wrote:
-            try:
-                await self.backend.written()
-                break
-            except BackendError:
-                if self.exiting or self.topic.exiting:
-                    raise
-                d: Deferred[None] = Deferred()
-                self._clock.callLater(1.0, d.callback, None)
-                await d
-        # Recorded only now: the queue's copies are fsynced, and none of them
-        # has been taken yet (reads come back after this write's callback), so
-        # no record about them can precede this one in the journal.
-        journal.handed_off(pos)
-        if later:
-            now = self._clock.seconds()
-            for m in later:
-                self._defer(m, m.deferred, now)
-                m.deferred = 0.0
-        await journal.synced()
-
-    async def _close_durable(self, journal: Journal) -> None:
-        """Graceful stop: put the journal's messages back in the queue, then drop the journal.
-
-        What is left is a plain nsqd data directory (deferred due times go
-        to ``nsqtw.deferred.json`` as without the flag). If anything fails,
-        the journal stays and the next start with --durable-delivery uses it.
-        """
-        backend: IDurableBackendQueue = self.backend  # type: ignore[assignment]
-        try:
-            self.flush()
-        except BackendError as e:
-            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
-                           topic=self.topic_name, channel=self.name, error=e)
-            await backend.close()
-            await journal.close()
-            return
-        backend.commit_read(backend.read_mark())
-        try:
-            await backend.close()
-        except Exception:
-            await journal.close()
-            raise
-        await journal.remove()

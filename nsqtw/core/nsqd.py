@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import implementer
 
 from nsqtw.core.channel import Channel
+from nsqtw.core.delivery import BufferedDelivery
 from nsqtw.core.guid import GUIDFactory
+from nsqtw.core.memory import EphemeralBackend, MemoryBackend
 from nsqtw.core.message import Message
 from nsqtw.core.topic import Topic
-from nsqtw.interfaces import IAuthorizer, IBackendQueue
+from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, ITopicOwner
 from nsqtw.log import Logger, set_level
 from nsqtw.names import backend_name, is_ephemeral
 from nsqtw.observe.quantile import Quantile
-from nsqtw.storage.memory import EphemeralBackend, MemoryBackend
-
-if TYPE_CHECKING:
-    from nsqtw.storage.journal import Journal
 
 
 class _Options(Protocol):
@@ -40,10 +39,9 @@ class IRegistryListener(Protocol):
 
 
 BackendFactory = Callable[[str], IBackendQueue]
-#: makes the journal of a durable channel (``--durable-delivery``) from its backend name
-JournalFactory = Callable[[str], "Journal"]
 
 
+@implementer(ITopicOwner)
 class NSQD:
     """Everything one nsqd node holds: topics, channels and connected clients."""
 
@@ -51,7 +49,7 @@ class NSQD:
 
     def __init__(self, options: Any, clock: IReactorTime,
                  backend_factory: BackendFactory | None = None,
-                 journal_factory: JournalFactory | None = None) -> None:
+                 mode: IDeliveryMode | None = None) -> None:
         self.options = options
         self.clock = clock
         self.guid = GUIDFactory(options.node_id, clock)
@@ -61,7 +59,8 @@ class NSQD:
         self.start_time_precise = clock.seconds()
         self.start_time = int(self.start_time_precise)
         self._backend_factory = backend_factory or MemoryBackend
-        self._journal_factory = journal_factory
+        #: how messages reach disk and move between topics and channels (nsqd's own by default)
+        self.mode: IDeliveryMode = mode or BufferedDelivery(options.sync_every)
         self._client_ids = itertools.count(1)
         self._errors: dict[str, str] = {}
         self.exiting = False
@@ -98,13 +97,9 @@ class NSQD:
         """"OK", or nsqd's "NOK - <error>"."""
         errors = list(self._errors.values())
         for topic in self.topics.values():
-            for backend in [topic.backend] + [c.backend for c in topic.channels.values()]:
-                e = backend.health()
-                if e:
-                    errors.append(e)
-            for journal in [topic.journal] + [c.journal for c in topic.channels.values()]:
-                if journal is not None and journal.error:
-                    errors.append(journal.error)
+            e = topic.health()
+            if e:
+                errors.append(e)
         if not errors:
             return "OK"
         return "NOK - " + errors[0]
@@ -136,10 +131,7 @@ class NSQD:
         if topic is None:
             ephemeral = is_ephemeral(name)
             backend = self.make_backend(backend_name(name), ephemeral)
-            journal = None
-            if not ephemeral and self._journal_factory is not None:
-                journal = self._journal_factory(backend_name(name))
-            topic = Topic(self, name, backend, self.clock, self._topic_wants_delete, journal)
+            topic = Topic(self, name, backend, self.clock, self.mode)
             self.topics[name] = topic
             self.log.info("TOPIC({topic}): created", topic=name)
             for listener in self.listeners:
@@ -153,6 +145,10 @@ class NSQD:
             set_level(self.runtime_log_level)
         for listener in list(self.config_listeners):
             listener(name)
+
+    def state_changed(self) -> None:
+        """A topic or channel was paused or unpaused."""
+        self.metadata_changed()
 
     def metadata_changed(self) -> None:
         """A topic or channel was created, deleted, paused or unpaused."""
@@ -214,12 +210,8 @@ class NSQD:
         bname = backend_name(topic.name, name)
         ephemeral = topic.ephemeral or is_ephemeral(name)
         backend = self.make_backend(bname, ephemeral)
-        journal = None
-        if topic.durable and not ephemeral and self._journal_factory is not None:
-            journal = self._journal_factory(bname)
         channel = Channel(topic, name, backend, self.clock, o.mem_queue_size,
-                          o.max_msg_timeout, o.max_channel_consumers,
-                          topic._channel_wants_delete, journal)
+                          o.max_msg_timeout, o.max_channel_consumers, self.mode)
         percentiles = o.e2e_processing_latency_percentile
         if percentiles:
             channel.e2e = Quantile(o.e2e_processing_latency_window_time, percentiles,
@@ -246,8 +238,8 @@ class NSQD:
         self.metadata_changed()
         return d
 
-    def _topic_wants_delete(self, topic: Topic) -> None:
-        # an ephemeral topic lost its last channel
+    def topic_unused(self, topic: Topic) -> None:
+        """An ephemeral topic lost its last channel: delete it, as nsqd does."""
         if self.topics.get(topic.name) is topic:
             self.delete_topic(topic.name).addErrback(
                 lambda f: self.log.failure("TOPIC({topic}): delete failed", f, topic=topic.name))

@@ -22,6 +22,7 @@ from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.durable import DurableDelivery
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
@@ -84,8 +85,8 @@ class NSQDService(MultiService):
         self.durable = bool(options.durable_delivery)
         #: journals replayed at start, waiting for their channels to be made
         self._recovered: dict[str, JournalState] = {}
-        self.nsqd = NSQD(options, reactor, self._make_backend,
-                         self._make_journal if self.durable else None)
+        mode = DurableDelivery(self._make_journal, options.sync_every) if self.durable else None
+        self.nsqd = NSQD(options, reactor, self._make_backend, mode)
         # a certificate that cannot be loaded stops nsqd before it listens (TLSConfigError)
         self.nsqd.tls = build_server_tls(options)
         if options.auth_http_address:

@@ -151,7 +151,7 @@ def _is_producer(client: Any) -> bool:
 
 
 def _topic_stats(topic: Any, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
-    o = topic.nsqd.options
+    o = topic.options
     if o.e2e_processing_latency_percentile:
         # every channel of the topic counts, whatever the channel filter (as nsqd)
         e2e = aggregate([c.e2e for c in topic.channels.values()],

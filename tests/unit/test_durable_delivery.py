@@ -18,6 +18,7 @@ from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.core.nsqd import NSQD
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.durable import DurableDelivery, DurableTopicDelivery
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.journal import Journal, find_journals, journal_path, replay
 from nsqtw.storage.segments import nsqd_msg_size_limits
@@ -43,7 +44,7 @@ class DurableTests(SynchronousTestCase):
             return Journal(name, self.path, self.clock, SynchronousDiskExecutor(),
                            replay(journal_path(self.path, name)))
 
-        nsqd = NSQD(options, self.clock, backend, journal)
+        nsqd = NSQD(options, self.clock, backend, DurableDelivery(journal, options.sync_every))
         for name in find_journals(self.path):  # what the service does at start
             topic, _, channel = name.partition(":")
             t = nsqd.get_topic(topic)
@@ -79,7 +80,7 @@ class DurableTests(SynchronousTestCase):
         nsqd = self.build()
         p, t = connect(nsqd, self.clock)
         topic = nsqd.get_topic("t")
-        self.assertTrue(topic.durable)
+        self.assertIsInstance(topic.delivery, DurableTopicDelivery)
         topic.backend._disk.fsync_fn = lambda fd: fsyncs.append(fd)  # type: ignore[attr-defined]
         p.dataReceived(encode_command(b"PUB", b"t", body=b"x"))
         self.assertEqual(take_frames(t), [])  # nothing yet: the write runs next turn
@@ -142,7 +143,7 @@ class DurableTests(SynchronousTestCase):
         """Thousands of FINed messages later, the journal holds only the unfinished ones."""
         nsqd = self.build()
         cp, ct = self.consumer(nsqd, 100)
-        journal = nsqd.topics["t"].channels["c"].journal
+        journal = nsqd.topics["t"].channels["c"].delivery.journal  # type: ignore[attr-defined]
         assert journal is not None
         journal._compact_min = 8192
         pp, pt = connect(nsqd, self.clock)

@@ -10,11 +10,11 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
+from nsqtw.core.memory import EphemeralBackend, MemoryBackend
 from nsqtw.interfaces import IAuthorizer, IBackendQueue, IConsumer, IDiskExecutor, IDurableBackendQueue
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import SynchronousDiskExecutor, ThreadPoolDiskExecutor
-from nsqtw.storage.memory import EphemeralBackend, MemoryBackend
 from tests.helpers import connect, make_nsqd
 
 

@@ -101,7 +101,7 @@ class DiskPublishTests(SynchronousTestCase):
 
     def test_publisher_waits_when_disk_falls_behind(self) -> None:
         """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure)."""
-        from nsqtw.core.topic import BACKLOG_LIMIT
+        from nsqtw.core.delivery import BACKLOG_LIMIT
         from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build()
@@ -125,7 +125,7 @@ class DiskPublishTests(SynchronousTestCase):
     def test_publisher_waits_when_disk_falls_behind_in_bytes(self) -> None:
         """Past BACKLOG_BYTES unwritten bytes, publishers wait too: large messages cannot pile up
         10,000 deep (16 KiB ones would hold 160 MiB)."""
-        from nsqtw.core.topic import BACKLOG_BYTES
+        from nsqtw.core.delivery import BACKLOG_BYTES
         from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
@@ -182,7 +182,7 @@ class DiskPublishTests(SynchronousTestCase):
         The rest waits in the topic's own queue, whose backlog paces the
         publishers: a slow channel disk cannot grow the daemon's memory.
         """
-        from nsqtw.core.topic import BACKLOG_LIMIT, TOPIC_BATCH
+        from nsqtw.core.delivery import BACKLOG_LIMIT, TOPIC_BATCH
         from nsqtw.protocol.wire import encode_mpub
         held = HeldExecutor()  # the channel's disk thread, run only when the test says so
         options = make_options(mem_queue_size=0)

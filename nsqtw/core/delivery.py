@@ -1,0 +1,273 @@
+"""nsqd's own delivery modes: buffered (the default) and commit-after-write (``--sync-every=1``).
+
+A delivery mode decides how a topic's messages reach its backend and move
+on to its channels, and how a channel takes messages out of its queue.
+Topic and Channel are given one strategy each (:class:`~nsqtw.interfaces.ITopicDelivery`,
+:class:`~nsqtw.interfaces.IChannelDelivery`) by the node's
+:class:`~nsqtw.interfaces.IDeliveryMode` and never branch on the mode
+themselves. The third mode, ``--durable-delivery``, needs journals and lives
+with them in :mod:`nsqtw.storage.durable`.
+
+- **Buffered** (:class:`PlainTopicDelivery`): nsqd's behaviour. Messages wait in
+  memory up to ``--mem-queue-size``, then in the backend; the topic reads
+  its backend and copies each batch to every channel.
+- **Commit-after-write** (:class:`CommitAfterWriteTopicDelivery`, chosen by
+  ``--sync-every=1`` over disk queues): publishers wait for the write, and
+  the topic's read position passes a batch only once every channel has
+  written its copy, so a kill -9 loses nothing acknowledged between the two.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
+from zope.interface import implementer
+
+from nsqtw.errors import BackendError
+from nsqtw.interfaces import (
+    IBackendQueue,
+    IChannelDelivery,
+    IDeliveryMode,
+    IDurableBackendQueue,
+    ITopicDelivery,
+    ReadMark,
+)
+
+if TYPE_CHECKING:
+    from nsqtw.core.channel import Channel
+    from nsqtw.core.message import Message
+    from nsqtw.core.topic import Topic
+
+__all__ = ["BufferedDelivery", "durable_backend", "CommitAfterWriteTopicDelivery", "PlainChannelDelivery",
+           "PlainTopicDelivery", "TOPIC_BATCH", "is_behind"]
+
+#: messages copied to the channels in one reactor turn before yielding
+TOPIC_BATCH = 8192
+#: past this many records waiting for the disk thread, publishers wait for the write
+BACKLOG_LIMIT = 10000
+#: ... or past this many bytes of them (large messages)
+BACKLOG_BYTES = 16 * 1024 * 1024
+
+
+def is_behind(backend: IBackendQueue) -> bool:
+    """Whether a backend's disk thread is so far behind that its writers must wait."""
+    return backend.backlog() > BACKLOG_LIMIT or backend.backlog_bytes() > BACKLOG_BYTES
+
+
+def durable_backend(backend: IBackendQueue) -> IDurableBackendQueue:
+    """``backend`` as the disk queue it must be for modes that commit reads."""
+    if not IDurableBackendQueue.providedBy(backend):
+        raise TypeError(f"this delivery mode needs disk queues, not {backend!r}")
+    return IDurableBackendQueue(backend)
+
+
+@implementer(IDeliveryMode)
+class BufferedDelivery:
+    """nsqd's own mode; with ``sync_every <= 1`` over disk queues, commit-after-write."""
+
+    def __init__(self, sync_every: int) -> None:
+        self.sync_every = sync_every
+
+    def for_topic(self, topic: Topic) -> ITopicDelivery:
+        wait = self.sync_every <= 1
+        if wait and IDurableBackendQueue.providedBy(topic.backend):
+            return CommitAfterWriteTopicDelivery(topic)
+        return PlainTopicDelivery(topic, wait_for_write=wait)
+
+    def for_channel(self, channel: Channel) -> IChannelDelivery:
+        return PlainChannelDelivery(channel)
+
+
+@implementer(ITopicDelivery)
+class PlainTopicDelivery:
+    """Read a batch (backend first, then memory) and give every channel its own copy."""
+
+    def __init__(self, topic: Topic, wait_for_write: bool) -> None:
+        self.topic = topic
+        self.mem_queue_size: int = topic.options.mem_queue_size
+        self.wait_for_write = wait_for_write
+        #: waiting for a channel's disk to catch up before copying more to it
+        self._held = False
+
+    def _read(self) -> tuple[list[bytes], ReadMark | None]:
+        return self.topic.backend.read(TOPIC_BATCH), None
+
+    def _after_put(self, channels: list[Channel], mark: ReadMark | None) -> None:
+        pass
+
+    def distribute(self) -> bool:
+        topic = self.topic
+        channels = list(topic.channels.values())
+        if not channels or topic.paused or topic.exiting or self._held:
+            return False
+        for channel in channels:
+            if is_behind(channel.backend):
+                # that channel's disk is behind: keep messages here (where their
+                # own backlog pauses publishers) until it has caught up
+                self._held = True
+                channel.backend.written().addBoth(self._release)
+                return False
+        msgs: list[Message] = []
+        mark = None
+        if topic.backend.depth():
+            records, mark = self._read()
+            msgs = topic.decode_all(records)
+            if topic.restored_due:
+                topic.apply_dues(msgs, {})
+        memory = topic.memory
+        k = min(TOPIC_BATCH - len(msgs), len(memory))
+        if k == len(memory):
+            msgs.extend(memory)
+            memory.clear()
+        elif k > 0:
+            pop = memory.popleft
+            msgs.extend(pop() for _ in range(k))
+        if not msgs:
+            return False
+        first, others = channels[0], channels[1:]
+        for channel in others:
+            topic.put_to(channel, [m.copy() for m in msgs])
+        topic.put_to(first, msgs)
+        self._after_put(channels, mark)
+        return bool(memory) or topic.backend.depth() > 0
+
+    def _release(self, _: object) -> None:
+        self._held = False
+        self.topic.wake()
+
+    def published(self, msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
+        return written
+
+    def deferred_due(self) -> dict[bytes, float]:
+        return dict(self.topic.restored_due)
+
+    def health(self) -> str | None:
+        return None
+
+    def close(self) -> Deferred[object]:
+        topic = self.topic
+        ds: list[Deferred[Any]] = [c.close() for c in topic.channels.values()]
+        try:
+            if topic.memory:
+                topic.backend.put_many([m.encode() for m in topic.memory])
+                topic.memory.clear()
+        except BackendError as e:
+            topic.log.error("TOPIC({topic}): failed to flush - {error}", topic=topic.name, error=e)
+        ds.append(topic.backend.close())
+        done: Deferred[Any] = DeferredList(ds, consumeErrors=True)
+        return done
+
+    def delete(self) -> Deferred[object]:
+        return succeed(None)
+
+
+class CommitAfterWriteTopicDelivery(PlainTopicDelivery):
+    """``--sync-every=1``: the topic's read position passes a batch only once every channel wrote it."""
+
+    def __init__(self, topic: Topic) -> None:
+        super().__init__(topic, wait_for_write=True)
+        self._backend = durable_backend(topic.backend)
+        #: [read mark, handed off everywhere?], oldest first
+        self._marks: deque[list[Any]] = deque()
+        self._handoffs: set[Deferred[Any]] = set()
+
+    def _read(self) -> tuple[list[bytes], ReadMark | None]:
+        records = [r[0] for r in self._backend.read_positions(TOPIC_BATCH)]
+        return records, self._backend.read_mark()
+
+    def _after_put(self, channels: list[Channel], mark: ReadMark | None) -> None:
+        if mark is None:
+            return
+        entry: list[Any] = [mark, False]
+        self._marks.append(entry)
+        d: Deferred[Any] = DeferredList([self._when_written(c.backend) for c in channels], consumeErrors=True)
+        self._handoffs.add(d)
+        d.addCallback(self._handed_off, entry, d)
+
+    def _when_written(self, backend: IBackendQueue) -> Deferred[Any]:
+        """Fires once ``backend`` has written everything put so far, through failed attempts
+        (a full disk keeps the records and retries); fails only if the topic is closing meanwhile."""
+        d: Deferred[Any] = backend.written()
+        d.addErrback(lambda f: f if self.topic.exiting else self._when_written(backend))
+        return d
+
+    def _handed_off(self, results: list[tuple[bool, Any]], entry: list[Any], d: Deferred[Any]) -> None:
+        self._handoffs.discard(d)
+        failed = [r for ok, r in results if not ok]
+        if failed:
+            # left uncommitted: after a restart these records are read again
+            self.topic.log.error("TOPIC({topic}): hand-off to a channel failed - {error}",
+                                 topic=self.topic.name, error=failed[0].getErrorMessage())
+            return
+        entry[1] = True
+        last: ReadMark | None = None
+        marks = self._marks
+        while marks and marks[0][1]:
+            last = marks.popleft()[0]
+        if last is not None:
+            self._backend.commit_read(last)
+
+    def close(self) -> Deferred[object]:
+        if not self._handoffs:
+            return super().close()
+        return ensureDeferred(self._close_after_handoffs())
+
+    async def _close_after_handoffs(self) -> object:
+        # let the channels' writes under way finish, so the read position persisted is exact
+        await DeferredList(list(self._handoffs), consumeErrors=True)
+        return await super().close()
+
+
+@implementer(IChannelDelivery)
+class PlainChannelDelivery:
+    """Backend first, then memory; nothing to record beyond the channel's own queues."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.mem_queue_size: int = channel.options_mem_queue_size
+
+    def next_messages(self, n: int) -> list[Message]:
+        channel = self.channel
+        out: list[Message] = []
+        if channel.backend.depth():
+            due = channel.restored_due
+            now = channel.clock.seconds()
+            for data in channel.backend.read(n):
+                msg = channel.decode(data)
+                if msg is None:
+                    continue
+                if due and channel.defer_restored(msg, now):
+                    continue
+                out.append(msg)
+        memory = channel.memory
+        k = min(n - len(out), len(memory))
+        if k > 0:
+            pop = memory.popleft
+            out.extend(pop() for _ in range(k))
+        return out
+
+    def deferred(self, msg: Message, when: float) -> None:
+        pass
+
+    def finished(self, msg_ids: list[bytes]) -> None:
+        pass
+
+    def emptied(self) -> None:
+        pass
+
+    def health(self) -> str | None:
+        return None
+
+    def close(self) -> Deferred[None]:
+        channel = self.channel
+        try:
+            channel.flush()
+        except BackendError as e:
+            channel.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
+                              topic=channel.topic_name, channel=channel.name, error=e)
+        return channel.backend.close()
+
+    def delete(self) -> None:
+        pass
