@@ -7,7 +7,6 @@ in :mod:`nsqtw.core.channel`. One protocol instance is one nsqd client.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,6 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nsqtw import NSQD_VERSION
-from nsqtw._go.json import go_json
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.channel import Channel
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
@@ -29,7 +26,9 @@ from nsqtw.log import Logger
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.tls import connection_info, peer_common_name
 from nsqtw.protocol.auth import AuthState
+from nsqtw.protocol.authz import ClientAuth
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
+from nsqtw.protocol.identify import DEFAULT_OUTPUT_BUFFER_SIZE, apply_settings, decode_identify, negotiate
 from nsqtw.protocol.wire import Command, LineTooLong, V2Parser
 
 STATE_INIT = 0
@@ -38,22 +37,12 @@ STATE_CONNECTED = 2
 STATE_SUBSCRIBED = 3
 STATE_CLOSING = 4
 
-#: nsqd's default per-client output buffer (reported in IDENTIFY)
-DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 #: nsqd's deadline for a TLS handshake after IDENTIFY
 TLS_HANDSHAKE_TIMEOUT = 5.0
-#: nsqd's deflate level when the client asks for none
-DEFAULT_DEFLATE_LEVEL = 6
 
 _OK = frame(FRAME_TYPE_RESPONSE, b"OK")
 _HEARTBEAT = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
 _CLOSE_WAIT = frame(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")
-
-_IDENTIFY_STR = ("client_id", "hostname", "user_agent", "short_id", "long_id")
-_IDENTIFY_BOOL = ("feature_negotiation", "tls_v1", "snappy", "deflate")
-_IDENTIFY_INT = ("heartbeat_interval", "output_buffer_size", "output_buffer_timeout",
-                 "deflate_level", "sample_rate", "msg_timeout")
-
 
 def _parse_base10(value: bytes) -> int:
     """nsqd's ByteToBase10: digits only (no sign, no spaces); the caller checks the range."""
@@ -62,24 +51,6 @@ def _parse_base10(value: bytes) -> int:
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "surrogateescape")
-
-
-def _decode_identify(body: bytes) -> dict[str, Any]:
-    """IDENTIFY's JSON with the types nsqd's decoder insists on."""
-    data = json.loads(body)
-    if not isinstance(data, dict):
-        raise ValueError("not an object")
-    for key in _IDENTIFY_STR:
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise ValueError(key)
-    for key in _IDENTIFY_BOOL:
-        if data.get(key) is not None and not isinstance(data[key], bool):
-            raise ValueError(key)
-    for key in _IDENTIFY_INT:
-        v = data.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ValueError(key)
-    return data
 
 
 @implementer(IConsumer, IPushProducer, IHandshakeListener)
@@ -123,10 +94,8 @@ class V2Protocol(Protocol):
         self._handshake_call: IDelayedCall | None = None
         #: reads through the negotiated compression, when there is one
         self._decoder: IStreamCodec | None = None
-        #: AUTH: the authorizer (None: auth is off), the secret and its answer
-        self._authd = nsqd.auth
-        self.auth_secret = ""
-        self.auth_state: AuthState | None = None
+        #: AUTH: the secret and the auth server's answer (off when nsqd has no --auth-http-address)
+        self.auth = ClientAuth(nsqd.auth, clock)
         self._paused_writing = False
         #: a publish waits for its disk write: read and dispatch nothing meanwhile
         self._blocked = False
@@ -308,7 +277,7 @@ class V2Protocol(Protocol):
                 raise fatal("E_INVALID", "MPUB insufficient number of parameters")
             if not is_valid_topic_name(_text(args[0])):
                 raise fatal("E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(args[0])} is not valid")
-            if self._authd is not None:
+            if self.auth.required:
                 # nsqd checks MPUB's authorization before reading its body
                 self._authorize("MPUB", _text(args[0]), "", None)
         elif name == b"DPUB":
@@ -371,47 +340,24 @@ class V2Protocol(Protocol):
     def _identify(self, body: bytes) -> None:
         o = self.nsqd.options
         try:
-            data = _decode_identify(body)
+            data = decode_identify(body)
         except ValueError:
             raise fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         self.log.info("[{client}] IDENTIFY: {data}", client=self, data=data)
         self.identifier = data.get("client_id") or ""
         self.hostname = data.get("hostname") or ""
         self.user_agent = data.get("user_agent") or ""
-        self._identify_settings(data)
+        apply_settings(self, data, o)
         self._restart_heartbeat()
         self._reset_read_deadline()
         if not data.get("feature_negotiation"):
             self._write(_OK)
             return
-        # a connection is upgraded once; a repeated IDENTIFY negotiates nothing more
-        tls_v1 = self.nsqd.tls is not None and bool(data.get("tls_v1")) and not self.tls
-        deflate = bool(o.deflate and data.get("deflate")) and self._decoder is None
-        snappy = bool(o.snappy and data.get("snappy")) and self._decoder is None
-        deflate_level = DEFAULT_DEFLATE_LEVEL
-        if deflate and (data.get("deflate_level") or 0) > 0:
-            deflate_level = data["deflate_level"]
-        deflate_level = min(deflate_level, o.max_deflate_level)
-        if deflate and snappy:
-            raise fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
-        response = {
-            "max_rdy_count": o.max_rdy_count,
-            "version": NSQD_VERSION,
-            "max_msg_timeout": int(o.max_msg_timeout * 1000),
-            "msg_timeout": int(self.msg_timeout * 1000),
-            "tls_v1": tls_v1,
-            "deflate": deflate,
-            "deflate_level": deflate_level,
-            "max_deflate_level": o.max_deflate_level,
-            "snappy": snappy,
-            "sample_rate": self.sample_rate,
-            "auth_required": self._authd is not None,
-            "output_buffer_size": self.output_buffer_size,
-            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
-        }
-        self._write(frame(FRAME_TYPE_RESPONSE, json.dumps(response, separators=(",", ":")).encode()))
-        if tls_v1 or snappy or deflate:
-            self._upgrade(tls_v1, snappy, deflate, deflate_level)
+        agreed = negotiate(data, o, self, tls_available=self.nsqd.tls is not None, upgraded_tls=self.tls,
+                           compressed=self._decoder is not None, auth_required=self.auth.required)
+        self._write(frame(FRAME_TYPE_RESPONSE, agreed.answer))
+        if agreed.tls_v1 or agreed.snappy or agreed.deflate:
+            self._upgrade(agreed.tls_v1, agreed.snappy, agreed.deflate, agreed.deflate_level)
 
     def _upgrade(self, tls_v1: bool, snappy: bool, deflate: bool, deflate_level: int) -> None:
         """Switch the connection to TLS, then to compression, each confirmed by an OK.
@@ -465,121 +411,40 @@ class V2Protocol(Protocol):
         self._cancel_timers()
         self.transport.abortConnection()  # type: ignore[union-attr]
 
-    def _identify_settings(self, data: dict[str, Any]) -> None:
-        """Apply heartbeat, output buffer, sample rate and msg timeout as nsqd validates them."""
-        o = self.nsqd.options
-
-        def bad(what: str, value: int) -> NSQError:
-            return fatal("E_BAD_BODY", f"IDENTIFY {what} ({value}) is invalid")
-
-        hb = data.get("heartbeat_interval") or 0
-        if hb == -1:
-            self.heartbeat_interval = 0
-        elif hb == 0:
-            pass
-        elif 1000 <= hb <= int(o.max_heartbeat_interval * 1000):
-            self.heartbeat_interval = hb / 1000.0
-        else:
-            raise bad("heartbeat interval", hb)
-
-        timeout = data.get("output_buffer_timeout") or 0
-        if timeout == -1:
-            self.output_buffer_timeout = 0.0
-        elif timeout == 0:
-            pass
-        elif (int(o.min_output_buffer_timeout * 1000) <= timeout
-              <= int(o.max_output_buffer_timeout * 1000)):
-            self.output_buffer_timeout = timeout / 1000.0
-        else:
-            raise bad("output buffer timeout", timeout)
-
-        size = data.get("output_buffer_size") or 0
-        if size == -1:
-            self.output_buffer_size = 1
-            self.output_buffer_timeout = 0.0
-        elif size == 0:
-            pass
-        elif 64 <= size <= o.max_output_buffer_size:
-            self.output_buffer_size = size
-        else:
-            raise bad("output buffer size", size)
-
-        rate = data.get("sample_rate") or 0
-        if rate < 0 or rate > 99:
-            raise bad("sample rate", rate)
-        self.sample_rate = rate
-
-        mt = data.get("msg_timeout") or 0
-        if mt == 0:
-            pass
-        elif 1000 <= mt <= int(o.max_msg_timeout * 1000):
-            self.msg_timeout = mt / 1000.0
-        else:
-            raise bad("msg timeout", mt)
-
     # -- AUTH -------------------------------------------------------------
 
-    def _has_authorizations(self) -> bool:
-        return self.auth_state is not None and bool(self.auth_state.authorizations)
-
     def _auth(self, body: bytes) -> None:
-        if self._has_authorizations():
-            raise fatal("E_INVALID", "AUTH already set")
-        if self._authd is None:
-            raise fatal("E_AUTH_DISABLED", "AUTH disabled")
-        self.auth_secret = _text(body)
+        self.auth.begin(_text(body))
         self._block_until(self._query_auth(), self._authed)
 
     def _query_auth(self) -> Deferred[AuthState]:
-        assert self._authd is not None
         peer = self.transport.getPeer()  # type: ignore[union-attr]
-        return self._authd.query(getattr(peer, "host", ""), self.tls, self.auth_secret,
-                                 self._tls_info.get("common_name", ""))
-
-    def _auth_failed(self, failure: Failure) -> NSQError:
-        # the reason stays in the log: nsqd does not tell the client
-        self.log.warn("PROTOCOL(V2): [{client}] AUTH failed {error}",  # noqa: G010 - twisted Logger
-                      client=self, error=failure.getErrorMessage())
-        return fatal("E_AUTH_FAILED", "AUTH failed")
+        return self.auth.query(getattr(peer, "host", ""), self.tls, self._tls_info.get("common_name", ""))
 
     def _authed(self, result: AuthState | Failure) -> None:
         if isinstance(result, Failure):
-            raise self._auth_failed(result)
-        self.auth_state = result
-        if not result.authorizations:
-            raise fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
-        self.log.info("PROTOCOL(V2): [{client}] AUTH identity {identity}", client=self,
-                      identity=result.identity)
-        answer = {"identity": result.identity, "identity_url": result.identity_url,
-                  "permission_count": len(result.authorizations)}
-        self._write(frame(FRAME_TYPE_RESPONSE, go_json(answer)))
+            raise self.auth.failed(result, self)
+        self._write(frame(FRAME_TYPE_RESPONSE, self.auth.accepted(result, self)))
 
     def _authorize(self, cmd: str, topic: str, channel: str,
                    retry: Callable[[], None] | None) -> bool:
-        """nsqd's CheckAuth for SUB and the publishes; raises E_AUTH_FIRST/E_UNAUTHORIZED.
+        """Whether the command may go on now (see :meth:`ClientAuth.check`).
 
-        Returns True when the command may go on now. When the authorization
-        has expired it is asked for again: with ``retry`` the connection
-        waits for the answer and then runs the command again (False is
-        returned meanwhile); without, the check is left to a later call.
+        When the authorization has expired it is asked for again: with
+        ``retry`` the connection waits for the answer and then runs the
+        command again (False is returned meanwhile); without, the check is
+        left to a later call.
         """
-        state = self.auth_state
-        if state is None or not state.authorizations:
-            raise fatal("E_AUTH_FIRST", f"AUTH required before {cmd}")
-        if state.expired(self.clock.seconds()):
-            if retry is not None:
-                self._block_until(self._query_auth(), lambda result: self._reauthed(result, retry))
-            return False
-        if not state.is_allowed(topic, channel):
-            raise fatal("E_UNAUTHORIZED",
-                        f"AUTH failed for {cmd} on {go_quote(topic.encode('utf-8', 'surrogateescape'))} "
-                        f"{go_quote(channel.encode('utf-8', 'surrogateescape'))}")
-        return True
+        if self.auth.check(cmd, topic, channel):
+            return True
+        if retry is not None:
+            self._block_until(self._query_auth(), lambda result: self._reauthed(result, retry))
+        return False
 
     def _reauthed(self, result: AuthState | Failure, retry: Callable[[], None]) -> None:
         if isinstance(result, Failure):
-            raise self._auth_failed(result)
-        self.auth_state = result
+            raise self.auth.failed(result, self)
+        self.auth.state = result
         retry()
 
     def _block_until(self, d: Deferred[Any], then: Callable[[Any], None]) -> None:
@@ -621,7 +486,7 @@ class V2Protocol(Protocol):
         channel_name = _text(args[1])
         if not is_valid_channel_name(channel_name):
             raise fatal("E_BAD_CHANNEL", f"SUB channel name {go_quote(args[1])} is not valid")
-        if self._authd is not None and not self._authorize("SUB", topic_name, channel_name,
+        if self.auth.required and not self._authorize("SUB", topic_name, channel_name,
                                                            lambda: self._sub(args)):
             return
         channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
@@ -708,7 +573,7 @@ class V2Protocol(Protocol):
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
         c = cmd.decode()
-        if self._authd is not None and not self._authorize(
+        if self.auth.required and not self._authorize(
                 c, topic, "", lambda: self._publish(cmd, topic, bodies, defer)):
             return
         try:
@@ -800,9 +665,7 @@ class V2Protocol(Protocol):
             "tls_negotiated_protocol": self._tls_info.get("tls_negotiated_protocol", ""),
             "tls_negotiated_protocol_is_mutual": self._tls_info.get(
                 "tls_negotiated_protocol_is_mutual", False),
-            "authed": self._has_authorizations(),
-            "auth_identity": self.auth_state.identity if self.auth_state else "",
-            "auth_identity_url": self.auth_state.identity_url if self.auth_state else "",
+            **self.auth.stats(),
         }
 
 
