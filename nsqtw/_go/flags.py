@@ -144,38 +144,18 @@ def make_flag(
     return Flag(name, attribute, default, kind, help, status, toml_key, default_text)
 
 
-class _ValueError(Exception):
-    """A value failed to parse; carries the reason for the caller to place in its message."""
-
-
-def _go_bool(text: str) -> bool:
-    try:
-        return parse_bool(text)
-    except NumError as e:
-        raise _ValueError(str(e)) from None
+#: a value failed to parse; ``str()`` is the reason the caller places in its message
+_ValueError = NumError
 
 
 def _go_int(text: str) -> int:
     """Go's ``strconv.ParseInt(s, 0, 64)`` as the flag package uses it (0x, 0o, 0b, 0 prefixes)."""
-    try:
-        return parse_int(text, 0)
-    except NumError as e:
-        raise _ValueError(str(e)) from None
+    return parse_int(text, 0)
 
 
 def _decimal_int(text: str) -> int:
     """Go's ``strconv.ParseInt(s, 10, 64)``, used for integers written as strings in the file."""
-    try:
-        return parse_int(text, 10)
-    except NumError as e:
-        raise _ValueError(str(e)) from None
-
-
-def _go_float(text: str) -> float:
-    try:
-        return parse_float(text)
-    except NumError as e:
-        raise _ValueError(str(e)) from None
+    return parse_int(text, 10)
 
 
 def _duration(text: str) -> float:
@@ -199,7 +179,7 @@ def _tls_required(text: str) -> int:
     if lowered == "tcp-https":
         return TLS_REQUIRED_EXCEPT_HTTP
     try:
-        return TLS_REQUIRED if _go_bool(lowered) else TLS_NOT_REQUIRED
+        return TLS_REQUIRED if parse_bool(lowered) else TLS_NOT_REQUIRED
     except _ValueError:
         raise _ValueError("must be true, false or tcp-https") from None
 
@@ -218,11 +198,11 @@ def _tls_min_version(text: str) -> int | None:
 
 
 def _floats(text: str) -> list[float]:
-    return [_go_float(part) for part in text.split(",")]
+    return [parse_float(part) for part in text.split(",")]
 
 
 _SCALAR_PARSERS: Mapping[str, Callable[[str], Any]] = {
-    "bool": _go_bool,
+    "bool": parse_bool,
     "int": _go_int,
     "string": str,
     "duration": _duration,
@@ -340,7 +320,7 @@ def _coerce_config(flag: Flag, value: Any) -> Any:
         if isinstance(value, bool):
             return value
         if isinstance(value, str):
-            return _go_bool(value)
+            return parse_bool(value)
         raise _ValueError("want true or false")
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
@@ -368,7 +348,7 @@ def _coerce_config(flag: Flag, value: Any) -> Any:
         raise _ValueError("want an array of strings")
     if kind == "floats":
         if isinstance(value, str):
-            return tuple(_go_float(part.strip()) for part in value.split(","))
+            return tuple(parse_float(part.strip()) for part in value.split(","))
         if isinstance(value, list) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
         ):
