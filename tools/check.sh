@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check nsqtw tests twisted tools
-mypy nsqtw
+mypy --strict nsqtw

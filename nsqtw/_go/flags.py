@@ -469,7 +469,7 @@ class GoFlagsTwistdOptions(usage.Options):
     command = "nsqtw"
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.resolved: Any = self.flagset.defaults(None)
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:

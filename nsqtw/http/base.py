@@ -126,13 +126,13 @@ class BoundedRequest(Request):
         self._hidden_content_type = None if hidden is None else list(hidden)
         if self._hidden_content_type is not None:
             self.requestHeaders.removeHeader(b"content-type")
-        super().requestReceived(command, path, version)
+        super().requestReceived(command, path, version)  # type: ignore[no-untyped-call]
 
     def process(self) -> None:
         if self._hidden_content_type is not None:
             self.requestHeaders.setRawHeaders(b"content-type", self._hidden_content_type)
             self._hidden_content_type = None
-        super().process()
+        super().process()  # type: ignore[no-untyped-call]
 
 
 class GoSite(Site):
@@ -141,7 +141,7 @@ class GoSite(Site):
     requestFactory = BoundedRequest
 
     def __init__(self, api: GoHTTPAPI, **kwargs: Any) -> None:
-        super().__init__(api.resource(), **kwargs)
+        super().__init__(api.resource(), **kwargs)  # type: ignore[no-untyped-call]
         self.api = api
 
     def log(self, request: Any) -> None:
@@ -158,7 +158,7 @@ class _Root(Resource):
     isLeaf = True
 
     def __init__(self, api: GoHTTPAPI, klein_resource: Any) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.api: Any = api  # nsqd's or nsqlookupd's (only nsqd's can require TLS)
         self.klein_resource = klein_resource
 

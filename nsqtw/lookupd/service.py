@@ -23,18 +23,18 @@ class LookupdService(MultiService):
     log = Logger()
 
     def __init__(self, options: Any, reactor: Any = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
         self.reactor = reactor
         self.lookupd = NSQLookupd(options, reactor)
-        ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
+        ListenerService("TCP", server_endpoint(reactor, options.tcp_address),  # type: ignore[no-untyped-call]
                         LookupFactory(self.lookupd), self._tcp_bound).setServiceParent(self)
         site = LookupdHTTPAPI(self.lookupd).site()
         site.noisy = False
-        ListenerService("HTTP", server_endpoint(reactor, options.http_address),
+        ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
                         site, self._http_bound).setServiceParent(self)
 
     def _tcp_bound(self, port: int) -> None:
@@ -45,12 +45,12 @@ class LookupdService(MultiService):
 
     def startService(self) -> None:
         self.log.info("nsqlookupd v{version} (nsqtw)", version=NSQD_VERSION)
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
 
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
-        await super().stopService()
+        await super().stopService()  # type: ignore[no-untyped-call]
         self.log.info("LOOKUPD: stopped")
         exit_cleanly_after_signal(self.reactor)

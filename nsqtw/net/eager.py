@@ -75,7 +75,7 @@ class EagerServer(tcp.Server):
         if (self.TLS or self._tempDataLen or self.offset != len(self.dataBuffer)
                 or not self.connected or self.disconnecting or self._writeDisconnected
                 or type(data) is not bytes or not data):
-            super().write(data)
+            super().write(data)  # type: ignore[no-untyped-call]
             return
         try:
             sent = self.socket.send(data)
@@ -83,10 +83,10 @@ class EagerServer(tcp.Server):
             sent = 0
         except OSError:
             # Let Twisted's write path find the broken connection and report it.
-            super().write(data)
+            super().write(data)  # type: ignore[no-untyped-call]
             return
         if sent < len(data):
-            super().write(data[sent:] if sent else data)
+            super().write(data[sent:] if sent else data)  # type: ignore[no-untyped-call]
 
 
 class _NoDelayServer(tcp.Server):

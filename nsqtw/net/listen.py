@@ -84,7 +84,7 @@ class ListenerService(Service):
         self.ready: Deferred[IListeningPort] | None = None
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         self.ready = self.endpoint.listen(self.factory)
         self.ready.addCallbacks(self._bound, self._failed)
 
@@ -103,7 +103,7 @@ class ListenerService(Service):
         reactor.stop()
 
     def stopService(self) -> Deferred[None] | None:
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self.port is not None:
             port, self.port = self.port, None
             self.log.info("{label}: closing {address}", label=self.label, address=format_address(port))

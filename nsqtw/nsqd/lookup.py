@@ -250,14 +250,14 @@ class Lookup(Service):
     # -- service -------------------------------------------------------------------------
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         self.nsqd.listeners.append(self)
         self.nsqd.config_listeners.append(self.config_changed)
         self.sync_peers()
         self._heartbeat.start(PING_INTERVAL, now=False)
 
     def stopService(self) -> Deferred[Any]:
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self in self.nsqd.listeners:
             self.nsqd.listeners.remove(self)
         if self.config_changed in self.nsqd.config_listeners:

@@ -73,7 +73,7 @@ class NSQDService(MultiService):
     log = Logger()
 
     def __init__(self, options: Any, reactor: Any = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -99,23 +99,23 @@ class NSQDService(MultiService):
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.nsqd.http import HTTPAPI
 
-        tcp.setServiceParent(self)
+        tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
             site = HTTPAPI(self.nsqd).site()
             site.noisy = False
-            ListenerService("HTTP", server_endpoint(reactor, options.http_address),
+            ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
                             site, self._http_bound).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
             # nsqd's HTTPS listener: the same API, TLS from the first byte
             secure = HTTPAPI(self.nsqd, tls_enabled=True).site()
             secure.noisy = False
-            ListenerService("HTTPS", server_endpoint(reactor, options.https_address),
+            ListenerService("HTTPS", server_endpoint(reactor, options.https_address),  # type: ignore[no-untyped-call]
                             TLSMemoryBIOFactory(self.nsqd.tls, False, secure),
                             self._https_bound).setServiceParent(self)
         if options.statsd_address:
-            StatsdService(self.nsqd, reactor).setServiceParent(self)
+            StatsdService(self.nsqd, reactor).setServiceParent(self)  # type: ignore[no-untyped-call]
         # after the listeners: it announces their ports, and stops first
-        Lookup(self.nsqd, reactor,
+        Lookup(self.nsqd, reactor,  # type: ignore[no-untyped-call]
                lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
 
     def _make_backend(self, name: str) -> DiskQueue:
@@ -213,7 +213,8 @@ class NSQDService(MultiService):
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
-        await super().stopService()  # listeners first (reverse order)
+        # listeners first (reverse order)
+        await super().stopService()  # type: ignore[no-untyped-call]
         due = self.nsqd.deferred_due()
         # before closing: with --durable-delivery, closing drops the journals holding them
         if due and self.meta_executor is not None:

@@ -137,14 +137,14 @@ class StatsdService(Service):
         self._ports: dict[int, Any] = {}
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         loop = self._loop = LoopingCall(self._tick)
         loop.clock = self.reactor
         loop.start(self.interval, now=False).addErrback(
             lambda f: self.log.failure("STATSD: push loop failed", f))
 
     def stopService(self) -> Deferred[None] | None:
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None

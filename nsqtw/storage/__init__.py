@@ -1,1 +1,1 @@
-"""Where messages rest: disk queues, journals, metadata, memory backends."""
+"""Where messages rest: go-diskqueue files, disk executors, journals and durable delivery, nsqd.dat."""
