@@ -7,6 +7,8 @@ what reaches it, at run time too.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.logger import (
@@ -75,12 +77,33 @@ class Logger(_tw.Logger):
         super().__init__(namespace, source, observer if observer is not None else _observer)
 
 
-def start_daemon(program: str, show_version: bool, level: str, prefix: str) -> None:
-    """What ``twistd nsqtw`` and ``twistd nsqtw-lookupd`` do first: ``--version``, then logging."""
-    if show_version:
-        from nsqtw import NSQD_VERSION, __version__
+def start_daemon(program: str, show_version: bool, level: str, prefix: str,
+                 twistd_options: Mapping[str, Any] | None = None) -> None:
+    """What every nsqtw daemon does first: ``--version``, then logging.
 
-        print(f"{program} v{NSQD_VERSION} (nsqtw {__version__})")
+    ``twistd_options`` are twistd's own (the plugin options' ``parent``):
+    see :func:`log_to_stderr_by_default`.
+    """
+    if show_version:
+        from nsqtw import version_banner
+
+        print(version_banner(program))  # to stdout, exit 0: as Go's -version
         raise SystemExit(0)
     set_level(level)
     set_prefix(prefix)
+    if twistd_options is not None:
+        log_to_stderr_by_default(twistd_options)
+
+
+def log_to_stderr_by_default(twistd_options: Mapping[str, Any]) -> None:
+    """Under ``twistd -n`` without ``--logfile``, log to stderr as Go's NSQ programs do.
+
+    twistd would write its log to stdout; client libraries' test harnesses
+    (gnsq's, for one) read the child's stderr for ``TCP: listening on``.
+    twistd picks its log file object *after* the plugin made its service,
+    from ``sys.stdout``, so pointing ``sys.stdout`` at stderr here is the
+    one place that can decide it. ``--logfile=FILE`` (a file) and
+    ``--logfile=-`` (stdout, twistd's own spelling) are left as they are.
+    """
+    if twistd_options.get("nodaemon") and not twistd_options.get("logfile"):
+        sys.stdout = sys.stderr

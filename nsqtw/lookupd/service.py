@@ -7,7 +7,7 @@ from typing import Any
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, ensureDeferred
 
-from nsqtw import NSQD_VERSION
+from nsqtw import version_banner
 from nsqtw.log import Logger
 from nsqtw.lookupd.http import LookupdHTTPAPI
 from nsqtw.lookupd.lookupd import NSQLookupd
@@ -44,7 +44,7 @@ class LookupdService(MultiService):
         self.lookupd.http_port = port
 
     def startService(self) -> None:
-        self.log.info("nsqlookupd v{version} (nsqtw)", version=NSQD_VERSION)
+        self.log.info("{banner}", banner=version_banner("nsqlookupd"))
         super().startService()  # type: ignore[no-untyped-call]
 
     def stopService(self) -> Deferred[None]:

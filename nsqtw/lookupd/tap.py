@@ -14,5 +14,6 @@ __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
-    start_daemon("nsqlookupd", config.lookupd.version, config.lookupd.log_level, config.lookupd.log_prefix)
+    start_daemon("nsqlookupd", config.lookupd.version, config.lookupd.log_level, config.lookupd.log_prefix,
+                 getattr(config, "parent", None))
     return cast(IService, LookupdService(config.lookupd))

@@ -11,7 +11,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.protocols.tls import TLSMemoryBIOFactory
 
-from nsqtw import NSQD_VERSION
+from nsqtw import version_banner
 from nsqtw.core.nsqd import NSQD
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
@@ -38,6 +38,10 @@ from nsqtw.storage.metadata import (
 from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
+class InstantiateError(RuntimeError):
+    """A start-up failure nsqd reports as ``failed to instantiate nsqd - ...``."""
+
+
 class DataPathLock:
     """An exclusive lock on the data path, so two daemons never share one (as nsqd)."""
 
@@ -46,8 +50,14 @@ class DataPathLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(self.path, os.O_RDONLY)
+        """Lock the directory; like nsqd, a missing one is an error, not created."""
+        if self._fd is not None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise InstantiateError(f"failed to lock data-path: open {self.path}: "
+                                   f"{(e.strerror or str(e)).lower()}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -166,7 +176,7 @@ class NSQDService(MultiService):
 
     def startService(self) -> Deferred[None]:
         Service.startService(self)
-        self.log.info("nsqd v{version} (nsqtw)", version=NSQD_VERSION)
+        self.log.info("{banner}", banner=version_banner("nsqd"))
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
         # queued messages are long-lived; keep them out of the young generations
         gc.set_threshold(50000, 20, 100)
@@ -206,7 +216,8 @@ class NSQDService(MultiService):
             service.startService()
 
     def _start_failed(self, failure: Any) -> None:
-        self.log.critical("FATAL: failed to start - {error}", error=failure.getErrorMessage())
+        what = "instantiate nsqd" if failure.check(InstantiateError) else "start"
+        self.log.critical("FATAL: failed to {what} - {error}", what=what, error=failure.getErrorMessage())
         self.reactor.stop()
 
     def stopService(self) -> Deferred[None]:

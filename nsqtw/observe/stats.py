@@ -19,20 +19,20 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from nsqtw import NSQD_VERSION
+from nsqtw import NSQD_VERSION, version_banner
 from nsqtw._go.duration import format_duration_ns
 from nsqtw.observe.quantile import aggregate, empty_result
 
 __all__ = [
-    "GO_VERSION_BANNER",
+    "VERSION_BANNER",
     "format_text",
     "go_duration",
     "memory_stats",
     "snapshot",
 ]
 
-#: the first line of nsqd's text stats (``version.String("nsqd")``)
-GO_VERSION_BANNER = f"nsqd v{NSQD_VERSION} (built w/go1.19.8)"
+#: the first line of nsqd's text stats (``version.String("nsqd")``), naming what built nsqtw
+VERSION_BANNER = version_banner("nsqd")
 
 #: client fields Go omits when empty (``omitempty``), in Go's order, after ``user_agent``
 _OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
@@ -305,7 +305,7 @@ def format_text(snap: Mapping[str, Any], now: float, start_time: float | None = 
     start = snap["start_time"] if start_time is None else start_time
     uptime_ns = max(0, round((now - start) * 1e9))
     lines = [
-        f"{GO_VERSION_BANNER}\n",
+        f"{VERSION_BANNER}\n",
         f"start_time {_rfc3339(snap['start_time'])}\n",
         f"uptime {go_duration(uptime_ns)}\n",
         f"\nHealth: {snap['health']}\n",

@@ -133,7 +133,7 @@ async def test_stats_both_formats(live: Live) -> None:
     code, ctype, body = await live.call("GET", "/stats?format=text")
     text = body.decode()
     assert (code, ctype) == (200, TEXT)
-    assert text.startswith("nsqd v1.3.0 (built w/go1.19.8)\nstart_time ")
+    assert text.startswith("nsqd v1.3.0 (built w/nsqtw-0.1.0)\nstart_time ")
     assert "\nMemory:\n   heap_objects             \t" in text
     assert "\n   [t              ] depth: " in text
     assert "\n      [c                        ] depth: " in text

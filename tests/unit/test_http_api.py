@@ -184,7 +184,10 @@ class ReferenceTests(SynchronousTestCase):
             snap["memory"][key] = int(re.search(rf"   {key} +\t(\d+)\n", expected).group(1))
         connect_ts = snap["topics"][0]["channels"][0]["clients"][0]["connect_ts"]
         ours = format_text(snap, now=connect_ts + 1.5, start_time=snap["start_time"])
-        head = r"nsqd v1\.3\.0 \(built w/go1\.19\.8\)\nstart_time \S+\nuptime \S+\n"
+        # the first line names what built the program: Go's toolchain there, nsqtw here
+        head = r"nsqd v1\.3\.0 \(built w/[a-z0-9.-]+\)\nstart_time \S+\nuptime \S+\n"
+        self.assertRegex(ours, r"^nsqd v1\.3\.0 \(built w/nsqtw-0\.1\.0\)\n")
+        self.assertRegex(expected, r"^nsqd v1\.3\.0 \(built w/go1\.19\.8\)\n")
         self.assertRegex(ours, "^" + head)
         self.assertRegex(expected, "^" + head)
         self.assertEqual(re.sub(head, "", ours, count=1), re.sub(head, "", expected, count=1))
@@ -523,7 +526,7 @@ class StatsTests(SynchronousTestCase):
         r = client("GET", "/stats?include_mem=false")
         self.assertEqual(r.content_type, "text/plain; charset=utf-8")
         text = r.body.decode()
-        self.assertTrue(text.startswith("nsqd v1.3.0 (built w/go1.19.8)\nstart_time "))
+        self.assertTrue(text.startswith("nsqd v1.3.0 (built w/nsqtw-0.1.0)\nstart_time "))
         self.assertIn("\nuptime 1m5s\n\nHealth: OK\n\nTopics:\n   [ref_h          ] depth: ", text)
         self.assertNotIn("Memory:", text)
         self.assertIn("\n*P [ref_t          ] depth: ", text)
