@@ -122,13 +122,18 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
     out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
 
 
+#: latency bodies start with this and the run's own 8 random bytes, then the send time
+_LATENCY_MAGIC = b"nsqtwlat"
+_TIME = struct.Struct(">d")
+
+
 def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor: float,
-                       start_at: float, sent_total: Any, out: Any) -> None:
-    """PUB at a fixed rate, the send time (CLOCK_MONOTONIC, system-wide) in the body."""
+                       start_at: float, sent_total: Any, tag: bytes, out: Any) -> None:
+    """PUB at a fixed rate: the run's tag, then the send time (CLOCK_MONOTONIC, system-wide)."""
     pub = _connect(address)
     reader = FrameReader(pub)
     pending: list[tuple[int, bytes]] = []
-    pad = b"a" * max(0, size - 8)
+    pad = b"a" * max(0, size - len(tag) - _TIME.size)
     prefix = b"PUB " + topic.encode() + b"\n"
     while time.time() < start_at:
         time.sleep(0.001)
@@ -138,7 +143,7 @@ def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor:
     while (now := time.monotonic()) < start + runfor:
         due = int((now - start) / interval) + 1
         while sent < due:
-            body = struct.pack(">d", time.monotonic()) + pad
+            body = tag + _TIME.pack(time.monotonic()) + pad
             pub.sendall(prefix + _INT.pack(len(body)) + body)
             _expect_ok(reader, pending)
             sent += 1
@@ -149,10 +154,12 @@ def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor:
 
 
 def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, start_at: float,
-                        sent_total: Any, out: Any) -> None:
+                        sent_total: Any, tag: bytes, out: Any) -> None:
     """Receive, FIN, and note publish-to-receipt times until all the publisher sent is in.
 
-    Gives up 10 s after the publisher's run time (``sent_total`` is -1 until it is done)."""
+    Messages without this run's tag (another run's, or a writer's backlog on
+    the same topic) are FINed and not counted. Gives up 10 s after the
+    publisher's run time (``sent_total`` is -1 until it is done)."""
     sub = _connect(address)
     reader = FrameReader(sub)
     sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
@@ -167,7 +174,9 @@ def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, s
         except TimeoutError:
             continue
         t = time.monotonic()
-        latencies.extend(t - struct.unpack_from(">d", data, 26)[0] for data in _answer(sub, frames))
+        body_at = 26  # a MESSAGE frame's data: timestamp, attempts, ID, then the body
+        latencies.extend(t - _TIME.unpack_from(data, body_at + len(tag))[0] for data in _answer(sub, frames)
+                         if data[body_at:body_at + len(tag)] == tag)
     sub.close()
     out.put(("latencies", latencies))
 
@@ -258,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx = mp.get_context("fork")
         out = ctx.Queue()
         sent_total = ctx.Value("q", -1)
+        tag = _LATENCY_MAGIC + os.urandom(8)
         procs = [ctx.Process(target=_latency_subscriber, args=(ns.nsqd_tcp_address, ns.topic, ns.channel,
-                                                               runfor, start_at, sent_total, out)),
+                                                               runfor, start_at, sent_total, tag, out)),
                  ctx.Process(target=_latency_publisher, args=(ns.nsqd_tcp_address, ns.topic, ns.rate,
-                                                              ns.size, runfor, start_at, sent_total, out))]
+                                                              ns.size, runfor, start_at, sent_total, tag, out))]
         for p in procs:
             p.start()
         got = dict(out.get() for _ in procs)
