@@ -403,6 +403,10 @@ _KIND_ARG = {
 }
 
 
+#: how zero values read in ``--help``: Go prints no "(default ...)" for them
+_ZERO_DEFAULTS = frozenset({"false", '""', "0", "0s", "(none)"})
+
+
 class FlagSet:
     """One Go program's flags (nsqd's, nsqlookupd's, nsqadmin's) and how it resolves them.
 
@@ -450,7 +454,9 @@ class FlagSet:
         for f in self.flags:
             lines.append(f"  --{f.name}{_KIND_ARG[f.kind]}")
             extra = " (repeatable)" if f.repeatable else ""
-            lines.append(f"        {f.help}{extra} (default {f.default_text})")
+            # Go's flag package leaves out a default that is its type's zero value
+            default = "" if f.default_text in _ZERO_DEFAULTS else f" (default {f.default_text})"
+            lines.append(f"        {f.help}{extra}{default}")
         return "\n".join(lines) + "\n"
 
 

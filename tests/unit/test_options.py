@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -617,3 +618,18 @@ class TwistdOptionsTests(SynchronousTestCase):
         self.assertIn("(default 1m0s)", out)
         self.assertIn("(default 10000)", out)
         self.assertEqual(FLAGS_BY_NAME["msg-timeout"].default_text, "1m0s")
+
+
+class HelpLayoutTests(SynchronousTestCase):
+    def test_zero_defaults_left_out_as_go_does(self) -> None:
+        """--help prints no "(default ...)" for zero values (false, "", 0), as Go's flag package."""
+        from nsqtw.nsqd.options import usage_text
+
+        text = usage_text()
+        entries = dict(re.findall(r"  --([a-z0-9-]+)[^\n]*\n        ([^\n]*)", text))
+        self.assertNotIn("(default", entries["worker-id"])
+        self.assertNotIn("(default", entries["config"])
+        self.assertNotIn("(default", entries["broadcast-tcp-port"])
+        self.assertNotIn("see below", text)
+        self.assertTrue(entries["msg-timeout"].endswith("(default 1m0s)"))
+        self.assertTrue(entries["deflate"].endswith("(default true)"))
