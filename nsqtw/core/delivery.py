@@ -20,6 +20,7 @@ with them in :mod:`nsqtw.storage.durable`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from nsqtw.core.message import Message
     from nsqtw.core.topic import Topic
 
-__all__ = ["BufferedDelivery", "durable_backend", "CommitAfterWriteTopicDelivery", "PlainChannelDelivery",
-           "PlainTopicDelivery", "TOPIC_BATCH", "is_behind"]
+__all__ = ["TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "HandoffLedger",
+           "PlainChannelDelivery", "PlainTopicDelivery", "durable_backend", "is_behind"]
 
 #: messages copied to the channels in one reactor turn before yielding
 TOPIC_BATCH = 8192
@@ -163,28 +164,81 @@ class PlainTopicDelivery:
         return succeed(None)
 
 
+class HandoffLedger:
+    """Batches a topic handed to its channels, oldest first, until every channel has them.
+
+    The topic's read position (``commit_read``) passes a batch only once it
+    and every batch before it reached every channel, so a kill -9 between
+    the topic's queue and a channel's loses nothing: after a restart the
+    topic reads the uncommitted batches again. A failed hand-off is left
+    uncommitted for the same reason. Used by the commit-after-write and the
+    durable modes.
+    """
+
+    def __init__(self, topic: Topic, backend: IDurableBackendQueue,
+                 on_commit: Callable[[list[bytes]], None] | None = None) -> None:
+        self.topic = topic
+        self.backend = backend
+        #: told the DPUB ids of each batch as it is committed (the durable mode's journal)
+        self.on_commit = on_commit
+        #: [read mark, handed off everywhere?, DPUB ids]
+        self._entries: deque[list[Any]] = deque()
+        self._under_way: set[Deferred[Any]] = set()
+
+    def add(self, mark: ReadMark | None, waits: list[Deferred[Any]], due_ids: list[bytes] | None = None) -> None:
+        """A batch up to ``mark`` was handed off; ``waits`` fire once each channel has it."""
+        if mark is None:
+            return
+        entry: list[Any] = [mark, False, due_ids or []]
+        self._entries.append(entry)
+        if not waits:
+            entry[1] = True
+            self._commit()
+            return
+        d: Deferred[Any] = DeferredList(waits, consumeErrors=True)
+        self._under_way.add(d)
+        d.addCallback(self._handed_off, entry, d)
+
+    def under_way(self) -> list[Deferred[Any]]:
+        """The hand-offs not finished yet (a graceful stop waits for them)."""
+        return list(self._under_way)
+
+    def _handed_off(self, results: list[tuple[bool, Any]], entry: list[Any], d: Deferred[Any]) -> None:
+        self._under_way.discard(d)
+        failed = [r for ok, r in results if not ok]
+        if failed:
+            # left uncommitted: after a restart these records are read again
+            self.topic.log.error("TOPIC({topic}): hand-off to a channel failed - {error}",
+                                 topic=self.topic.name, error=failed[0].getErrorMessage())
+            return
+        entry[1] = True
+        self._commit()
+
+    def _commit(self) -> None:
+        entries = self._entries
+        last: ReadMark | None = None
+        while entries and entries[0][1]:
+            last, _, due_ids = entries.popleft()
+            if due_ids and self.on_commit is not None:
+                self.on_commit(due_ids)
+        if last is not None:
+            self.backend.commit_read(last)
+
+
 class CommitAfterWriteTopicDelivery(PlainTopicDelivery):
     """``--sync-every=1``: the topic's read position passes a batch only once every channel wrote it."""
 
     def __init__(self, topic: Topic) -> None:
         super().__init__(topic, wait_for_write=True)
         self._backend = durable_backend(topic.backend)
-        #: [read mark, handed off everywhere?], oldest first
-        self._marks: deque[list[Any]] = deque()
-        self._handoffs: set[Deferred[Any]] = set()
+        self._ledger = HandoffLedger(topic, self._backend)
 
     def _read(self) -> tuple[list[bytes], ReadMark | None]:
         records = [r[0] for r in self._backend.read_positions(TOPIC_BATCH)]
         return records, self._backend.read_mark()
 
     def _after_put(self, channels: list[Channel], mark: ReadMark | None) -> None:
-        if mark is None:
-            return
-        entry: list[Any] = [mark, False]
-        self._marks.append(entry)
-        d: Deferred[Any] = DeferredList([self._when_written(c.backend) for c in channels], consumeErrors=True)
-        self._handoffs.add(d)
-        d.addCallback(self._handed_off, entry, d)
+        self._ledger.add(mark, [self._when_written(c.backend) for c in channels])
 
     def _when_written(self, backend: IBackendQueue) -> Deferred[Any]:
         """Fires once ``backend`` has written everything put so far, through failed attempts
@@ -193,30 +247,14 @@ class CommitAfterWriteTopicDelivery(PlainTopicDelivery):
         d.addErrback(lambda f: f if self.topic.exiting else self._when_written(backend))
         return d
 
-    def _handed_off(self, results: list[tuple[bool, Any]], entry: list[Any], d: Deferred[Any]) -> None:
-        self._handoffs.discard(d)
-        failed = [r for ok, r in results if not ok]
-        if failed:
-            # left uncommitted: after a restart these records are read again
-            self.topic.log.error("TOPIC({topic}): hand-off to a channel failed - {error}",
-                                 topic=self.topic.name, error=failed[0].getErrorMessage())
-            return
-        entry[1] = True
-        last: ReadMark | None = None
-        marks = self._marks
-        while marks and marks[0][1]:
-            last = marks.popleft()[0]
-        if last is not None:
-            self._backend.commit_read(last)
-
     def close(self) -> Deferred[object]:
-        if not self._handoffs:
+        if not self._ledger.under_way():
             return super().close()
         return ensureDeferred(self._close_after_handoffs())
 
     async def _close_after_handoffs(self) -> object:
         # let the channels' writes under way finish, so the read position persisted is exact
-        await DeferredList(list(self._handoffs), consumeErrors=True)
+        await DeferredList(self._ledger.under_way(), consumeErrors=True)
         return await super().close()
 
 

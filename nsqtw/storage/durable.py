@@ -17,7 +17,6 @@ because it is built on the journal.
 from __future__ import annotations
 
 import sys
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
 from zope.interface import implementer
 
-from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, durable_backend
+from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, HandoffLedger, durable_backend
 from nsqtw.core.message import Message
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery
@@ -74,9 +73,7 @@ class DurableTopicDelivery:
         #: the due times of DPUB messages in the queue (nsqd's record has no field for them)
         self.journal = journal
         self._backend = durable_backend(topic.backend)
-        #: [read mark, handed off everywhere?, DPUB ids], oldest first
-        self._marks: deque[list[Any]] = deque()
-        self._handoffs: set[Deferred[Any]] = set()
+        self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
 
     def published(self, msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
         if msgs[0].deferred:
@@ -141,37 +138,8 @@ class DurableTopicDelivery:
                                 topic=topic.name, channel=channel.name, error=e)
                 if isinstance(delivery, DurableChannelDelivery):
                     waits.append(defer.fail(e))
-        entry: list[Any] = [mark, False, due_ids]
-        self._marks.append(entry)
-        if waits:
-            d: Deferred[Any] = DeferredList(waits, consumeErrors=True)
-            self._handoffs.add(d)
-            d.addCallback(self._handed_off, entry, d)
-        else:
-            entry[1] = True
-            self._commit_marks()
+        self._ledger.add(mark, waits, due_ids)
         return backend.depth() > 0
-
-    def _handed_off(self, results: list[tuple[bool, Any]], entry: list[Any], d: Deferred[Any]) -> None:
-        self._handoffs.discard(d)
-        failed = [r for ok, r in results if not ok]
-        if failed:
-            # left uncommitted: after a restart these records are read again
-            self.topic.log.error("TOPIC({topic}): hand-off to a channel failed - {error}",
-                                 topic=self.topic.name, error=failed[0].getErrorMessage())
-            return
-        entry[1] = True
-        self._commit_marks()
-
-    def _commit_marks(self) -> None:
-        marks = self._marks
-        last = None
-        while marks and marks[0][1]:
-            last, _, due_ids = marks.popleft()
-            if due_ids:
-                self.journal.drop_dues(due_ids)
-        if last is not None:
-            self._backend.commit_read(last)
 
     def deferred_due(self) -> dict[bytes, float]:
         due = dict(self.topic.restored_due)
@@ -187,8 +155,7 @@ class DurableTopicDelivery:
     async def _close(self) -> object:
         topic = self.topic
         # let hand-offs under way finish, so the read position persisted is exact
-        if self._handoffs:
-            await DeferredList(list(self._handoffs), consumeErrors=True)
+        await DeferredList(self._ledger.under_way(), consumeErrors=True)
         await DeferredList([c.close() for c in topic.channels.values()], consumeErrors=True)
         await topic.backend.close()
         # the due times it holds go to nsqtw.deferred.json (see NSQD.deferred_due)
