@@ -380,6 +380,16 @@ class Channel:
         if msgs:
             self.backend.put_many([m.encode() for m in msgs])
 
+    def flush_or_log(self) -> bool:
+        """:meth:`flush` at a graceful stop; a failure is logged (the messages stay where they were)."""
+        try:
+            self.flush()
+        except BackendError as e:
+            self.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
+                           topic=self.topic_name, channel=self.name, error=e)
+            return False
+        return True
+
     def _stop(self) -> None:
         self.exiting = True
         self._pump.stop()

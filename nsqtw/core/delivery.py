@@ -299,13 +299,8 @@ class PlainChannelDelivery:
         return None
 
     def close(self) -> Deferred[None]:
-        channel = self.channel
-        try:
-            channel.flush()
-        except BackendError as e:
-            channel.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
-                              topic=channel.topic_name, channel=channel.name, error=e)
-        return channel.backend.close()
+        self.channel.flush_or_log()
+        return self.channel.backend.close()
 
     def delete(self) -> None:
         pass

@@ -334,11 +334,7 @@ class DurableChannelDelivery:
         channel = self.channel
         journal = self.journal
         backend = self._backend
-        try:
-            channel.flush()
-        except BackendError as e:
-            channel.log.error("CHANNEL({topic}:{channel}): failed to flush - {error}",
-                              topic=channel.topic_name, channel=channel.name, error=e)
+        if not channel.flush_or_log():
             await backend.close()
             await journal.close()
             return
