@@ -60,11 +60,15 @@ class EphemeralBackend:
 
 
 @implementer(IBackendQueue)
-class MemoryBackend:
-    """An unbounded in-memory queue of records (tests, and runs without a disk)."""
+class MemoryBackend(EphemeralBackend):
+    """An unbounded in-memory queue of records (tests, and runs without a disk).
+
+    Writes are done at once, as the ephemeral backend's: only keeping and
+    handing back the records differs.
+    """
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        super().__init__(name)
         self._records: deque[bytes] = deque()
         self._closed = False
 
@@ -78,23 +82,10 @@ class MemoryBackend:
             raise BackendError("exiting")
         self._records.extend(records)
 
-    def written(self) -> Deferred[None]:
-        return succeed(None)
-
-    def backlog(self) -> int:
-        return 0
-
-    def backlog_bytes(self) -> int:
-        return 0
-
     def read(self, max_count: int) -> list[bytes]:
         records = self._records
         n = min(max_count, len(records))
         return [records.popleft() for _ in range(n)]
-
-    def set_readable_callback(self, callback: Callable[[], None]) -> None:
-        # records are readable as soon as they are put; nothing to announce
-        return None
 
     def depth(self) -> int:
         return len(self._records)
@@ -111,6 +102,3 @@ class MemoryBackend:
     def close(self) -> Deferred[None]:
         self._closed = True
         return succeed(None)
-
-    def health(self) -> str | None:
-        return None
