@@ -217,7 +217,7 @@ class Channel:
                     msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
                 for m in msgs:
-                    m.attempts += 1
+                    m.attempts = (m.attempts + 1) & 0xFFFF  # nsqd's uint16 wraps
                     m.client = client
                     m.delivered_at = now
                     in_flight.push(m, deadline)
@@ -234,11 +234,18 @@ class Channel:
                 if cap > 0:
                     still.append((client, cap))
             wanting = still
-        for client_id, msgs in batches.items():
-            self.clients[client_id].deliver(msgs)
+        # the timer first: whatever a delivery raises, every message put in flight has its deadline
         deadline = in_flight.next_deadline()
         if deadline is not None:
             self.arm(deadline)
+        for client_id, msgs in batches.items():
+            try:
+                self.clients[client_id].deliver(msgs)
+            except Exception:
+                # those messages stay in flight and time out (requeued) like any undelivered ones;
+                # the other clients still get theirs
+                self.log.failure("CHANNEL({topic}:{channel}): failed to deliver {count} messages",
+                                 topic=self.topic_name, channel=self.name, count=len(msgs))
         return budget <= 0 and not exhausted
 
     # -- acknowledgements -------------------------------------------------

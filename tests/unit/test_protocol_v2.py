@@ -513,3 +513,56 @@ class AdminTests(SynchronousTestCase):
         nsqd.topics["t"].delete_channel("c")
         self.assertTrue(c.transport.disconnecting)
         self.assertEqual(list(nsqd.topics["t"].channels), [])
+
+
+class DeliveryFailureTests(SynchronousTestCase):
+    def test_attempts_wrap_like_go_uint16(self) -> None:
+        """Past 65,535 attempts the counter wraps to 0 (Go's uint16) and delivery goes on."""
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        channel = nsqd.topics["t"].channels["c"]
+        channel.in_flight.live[msg_id].attempts = 65534  # as if REQed 65,533 times already
+        c.send(b"REQ " + msg_id + b" 0\n")
+        [(attempts, again, _)] = c.messages()
+        self.assertEqual((attempts, again), (65535, msg_id))
+        c.send(b"REQ " + msg_id + b" 0\n")
+        [(attempts, again, body)] = c.messages()
+        self.assertEqual((attempts, again, body), (0, msg_id, b"x"))
+        c.fin(msg_id)
+        self.assertEqual(len(channel.in_flight), 0)
+
+    def test_a_delivery_that_raises_leaves_no_message_without_a_deadline(self) -> None:
+        """A frame that cannot be built fails that client's write only: the other client gets its
+        messages, and the failed ones stay timed, time out and are delivered again."""
+        from nsqtw.core.message import Message
+
+        nsqd, clock = make_nsqd(msg_timeout=10.0)
+        first = Consumer(nsqd, clock, "t", "c", rdy=0)
+        second = Consumer(nsqd, clock, "t", "c", rdy=0)
+        real_frame = Message.frame
+
+        def frame(msg: Message) -> bytes:
+            if msg.body == b"poison" and msg.attempts == 1:
+                raise RuntimeError("injected")
+            return real_frame(msg)
+
+        self.patch(Message, "frame", frame)
+        first.send(b"RDY 5\n")
+        second.send(b"RDY 5\n")
+        # one delivery turn serves both: whoever takes the poison fails its write, the other is served
+        publish(nsqd, clock, "t", b"poison", *[b"m%d" % i for i in range(9)])
+        channel = nsqd.topics["t"].channels["c"]
+        counts = sorted([len(first.messages()), len(second.messages())])
+        self.assertEqual(counts, [0, 5])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(len(channel.in_flight), 10)  # the failed five are in flight with a deadline
+        self.assertTrue(channel._timer is not None and channel._timer.active())
+        clock.advance(10.5)  # everything times out (nobody FINs), is requeued and delivered again
+        settle(clock)
+        self.assertEqual(channel.timeout_count, 10)
+        got = first.messages() + second.messages()
+        self.assertEqual(sorted(m[2] for m in got), sorted([b"poison"] + [b"m%d" % i for i in range(9)]))
+        self.assertEqual({m[0] for m in got}, {2})
+        self.assertEqual((first.proto.in_flight_count, second.proto.in_flight_count), (5, 5))
