@@ -140,6 +140,7 @@ class NSQDOptions:
     snappy: bool = True
     # nsqtw only
     durable_delivery: bool = False
+    disk_threads: int = 4
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -456,10 +457,17 @@ FLAGS: tuple[Flag, ...] = (
         " (see docs/durability.md).",
         _A,
     ),
+    _flag(
+        "disk-threads",
+        "int",
+        "nsqtw only: threads doing the disk work of every disk queue and journal (each queue keeps"
+        " its own order); the thread count does not grow with topics and channels.",
+        _A,
+    ),
 )
 
 #: flags nsqtw adds to nsqd's
-NSQTW_FLAGS = frozenset({"durable-delivery"})
+NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -472,6 +480,8 @@ def _validate(opts: NSQDOptions) -> None:
     """Refuse combinations nsqd refuses at start, each with a one-line reason."""
     if not 0 <= opts.node_id < 1024:
         raise OptionsError(f"--node-id must be in [0,1024), got {opts.node_id}")
+    if not 1 <= opts.disk_threads <= 256:
+        raise OptionsError(f"--disk-threads must be in [1,256], got {opts.disk_threads}")
     if not 1 <= opts.max_deflate_level <= 9:
         raise OptionsError(
             f"--max-deflate-level must be in [1,9], got {opts.max_deflate_level}"

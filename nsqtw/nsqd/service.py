@@ -23,7 +23,7 @@ from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.durable import DurableDelivery
-from nsqtw.storage.executor import ThreadPoolDiskExecutor
+from nsqtw.storage.executor import DiskLane, DiskPool
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
@@ -104,7 +104,10 @@ class NSQDService(MultiService):
                 options.auth_http_address, options.auth_http_request_method,
                 options.http_client_connect_timeout, options.http_client_request_timeout,
                 reactor, client_trust_root(options.tls_root_ca_file))
-        self.meta_executor: ThreadPoolDiskExecutor | None = None
+        #: the disk threads every queue and journal shares; started with the service (after
+        #: twistd daemonizes: threads do not survive a fork)
+        self.disk_pool: DiskPool | None = None
+        self.meta_executor: DiskLane | None = None
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.nsqd.http import HTTPAPI
@@ -128,14 +131,20 @@ class NSQDService(MultiService):
         Lookup(self.nsqd, reactor,  # type: ignore[no-untyped-call]
                lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
 
+    def _lane(self, name: str) -> DiskLane:
+        assert self.disk_pool is not None, "queues are made once the service started"
+        return self.disk_pool.lane(name)
+
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
-                         o.sync_every, o.sync_timeout, self.reactor, durable=self.durable)
+                         o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
+                         durable=self.durable)
 
     def _make_journal(self, name: str) -> Journal:
-        return Journal(name, self.data_path, self.reactor, state=self._recovered.pop(name, None))
+        return Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
+                       state=self._recovered.pop(name, None))
 
     async def _replay_journals(self, submit: Any) -> list[tuple[str, str | None]]:
         """Read every journal left by a --durable-delivery run that did not stop cleanly.
@@ -186,7 +195,8 @@ class NSQDService(MultiService):
 
     async def _start(self) -> None:
         self.lock.acquire()
-        self.meta_executor = ThreadPoolDiskExecutor(self.reactor, name="metadata")
+        self.disk_pool = DiskPool(self.reactor, self.options.disk_threads)
+        self.meta_executor = self._lane("metadata")
         store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
         raw = await self.meta_executor.submit(read_file, self.data_path)
         journaled = await self._replay_journals(self.meta_executor.submit)
@@ -242,6 +252,8 @@ class NSQDService(MultiService):
                 self.log.error("NSQ: failed to persist metadata - {error}", error=e)
         if self.meta_executor is not None:
             self.meta_executor.stop()
+        if self.disk_pool is not None:
+            self.disk_pool.stop()
         self.lock.release()
         self.log.info("NSQ: stopped")
         exit_cleanly_after_signal(self.reactor)

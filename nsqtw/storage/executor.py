@@ -1,4 +1,4 @@
-"""Where disk work runs: off the reactor thread, one job at a time, in submission order.
+"""Where disk work runs: off the reactor thread, one job at a time per queue, in submission order.
 
 Every disk queue and journal hands its file work to an :class:`~nsqtw.interfaces.IDiskExecutor`;
 what runs there touches only bytes and files, never transports or Deferreds.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -23,7 +24,7 @@ from zope.interface import implementer
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor
 
-__all__ = ["SynchronousDiskExecutor", "ThreadPoolDiskExecutor"]
+__all__ = ["DiskLane", "DiskPool", "SynchronousDiskExecutor", "ThreadPoolDiskExecutor"]
 
 T = TypeVar("T")
 
@@ -97,3 +98,107 @@ class SynchronousDiskExecutor:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+_Job = tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]
+
+
+class DiskPool:
+    """A fixed number of disk threads serving every queue and journal, each on its own lane.
+
+    A node with 10,000 channels has 10,000 disk queues; one thread each
+    would be 10,000 threads. Here the thread count is fixed (``threads``)
+    and each queue submits to a :class:`DiskLane`: a lane's jobs run one at a
+    time in submission order (go-diskqueue's file rules need that), while
+    different lanes run in parallel on different threads, so a slow fsync
+    on one queue holds up only that queue. Lanes with work wait in one FIFO;
+    a lane that still has work after a job goes to its back, so every busy
+    lane gets a turn before any gets a second one (no lane starves another).
+    """
+
+    def __init__(self, reactor: IReactorFromThreads, threads: int = 4, name: str = "disk") -> None:
+        if threads < 1:
+            raise ValueError(f"a disk pool needs at least one thread, not {threads}")
+        self._reactor = reactor
+        self._ready: queue.SimpleQueue[DiskLane | None] = queue.SimpleQueue()
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def size(self) -> int:
+        """How many threads serve the lanes."""
+        return len(self._threads)
+
+    def lane(self, name: str) -> DiskLane:
+        """A new ordered lane (one per disk queue or journal)."""
+        return DiskLane(self, name)
+
+    def _schedule(self, lane: DiskLane) -> None:
+        self._ready.put(lane)
+
+    def _run(self) -> None:
+        ready = self._ready
+        call = self._reactor.callFromThread
+        while (lane := ready.get()) is not None:
+            d, fn, args = lane._take()
+            try:
+                result = fn(*args)
+            except BaseException:
+                call(d.errback, Failure())
+            else:
+                call(d.callback, result)
+            lane._done()
+
+    def stop(self) -> None:
+        """End the threads once the lanes queued so far have run their jobs."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for _ in self._threads:
+            self._ready.put(None)
+
+
+@implementer(IDiskExecutor)
+class DiskLane:
+    """One queue's ordered lane on a :class:`DiskPool` (an :class:`~nsqtw.interfaces.IDiskExecutor`)."""
+
+    def __init__(self, pool: DiskPool, name: str) -> None:
+        self.pool = pool
+        self.name = name
+        self._lock = threading.Lock()
+        self._jobs: deque[_Job] = deque()
+        #: in the pool's ready FIFO or running: the lane is never there twice (its jobs stay in order)
+        self._active = False
+        self._stopped = False
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Deferred[T]:
+        if self._stopped:
+            return defer.fail(BackendError("exiting"))
+        d: Deferred[T] = Deferred()
+        with self._lock:
+            self._jobs.append((d, fn, args))
+            if self._active:
+                return d
+            self._active = True
+        self.pool._schedule(self)
+        return d
+
+    def _take(self) -> _Job:
+        """Pool thread: the lane's next job (it is active, so it has one)."""
+        with self._lock:
+            return self._jobs.popleft()
+
+    def _done(self) -> None:
+        """Pool thread: a job finished; back of the FIFO if more are waiting."""
+        with self._lock:
+            if not self._jobs:
+                self._active = False
+                return
+        self.pool._schedule(self)
+
+    def stop(self) -> None:
+        """No new jobs; those already submitted still run."""
+        self._stopped = True

@@ -123,8 +123,10 @@ class DefaultsTests(SynchronousTestCase):
     def test_no_unchecked_attributes(self) -> None:
         """The default table covers every attribute but the hostname-derived two and nsqtw's own."""
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
-        self.assertEqual(names - set(GO_DEFAULTS), {"node_id", "broadcast_address", "durable_delivery"})
+        self.assertEqual(names - set(GO_DEFAULTS),
+                         {"node_id", "broadcast_address", "durable_delivery", "disk_threads"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertEqual(NSQDOptions().disk_threads, 4)
 
     def test_hostname_defaults(self) -> None:
         """node_id is crc32(md5(hostname)) % 1024 and broadcast_address the hostname."""
@@ -163,7 +165,7 @@ class FlagTableTests(SynchronousTestCase):
         names = [f.name for f in FLAGS if f.name not in options.NSQTW_FLAGS]
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
-        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery"})
+        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -188,6 +190,14 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(keys["mem-queue-size"], "mem_queue_size")
         for name in ("config", "version", "verbose", "worker-id"):
             self.assertIsNone(keys[name])
+
+    def test_disk_threads_flag(self) -> None:
+        """--disk-threads takes 1 to 256 threads, on the command line and in the config file."""
+        self.assertEqual(parse_args(["--disk-threads=2"]).disk_threads, 2)
+        self.assertEqual(FLAGS_BY_NAME["disk-threads"].toml_key, "disk_threads")
+        for bad in ("0", "257"):
+            with self.assertRaises(OptionsError):
+                parse_args([f"--disk-threads={bad}"])
 
     def test_durable_delivery_flag(self) -> None:
         """--durable-delivery is a bool flag (bare means true) with TOML key durable_delivery."""
