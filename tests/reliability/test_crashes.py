@@ -26,6 +26,7 @@ class MixedLoad:
         self.delivered: set[bytes] = set()
         self.finned: set[bytes] = set()
         self.stop = threading.Event()
+        self.stop_at = 0.0
         self.hold = threading.Event()
         self.last_delivery = time.monotonic()
         self.consumer = subscribe(address, "load", "c", rdy=50)
@@ -73,10 +74,18 @@ class MixedLoad:
         wait_for(lambda: time.monotonic() - self.last_delivery > 0.5, 10)
 
     def _consume(self) -> None:
+        """Reads until the daemon closes the connection (kill -9 or SIGTERM), not until ``stop``.
+
+        What the daemon sent before it died is still in this socket: stopping
+        at ``stop`` would leave it unread, so messages delivered (in flight,
+        which a kill -9 may lose) would be counted as queued. A thread that
+        was descheduled for the quiesce's half second right after RDY 0 made
+        exactly that happen (issue: one "lost" message in a fresh clone).
+        """
         c = self.consumer
         held = False
         try:
-            while not self.stop.is_set():
+            while not (self.stop.is_set() and time.monotonic() > self.stop_at + 10):
                 if self.hold.is_set() and not held:
                     c.cmd("RDY", 0)
                     held = True
@@ -98,9 +107,10 @@ class MixedLoad:
             pass
 
     def finish(self) -> None:
+        self.stop_at = time.monotonic()
         self.stop.set()
         for t in self.threads:
-            t.join(10)
+            t.join(15)
 
 
 def _run_then(d: Daemon, signal_daemon, defer_ms: int = 0, quiesce: bool = False) -> MixedLoad:
