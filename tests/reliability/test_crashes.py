@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 
 import pytest
 
@@ -29,6 +32,8 @@ class MixedLoad:
         self.stop_at = 0.0
         self.hold = threading.Event()
         self.last_delivery = time.monotonic()
+        #: MESSAGE frames read, redeliveries included (the daemon counts the same per client)
+        self.received = 0
         self.consumer = subscribe(address, "load", "c", rdy=50)
         self.threads = [threading.Thread(target=f, daemon=True)
                         for f in (self._pub, self._mpub, self._consume)]
@@ -68,10 +73,16 @@ class MixedLoad:
         except (Closed, OSError, AssertionError, TimeoutError):
             pass
 
-    def quiesce(self) -> None:
-        """RDY 0, then wait until nothing is on its way to the consumer (it keeps what it holds)."""
+    def quiesce(self, sent_to_consumer: Callable[[], int]) -> None:
+        """RDY 0, then wait until nothing is on its way to the consumer (it keeps what it holds).
+
+        "On its way" is judged by the daemon: every message it sent to the consumer (its
+        ``message_count`` for that client in /stats) has been read. A pause in deliveries seen
+        from the consumer's side proves nothing when the consumer's thread is descheduled.
+        """
         self.hold.set()
-        wait_for(lambda: time.monotonic() - self.last_delivery > 0.5, 10)
+        wait_for(lambda: time.monotonic() - self.last_delivery > 0.5
+                 and sent_to_consumer() == self.received, 20)
 
     def _consume(self) -> None:
         """Reads until the daemon closes the connection (kill -9 or SIGTERM), not until ``stop``.
@@ -99,6 +110,7 @@ class MixedLoad:
                 assert ftype == FRAME_MESSAGE
                 m = Msg(data)
                 self.last_delivery = time.monotonic()
+                self.received += 1
                 self.delivered.add(m.body)
                 if int(m.body[1:]) % 5 or len(self.delivered - self.finned) > 20:
                     c.fin(m)
@@ -113,11 +125,18 @@ class MixedLoad:
             t.join(15)
 
 
+def _sent_to_consumer(d: Daemon) -> int:
+    """How many messages the daemon has sent to the load's one consumer (its /stats count)."""
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic=load", timeout=10) as r:
+        [client] = json.load(r)["topics"][0]["channels"][0]["clients"]
+    return int(client["message_count"])
+
+
 def _run_then(d: Daemon, signal_daemon, defer_ms: int = 0, quiesce: bool = False) -> MixedLoad:
     load = MixedLoad(d.tcp_address, defer_ms).start()
     wait_for(lambda: len(load.acked) >= 1500 and len(load.finned) >= 200, 30)
     if quiesce:
-        load.quiesce()
+        load.quiesce(lambda: _sent_to_consumer(d))
     signal_daemon()
     load.finish()
     assert len(load.acked) >= 1500 and len(load.finned) >= 200, (len(load.acked), len(load.finned))
@@ -173,6 +192,28 @@ def test_kill9_during_mixed_load_keeps_acknowledged_queued(tmp_path, daemon_fact
     # those delivered and held in flight (not FINed) at the crash lived in memory: lost, as in Go
     # nsqd, unless --durable-delivery (below)
     assert load.delivered - load.finned, "the load held messages in flight"
+
+
+def test_kill9_with_a_descheduled_consumer(tmp_path, daemon_factory, monkeypatch) -> None:
+    """The same with the consumer's thread descheduled for a second right after its RDY 0, as on a
+    loaded machine: the quiesce still waits until the consumer has read everything the daemon sent
+    it, so no in-flight message is mistaken for a queued one, and none acknowledged is lost."""
+    real_cmd = Client.cmd
+
+    def cmd(self: Client, *args: object, **kw: object) -> None:
+        real_cmd(self, *args, **kw)
+        if args == ("RDY", 0):
+            time.sleep(1.0)
+
+    monkeypatch.setattr(Client, "cmd", cmd)
+    data = str(tmp_path / "s")
+    os.makedirs(data)
+    d = daemon_factory(*DURABLE, data_path=data)
+    load = _run_then(d, d.kill, quiesce=True)
+    queued = load.acked - load.delivered
+    got = _restart_and_drain(daemon_factory, DURABLE, data, queued)
+    missing = queued - got
+    assert not missing, f"{len(missing)} of {len(queued)} acknowledged queued messages lost"
 
 
 def test_kill9_with_durable_delivery_keeps_everything_not_finished(tmp_path, daemon_factory) -> None:
