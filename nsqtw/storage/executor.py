@@ -29,6 +29,20 @@ __all__ = ["DiskLane", "DiskPool", "SynchronousDiskExecutor", "ThreadPoolDiskExe
 T = TypeVar("T")
 
 
+_Job = tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]
+
+
+def _run_job(job: _Job, call_from_thread: Callable[..., None]) -> None:
+    """Disk thread: run one job and hand its result (or failure) back to the reactor."""
+    d, fn, args = job
+    try:
+        result = fn(*args)
+    except BaseException:
+        call_from_thread(d.errback, Failure())
+    else:
+        call_from_thread(d.callback, result)
+
+
 @implementer(IDiskExecutor)
 class ThreadPoolDiskExecutor:
     """The production executor: one dedicated thread running jobs in submission order.
@@ -41,7 +55,7 @@ class ThreadPoolDiskExecutor:
 
     def __init__(self, reactor: IReactorFromThreads, name: str = "diskqueue") -> None:
         self._reactor = reactor
-        self._jobs: queue.SimpleQueue[tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]] | None]
+        self._jobs: queue.SimpleQueue[_Job | None]
         self._jobs = queue.SimpleQueue()
         self._stopped = False
         self._trigger: Any = None
@@ -63,13 +77,7 @@ class ThreadPoolDiskExecutor:
         jobs = self._jobs
         call = self._reactor.callFromThread
         while (job := jobs.get()) is not None:
-            d, fn, args = job
-            try:
-                result = fn(*args)
-            except BaseException:
-                call(d.errback, Failure())
-            else:
-                call(d.callback, result)
+            _run_job(job, call)
 
     def stop(self) -> None:
         """No new jobs; the thread finishes the queued ones, then ends."""
@@ -98,9 +106,6 @@ class SynchronousDiskExecutor:
 
     def stop(self) -> None:
         self.stopped = True
-
-
-_Job = tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class DiskPool:
@@ -143,13 +148,7 @@ class DiskPool:
         ready = self._ready
         call = self._reactor.callFromThread
         while (lane := ready.get()) is not None:
-            d, fn, args = lane._take()
-            try:
-                result = fn(*args)
-            except BaseException:
-                call(d.errback, Failure())
-            else:
-                call(d.callback, result)
+            _run_job(lane._take(), call)
             lane._done()
 
     def stop(self) -> None:

@@ -173,6 +173,18 @@ def _restart_and_drain(daemon_factory, flags: tuple[str, ...], data: str, wanted
     return got
 
 
+def _kill9_keeps_acknowledged_queued(data: str, daemon_factory: Callable[..., Daemon]) -> MixedLoad:
+    """kill -9 a quiesced mixed load on ``data``; every acknowledged, undelivered message comes back."""
+    os.makedirs(data)
+    d = daemon_factory(*DURABLE, data_path=data)
+    load = _run_then(d, d.kill, quiesce=True)
+    queued = load.acked - load.delivered
+    got = _restart_and_drain(daemon_factory, DURABLE, data, queued)
+    missing = queued - got
+    assert not missing, f"{len(missing)} of {len(queued)} acknowledged queued messages lost"
+    return load
+
+
 def test_kill9_during_mixed_load_keeps_acknowledged_queued(tmp_path, daemon_factory) -> None:
     """kill -9 under --mem-queue-size=0 --sync-every=1 while publishing and consuming: every message
     answered OK that had not yet been delivered is delivered after the restart.
@@ -181,14 +193,7 @@ def test_kill9_during_mixed_load_keeps_acknowledged_queued(tmp_path, daemon_fact
     test knows exactly which messages were in flight (those a kill -9 may lose, as in Go nsqd);
     the publishers keep publishing through the kill.
     """
-    data = str(tmp_path / "k")
-    os.makedirs(data)
-    d = daemon_factory(*DURABLE, data_path=data)
-    load = _run_then(d, d.kill, quiesce=True)
-    queued = load.acked - load.delivered
-    got = _restart_and_drain(daemon_factory, DURABLE, data, queued)
-    missing = queued - got
-    assert not missing, f"{len(missing)} of {len(queued)} acknowledged queued messages lost"
+    load = _kill9_keeps_acknowledged_queued(str(tmp_path / "k"), daemon_factory)
     # those delivered and held in flight (not FINed) at the crash lived in memory: lost, as in Go
     # nsqd, unless --durable-delivery (below)
     assert load.delivered - load.finned, "the load held messages in flight"
@@ -206,14 +211,7 @@ def test_kill9_with_a_descheduled_consumer(tmp_path, daemon_factory, monkeypatch
             time.sleep(1.0)
 
     monkeypatch.setattr(Client, "cmd", cmd)
-    data = str(tmp_path / "s")
-    os.makedirs(data)
-    d = daemon_factory(*DURABLE, data_path=data)
-    load = _run_then(d, d.kill, quiesce=True)
-    queued = load.acked - load.delivered
-    got = _restart_and_drain(daemon_factory, DURABLE, data, queued)
-    missing = queued - got
-    assert not missing, f"{len(missing)} of {len(queued)} acknowledged queued messages lost"
+    _kill9_keeps_acknowledged_queued(str(tmp_path / "s"), daemon_factory)
 
 
 def test_kill9_with_durable_delivery_keeps_everything_not_finished(tmp_path, daemon_factory) -> None:
