@@ -195,6 +195,10 @@ class NSQD:
                 if ids:
                     channel.restored_due = ids
 
+    def segments_set_aside(self) -> int:
+        """Corrupt segments the node's disk queues renamed to ``.bad`` since it started."""
+        return sum(int(getattr(b, "segments_set_aside", 0)) for b in self.backends())
+
     def backends(self) -> list[IBackendQueue]:
         out = []
         for topic in self.topics.values():

@@ -235,6 +235,10 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
     if include_mem:
         out["memory"] = memory_stats()
     out["producers"] = producers
+    set_aside = nsqd.segments_set_aside()
+    if set_aside:
+        # nsqtw only, present only when nonzero so a healthy node's /stats stays Go's shape
+        out["segments_set_aside"] = set_aside
     return out
 
 

@@ -109,6 +109,8 @@ class DiskQueue:
         self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
         self._corruption: str | None = None
+        #: segments renamed to ``.bad`` since the queue was opened (an nsqtw /stats field)
+        self.segments_set_aside = 0
 
         # reading
         self._buffer: deque[ReadRecord] = deque()
@@ -288,8 +290,15 @@ class DiskQueue:
         return defer.ensureDeferred(self._close())
 
     def health(self) -> str | None:
-        """The write failure while there is one, else the last corruption found (until emptied)."""
-        return self._write_error or self._corruption
+        """The write failure while there is one: writes are refused, so the node is unhealthy.
+
+        Corruption found while reading (a segment set aside as ``.bad``, a depth
+        fixed at the tail) is logged as an ERROR and counted
+        (:attr:`segments_set_aside`, :attr:`corruption`) but leaves the queue
+        healthy, as in Go nsqd: later data still flows, and a load balancer
+        must not take the node out of service for it.
+        """
+        return self._write_error
 
     # -- extras ----------------------------------------------------------------
 
@@ -326,6 +335,7 @@ class DiskQueue:
             self._disk_more = result.more
             if result.corruption is not None:
                 self._corruption = result.corruption
+            self.segments_set_aside += result.set_aside
         return result.value
 
     def _op_failed(self, failure: Failure, what: str) -> None:

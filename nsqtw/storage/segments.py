@@ -57,6 +57,8 @@ class OpResult:
     depth_delta: int
     corruption: str | None
     more: bool
+    #: segments renamed to ``.bad`` during the operation
+    set_aside: int = 0
 
 
 @dataclass
@@ -100,6 +102,7 @@ class DiskState:
     _events: list[_LogEvent] = field(default_factory=list)
     _depth_delta: int = 0
     _corruption: str | None = None
+    _set_aside: int = 0
 
     # -- names -------------------------------------------------------------
 
@@ -122,7 +125,8 @@ class DiskState:
             self.need_sync = True
         if self.need_sync:
             self._sync()
-        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more())
+        set_aside, self._set_aside = self._set_aside, 0
+        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more(), set_aside)
 
     def _log(self, level: LogLevel, fmt: str, **kw: Any) -> None:
         self._events.append((level, fmt, kw))
@@ -561,6 +565,7 @@ class DiskState:
         self.read_file_num = self.cursor_file_num = num + 1
         self.read_pos = self.cursor_pos = 0
         self._corruption = f"{text}; saved bad file as {renamed}"
+        self._set_aside += 1
         self.need_sync = True
         self._check_tail_corruption()
 

@@ -8,8 +8,6 @@ import shutil
 import time
 import urllib.request
 
-import pytest
-
 from tests.daemon import Daemon
 from tests.helpers import REFERENCE_DIR
 from tests.rawclient import Client, subscribe
@@ -43,7 +41,8 @@ def test_go_data_dir_opens_and_delivers(tmp_path, daemon_factory) -> None:
 
 
 def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
-    """A corrupt segment is renamed .bad, the daemon keeps serving and says so in its health."""
+    """A corrupt segment is renamed .bad, the daemon keeps serving and stays healthy (as Go nsqd);
+    /stats counts the segment set aside and the log has the ERROR."""
     data = tmp_path / "c"
     d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
     pub = Client(d.tcp_address)
@@ -58,10 +57,12 @@ def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
     got = subscribe(d2.tcp_address, "t", "c", rdy=100).drain()
     assert got and len(got) < 100  # the later segments still deliver
     assert (data / "t.diskqueue.000000.dat.bad").exists()
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(f"http://{d2.http_address}/ping")
-    assert err.value.code == 500
-    assert b"NOK" in err.value.read()
+    with urllib.request.urlopen(f"http://{d2.http_address}/ping") as r:
+        assert (r.status, r.read()) == (200, b"OK")
+    with urllib.request.urlopen(f"http://{d2.http_address}/stats?format=json") as r:
+        stats = json.load(r)
+    assert stats["health"] == "OK" and stats["segments_set_aside"] == 1
+    assert "saving bad file as" in d2.read_output() and "#error" in d2.read_output()
     Client(d2.tcp_address).pub("t", b"still-works")
 
 
