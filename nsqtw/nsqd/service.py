@@ -36,6 +36,7 @@ from nsqtw.storage.metadata import (
     write_file,
 )
 from nsqtw.storage.segments import nsqd_msg_size_limits
+from nsqtw.storage.sync import SyncSchedule
 
 
 class InstantiateError(RuntimeError):
@@ -107,6 +108,8 @@ class NSQDService(MultiService):
         #: the disk threads every queue and journal shares; started with the service (after
         #: twistd daemonizes: threads do not survive a fork)
         self.disk_pool: DiskPool | None = None
+        #: one --sync-timeout timer for every disk queue, armed only while one has work
+        self.sync_schedule = SyncSchedule(reactor, options.sync_timeout)
         self.meta_executor: DiskLane | None = None
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
@@ -140,7 +143,7 @@ class NSQDService(MultiService):
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
-                         durable=self.durable)
+                         durable=self.durable, sync_schedule=self.sync_schedule)
 
     def _make_journal(self, name: str) -> Journal:
         return Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
@@ -252,6 +255,7 @@ class NSQDService(MultiService):
                 self.log.error("NSQ: failed to persist metadata - {error}", error=e)
         if self.meta_executor is not None:
             self.meta_executor.stop()
+        self.sync_schedule.stop()
         if self.disk_pool is not None:
             self.disk_pool.stop()
         self.lock.release()

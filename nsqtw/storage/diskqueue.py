@@ -32,7 +32,6 @@ from twisted.internet.interfaces import (
     IReactorFromThreads,
     IReactorTime,
 )
-from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -41,6 +40,7 @@ from nsqtw.interfaces import IDiskExecutor, IDurableBackendQueue
 from nsqtw.log import Logger
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
 from nsqtw.storage.segments import Consumption, DiskState, OpResult, ReadRecord
+from nsqtw.storage.sync import SyncSchedule
 
 __all__ = ["DiskQueue"]
 
@@ -73,6 +73,7 @@ class DiskQueue:
         write_fn: Callable[[int, Any], int] = os.write,
         fsync_fn: Callable[[int], None] = os.fsync,
         durable: bool = False,
+        sync_schedule: SyncSchedule | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -129,10 +130,8 @@ class DiskQueue:
         self._read_last: tuple[int, int] | None = None
         self._committed_total = 0
 
-        self._sync_loop = LoopingCall(self._sync_tick)
-        self._sync_loop.clock = clock
-        if sync_timeout > 0:
-            self._sync_loop.start(sync_timeout, now=False).addErrback(self._op_failed, "sync timer")
+        #: --sync-timeout: shared by every queue of a node (one timer), or this queue's own
+        self._sync_schedule = sync_schedule if sync_schedule is not None else SyncSchedule(clock, sync_timeout)
 
         self.loaded: Deferred[None] = self._submit(self._disk.load).addCallback(self._load_done)
         self.loaded.addErrback(self._op_failed, "load")
@@ -207,6 +206,7 @@ class DiskQueue:
         if out:
             self._consumed_count += len(out)
             self._depth -= len(out)
+            self._sync_schedule.mark(self)
         self._after_read(len(out), max_count)
         return out
 
@@ -254,6 +254,7 @@ class DiskQueue:
         self._consumed_count += total - self._committed_total
         self._consumed_pos = (num, pos)
         self._committed_total = total
+        self._sync_schedule.mark(self)
         self._maybe_refill()
 
     def set_readable_callback(self, callback: Callable[[], object]) -> None:
@@ -363,8 +364,7 @@ class DiskQueue:
             if call is not None and call.active():
                 call.cancel()
         self._flush_call = self._retry_call = self._notify_call = None
-        if self._sync_loop.running:
-            self._sync_loop.stop()
+        self._sync_schedule.forget(self)
 
     def _drop_everything(self) -> None:
         self._epoch += 1
@@ -397,6 +397,7 @@ class DiskQueue:
         that was idle flushes on the next turn, and so does one that somebody
         waits on (``written()``: ``--sync-every=1``, backpressure).
         """
+        self._sync_schedule.mark(self)  # the write must be synced within --sync-timeout
         if self._flushing or self._retry_call is not None:
             return
         delay = 0.0
@@ -419,6 +420,7 @@ class DiskQueue:
             return
         self._flushing = True
         self._dirty = True
+        self._sync_schedule.mark(self)
         self._last_flush = self._clock.seconds()
         epoch = self._epoch
         d = self._submit(self._disk.write_batch, batch)
@@ -519,8 +521,8 @@ class DiskQueue:
 
     # -- sync, close, delete ---------------------------------------------------
 
-    def _sync_tick(self) -> None:
-        """--sync-timeout: make sure activity since the last tick reaches the disk."""
+    def sync_tick(self) -> None:
+        """--sync-timeout (from the :class:`SyncSchedule`): make sure recent activity reaches the disk."""
         if self._closed or not (self._dirty or self._consumed_pos is not None):
             return
         self._dirty = False
