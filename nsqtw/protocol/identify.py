@@ -37,14 +37,27 @@ class Settings(Protocol):
     msg_timeout: float
 
 
+def _without_lone_surrogates(text: str) -> str:
+    """Go's JSON decoder turns an unpaired ``\\ud800``-``\\udfff`` escape into U+FFFD; so do we.
+
+    Python keeps it as a lone surrogate, which no UTF-8 encoder accepts: the
+    client's fields would break ``/stats?format=text`` for as long as it stays.
+    """
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def decode_identify(body: bytes) -> dict[str, Any]:
     """IDENTIFY's JSON with the types nsqd's decoder insists on (ValueError otherwise)."""
     data = json.loads(body)
     if not isinstance(data, dict):
         raise ValueError("not an object")
     for key in _STR:
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise ValueError(key)
+        if data.get(key) is not None:
+            if not isinstance(data[key], str):
+                raise ValueError(key)
+            data[key] = _without_lone_surrogates(data[key])
     for key in _BOOL:
         if data.get(key) is not None and not isinstance(data[key], bool):
             raise ValueError(key)

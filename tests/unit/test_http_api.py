@@ -639,3 +639,20 @@ class TwistedPrivatesTests(SynchronousTestCase):
         self.assertFalse(hasattr(channel, "_path"))
         request = BoundedRequest(channel)
         self.assertEqual(request._limit(), int(client.nsqd.options.max_body_size) + 1)
+
+
+class HostileIdentityTests(SynchronousTestCase):
+    def test_lone_surrogates_in_identify_do_not_break_stats_text(self) -> None:
+        """IDENTIFY strings with unpaired \\udXXX escapes become U+FFFD, as Go's JSON decoder makes them:
+        /stats?format=text answers 200 (it answered 500, UnicodeEncodeError) and JSON stays valid."""
+        client = Client(self)
+        proto, transport = connect(client.nsqd, client.clock)
+        proto.dataReceived(encode_command(
+            b"IDENTIFY", body=b'{"hostname": "\\udfff", "client_id": "a\\ud800b", "user_agent": "\\udc80"}'))
+        proto.dataReceived(b"SUB t c\n")
+        self.assertEqual(take_frames(transport)[-1], (0, b"OK"))
+        text = client("GET", "/stats?format=text")
+        self.assertEqual(text.code, 200)
+        as_json = client("GET", "/stats?format=json")
+        [c] = json.loads(as_json.body)["topics"][0]["channels"][0]["clients"]
+        self.assertEqual((c["hostname"], c["client_id"], c["user_agent"]), ("\ufffd", "a\ufffdb", "\ufffd"))
