@@ -1,0 +1,322 @@
+"""nsqtw-admin's pages in a real headless Chromium (Debian's chromium + chromedriver, via selenium).
+
+One browser session and one cluster (nsqtw-lookupd, two nsqtw nodes,
+nsqtw-admin polling history every second) for the module. Every page is
+loaded and its numbers checked against the nodes' own ``/stats``; pause and
+empty are clicked (through the confirmation) and the nodes checked to have
+changed; a killed node leaves the pages rendering with its error shown.
+Screenshots of every page are saved under ``tests/artifacts/admin/`` (or
+``$NSQTW_ARTIFACTS``), ignored by git; docs/img/ holds a copy.
+
+``.ci/run`` installs chromium and chromium-driver; without them (a developer
+machine) the module is skipped with the apt-get line to run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+
+from tests.admin_reference import get_json, http
+from tests.daemon import ROOT, AdminDaemon, Daemon, LookupdDaemon
+from tests.rawclient import Client, pub
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:  # pragma: no cover - CI installs both
+    pytest.skip("needs Debian's chromium and chromium-driver: apt-get install -y chromium chromium-driver",
+                allow_module_level=True)
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+ARTIFACTS = Path(os.environ.get("NSQTW_ARTIFACTS", os.path.join(ROOT, "tests", "artifacts"))) / "admin"
+
+
+class Cluster:
+    def __init__(self, lookupd: Daemon, a: Daemon, b: Daemon, admin: Daemon) -> None:
+        self.lookupd, self.a, self.b, self.admin = lookupd, a, b, admin
+        self.clients: list[Client] = []
+
+    def url(self, path: str) -> str:
+        return f"http://{self.admin.http_address}{path}"
+
+    def stats(self, node: Daemon) -> Any:
+        return get_json(f"http://{node.http_address}/stats?format=json")
+
+
+def _channel(stats: Any, topic: str, channel: str) -> dict[str, Any]:
+    for t in stats["topics"]:
+        if t["topic_name"] == topic:
+            for c in t["channels"]:
+                if c["channel_name"] == channel:
+                    return dict(c)
+    raise KeyError(f"{topic}/{channel}")
+
+
+def _wait(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as e:  # noqa: BLE001 - the page or a node is still getting there
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("admin-browser")
+    started: list[Daemon] = []
+
+    def start(daemon: Daemon) -> Daemon:
+        started.append(daemon)
+        return daemon.start()
+
+    def folder(name: str) -> str:
+        (root / name).mkdir()
+        return str(root / name)
+
+    try:
+        lookupd = start(LookupdDaemon(folder("lookupd")))
+        a, b = (start(Daemon(folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
+                             "--broadcast-address=127.0.0.1")) for n in ("a", "b"))
+        admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
+                                  "--history-interval=1s", "--http-client-request-timeout=1s"))
+        c = Cluster(lookupd, a, b, admin)
+        for node in (a, b):
+            http("POST", f"http://{node.http_address}/topic/create?topic=orders")
+            http("POST", f"http://{node.http_address}/channel/create?topic=orders&channel=billing")
+        http("POST", f"http://{b.http_address}/channel/create?topic=orders&channel=audit")
+        pub(a.tcp_address, "orders", *[b"a%d" % i for i in range(7)])
+        pub(b.tcp_address, "orders", *[b"b%d" % i for i in range(5)])
+        consumer = Client(a.tcp_address)
+        consumer.identify(client_id="browser-test", hostname="tester", user_agent="browser-test/1.0",
+                          feature_negotiation=True)
+        consumer.sub("orders", "billing", rdy=2)
+        consumer.messages(2, timeout=10)
+        c.clients.append(consumer)
+        _wait(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic=orders")["producers"]) == 2
+              and "audit" in get_json(f"http://{lookupd.http_address}/channels?topic=orders")["channels"],
+              what="lookupd registrations")
+        yield c
+        for client in c.clients:
+            client.close()
+    finally:
+        for d in reversed(started):
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM or ""
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+def _open(driver: Any, c: Cluster, path: str) -> None:
+    driver.get(c.url(path))
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))
+
+
+def _text(driver: Any, css: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def _number(driver: Any, css: str) -> int:
+    return int(_text(driver, css).replace(",", ""))
+
+
+def _shot(driver: Any, name: str) -> None:
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def _traffic(c: Cluster, seconds: float) -> None:
+    """Publish to orders on both nodes at a changing rate for a while, so the charts have a shape."""
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        burst = 1 + (i % 8)
+        pub(c.a.tcp_address, "orders", *[b"t%d" % i] * burst)
+        pub(c.b.tcp_address, "orders", *[b"t%d" % i] * (burst // 2 + 1))
+        time.sleep(0.05)
+
+
+def test_topics_page_lists_topics_and_charts_the_cluster(browser: Any, cluster: Cluster) -> None:
+    """/topics lists every topic and charts the cluster's rate and depth from the admin's own polling."""
+    _traffic(cluster, 4.0)
+    _open(browser, cluster, "/topics")
+    _wait(lambda: (_open(browser, cluster, "/topics"),
+                   browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="rate"] polyline'))[1],
+          what="the rate chart")
+    assert _text(browser, '#topics tr[data-topic="orders"] a') == "orders"
+    total_depth = sum(t["depth"] + sum(ch["depth"] for ch in t["channels"])
+                      for n in (cluster.a, cluster.b) for t in cluster.stats(n)["topics"])
+    _wait(lambda: (_open(browser, cluster, "/topics"),
+                   _number(browser, '[data-field="depth-last"]') == total_depth)[1],
+          what="the depth chart")
+    assert browser.find_elements(By.CSS_SELECTOR, '#charts svg polyline')
+    _shot(browser, "topics")
+
+
+def test_topic_page_matches_every_node_stats(browser: Any, cluster: Cluster) -> None:
+    """/topics/orders shows each node's row and each channel's cluster totals as the nodes' /stats say."""
+    _open(browser, cluster, "/topics/orders")
+    stats = {n.http_address: cluster.stats(n) for n in (cluster.a, cluster.b)}
+    for address, s in stats.items():
+        topic = next(t for t in s["topics"] if t["topic_name"] == "orders")
+        row = f'#nodes tr[data-node="{address}"]'
+        assert _number(browser, f'{row} td[data-field="message_count"]') == topic["message_count"]
+        assert _number(browser, f'{row} td[data-field="channels"]') == len(topic["channels"])
+    for channel in ("billing", "audit"):
+        per_node = [_channel(s, "orders", channel) for s in stats.values()
+                    if any(ch["channel_name"] == channel for t in s["topics"] for ch in t["channels"])]
+        row = f'#channels tr[data-channel="{channel}"]'
+        for field in ("depth", "in_flight_count", "message_count", "client_count"):
+            assert _number(browser, f'{row} td[data-field="{field}"]') == sum(c[field] for c in per_node), field
+    assert _number(browser, '#totals [data-field="message_count"]') == sum(
+        t["message_count"] for s in stats.values() for t in s["topics"] if t["topic_name"] == "orders")
+    _shot(browser, "topic")
+
+
+def test_channel_page_shows_every_client(browser: Any, cluster: Cluster) -> None:
+    """/topics/orders/billing lists the consumer with its user agent, RDY, in-flight count and address."""
+    _open(browser, cluster, "/topics/orders/billing")
+    billing = _channel(cluster.stats(cluster.a), "orders", "billing")
+    client = billing["clients"][0]
+    row = f'#clients tr[data-client="{client["remote_address"]}"]'
+    assert "browser-test/1.0" in _text(browser, f'{row} td[data-field="user_agent"]')
+    assert _number(browser, f'{row} td[data-field="ready_count"]') == client["ready_count"] == 2
+    assert _number(browser, f'{row} td[data-field="in_flight_count"]') == client["in_flight_count"] == 2
+    depth = billing["depth"] + _channel(cluster.stats(cluster.b), "orders", "billing")["depth"]
+    assert _number(browser, '#totals [data-field="depth"]') == depth
+    _wait(lambda: (_open(browser, cluster, "/topics/orders/billing"),
+                   browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="in_flight"] polyline'))[1],
+          what="the channel's history chart")
+    _shot(browser, "channel")
+
+
+def test_nodes_and_node_pages(browser: Any, cluster: Cluster) -> None:
+    """/nodes lists both nodes with their ports; /nodes/<node> totals the node's messages and clients."""
+    _open(browser, cluster, "/nodes")
+    for node in (cluster.a, cluster.b):
+        row = f'#nodes tr[data-node="{node.http_address}"]'
+        assert _number(browser, f'{row} td[data-field="tcp_port"]') == node.tcp[1]
+        assert "orders" in _text(browser, f'{row} td[data-field="topics"]')
+    _shot(browser, "nodes")
+    _open(browser, cluster, f"/nodes/{cluster.a.http_address}")
+    stats = cluster.stats(cluster.a)
+    assert _number(browser, '#totals [data-field="total_messages"]') == sum(
+        t["message_count"] for t in stats["topics"])
+    assert _number(browser, '#totals [data-field="total_clients"]') == 1
+    _shot(browser, "node")
+
+
+def test_lookup_and_counter_pages(browser: Any, cluster: Cluster) -> None:
+    """/lookup shows which nodes produce each topic; /counter shows the running total of messages."""
+    _open(browser, cluster, "/lookup")
+    producers = _text(browser, '#producers tr[data-topic="orders"]')
+    assert cluster.a.http_address in producers and cluster.b.http_address in producers
+    _shot(browser, "lookup")
+    _open(browser, cluster, "/counter")
+    total = sum(ch["message_count"] for n in (cluster.a, cluster.b)
+                for t in cluster.stats(n)["topics"] for ch in t["channels"])
+    assert _number(browser, '#counter') == total
+    pub(cluster.a.tcp_address, "orders", b"more")
+    # A's orders has one channel (billing): one more message there; the page updates itself
+    _wait(lambda: _number(browser, '#counter') == total + 1, what="the live counter")
+    _shot(browser, "counter")
+
+
+def test_unknown_topic_shows_a_404_page(browser: Any, cluster: Cluster) -> None:
+    """A topic, channel or node nobody knows gets the 404 view, not an error."""
+    _open(browser, cluster, "/topics/nope")
+    assert "404" in _text(browser, "#not-found")
+    _open(browser, cluster, "/topics/orders/nope")
+    assert "Channel orders/nope not found" in _text(browser, "#not-found")
+    _shot(browser, "404")
+    _open(browser, cluster, "/nodes/127.0.0.1:1")
+    assert "Node 127.0.0.1:1 not found" in _text(browser, "#not-found")
+
+
+def _click_confirmed(driver: Any, action: str) -> None:
+    driver.find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]').click()
+    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "confirm-ok"))
+    driver.find_element(By.ID, "confirm-ok").click()
+
+
+def test_pause_and_empty_change_the_nodes(browser: Any, cluster: Cluster) -> None:
+    """Pause then Empty on the channel page, each confirmed, pause and empty billing on both nodes."""
+    _open(browser, cluster, "/topics/orders/billing")
+    browser.find_element(By.CSS_SELECTOR, 'button[data-action="pause"]').click()
+    _shot(browser, "confirm")
+    browser.find_element(By.ID, "confirm-cancel").click()
+    assert not _channel(cluster.stats(cluster.a), "orders", "billing")["paused"]  # cancel did nothing
+    _click_confirmed(browser, "pause")
+    for node in (cluster.a, cluster.b):
+        _wait(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["paused"], what="paused")
+    _wait(lambda: browser.find_elements(By.CSS_SELECTOR, 'button[data-action="unpause"]'), what="Unpause button")
+    assert _channel(cluster.stats(cluster.b), "orders", "billing")["depth"] > 0
+    _click_confirmed(browser, "empty")
+    for node in (cluster.a, cluster.b):
+        _wait(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["depth"] == 0, what="emptied")
+    _wait(lambda: _number(browser, '#totals [data-field="depth"]') == 0, what="the page to show depth 0")
+    _click_confirmed(browser, "unpause")
+    for node in (cluster.a, cluster.b):
+        _wait(lambda n=node: not _channel(cluster.stats(n), "orders", "billing")["paused"], what="unpaused")
+
+
+def test_a_hung_node_leaves_the_page_rendering_with_its_error(browser: Any, cluster: Cluster) -> None:
+    """With node B frozen (SIGSTOP: lookupd still lists it), the topic page renders node A and B's error."""
+    os.kill(cluster.b.pid, signal.SIGSTOP)
+    try:
+        _open(browser, cluster, "/topics/orders")
+        _wait(lambda: cluster.b.http_address in _text(browser, "#warning"), what="the warning")
+        assert "Client.Timeout exceeded" in _text(browser, "#warning")
+        assert browser.find_elements(By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.a.http_address}"]')
+        _shot(browser, "node-down")
+    finally:
+        os.kill(cluster.b.pid, signal.SIGCONT)
+
+
+def test_graphite_graphs_with_graphite_url(browser: Any, cluster: Cluster, tmp_path: Path) -> None:
+    """With --graphite-url and --proxy-graphite, topic pages show graphite's graph of nsqd's statsd counter."""
+    admin = AdminDaemon(str(tmp_path), f"--lookupd-http-address={cluster.lookupd.http_address}",
+                        "--graphite-url=http://127.0.0.1:9", "--proxy-graphite", "--history-interval=0")
+    admin.start()
+    try:
+        browser.get(f"http://{admin.http_address}/topics/orders")
+        WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))
+        src = browser.find_element(By.CSS_SELECTOR, "img.graphite").get_attribute("src")
+        assert src.startswith(f"http://{admin.http_address}/render?")
+        assert "nonNegativeDerivative(sumSeries(stats.counters.nsq.*.topic.orders.message_count.count))" in \
+            unquote(src)
+        assert not browser.find_elements(By.ID, "charts")  # no history without polling
+    finally:
+        admin.stop()
