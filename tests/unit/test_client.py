@@ -1,0 +1,182 @@
+"""The client library without sockets: options as go-nsq reads them, frame splitting, the handshake."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from nsqtw.client import Config, ConfigError, Consumer, NSQErrorResponse, Producer
+from nsqtw.client.conn import NSQClientProtocol
+from nsqtw.interfaces import IConnectionDelegate
+from nsqtw.protocol.compress import SnappyCodec
+from nsqtw.protocol.wire import FrameParser, FrameTooLarge, encode_dpub, encode_pub, fin, rdy, req, touch
+
+
+def frame(ftype: int, data: bytes) -> bytes:
+    return struct.pack(">ii", len(data) + 4, ftype) + data
+
+
+@implementer(IConnectionDelegate)
+class Recorder:
+    """A delegate that records what the connection reports."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_response(self, conn: object, data: bytes) -> None:
+        self.events.append(("response", data))
+
+    def on_error(self, conn: object, data: bytes) -> None:
+        self.events.append(("error", data))
+
+    def on_message(self, conn: object, data: bytes) -> None:
+        self.events.append(("message", data))
+
+    def on_close(self, conn: object, reason: Exception) -> None:
+        self.events.append(("close", str(reason)))
+
+
+class ConfigTests(SynchronousTestCase):
+    def test_set_coerces_like_go_nsq(self) -> None:
+        """Durations as Go strings or integer milliseconds, bools and ints from strings, hyphens too."""
+        c = Config()
+        c.set("heartbeat_interval", "10s")
+        c.set("msg_timeout", 1500)
+        c.set("snappy", "true")
+        c.set("max_in_flight", "200")
+        c.set("tls-insecure-skip-verify", True)
+        self.assertEqual((c.heartbeat_interval, c.msg_timeout, c.snappy, c.max_in_flight,
+                          c.tls_insecure_skip_verify), (10.0, 1.5, True, 200, True))
+
+    def test_set_flag(self) -> None:
+        """``--consumer-opt=key,value``, and a key alone meaning true."""
+        c = Config()
+        c.set_flag("deflate")
+        c.set_flag("deflate_level,3")
+        self.assertEqual((c.deflate, c.deflate_level), (True, 3))
+
+    def test_refusals(self) -> None:
+        """Unknown options, bad values and out-of-range values are refused with go-nsq's wording."""
+        c = Config()
+        with self.assertRaisesRegex(ConfigError, "invalid option nope"):
+            c.set("nope", 1)
+        with self.assertRaisesRegex(ConfigError, "failed to coerce option snappy"):
+            c.set("snappy", "maybe")
+        with self.assertRaisesRegex(ConfigError, r"invalid deflate_level ! 10 > 9"):
+            c.set("deflate_level", "10")
+        with self.assertRaisesRegex(ConfigError, "must be less than ReadTimeout"):
+            Config(heartbeat_interval=90.0).validate()
+
+    def test_identify_body(self) -> None:
+        """IDENTIFY asks for feature negotiation and sends durations in milliseconds."""
+        body = json.loads(Config(heartbeat_interval=5.0, msg_timeout=2.0, snappy=True).identify_body())
+        self.assertEqual((body["feature_negotiation"], body["heartbeat_interval"], body["msg_timeout"],
+                          body["snappy"]), (True, 5000, 2000, True))
+
+
+class WireTests(SynchronousTestCase):
+    def test_frame_parser_any_chunking(self) -> None:
+        """Frames come out whole whatever the chunking, one at a time."""
+        data = frame(0, b"OK") + frame(1, b"E_INVALID x") + frame(2, b"m" * 40)
+        for size in range(1, len(data) + 1):
+            p = FrameParser()
+            got = []
+            for i in range(0, len(data), size):
+                p.feed(data[i:i + size])
+                while (f := p.next_frame()) is not None:
+                    got.append(f)
+            self.assertEqual(got, [(0, b"OK"), (1, b"E_INVALID x"), (2, b"m" * 40)])
+
+    def test_frame_parser_size_checked_first(self) -> None:
+        """A frame larger than the limit is refused from its header alone."""
+        p = FrameParser(max_size=100)
+        p.feed(struct.pack(">ii", 1000, 0))
+        with self.assertRaises(FrameTooLarge):
+            p.next_frame()
+
+    def test_command_encoders(self) -> None:
+        """The client's commands, byte for byte."""
+        self.assertEqual(encode_pub(b"t", b"ab"), b"PUB t\n\x00\x00\x00\x02ab")
+        self.assertEqual(encode_dpub(b"t", 1500, b"a"), b"DPUB t 1500\n\x00\x00\x00\x01a")
+        self.assertEqual(rdy(5) + fin(b"I" * 16) + req(b"I" * 16, 100) + touch(b"I" * 16),
+                         b"RDY 5\nFIN " + b"I" * 16 + b"\nREQ " + b"I" * 16 + b" 100\nTOUCH " + b"I" * 16 + b"\n")
+
+
+class ProtocolTests(SynchronousTestCase):
+    def connect(self, **config: Any) -> tuple[NSQClientProtocol, StringTransport, Recorder, Clock]:
+        clock = Clock()
+        rec = Recorder()
+        proto = NSQClientProtocol("127.0.0.1:4150", Config(**config), rec, clock)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        return proto, transport, rec, clock
+
+    def test_identify_then_ready(self) -> None:
+        """The magic and IDENTIFY go first; the JSON answer makes the connection ready."""
+        proto, transport, rec, _ = self.connect()
+        sent = transport.value()
+        self.assertTrue(sent.startswith(b"  V2IDENTIFY\n"))
+        ready: list[Any] = []
+        proto.ready.addCallback(ready.append)
+        proto.dataReceived(frame(0, json.dumps({"max_rdy_count": 2500}).encode()))
+        self.assertEqual(ready, [proto])
+        self.assertEqual(proto.settings["max_rdy_count"], 2500)
+
+    def test_heartbeat_answered(self) -> None:
+        """A heartbeat is answered with NOP and not reported; other frames are."""
+        proto, transport, rec, _ = self.connect()
+        proto.dataReceived(frame(0, b"{}"))
+        transport.clear()
+        proto.dataReceived(frame(0, b"_heartbeat_") + frame(0, b"OK") + frame(1, b"E_FIN_FAILED x"))
+        self.assertEqual(transport.value(), b"NOP\n")
+        self.assertEqual(rec.events, [("response", b"OK"), ("error", b"E_FIN_FAILED x")])
+
+    def test_snappy_switch_in_the_same_read(self) -> None:
+        """Bytes after the IDENTIFY answer in the same read are snappy already, and are decoded."""
+        proto, transport, rec, _ = self.connect(snappy=True)
+        server = SnappyCodec()
+        answer = frame(0, json.dumps({"snappy": True}).encode())
+        ready: list[Any] = []
+        proto.ready.addCallback(ready.append)
+        proto.dataReceived(answer + server.encode(frame(0, b"OK") + frame(0, b"CLOSE_WAIT")))
+        self.assertEqual(ready, [proto])
+        self.assertEqual(rec.events, [("response", b"CLOSE_WAIT")])
+        transport.clear()
+        proto.write(b"NOP\n")
+        decoder = SnappyCodec()
+        decoder.feed(transport.value())
+        self.assertEqual(decoder.read(), b"NOP\n")
+
+    def test_identify_error_fails_ready(self) -> None:
+        """An error frame during the handshake fails ``ready`` with nsqd's code and drops the connection."""
+        proto, transport, rec, _ = self.connect()
+        failures: list[Any] = []
+        proto.ready.addErrback(failures.append)
+        proto.dataReceived(frame(1, b"E_BAD_BODY IDENTIFY invalid"))
+        self.assertIsInstance(failures[0].value, NSQErrorResponse)
+        self.assertEqual(failures[0].value.code, "E_BAD_BODY")
+
+    def test_read_timeout(self) -> None:
+        """A connection silent for read_timeout is dropped."""
+        proto, transport, rec, clock = self.connect(read_timeout=5.0)
+        proto.ready.addErrback(lambda f: None)
+        clock.advance(3)
+        proto.dataReceived(frame(0, b"_heartbeat_"))
+        clock.advance(3)
+        self.assertFalse(transport.disconnecting)
+        clock.advance(2.5)
+        self.assertTrue(proto.closed)
+
+    def test_delegates_provide_the_interface(self) -> None:
+        """Producer and Consumer provide IConnectionDelegate."""
+        clock = Clock()
+        self.assertTrue(verifyObject(IConnectionDelegate, Producer("127.0.0.1:4150", reactor=clock)))
+        self.assertTrue(verifyObject(IConnectionDelegate, Consumer("t", "c", lambda m: None, reactor=clock,
+                                                                   nsqd_tcp_addresses=["127.0.0.1:4150"])))
