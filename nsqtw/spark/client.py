@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +24,12 @@ from typing import Any
 
 from nsqtw import __version__
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.protocol.wire import MAGIC_V2, encode_command, encode_mpub, split_frames
+from nsqtw.protocol.wire import MAGIC_V2, encode_command, encode_mpub, fin, rdy, req, split_frames, touch
+from nsqtw.spark.blocks import scan_frames
+
+#: the command encoders the consumer uses, shared with the Twisted client through protocol.wire
+__all__ = ["ConnectSettings", "HEARTBEAT", "NSQClientError", "NSQConnection", "fin", "rdy", "req",
+           "split_address", "touch"]
 
 HEARTBEAT = b"_heartbeat_"
 USER_AGENT = f"nsqtw-spark/{__version__}"
@@ -166,7 +172,8 @@ class NSQConnection:
         """True when frames or TLS bytes are buffered where select() cannot see them."""
         return bool(self._frames) or (isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0)
 
-    def _fill(self) -> None:
+    def _recv(self) -> None:
+        """One recv() into the buffer; raises NSQClientError when the connection is gone."""
         assert self.sock is not None
         try:
             if isinstance(self.sock, ssl.SSLSocket):
@@ -186,6 +193,9 @@ class NSQConnection:
             self.closed = True
             raise NSQClientError(f"{self.address}: connection closed by nsqd")
         self._buf += chunk
+
+    def _fill(self) -> None:
+        self._recv()
         self._frames.extend(split_frames(self._buf))
 
     def read_frames(self) -> list[tuple[int, bytes]]:
@@ -197,6 +207,25 @@ class NSQConnection:
             self._fill()
         frames, self._frames = self._frames, []
         return frames
+
+    def read_messages(self) -> tuple[bytes, list[int], list[tuple[int, bytes]]]:
+        """What one read brings (call when select() says readable), for the consumer's I/O thread.
+
+        Returns the bytes of the complete frames, where the message frames
+        start in them, and the other frames as ``(type, data)``; no per-frame
+        objects are made for messages (see :mod:`nsqtw.spark.blocks`).
+        Raises :class:`NSQClientError` when nsqd has closed the connection.
+        """
+        if self._frames:
+            # frames split off while setting up: put them back in front, in wire form
+            self._buf[:0] = b"".join(struct.pack(">ii", len(d) + 4, t) + d for t, d in self._frames)
+            self._frames = []
+        else:
+            self._recv()
+        starts, others, used = scan_frames(self._buf)
+        data = bytes(self._buf[:used])
+        del self._buf[:used]
+        return data, starts, others
 
     def expect_response(self, timeout: float) -> bytes:
         """The next response frame, answering heartbeats; raises on an error frame.
@@ -241,18 +270,3 @@ class NSQConnection:
             except OSError:
                 pass
 
-
-def rdy(count: int) -> bytes:
-    return encode_command(b"RDY", str(count).encode())
-
-
-def fin(msg_id: bytes) -> bytes:
-    return encode_command(b"FIN", msg_id)
-
-
-def touch(msg_id: bytes) -> bytes:
-    return encode_command(b"TOUCH", msg_id)
-
-
-def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
-    return encode_command(b"REQ", msg_id, str(delay_ms).encode())

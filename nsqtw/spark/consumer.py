@@ -6,13 +6,20 @@ for a stream source on the driver host. It holds every message it receives
 until Spark has committed the micro-batch holding it, and only then FINs it;
 if the process dies, nsqd gets the unFINed messages back and redelivers them.
 
-Offsets are ``{"seq": n, "ids": {address: "<id><id>..."}}``: ``seq`` numbers
-batches' messages in this process and continues from whatever offset Spark
-shows us first (a restart resumes from the checkpoint); ``ids`` lists the
-messages of the batch that ends at that offset. A new process cannot FIN
-what the old one held, so when Spark shows it an offset from before its
-time (a committed batch whose FINs may not have gone out), it FINs those
-messages on sight when nsqd redelivers them instead of emitting them again.
+A micro-batch can hold as many messages as are in flight, so the consumer
+opens several connections to each nsqd when ``max_in_flight`` is more than
+one connection's RDY may be (nsqd's ``--max-rdy-count``), and spreads
+``max_in_flight`` over them as RDY. Messages are kept in :class:`Block`\\ s
+(columns per network read), never as one object each.
+
+Offsets are ``{"seq": n, "ids": {address: "<encoded ids>"}}``: ``seq``
+numbers batches' messages in this process and continues from whatever
+offset Spark shows us first (a restart resumes from the checkpoint); ``ids``
+lists the messages of the batch that ends at that offset, per nsqd
+(:func:`encode_ids`). A new process cannot FIN what the old one held, so
+when Spark shows it an offset from before its time (a committed batch whose
+FINs may not have gone out), it FINs those messages on sight when nsqd
+redelivers them instead of emitting them again.
 
 Two threads run beside Spark's calls: the I/O thread reads every connection,
 answers heartbeats and TOUCHes held messages before ``msg_timeout``; the
@@ -23,6 +30,7 @@ are daemon threads: they end with the process.
 from __future__ import annotations
 
 import logging
+import math
 import select
 import threading
 import time
@@ -31,20 +39,28 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, decode_message
-from nsqtw.spark.client import HEARTBEAT, NSQClientError, NSQConnection, fin, rdy, req, touch
+import numpy as np
+
+from nsqtw.core.message import FRAME_TYPE_ERROR
+from nsqtw.spark.blocks import Block, commands, decode_ids, encode_ids
+from nsqtw.spark.client import HEARTBEAT, NSQClientError, NSQConnection, rdy
 from nsqtw.spark.discovery import LookupdUnavailable, lookup_topic
 from nsqtw.spark.options import ReaderOptions, lookupd_url
 
 log = logging.getLogger("nsqtw.spark")
 
-ID_LEN = 16
 #: how often the I/O thread wakes to TOUCH and notice new connections
 TICK = 0.2
-#: the quiet gap after which a burst of deliveries counts as complete
-GAP = 0.1
+#: a burst of deliveries counts as complete after this much quiet...
+QUIET = 0.02
+#: ...or this long after the first of its messages was seen
+COLLECT = 0.1
 #: how long a non-availableNow plan waits for nsqd to refill freed RDY slots
 REFILL_WAIT = 0.25
+#: connections per nsqd when ``connections_per_nsqd`` is left to the consumer
+MAX_AUTO_CONNECTIONS = 64
+#: nsqd's default --max-rdy-count, for an nsqd that does not say
+DEFAULT_MAX_RDY = 2500
 
 
 @dataclass(frozen=True)
@@ -66,29 +82,12 @@ class Offset:
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "ids": self.ids}
 
-    def id_set(self) -> set[tuple[str, bytes]]:
-        out = set()
-        for address, joined in self.ids.items():
-            raw = joined.encode()
-            for i in range(0, len(raw), ID_LEN):
-                out.add((address, raw[i:i + ID_LEN]))
-        return out
+    def id_arrays(self) -> dict[str, np.ndarray]:
+        """The batch's message ids per nsqd address."""
+        return {address: decode_ids(text) for address, text in self.ids.items()}
 
-
-class Held:
-    """A message this process holds in flight (received, not yet FINed)."""
-
-    __slots__ = ("id", "body", "timestamp", "attempts", "conn", "touched", "seq")
-
-    def __init__(self, conn: NSQConnection, data: bytes, now: float) -> None:
-        msg = decode_message(data)
-        self.id = msg.id
-        self.body = msg.body
-        self.timestamp = msg.timestamp
-        self.attempts = msg.attempts
-        self.conn = conn
-        self.touched = now
-        self.seq = 0
+    def count(self) -> int:
+        return sum(len(a) for a in self.id_arrays().values())
 
 
 class Consumer:
@@ -101,24 +100,27 @@ class Consumer:
         self.clock = clock
         self._discover = discover or self._default_discover
         self._cond = threading.Condition()
-        self._conns: dict[str, NSQConnection] = {}
-        self._pending: deque[Held] = deque()   # received, in no batch yet
-        self._planned: deque[Held] = deque()   # in a batch (seq order), FINed on commit
-        self._skip: set[tuple[str, bytes]] = set()  # committed before this process
+        self._conns: dict[str, list[NSQConnection]] = {}
+        self._per_nsqd: dict[str, int] = {}   # connections wanted per nsqd address
+        self._pending: deque[Block] = deque()   # received, in no batch yet
+        self._planned: deque[Block] = deque()   # in a batch (seq order), FINed on commit
+        self._skip: dict[str, np.ndarray] = {}  # committed before this process: FIN on sight
         self._base: int | None = None  # seqs <= base were numbered by an earlier process
         self._replayed: set[int] = set()  # ends of earlier batches replayed here as empty
         self._last_seq = 0
         self._last_arrival = 0.0
-        self._paused = False
+        self._paused = False  # availableNow is drained: RDY 0
+        self._full = False    # max_bytes_in_flight reached: RDY 0 until FINs free room
         self._until_ns: int | None = None
         self._started = False
         self._stopped = threading.Event()
         self._wake_discovery = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._rdy_sent: dict[str, int] = {}
+        self._rdy_sent: dict[NSQConnection, int] = {}
+        self._arrived: dict[NSQConnection, float] = {}  # when each connection last delivered
         #: counters for logs and tests
         self.stats = {"received": 0, "finished": 0, "touched": 0, "skipped": 0, "requeued": 0,
-                      "lost": 0}
+                      "lost": 0, "full": 0}
 
     # -- life cycle --------------------------------------------------------
 
@@ -141,7 +143,7 @@ class Consumer:
             if t is not threading.current_thread():
                 t.join(timeout=5)
         with self._cond:
-            conns = list(self._conns.values())
+            conns = [c for cs in self._conns.values() for c in cs]
             self._conns.clear()
             self._pending.clear()
             self._planned.clear()
@@ -149,8 +151,13 @@ class Consumer:
             c.close()
 
     def addresses(self) -> list[str]:
+        """The nsqds this consumer is connected to."""
         with self._cond:
-            return sorted(self._conns)
+            return sorted(a for a, cs in self._conns.items() if cs)
+
+    def connection_count(self) -> int:
+        with self._cond:
+            return sum(len(cs) for cs in self._conns.values())
 
     # -- what Spark calls (through the stream reader) --------------------
 
@@ -160,22 +167,27 @@ class Consumer:
 
     def acknowledge(self, offset: Offset) -> None:
         """Spark has committed every batch up to ``offset``: FIN their messages."""
-        sends = self._acknowledge(offset)
-        self._send_all(sends)
+        self._send_all(self._acknowledge(offset))
 
     def plan(self, start: Offset, max_rows: int | None) -> Offset:
         """The end of the next batch after ``start`` (``start`` itself when there is nothing).
 
         FINs everything up to ``start`` first: Spark plans the next batch
-        only after it has committed the previous one.
+        only after it has committed the previous one. Whatever has arrived
+        is taken at once; only when nothing is there does it wait, briefly,
+        for nsqd to refill the slots just freed (and for the rest of that
+        burst).
         """
         sends = self._acknowledge(start)
         available_now = self._until_ns is not None
         with self._cond:
-            if self._paused:
-                self._paused = False
+            if self._paused or (self._full and self._held_bytes() < self.options.max_bytes_in_flight):
+                self._paused = self._full = False
                 sends.extend(self._rdy_updates())
-        freed = any(data.startswith(b"FIN") for _c, data in sends)
+        freed = bool(sends)
+        # the connections whose messages were just FINed: nsqd refills them now
+        refilling = {conn for conn, data in sends if data.startswith(b"FIN")}
+        fin_at = self.clock()
         self._send_all(sends)
         if available_now:
             first_wait = self.options.drain_timeout
@@ -185,43 +197,47 @@ class Consumer:
         else:
             first_wait = 0.0
         with self._cond:
-            replanned = [h for h in self._planned if h.seq > start.seq and not h.conn.closed]
+            replanned = [b for b in self._planned if b.first_seq > start.seq and not b.conn.closed]
+            n_replanned = sum(len(b) for b in replanned)
             limit = max_rows
             t0 = self.clock()
-            hard_deadline = t0 + first_wait + 1.0
+            # messages that arrived while Spark ran the last batch are taken at once; when
+            # there were none, the first ones are waited for with the rest of their burst
+            seen: float | None = t0 - COLLECT if self._eligible_count() + n_replanned else None
             while True:
-                total = self._eligible_count() + len(replanned)
+                total = self._eligible_count() + n_replanned
                 now = self.clock()
                 if limit is not None and total >= limit:
                     break
-                if len(self._pending) + len(self._planned) >= self._capacity():
+                if self._held() >= self._capacity():
                     break  # every RDY slot is taken: nothing more will come
                 if total:
-                    wait = self._last_arrival + GAP - now  # collect the rest of a burst
+                    seen = now if seen is None else seen
+                    if any(self._arrived.get(c, 0.0) < fin_at for c in refilling if not c.closed):
+                        # some freed connections have not refilled yet: wait for them too, so
+                        # a batch takes from every nsqd rather than from whichever came first
+                        wait = seen + REFILL_WAIT - now
+                    else:
+                        wait = min(self._last_arrival + QUIET, seen + COLLECT) - now
                 else:
                     wait = t0 + first_wait - now
-                wait = min(wait, hard_deadline - now)
                 if wait <= 0:
                     break
                 self._cond.wait(wait)
-            take = None if limit is None else max(0, limit - len(replanned))
-            planned = self._take(take)
-            batch = replanned + planned
+            take = None if limit is None else max(0, limit - n_replanned)
+            batch = replanned + self._take(take)
             if not batch:
-                if available_now:
-                    # drained: give back what was published after the start and stop
-                    # receiving, so the query ends leaving nothing in flight
-                    sends = self._release_late()
-                else:
-                    sends = []
+                # availableNow is drained: give back what was published after the start and
+                # stop receiving, so the query ends leaving nothing in flight
+                sends = self._release_late() if available_now else []
                 result = start
             else:
-                result = Offset(batch[-1].seq, _ids_of(batch))
+                result = Offset(batch[-1].last_seq, _ids_of(batch))
                 sends = []
         self._send_all(sends)
         return result
 
-    def messages(self, start: Offset, end: Offset) -> list[Held]:
+    def messages(self, start: Offset, end: Offset) -> list[Block]:
         """The messages of the batch ``(start, end]`` still held on a live connection.
 
         A batch planned by an earlier process (a replay after a restart) has
@@ -232,11 +248,12 @@ class Consumer:
             self._last_seq = max(self._last_seq, end.seq)
             if self._earlier(end):
                 if start.seq not in self._replayed:
-                    sends = self._skip_ids(start.id_set())  # committed: FIN on redelivery
+                    sends = self._skip_ids(start.id_arrays())  # committed: FIN on redelivery
                 self._replayed.add(end.seq)  # not processed: emit on redelivery
                 batch = []
             else:
-                batch = [h for h in self._planned if start.seq < h.seq <= end.seq and not h.conn.closed]
+                batch = [b for b in self._planned
+                         if start.seq < b.first_seq and b.last_seq <= end.seq and not b.conn.closed]
         self._send_all(sends)
         return batch
 
@@ -254,55 +271,83 @@ class Consumer:
                 # its FINs may never have gone out: drop its messages when nsqd redelivers
                 # them, unless this process replayed it as empty (never processed)
                 if offset.seq not in self._replayed:
-                    sends.extend(self._skip_ids(offset.id_set()))
+                    sends.extend(self._skip_ids(offset.id_arrays()))
                 return sends
             planned = self._planned
-            while planned and planned[0].seq <= offset.seq:
-                h = planned.popleft()
-                if not h.conn.closed:
-                    sends.append((h.conn, fin(h.id)))
-            self.stats["finished"] += len(sends)
+            while planned and planned[0].last_seq <= offset.seq:
+                b = planned.popleft()
+                if not b.conn.closed:
+                    sends.append((b.conn, commands(b"FIN", b.ids)))
+                    self.stats["finished"] += len(b)
         return sends
 
-    def _skip_ids(self, ids: set[tuple[str, bytes]]) -> list[tuple[NSQConnection, bytes]]:
+    def _skip_ids(self, ids: dict[str, np.ndarray]) -> list[tuple[NSQConnection, bytes]]:
         """Drop these messages: FIN the ones already received, the rest when they arrive."""
         sends = []
-        keep: deque[Held] = deque()
-        for h in self._pending:
-            key = (h.conn.address, h.id)
-            if key in ids:
-                ids.discard(key)
-                sends.append((h.conn, fin(h.id)))
+        keep: deque[Block] = deque()
+        for b in self._pending:
+            wanted = ids.get(b.conn.address)
+            if wanted is None or not len(wanted):
+                keep.append(b)
+                continue
+            hit = np.isin(b.ids, wanted)
+            if hit.any():
+                sends.append((b.conn, commands(b"FIN", b.ids[hit])))
+                self.stats["skipped"] += int(hit.sum())
+                ids[b.conn.address] = np.setdiff1d(wanted, b.ids[hit])
+                rest = b.select(~hit)
+                if len(rest):
+                    keep.append(rest)
             else:
-                keep.append(h)
+                keep.append(b)
         self._pending = keep
-        self._skip.update(ids)
-        self.stats["skipped"] += len(sends)
+        for address, wanted in ids.items():
+            if len(wanted):
+                old = self._skip.get(address)
+                self._skip[address] = wanted if old is None else np.union1d(old, wanted)
         return sends
 
-    def _eligible(self, h: Held) -> bool:
-        return not h.conn.closed and (self._until_ns is None or h.timestamp <= self._until_ns)
-
     def _eligible_count(self) -> int:
-        if self._until_ns is None:
-            return len(self._pending)
-        return sum(1 for h in self._pending if self._eligible(h))
+        until = self._until_ns
+        live = [b for b in self._pending if not b.conn.closed]
+        if until is None:
+            return sum(len(b) for b in live)
+        return sum(int((b.timestamps <= until).sum()) for b in live)
 
-    def _take(self, limit: int | None) -> list[Held]:
+    def _held(self) -> int:
+        return sum(len(b) for b in self._pending) + sum(len(b) for b in self._planned)
+
+    def _held_bytes(self) -> int:
+        return sum(b.size for b in self._pending) + sum(b.size for b in self._planned)
+
+    def _take(self, limit: int | None) -> list[Block]:
         """Number up to ``limit`` eligible pending messages and move them to planned."""
-        out: list[Held] = []
-        keep: deque[Held] = deque()
+        out: list[Block] = []
+        keep: deque[Block] = deque()
         pending = self._pending
+        until = self._until_ns
         if self._base is None:
             self._base = self._last_seq
-        while pending and (limit is None or len(out) < limit):
-            h = pending.popleft()
-            if not self._eligible(h):
-                keep.append(h)
+        while pending and (limit is None or limit > 0):
+            b = pending.popleft()
+            if b.conn.closed:
                 continue
-            self._last_seq += 1
-            h.seq = self._last_seq
-            out.append(h)
+            if until is not None:
+                eligible = b.timestamps <= until
+                if not eligible.all():
+                    late = b.select(~eligible)
+                    keep.append(late)
+                    b = b.select(eligible)
+                    if not len(b):
+                        continue
+            if limit is not None:
+                if len(b) > limit:
+                    pending.appendleft(b.slice(limit, len(b)))
+                    b = b.slice(0, limit)
+                limit -= len(b)
+            b.first_seq = self._last_seq + 1
+            self._last_seq += len(b)
+            out.append(b)
         keep.extend(pending)
         self._pending = keep
         self._planned.extend(out)
@@ -311,9 +356,10 @@ class Consumer:
     def _release_late(self) -> list[tuple[NSQConnection, bytes]]:
         self._paused = True
         sends = self._rdy_updates()
-        late = [h for h in self._pending if not h.conn.closed]
-        sends.extend((h.conn, req(h.id)) for h in late)
-        self.stats["requeued"] += len(late)
+        for b in self._pending:
+            if not b.conn.closed:
+                sends.append((b.conn, commands(b"REQ", b.ids, b" 0\n")))
+                self.stats["requeued"] += len(b)
         self._pending.clear()
         return sends
 
@@ -321,18 +367,17 @@ class Consumer:
         return sum(self._rdy_sent.values()) or 1
 
     def _rdy_updates(self) -> list[tuple[NSQConnection, bytes]]:
-        """RDY for every connection: max_in_flight spread over them (0 while paused)."""
-        conns = [c for c in self._conns.values() if not c.closed]
+        """RDY for every connection: max_in_flight spread over them (0 while paused or full)."""
+        conns = [c for cs in self._conns.values() for c in cs if not c.closed]
         sends = []
         for c in conns:
-            if self._paused:
+            if self._paused or self._full:
                 count = 0
             else:
                 count = max(1, self.options.max_in_flight // len(conns))
-                max_rdy = int(c.settings.get("max_rdy_count") or 2500)
-                count = min(count, max_rdy)
-            if self._rdy_sent.get(c.address) != count:
-                self._rdy_sent[c.address] = count
+                count = min(count, _max_rdy(c))
+            if self._rdy_sent.get(c) != count:
+                self._rdy_sent[c] = count
                 sends.append((c, rdy(count)))
         return sends
 
@@ -352,16 +397,18 @@ class Consumer:
         """A connection is gone: nsqd requeues what it held, so forget its messages."""
         conn.close()
         with self._cond:
-            if self._conns.get(conn.address) is conn:
-                del self._conns[conn.address]
-                self._rdy_sent.pop(conn.address, None)
-                dropped = [h for h in self._pending if h.conn is conn]
-                self._pending = deque(h for h in self._pending if h.conn is not conn)
-                lost = sum(1 for h in self._planned if h.conn is conn)
-                self.stats["lost"] += len(dropped) + lost
+            conns = self._conns.get(conn.address, [])
+            if conn in conns:
+                conns.remove(conn)
+                self._rdy_sent.pop(conn, None)
+                self._arrived.pop(conn, None)
+                dropped = sum(len(b) for b in self._pending if b.conn is conn)
+                self._pending = deque(b for b in self._pending if b.conn is not conn)
+                lost = sum(len(b) for b in self._planned if b.conn is conn)
+                self.stats["lost"] += dropped + lost
                 sends = self._rdy_updates()
                 log.warning("NSQ %s: disconnected; %d received and %d batched messages go back to nsqd",
-                            conn.address, len(dropped), lost)
+                            conn.address, dropped, lost)
             else:
                 sends = []
             self._cond.notify_all()
@@ -377,6 +424,17 @@ class Consumer:
         urls = [lookupd_url(a) for a in ep.lookupd_http_addresses]
         return lookup_topic(urls, self.options.topic, timeout=ep.connect.connect_timeout)
 
+    def _wanted_connections(self, address: str, first: NSQConnection | None) -> int:
+        """How many connections to keep to one nsqd (decided once, from its first IDENTIFY answer)."""
+        n = self._per_nsqd.get(address)
+        if n is None:
+            n = self.options.connections_per_nsqd
+            if not n:
+                max_rdy = _max_rdy(first) if first is not None else DEFAULT_MAX_RDY
+                n = min(MAX_AUTO_CONNECTIONS, max(1, math.ceil(self.options.max_in_flight / max_rdy)))
+            self._per_nsqd[address] = n
+        return n
+
     def _connect_missing(self, initial: bool = False) -> None:
         try:
             wanted = self._discover()
@@ -385,25 +443,36 @@ class Consumer:
                 raise NSQClientError(str(e)) from e
             log.warning("NSQ discovery: %s", e)
             return
-        with self._cond:
-            missing = sorted(wanted - set(self._conns))
         errors = []
-        for address in missing:
-            conn = NSQConnection(address, self.options.endpoints.connect)
-            try:
-                conn.connect()
-                conn.subscribe(self.options.topic, self.options.channel)
-            except NSQClientError as e:
-                conn.close()
-                errors.append(str(e))
-                log.warning("NSQ %s: %s", address, e)
-                continue
-            log.info("NSQ %s: subscribed to %s/%s", address, self.options.topic, self.options.channel)
-            with self._cond:
-                self._conns[address] = conn
-                sends = self._rdy_updates()
-            self._send_all(sends)
-        if initial and missing and len(errors) == len(missing):
+        with self._cond:
+            for gone in [a for a in self._per_nsqd if a not in wanted and not self._conns.get(a)]:
+                del self._per_nsqd[gone]  # lookupd dropped it: no more reconnecting every second
+        for address in sorted(wanted):
+            while not self._stopped.is_set():
+                with self._cond:
+                    have = [c for c in self._conns.get(address, []) if not c.closed]
+                    want = self._per_nsqd.get(address)
+                if want is not None and len(have) >= want:
+                    break
+                conn = NSQConnection(address, self.options.endpoints.connect)
+                try:
+                    conn.connect()
+                    conn.subscribe(self.options.topic, self.options.channel)
+                except NSQClientError as e:
+                    conn.close()
+                    errors.append(str(e))
+                    log.warning("NSQ %s: %s", address, e)
+                    break
+                with self._cond:
+                    want = self._wanted_connections(address, conn)
+                    conns = self._conns.setdefault(address, [])
+                    conns.append(conn)
+                    sends = self._rdy_updates()
+                    if len(conns) == 1 or len(conns) == want:
+                        log.info("NSQ %s: subscribed to %s/%s (%d of %d connections)", address,
+                                 self.options.topic, self.options.channel, len(conns), want)
+                self._send_all(sends)
+        if initial and errors and not self.connection_count():
             raise NSQClientError("cannot subscribe to any nsqd: " + "; ".join(errors))
 
     def _discovery_loop(self) -> None:
@@ -411,7 +480,8 @@ class Consumer:
         interval = ep.lookupd_poll_interval
         while not self._stopped.is_set():
             with self._cond:
-                have_all = bool(self._conns) and (
+                complete = all(len(self._conns.get(a, [])) >= n for a, n in self._per_nsqd.items())
+                have_all = bool(self._conns) and complete and (
                     not ep.nsqd_tcp_addresses or set(self._conns) >= set(ep.nsqd_tcp_addresses))
             # reconnect lost nsqds after a second; ask lookupd every poll interval
             self._wake_discovery.wait(interval if have_all else 1.0)
@@ -428,7 +498,7 @@ class Consumer:
     def _io_loop(self) -> None:
         while not self._stopped.is_set():
             with self._cond:
-                conns = [c for c in self._conns.values() if not c.closed]
+                conns = [c for cs in self._conns.values() for c in cs if not c.closed]
             if not conns:
                 self._stopped.wait(TICK)
                 continue
@@ -444,31 +514,40 @@ class Consumer:
 
     def _read(self, conn: NSQConnection) -> None:
         try:
-            frames = conn.read_frames()
-        except NSQClientError as e:
+            data, starts, others = conn.read_messages()
+            block = Block.parse(conn, data, starts, self.clock()) if starts else None
+        except (NSQClientError, ValueError) as e:
             log.warning("NSQ %s: %s", conn.address, e)
             self._lost(conn)
             return
-        now = self.clock()
         replies: list[bytes] = []
-        with self._cond:
-            for ftype, data in frames:
-                if ftype == FRAME_TYPE_MESSAGE:
-                    h = Held(conn, data, now)
-                    self.stats["received"] += 1
-                    key = (conn.address, h.id)
-                    if key in self._skip:
-                        self._skip.discard(key)
-                        self.stats["skipped"] += 1
-                        replies.append(fin(h.id))
-                        continue
-                    self._pending.append(h)
-                elif data == HEARTBEAT:
-                    replies.append(b"NOP\n")
-                elif ftype == FRAME_TYPE_ERROR:
-                    log.warning("NSQ %s: %s", conn.address, data.decode("utf-8", "replace"))
-            self._last_arrival = now
-            self._cond.notify_all()
+        rdy_sends: list[tuple[NSQConnection, bytes]] = []
+        for ftype, frame in others:
+            if frame == HEARTBEAT:
+                replies.append(b"NOP\n")
+            elif ftype == FRAME_TYPE_ERROR:
+                log.warning("NSQ %s: %s", conn.address, frame.decode("utf-8", "replace"))
+        if block is not None:
+            with self._cond:
+                self.stats["received"] += len(block)
+                skip = self._skip.get(conn.address)
+                if skip is not None and len(skip):
+                    hit = np.isin(block.ids, skip)
+                    if hit.any():
+                        replies.append(commands(b"FIN", block.ids[hit]))
+                        self.stats["skipped"] += int(hit.sum())
+                        self._skip[conn.address] = np.setdiff1d(skip, block.ids[hit])
+                        block = block.select(~hit)
+                if len(block):
+                    self._pending.append(block)
+                self._last_arrival = self._arrived[conn] = block.touched
+                if not self._full and self._held_bytes() >= self.options.max_bytes_in_flight:
+                    # hold no more message data: RDY 0 until Spark's commits let us FIN
+                    self._full = True
+                    self.stats["full"] += 1
+                    rdy_sends = self._rdy_updates()
+                self._cond.notify_all()
+        self._send_all(rdy_sends)
         if replies:
             self._send_all((conn, r) for r in replies)
 
@@ -478,17 +557,21 @@ class Consumer:
         sends = []
         with self._cond:
             for queue in (self._pending, self._planned):
-                for h in queue:
-                    timeout = (h.conn.settings.get("msg_timeout") or 60000) / 1000.0
-                    if now - h.touched >= timeout / 2 and not h.conn.closed:
-                        h.touched = now
-                        sends.append((h.conn, touch(h.id)))
-            self.stats["touched"] += len(sends)
+                for b in queue:
+                    timeout = (b.conn.settings.get("msg_timeout") or 60000) / 1000.0
+                    if now - b.touched >= timeout / 2 and not b.conn.closed:
+                        b.touched = now
+                        sends.append((b.conn, commands(b"TOUCH", b.ids)))
+                        self.stats["touched"] += len(b)
         self._send_all(sends)
 
 
-def _ids_of(batch: list[Held]) -> dict[str, str]:
-    ids: dict[str, list[str]] = {}
-    for h in batch:
-        ids.setdefault(h.conn.address, []).append(h.id.decode("ascii", "replace"))
-    return {address: "".join(v) for address, v in sorted(ids.items())}
+def _max_rdy(conn: NSQConnection) -> int:
+    return int(conn.settings.get("max_rdy_count") or DEFAULT_MAX_RDY)
+
+
+def _ids_of(batch: list[Block]) -> dict[str, str]:
+    ids: dict[str, list[np.ndarray]] = {}
+    for b in batch:
+        ids.setdefault(b.conn.address, []).append(b.ids)
+    return {address: encode_ids(np.concatenate(v)) for address, v in sorted(ids.items())}

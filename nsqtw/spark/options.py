@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -11,6 +12,10 @@ from nsqtw.spark.client import ConnectSettings, split_address
 #: nsqd's defaults for --max-msg-size and --max-body-size.
 DEFAULT_MAX_MSG_SIZE = 1024 * 1024
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024
+#: messages a reader holds at once; with 100-byte messages about 20 MB in the driver
+DEFAULT_MAX_IN_FLIGHT = 100000
+#: message bytes a reader holds at once before it stops asking for more (RDY 0)
+DEFAULT_MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
 
 
 class NSQOptionError(ValueError):
@@ -137,6 +142,9 @@ class ReaderOptions:
     channel: str
     max_messages_per_batch: int | None
     max_in_flight: int
+    max_bytes_in_flight: int
+    connections_per_nsqd: int   # 0: enough for max_in_flight under nsqd's --max-rdy-count
+    num_partitions: int
     msg_timeout_ms: int
     drain_timeout: float
 
@@ -151,7 +159,10 @@ class ReaderOptions:
             topic=topic,
             channel=channel,
             max_messages_per_batch=per_batch or None,
-            max_in_flight=_int(options, "max_in_flight", 1000),
+            max_in_flight=_int(options, "max_in_flight", DEFAULT_MAX_IN_FLIGHT),
+            max_bytes_in_flight=_int(options, "max_bytes_in_flight", DEFAULT_MAX_BYTES_IN_FLIGHT),
+            connections_per_nsqd=_int(options, "connections_per_nsqd", 0, minimum=0),
+            num_partitions=_int(options, "num_partitions", os.cpu_count() or 1),
             msg_timeout_ms=msg_timeout_ms,
             drain_timeout=_int(options, "drain_timeout_ms", 2000, minimum=0) / 1000.0,
         )

@@ -3,40 +3,26 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import struct
+from collections.abc import Iterable
 
+import pyarrow as pa
+
+from nsqtw.spark.blocks import mpub_body, mpub_chunks
 from nsqtw.spark.client import NSQClientError, NSQConnection
 from nsqtw.spark.discovery import LookupdUnavailable, all_nodes, lookup_topic
 from nsqtw.spark.options import WriterOptions, lookupd_url
 
 log = logging.getLogger("nsqtw.spark")
 
+#: MPUBs sent before waiting for the first OK (nsqd answers them in order)
+PIPELINE = 2
+#: how long to wait for nsqd's OK to one MPUB
+PUBLISH_TIMEOUT = 30.0
+
 
 class NSQWriteError(ValueError):
     """A row cannot become an NSQ message (no body, too big, bad topic)."""
-
-
-def chunks(bodies: Iterable[bytes], max_msg_size: int, max_body_size: int) -> Iterator[list[bytes]]:
-    """Group bodies into MPUBs whose body (count + sizes + messages) fits ``max_body_size``.
-
-    Raises :class:`NSQWriteError` for an empty body or one over ``max_msg_size``,
-    which nsqd would refuse (and close the connection over).
-    """
-    chunk: list[bytes] = []
-    size = 4
-    for i, body in enumerate(bodies):
-        n = len(body)
-        if n == 0:
-            raise NSQWriteError(f"row {i}: empty value (NSQ messages need a body of at least one byte)")
-        if n > max_msg_size:
-            raise NSQWriteError(f"row {i}: value of {n} bytes is over max_msg_size ({max_msg_size})")
-        if chunk and size + 4 + n > max_body_size:
-            yield chunk
-            chunk, size = [], 4
-        chunk.append(body)
-        size += 4 + n
-    if chunk:
-        yield chunk
 
 
 class Producer:
@@ -46,8 +32,11 @@ class Producer:
         self.options = options
         self.partition_id = partition_id
         self.conn: NSQConnection | None = None
+        #: messages and body bytes nsqd has confirmed
         self.count = 0
         self.bytes = 0
+        self._waiting = 0  # MPUBs sent, not yet answered
+        self._unconfirmed: list[tuple[int, int]] = []
 
     def _candidates(self, topic: str) -> list[str]:
         ep = self.options.endpoints
@@ -79,15 +68,56 @@ class Producer:
         raise NSQClientError("cannot connect to any nsqd: " + "; ".join(errors))
 
     def publish(self, topic: str, bodies: Iterable[bytes]) -> int:
-        """Publish every body to ``topic``; returns how many. Blocks until nsqd said OK to each MPUB."""
-        o = self.options
-        n = 0
-        for chunk in chunks(bodies, o.max_msg_size, o.max_body_size):
-            self._connection(topic).publish(topic, chunk)
-            n += len(chunk)
-            self.bytes += sum(len(b) for b in chunk)
-        self.count += n
+        """Publish every body to ``topic`` and wait for nsqd's OKs; returns how many."""
+        n = self.publish_array(topic, pa.array(list(bodies), pa.binary()))
+        self.flush()
         return n
+
+    def publish_array(self, topic: str, values: pa.Array) -> int:
+        """Publish every value of a binary (or string) Arrow array to ``topic``; returns how many.
+
+        The values go out in MPUBs under ``max_body_size``, built without a
+        per-row loop; up to :data:`PIPELINE` MPUBs are on the wire at once,
+        across calls: :meth:`flush` waits for nsqd's OK to all. Raises
+        :class:`NSQWriteError` for a null, empty or too large value before
+        anything of ``values`` is sent.
+        """
+        if pa.types.is_string(values.type):
+            values = values.cast(pa.binary())
+        elif pa.types.is_large_string(values.type):
+            values = values.cast(pa.large_binary())
+        if values.null_count:
+            raise NSQWriteError("column 'value' is null in some row: every message needs a body")
+        o = self.options
+        try:
+            runs = mpub_chunks(values, o.max_msg_size, o.max_body_size)
+        except ValueError as e:
+            raise NSQWriteError(str(e)) from None
+        if not runs:
+            return 0
+        conn = self._connection(topic)
+        head = b"MPUB " + topic.encode() + b"\n"
+        for start, stop in runs:
+            while self._waiting >= PIPELINE:
+                self._confirm(conn)
+            body = mpub_body(values.slice(start, stop - start))
+            conn.send(head + struct.pack(">I", len(body)) + body)
+            self._waiting += 1
+            self._unconfirmed.append((stop - start, len(body) - 4 - 4 * (stop - start)))
+        return len(values)
+
+    def _confirm(self, conn: NSQConnection) -> None:
+        conn.expect_response(PUBLISH_TIMEOUT)
+        self._waiting -= 1
+        n, size = self._unconfirmed.pop(0)
+        self.count += n
+        self.bytes += size
+
+    def flush(self) -> None:
+        """Wait for nsqd's OK to every MPUB sent (raises NSQClientError on an error answer)."""
+        while self._waiting:
+            assert self.conn is not None
+            self._confirm(self.conn)
 
     def close(self) -> None:
         if self.conn is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -26,6 +27,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from nsqtw.names import is_valid_topic_name
+from nsqtw.spark.blocks import from_ipc, to_ipc, to_record_batch
 from nsqtw.spark.consumer import Consumer, Offset
 from nsqtw.spark.options import NSQOptionError, ReaderOptions, WriterOptions
 from nsqtw.spark.producer import NSQWriteError, Producer
@@ -35,15 +37,8 @@ log = logging.getLogger("nsqtw.spark")
 SCHEMA = ("id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, "
           "topic STRING, channel STRING, nsqd_address STRING")
 
-#: the Arrow schema Spark expects for SCHEMA (timestamps are UTC microseconds)
-ARROW_SCHEMA = pa.schema([
-    ("id", pa.string()), ("body", pa.binary()), ("timestamp", pa.timestamp("us", tz="UTC")),
-    ("attempts", pa.int32()), ("topic", pa.string()), ("channel", pa.string()),
-    ("nsqd_address", pa.string()),
-])
-
-#: rows per input partition; a batch from one nsqd is split beyond this
-PARTITION_ROWS = 20000
+#: a batch is split into at most ``num_partitions`` partitions of at least this many rows
+MIN_PARTITION_ROWS = 1000
 
 
 class NSQDataSource(DataSource):
@@ -79,16 +74,13 @@ class NSQDataSource(DataSource):
 
 
 class NSQPartition(InputPartition):
-    """The messages of one batch from one nsqd, carried to the executor that emits them."""
+    """Some rows of one batch, as an Arrow IPC stream, carried to the executor that emits them."""
 
-    def __init__(self, address: str, ids: list[str], bodies: list[bytes],
-                 timestamps: list[int], attempts: list[int]) -> None:
-        super().__init__(address)
-        self.address = address
-        self.ids = ids
-        self.bodies = bodies
-        self.timestamps = timestamps
-        self.attempts = attempts
+    def __init__(self, index: int, rows: int, data: bytes) -> None:
+        super().__init__(index)
+        self.index = index
+        self.rows = rows
+        self.data = data
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -136,22 +128,22 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start if end == begin else end.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        held = self.consumer.messages(Offset.from_json(start), Offset.from_json(end))
-        by_address: dict[str, list[Any]] = {}
-        for h in held:
-            by_address.setdefault(h.conn.address, []).append(h)
-        parts: list[InputPartition] = []
-        for address, msgs in sorted(by_address.items()):
-            for i in range(0, len(msgs), PARTITION_ROWS):
-                chunk = msgs[i:i + PARTITION_ROWS]
-                parts.append(NSQPartition(
-                    address, [h.id.decode("ascii", "replace") for h in chunk], [h.body for h in chunk],
-                    [h.timestamp for h in chunk], [h.attempts for h in chunk]))
-        return parts
+        blocks = self.consumer.messages(Offset.from_json(start), Offset.from_json(end))
+        batch = to_record_batch(blocks, self.options.topic, self.options.channel)
+        n = batch.num_rows
+        if not n:
+            return []
+        # as many partitions as the executors have cores, unless that makes them tiny
+        parts = max(1, min(self.options.num_partitions, n // MIN_PARTITION_ROWS))
+        out: list[InputPartition] = []
+        for i in range(parts):
+            lo, hi = n * i // parts, n * (i + 1) // parts
+            out.append(NSQPartition(i, hi - lo, to_ipc(batch.slice(lo, hi - lo))))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, NSQPartition)
-        yield to_record_batch(partition, self.options.topic, self.options.channel)
+        yield from from_ipc(partition.data)
 
     def commit(self, end: dict[str, Any]) -> None:
         self.consumer.acknowledge(Offset.from_json(end))
@@ -160,19 +152,6 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-
-
-def to_record_batch(p: NSQPartition, topic: str, channel: str) -> pa.RecordBatch:
-    n = len(p.ids)
-    return pa.RecordBatch.from_arrays([
-        pa.array(p.ids, pa.string()),
-        pa.array(p.bodies, pa.binary()),
-        pa.array([t // 1000 for t in p.timestamps], pa.timestamp("us", tz="UTC")),
-        pa.array(p.attempts, pa.int32()),
-        pa.array([topic] * n, pa.string()),
-        pa.array([channel] * n, pa.string()),
-        pa.array([p.address] * n, pa.string()),
-    ], schema=ARROW_SCHEMA)
 
 
 # -- writing ---------------------------------------------------------------
@@ -226,23 +205,22 @@ def _publish_batches(options: WriterOptions, columns: Columns,
     producer = Producer(options, ctx.partitionId() if ctx is not None else 0)
     try:
         for batch in batches:
-            values = batch.column(columns.value).to_pylist()
-            if not columns.value_is_binary:
-                values = [v.encode("utf-8") if v is not None else None for v in values]
-            if any(v is None for v in values):
+            values = batch.column(columns.value)
+            if values.null_count:
                 raise NSQWriteError("column 'value' is null in some row: every message needs a body")
             if columns.topic is None:
-                producer.publish(options.topic, values)
+                producer.publish_array(options.topic, values)
                 continue
-            by_topic: dict[str, list[bytes]] = {}
-            for topic, value in zip(batch.column(columns.topic).to_pylist(), values, strict=True):
-                by_topic.setdefault(topic or options.topic, []).append(value)
-            for topic, bodies in by_topic.items():
+            topics = batch.column(columns.topic)
+            if options.topic:
+                topics = pc.if_else(pc.equal(pc.fill_null(topics, ""), ""), options.topic, topics)
+            for topic in pc.unique(topics).to_pylist():
                 if not topic:
                     raise NSQWriteError("row without a topic: fill the 'topic' column or set the topic option")
                 if not is_valid_topic_name(topic):
                     raise NSQWriteError(f"invalid topic name {topic!r} in column 'topic'")
-                producer.publish(topic, bodies)
+                producer.publish_array(topic, values.filter(pc.equal(topics, topic)))
+        producer.flush()
         address = producer.conn.address if producer.conn is not None else ""
         return NSQCommitMessage(producer.count, producer.bytes, address)
     finally:

@@ -53,8 +53,9 @@ def publish(d: Daemon, topic: str, bodies: list[bytes]) -> None:
 
 
 def options(d: Daemon, **extra: str) -> ReaderOptions:
+    """One connection (max_in_flight under nsqd's --max-rdy-count) unless ``extra`` says otherwise."""
     return ReaderOptions.parse({"nsqd_tcp_addresses": d.tcp_address, "topic": "ev", "channel": "sp",
-                                **extra})
+                                "max_in_flight": "1000", **extra})
 
 
 @pytest.fixture
@@ -85,8 +86,13 @@ def plan_until(c: Consumer, begin: Offset, n: int, max_rows: int | None = None, 
         time.sleep(0.05)
 
 
+def rows(c: Consumer, begin: Offset, end: Offset) -> list[tuple[bytes, bytes, int, int]]:
+    """``(id, body, timestamp, attempts)`` of the batch's messages, in order."""
+    return [r for b in c.messages(begin, end) for r in b.rows()]
+
+
 def bodies(c: Consumer, begin: Offset, end: Offset) -> list[bytes]:
-    return [h.body for h in c.messages(begin, end)]
+    return [body for _id, body, _ts, _a in rows(c, begin, end)]
 
 
 def test_fin_only_after_commit(nsqd: Daemon, consumers: list[Consumer]) -> None:
@@ -95,7 +101,7 @@ def test_fin_only_after_commit(nsqd: Daemon, consumers: list[Consumer]) -> None:
     c = start(consumers, options(nsqd))
     begin = Offset(0)
     end = plan_until(c, begin, 20)
-    assert end.seq == 20 and len(end.id_set()) == 20
+    assert end.seq == 20 and end.count() == 20
     assert sorted(bodies(c, begin, end)) == sorted(b"m%d" % i for i in range(20))
     assert channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 20
     c.acknowledge(end)
@@ -128,11 +134,12 @@ def test_batch_contents_and_fields(nsqd: Daemon, consumers: list[Consumer]) -> N
     publish(nsqd, "ev", [b"x", b"y"])
     c = start(consumers, options(nsqd))
     end = plan_until(c, Offset(0), 2)
-    held = c.messages(Offset(0), end)
-    assert [h.body for h in held] == [b"x", b"y"]
-    assert all(h.attempts == 1 and len(h.id) == 16 for h in held)
-    assert all(before - 10**9 <= h.timestamp <= time.time_ns() for h in held)
-    assert end.ids == {nsqd.tcp_address: "".join(h.id.decode() for h in held)}
+    held = rows(c, Offset(0), end)
+    assert [body for _id, body, _ts, _a in held] == [b"x", b"y"]
+    assert all(a == 1 and len(i) == 16 for i, _body, _ts, a in held)
+    assert all(before - 10**9 <= ts <= time.time_ns() for _i, _body, ts, _a in held)
+    assert list(end.ids) == [nsqd.tcp_address]
+    assert sorted(end.id_arrays()[nsqd.tcp_address].tolist()) == sorted(i for i, _b, _t, _a in held)
 
 
 def test_held_across_idle_longer_than_msg_timeout(nsqd: Daemon, consumers: list[Consumer]) -> None:
@@ -148,7 +155,7 @@ def test_held_across_idle_longer_than_msg_timeout(nsqd: Daemon, consumers: list[
     assert (s["timeout_count"], s["requeue_count"], s["in_flight_count"], s["client_count"]) == (0, 0, 5, 1)
     assert c.stats["touched"] >= 5 and c.stats["lost"] == 0
     e2 = plan_until(c, end, 2)
-    assert all(h.attempts == 1 for h in c.messages(end, e2))
+    assert all(a == 1 for _i, _b, _t, a in rows(c, end, e2))
     c.acknowledge(e2)
     wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
     assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
@@ -182,9 +189,9 @@ def test_replayed_batch_is_emitted_again(nsqd: Daemon, consumers: list[Consumer]
     b = start(consumers, options(nsqd))
     assert b.messages(e1, e2) == []  # replayed by Spark: the messages went back to nsqd
     e3 = plan_until(b, e2, 3)
-    again = b.messages(e2, e3)
-    assert sorted(h.body for h in again) == second
-    assert all(h.attempts == 2 for h in again)
+    again = rows(b, e2, e3)
+    assert sorted(body for _i, body, _t, _a in again) == second
+    assert all(a == 2 for _i, _b, _t, a in again)
     b.acknowledge(e3)
     wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
     assert b.stats["skipped"] == 0
@@ -324,3 +331,37 @@ def test_auth(daemon_factory: Callable[..., Daemon], consumers: list[Consumer]) 
             Producer(WriterOptions.parse({**base, "auth_secret": "wrong"})).publish("ev", [b"x"])
     finally:
         server.close()
+
+
+def test_several_connections_per_nsqd(daemon_factory: Callable[..., Daemon], consumers: list[Consumer]) -> None:
+    """max_in_flight above nsqd's --max-rdy-count opens more connections: one batch exceeds one RDY."""
+    d = daemon_factory("--max-rdy-count=100")
+    publish(d, "ev", [b"c%03d" % i for i in range(450)])
+    c = start(consumers, options(d, max_in_flight="500"))
+    assert c.connection_count() == 5
+    end = plan_until(c, Offset(0), 450)
+    assert sorted(bodies(c, Offset(0), end)) == [b"c%03d" % i for i in range(450)]
+    s = channel_stats(d, "ev", "sp")
+    assert (s["client_count"], s["in_flight_count"]) == (5, 450)
+    assert max(client["in_flight_count"] for client in s["clients"]) <= 100
+    c.acknowledge(end)  # each FIN goes out on the connection its message came in on
+    wait_for(lambda: channel_stats(d, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    s = channel_stats(d, "ev", "sp")
+    assert (s["depth"], s["requeue_count"], s["timeout_count"]) == (0, 0, 0)
+
+
+def test_max_bytes_in_flight(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """Once the held bodies reach max_bytes_in_flight the consumer asks for no more until FINs free room."""
+    c = start(consumers, options(nsqd, max_bytes_in_flight="1000"))
+    publish(nsqd, "ev", [b"%03d" % i + b"x" * 97 for i in range(10)])  # 10 x 100 bytes: full
+    wait_for(lambda: c.stats["full"] == 1, what="the byte limit")
+    publish(nsqd, "ev", [b"%03d" % i + b"y" * 97 for i in range(10, 20)])
+    time.sleep(0.5)
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["in_flight_count"], s["depth"]) == (10, 10)  # RDY 0: the second ten wait in nsqd
+    e1 = plan_until(c, Offset(0), 10)
+    e2 = plan_until(c, e1, 10)  # FINs the first ten, which makes room again
+    assert [b[:3] for b in bodies(c, e1, e2)] == [b"%03d" % i for i in range(10, 20)]
+    c.acknowledge(e2)
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0

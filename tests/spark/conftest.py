@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import ROOT
-from tests.integration.conftest import daemon_factory, nsqd  # noqa: F401  (fixtures)
+from tests.integration.conftest import daemon_factory, lookupd_factory, nsqd  # noqa: F401  (fixtures)
 
 
 def _java() -> str | None:
