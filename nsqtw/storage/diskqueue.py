@@ -112,6 +112,9 @@ class DiskQueue:
         self._corruption: str | None = None
         #: segments renamed to ``.bad`` since the queue was opened (an nsqtw /stats field)
         self.segments_set_aside = 0
+        #: failed hand-offs of writes to disk since the queue was opened (retries count again;
+        #: ``/metrics``' nsqd_disk_write_errors_total)
+        self.write_errors = 0
 
         # reading
         self._buffer: deque[ReadRecord] = deque()
@@ -186,6 +189,10 @@ class DiskQueue:
 
     def _release_written(self, error: str | None = None) -> None:
         waiters = self._written_waiters
+        if error is not None:
+            # every waiter of now hears of the failure; one that waits again at once
+            # (from its errback) waits for the next attempt, not for this loop
+            waiters, self._written_waiters = waiters, deque()
         while waiters and (waiters[0][0] <= self._written_seq or error is not None):
             target, d = waiters.popleft()
             if target <= self._written_seq:
@@ -305,7 +312,7 @@ class DiskQueue:
 
     @property
     def write_error(self) -> str | None:
-        """Why writes are refused right now (``put`` raises), or ``None``."""
+        """Why writes fail right now (the records wait in memory for the retry), or ``None``."""
         return self._write_error
 
     @property
@@ -348,10 +355,11 @@ class DiskQueue:
         self._maybe_refill()
 
     def _check_writable(self) -> None:
+        # A write error does not refuse puts: the records wait in ``_pending``
+        # (bounded by the callers' backlog checks) and the retry writes them
+        # in order once the disk accepts again; refusing would drop them.
         if self._closed:
             raise BackendError("exiting")
-        if self._write_error is not None:
-            raise BackendError(self._write_error)
 
     def _check_size(self, data: bytes) -> None:
         size = len(data)
@@ -454,6 +462,7 @@ class DiskQueue:
 
     def _set_write_error(self, error: str) -> None:
         self._write_error = error
+        self.write_errors += 1
         if not self._closed and self._retry_call is None:
             self._retry_call = self._clock.callLater(self._retry_interval, self._flush)
 
@@ -534,6 +543,8 @@ class DiskQueue:
         batch, self._pending = self._pending, []
         try:
             written, error = await self._submit(self._disk.close, batch)
+            self._written_seq += written  # what is left is what the stop could not flush
+            self._backlog_bytes -= sum(map(len, batch[:written]))
         finally:
             self._executor.stop()
         if error is not None:

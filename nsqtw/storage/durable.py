@@ -99,8 +99,10 @@ class DurableTopicDelivery:
         backend = self._backend
         for channel in channels:
             delivery = channel.delivery
-            if isinstance(delivery, DurableChannelDelivery) and delivery.write_error() is not None:
-                # a durable channel cannot take writes: wait rather than skip it
+            if isinstance(delivery, DurableChannelDelivery) and (
+                    delivery.write_error() is not None or delivery.journal.behind()):
+                # a durable channel cannot take writes, or its journal is far behind on
+                # fsyncs: wait rather than skip it (memory stays bounded meanwhile)
                 topic.clock.callLater(1.0, topic.wake)
                 return False
         records = backend.read_positions(TOPIC_BATCH)
@@ -181,6 +183,8 @@ class DurableChannelDelivery:
         #: the topic's records up to this position reached this channel before a restart
         self.handoff_floor: Position | None = journal.handoff_floor
         self._taken_floor: Position | None = journal.taken_floor
+        #: a wake-up is registered for when the journal catches up
+        self._waiting_journal = False
         recovered, journal.recovered = journal.recovered, {}
         if recovered:
             now = channel.clock.seconds()
@@ -214,6 +218,13 @@ class DurableChannelDelivery:
         channel = self.channel
         journal = self.journal
         backend = self._backend
+        if journal.behind():
+            # its unsynced records are past the bound (fsync slow or failing): take
+            # nothing more for delivery until they are on disk
+            if not self._waiting_journal:
+                self._waiting_journal = True
+                journal.on_synced(self._journal_caught_up)
+            return []
         out: list[Message] = []
         last: Position | None = None
         seen: set[bytes] = set()
@@ -243,6 +254,10 @@ class DurableChannelDelivery:
             mark = backend.read_mark()
             journal.on_synced(lambda: backend.commit_read(mark))
         return out
+
+    def _journal_caught_up(self) -> None:
+        self._waiting_journal = False
+        self.channel.wake()
 
     def _take(self, records: list[tuple[bytes, int, int]], out: list[Message], seen: set[bytes]) -> None:
         channel = self.channel

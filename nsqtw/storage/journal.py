@@ -27,7 +27,9 @@ in the next write, and each write is fsynced before anyone waiting on it is
 told (group commit).  Replay stops at the first record that is short or
 fails its CRC (a torn tail) and cuts the file there.  When the file grows to
 more than twice what its live messages need, the next write replaces it with
-a snapshot of the live ones (compaction), still on the journal's own thread.
+a snapshot of the live ones (compaction): the reactor only lists them (a tuple
+per message, nothing encoded); the records are built and written on the
+journal's disk lane.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ MAGIC = b"NSQTWJ1\n"
 SUFFIX = ".nsqtw.journal"
 #: a journal smaller than this is never compacted
 COMPACT_MIN_BYTES = 4 << 20
+#: past this many bytes of records not yet fsynced, the journal is behind: its channel takes no
+#: more messages for delivery and its topic hands off nothing more until it catches up
+PENDING_LIMIT_BYTES = 8 << 20
 
 REC_MESSAGE = ord("M")
 REC_STATE = ord("A")
@@ -138,6 +143,26 @@ def due_record(msg_id: bytes, due: float) -> bytes:
 
 
 CLEAR_RECORD = _record(REC_CLEAR, b"")
+
+#: what compaction keeps: (id, timestamp, attempts, due, body) per live message, the due times,
+#: the taken and handed-off positions
+_Snapshot = tuple[list[tuple[bytes, int, int, float, bytes]], list[tuple[bytes, float]],
+                  "Position | None", "Position | None"]
+
+
+def build_snapshot(snap: _Snapshot) -> bytes:
+    """Disk lane: a whole journal file holding only ``snap`` (compaction)."""
+    items, dues, taken, handoff = snap
+    parts = [MAGIC]
+    for msg_id, ts, attempts, due, body in items:
+        payload = _MSG.pack(msg_id, ts, min(attempts, 0xFFFF), _due_ms(due)) + body
+        parts.append(_record(REC_MESSAGE, payload))
+    parts.extend(due_record(i, t) for i, t in dues)
+    if taken is not None:
+        parts.append(position_record(REC_TAKEN, taken))
+    if handoff is not None:
+        parts.append(position_record(REC_HANDOFF, handoff))
+    return b"".join(parts)
 _DUE_RECORD_SIZE = len(due_record(b"0" * 16, 0.0))
 
 
@@ -344,6 +369,10 @@ class Journal:
         self.snapshot: Callable[[], Iterable[tuple[Message, float]]] | None = None
 
         self._pending: list[bytes] = []
+        #: bytes in ``_pending`` plus the write under way (what an fsync that never
+        #: succeeds would otherwise let grow without bound)
+        self._pending_bytes = 0
+        self._writing_bytes = 0
         self._seq = 0
         self._synced_seq = 0
         self._waiters: deque[tuple[int, Callable[[], object]]] = deque()
@@ -364,10 +393,19 @@ class Journal:
         if self._closed:
             return
         self._pending.append(data)
+        self._pending_bytes += len(data)
         self._seq += 1
         self._file_bytes += len(data)
         if self._flush_call is None and not self._flushing and self._retry_call is None:
             self._flush_call = self._clock.callLater(0, self._flush)
+
+    def behind(self) -> bool:
+        """Whether unsynced records passed :data:`PENDING_LIMIT_BYTES` (writers must wait)."""
+        return self._pending_bytes + self._writing_bytes > PENDING_LIMIT_BYTES
+
+    def unsynced(self) -> int:
+        """Records appended and not yet fsynced (what a stop could not flush)."""
+        return self._seq - self._synced_seq
 
     def is_live(self, msg_id: bytes) -> bool:
         return msg_id in self._live
@@ -461,25 +499,24 @@ class Journal:
     def _should_compact(self) -> bool:
         return self._file_bytes >= self._compact_min and self._file_bytes > 2 * self._live_bytes
 
-    def _snapshot_bytes(self) -> bytes:
-        parts = [MAGIC]
-        live: dict[bytes, int] = {}
-        for msg, due in self.snapshot() if self.snapshot is not None else ():
-            rec = message_record(msg, msg.attempts, due)
-            live[msg.id] = len(rec)
-            parts.append(rec)
+    def _take_snapshot(self) -> _Snapshot:
+        """The live state, taken on the reactor without encoding anything (cheap: a tuple per
+        message); :func:`build_snapshot` turns it into the file's bytes on the disk lane."""
+        items = [(m.id, m.timestamp, m.attempts, due, m.body)
+                 for m, due in (self.snapshot() if self.snapshot is not None else ())]
+        overhead = _HEAD.size + _MSG.size + _CRC.size
+        live = {i[0]: overhead + len(i[4]) for i in items}
         if self.dues:
             now = self._clock.seconds()
             # a due time already past changes nothing: the message goes out at once anyway
             self.dues = {i: t for i, t in self.dues.items() if t > now}
-            parts.extend(due_record(i, t) for i, t in self.dues.items())
-        if self._taken is not None:
-            parts.append(position_record(REC_TAKEN, self._taken))
-        if self._handoff is not None:
-            parts.append(position_record(REC_HANDOFF, self._handoff))
         self._live = live
         self._live_bytes = sum(live.values()) + _DUE_RECORD_SIZE * len(self.dues)
-        return b"".join(parts)
+        return items, list(self.dues.items()), self._taken, self._handoff
+
+    def _rewrite(self, snap: _Snapshot) -> int:
+        """Disk lane: encode the snapshot and replace the file with it."""
+        return self._file.rewrite(build_snapshot(snap))
 
     def _flush(self) -> None:
         self._flush_call = None
@@ -488,10 +525,10 @@ class Journal:
             return
         target = self._seq
         batch, self._pending = self._pending, []
+        self._writing_bytes, self._pending_bytes = self._pending_bytes, 0
         compact = self._should_compact()
         if compact:
-            data = self._snapshot_bytes()
-            d = self._executor.submit(self._file.rewrite, data)
+            d = self._executor.submit(self._rewrite, self._take_snapshot())
         else:
             d = self._executor.submit(self._file.append, b"".join(batch))
         self._flushing = True
@@ -501,6 +538,7 @@ class Journal:
 
     def _flush_done(self, size: int, target: int, compact: bool) -> None:
         self._flushing = False
+        self._writing_bytes = 0
         if compact:
             self.compactions += 1
             self._file_bytes = size + sum(len(p) for p in self._pending)
@@ -518,6 +556,8 @@ class Journal:
     def _flush_failed(self, failure: Failure, batch: list[bytes]) -> None:
         self._flushing = False
         self._pending[:0] = batch
+        self._pending_bytes += self._writing_bytes
+        self._writing_bytes = 0
         error = f"JOURNAL({self.name}) failed to write: {failure.getErrorMessage()}"
         if error != self.error:
             self.log.error("{error}", error=error)

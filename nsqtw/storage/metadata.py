@@ -32,18 +32,29 @@ log = Logger(namespace="nsqtw.storage.metadata")
 Submit = Callable[..., "Deferred[Any]"]
 
 
-def encode(nsqd: NSQD) -> bytes:
-    """The metadata document for the node's current topics and channels."""
-    topics = []
-    for name in sorted(nsqd.topics):
-        topic = nsqd.topics[name]
-        if topic.ephemeral:
-            continue
-        channels = [{"name": c.name, "paused": c.paused}
-                    for c in sorted(topic.channels.values(), key=lambda c: c.name) if not c.ephemeral]
-        topics.append({"name": topic.name, "paused": topic.paused, "channels": channels})
+#: a node's topics and channels as plain values: ``[(topic, paused, [(channel, paused)])]``
+State = list[tuple[str, bool, list[tuple[str, bool]]]]
+
+
+def snapshot(nsqd: NSQD) -> State:
+    """The durable topics and channels, taken on the reactor (no sorting, no encoding)."""
+    return [(topic.name, topic.paused,
+             [(c.name, c.paused) for c in topic.channels.values() if not c.ephemeral])
+            for topic in nsqd.topics.values() if not topic.ephemeral]
+
+
+def encode_state(state: State) -> bytes:
+    """The metadata document for a snapshot (sorted, as nsqd.dat is written); safe off the reactor."""
+    topics = [{"name": name, "paused": paused,
+               "channels": [{"name": c, "paused": p} for c, p in sorted(channels)]}
+              for name, paused, channels in sorted(state)]
     doc = {"topics": topics, "version": NSQD_VERSION}
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def encode(nsqd: NSQD) -> bytes:
+    """The metadata document for the node's current topics and channels."""
+    return encode_state(snapshot(nsqd))
 
 
 def decode(data: bytes) -> list[dict[str, Any]]:
@@ -102,12 +113,27 @@ def write_file(data_path: str, data: bytes, filename: str = FILENAME) -> None:
     atomic_write(os.path.join(data_path, filename), data)
 
 
-class MetadataStore:
-    """Keeps ``nsqd.dat`` in step with the node, one write per reactor turn.
+def write_state(data_path: str, state: State) -> None:
+    """Disk thread: encode a snapshot and write it as ``nsqd.dat``."""
+    write_file(data_path, encode_state(state))
 
-    Any number of changes in one turn cost one write of the latest state;
-    writes run in order on ``submit`` (a one-thread executor) and a failure
-    is reported to the node's health.
+
+#: seconds between attempts to write ``nsqd.dat`` after a failed one
+RETRY_INTERVAL = 1.0
+
+
+class MetadataStore:
+    """Keeps ``nsqd.dat`` in step with the node, with at most one write in flight.
+
+    A change schedules a write of the then-current state for the end of the
+    reactor turn; changes made while a write is on the disk thread are
+    folded into one more write after it. So a storm of creates costs a
+    handful of writes, not one per topic, and the reactor only takes the
+    snapshot (linear, no sorting or JSON): encoding and the fsync run on
+    ``submit`` (the metadata lane). A failure is reported to the node's
+    health and the write is tried again every :data:`RETRY_INTERVAL`
+    seconds until it succeeds (a full disk that gets room back: health OK
+    again without another change).
     """
 
     def __init__(self, nsqd: NSQD, data_path: str, clock: IReactorTime, submit: Submit) -> None:
@@ -116,25 +142,43 @@ class MetadataStore:
         self._clock = clock
         self._submit = submit
         self._scheduled = False
+        self._writing = 0
+        self._dirty = False
+        #: writes done since start (tests count them)
+        self.writes = 0
 
     def changed(self) -> None:
-        if not self._scheduled:
+        if self._writing:
+            self._dirty = True
+        elif not self._scheduled:
             self._scheduled = True
             self._clock.callLater(0, self._write)
 
     def _write(self) -> None:
         self._scheduled = False
-        self.persist()
+        if not self._writing:
+            self.persist()
 
     def persist(self) -> Deferred[Any]:
-        """Write the current state now (also used at shutdown)."""
-        data = encode(self.nsqd)
-        d = self._submit(write_file, self.data_path, data)
+        """Write the current state now (also used at shutdown, after any write in flight)."""
+        self._writing += 1
+        self._dirty = False
+        d = self._submit(write_state, self.data_path, snapshot(self.nsqd))
         d.addCallbacks(self._ok, self._failed)
+        d.addBoth(self._written)
         return d
+
+    def _written(self, result: Any) -> Any:
+        self.writes += 1
+        self._writing -= 1
+        if self._dirty and not self._writing:
+            self.changed()
+        return result
 
     def _ok(self, _: Any) -> None:
         self.nsqd.set_health("metadata", None)
 
     def _failed(self, failure: Any) -> None:
         self.nsqd.set_health("metadata", f"failed to persist metadata - {failure.getErrorMessage()}")
+        if not self.nsqd.exiting:
+            self._clock.callLater(RETRY_INTERVAL, self.changed)

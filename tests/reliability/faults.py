@@ -7,7 +7,9 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_DISK_FULL_FLAG=<path>``: while that file exists, writes fail
   with ENOSPC (a disk that fills up, where the test may not mount a tmpfs);
 - ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
-  slower than the publishers).
+  slower than the publishers);
+- ``NSQTW_TEST_FSYNC_FAIL_FLAG=<path>``: while that file exists, every fsync of
+  the disk queues and journals (the node's timed fsync) fails with EIO.
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ def install() -> None:
     defaults = diskqueue.DiskQueue.__init__.__kwdefaults__
     assert defaults is not None and "write_fn" in defaults
     defaults["write_fn"] = write
+
+    fsync_flag = os.environ.get("NSQTW_TEST_FSYNC_FAIL_FLAG")
+    if fsync_flag:
+        from nsqtw.storage.fsync import FsyncLatency
+
+        timed = FsyncLatency.fsync
+
+        def fsync(self: FsyncLatency, fd: int) -> None:
+            if os.path.exists(fsync_flag):
+                raise OSError(errno.EIO, "Input/output error")
+            timed(self, fd)
+
+        FsyncLatency.fsync = fsync  # type: ignore[method-assign]
 
 
 def faulty_daemon_code() -> str:

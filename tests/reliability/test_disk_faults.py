@@ -1,16 +1,20 @@
-"""A data path on a disk that fills up, then gets space back.
+"""A data path on a disk that fills up, then gets space back (issue #15 item 1).
 
-Where the test may mount (root), the data path is a real 256 KiB tmpfs that
-fills and is then grown with ``remount``; the same scenario also runs
-everywhere with an injected fault in the disk layer (writes fail with
-ENOSPC while a flag file exists, see :mod:`tests.reliability.faults`).
+Where the test may mount (root), the data path is on a real 8 MiB tmpfs
+that a filler file fills to the last byte and that gets its space back when
+the file is removed; the same scenarios also run everywhere with an
+injected fault in the disk layer (writes fail with ENOSPC while a flag file
+exists, see :mod:`tests.reliability.faults`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,22 +29,37 @@ from tests.reliability.faults import faulty_daemon_code
 DiskFull = tuple[Daemon, Callable[[], None], Callable[[], None]]
 
 
+def _filler(path: str) -> Callable[[], None]:
+    """Fill the filesystem of ``path`` up to its last byte with one file."""
+    def fill() -> None:
+        with open(os.path.join(path, "filler"), "wb", buffering=0) as f:
+            for size in (65536, 1):  # then the last partial chunk
+                try:
+                    while True:
+                        f.write(b"\0" * size)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+    return fill
+
+
 @pytest.fixture(params=["tmpfs", "injected"])
 def full_disk(request, tmp_path) -> Iterator[DiskFull]:
-    """A running daemon, ``fill()`` (or let publishing fill it) and ``make_room()``."""
+    """A running daemon, ``fill()`` its disk and ``make_room()`` again."""
+    extra = getattr(request, "param_args", ())
     if request.param == "tmpfs":
         path = tmp_path / "fs"
         path.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)],
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(path)],
                                 capture_output=True)
         if result.returncode != 0:
             pytest.skip("cannot mount tmpfs here (the injected variant covers it): "
                         + result.stderr.decode().strip())
-        d = Daemon(str(path), "--mem-queue-size=0", "--max-bytes-per-file=65536")
+        data = path / "data"
+        data.mkdir()
+        d = Daemon(str(data), "--mem-queue-size=0", "--max-bytes-per-file=65536", *extra)
         d.start()
         try:
-            yield d, lambda: None, lambda: subprocess.run(
-                ["mount", "-o", "remount,size=8m", str(path)], check=True)
+            yield d, _filler(str(path)), lambda: os.unlink(path / "filler")
         finally:
             d.stop()
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
@@ -48,7 +67,7 @@ def full_disk(request, tmp_path) -> Iterator[DiskFull]:
         path = tmp_path / "data"
         path.mkdir()
         flag = str(tmp_path / "disk-is-full")
-        d = Daemon(str(path), "--mem-queue-size=0", "--max-bytes-per-file=65536",
+        d = Daemon(str(path), "--mem-queue-size=0", "--max-bytes-per-file=65536", *extra,
                    code=faulty_daemon_code(), env={"NSQTW_TEST_DISK_FULL_FLAG": flag})
         d.start()
         try:
@@ -57,32 +76,34 @@ def full_disk(request, tmp_path) -> Iterator[DiskFull]:
             d.stop()
 
 
+def http_post(d: Daemon, path: str, body: bytes = b"") -> int:
+    request = (b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+               % (path.encode(), len(body))) + body
+    return status_of(http_raw(d.http_address, request, timeout=30))
+
+
 def test_disk_full_then_space_returns(full_disk) -> None:
-    """Disk full: E_PUB_FAILED, unhealthy /ping and /stats, HTTP /pub refused; space back: publishing
-    recovers and every acknowledged message is delivered."""
+    """Disk full: publishes are still taken (into bounded memory), /ping and /stats say NOK with the
+    error; space back: health OK, and every acknowledged message is delivered."""
     d, fill, make_room = full_disk
     acked = []
     body = b"x" * 1000
-    error = None
-    for i in range(1000):
+    for i in range(300):
         if i == 20:
             fill()
         c = Client(d.tcp_address)
         c.cmd("PUB", "t", body=b"%05d" % i + body)
         ftype, data = c.response(timeout=5)
         c.close()
-        if ftype != 0:
-            error = data
-            break
+        assert ftype == 0, data
         acked.append(b"%05d" % i + body)
-    assert error is not None and error.startswith(b"E_PUB_FAILED PUB failed"), error
+    assert wait_for(lambda: ping(d)[0] == 500, 10)
     status, text = ping(d)
-    assert status == 500 and text.startswith(b"NOK"), (status, text)
+    assert status == 500 and text.startswith(b"NOK") and b"no space left on device" in text.lower(), text
     with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json") as r:
         assert json.load(r)["health"].startswith("NOK")
-    response = http_raw(d.http_address, b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                                        b"Content-Length: 4\r\n\r\nhttp")
-    assert status_of(response) == 503 and response.endswith(b'{"message":"EXITING"}'), response
+    assert http_post(d, "/pub?topic=t", b"http") == 200
+    acked.append(b"http")
 
     make_room()
     assert wait_for(lambda: ping(d)[0] == 200, 10)
@@ -93,3 +114,82 @@ def test_disk_full_then_space_returns(full_disk) -> None:
     got = {m.body for m in subscribe(d.tcp_address, "t", "c", rdy=200).drain()}
     assert set(acked) <= got
     assert_no_traceback(d)
+
+
+def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
+    """Issue #15's scenario: --mem-queue-size=0, channel c on topic full, the topic paused, 3,000
+    messages of 1 KB published and acknowledged; the disk fills and the topic is unpaused (the
+    hand-off to the channel fails to write); space returns: all 3,000 are delivered (were 950)."""
+    d, fill, make_room = full_disk
+    assert http_post(d, "/topic/create?topic=full") == 200
+    assert http_post(d, "/channel/create?topic=full&channel=c") == 200
+    assert http_post(d, "/topic/pause?topic=full") == 200
+    bodies = [b"%05d" % i + b"k" * 1019 for i in range(3000)]
+    c = Client(d.tcp_address)
+    for i in range(0, 3000, 100):
+        c.mpub("full", bodies[i:i + 100])
+        assert c.response(timeout=10) == (0, b"OK")
+    c.close()
+    time.sleep(1.0)  # handed to the disk thread: written by now
+    fill()
+    assert http_post(d, "/topic/unpause?topic=full") == 200
+    assert wait_for(lambda: ping(d)[0] == 500, 15), "the hand-off's writes did not fail"
+    time.sleep(2.5)  # a couple of failed retries
+    assert ping(d)[0] == 500
+    make_room()
+    assert wait_for(lambda: ping(d) == (200, b"OK"), 15), (ping(d), d.read_output()[-3000:])
+    consumer = subscribe(d.tcp_address, "full", "c", rdy=500)
+    got = []
+    for m in consumer.drain():
+        got.append(m.body)
+        consumer.fin(m)
+    assert len(got) == 3000 and set(got) == set(bodies), (len(got), len(set(got)))
+    assert_no_traceback(d)
+
+
+def test_publishers_wait_at_the_bound(tmp_path) -> None:
+    """50 concurrent MPUB publishers (480 KB each, 24 MB in all) against a full disk: publishes are
+    taken only while the unwritten backlog is under its bound (16 MiB), checked before accepting;
+    the rest are not read (no answer) and HTTP publishers get 503 after their wait; space back:
+    every publisher gets OK and every message is delivered."""
+    path = tmp_path / "data"
+    path.mkdir()
+    flag = str(tmp_path / "disk-is-full")
+    d = Daemon(str(path), "--mem-queue-size=0", code=faulty_daemon_code(),
+               env={"NSQTW_TEST_DISK_FULL_FLAG": flag})
+    d.start()
+    try:
+        assert http_post(d, "/topic/create?topic=t") == 200
+        assert http_post(d, "/channel/create?topic=t&channel=c") == 200
+        open(flag, "w").close()
+        answers: dict[int, tuple[float, tuple[int, bytes]]] = {}
+        started = time.monotonic()
+
+        def publish(n: int) -> None:
+            c = Client(d.tcp_address, timeout=90)
+            c.mpub("t", [b"%02d-%02d-" % (n, i) + b"p" * 48_000 for i in range(10)])
+            answers[n] = (time.monotonic() - started, c.response(timeout=90))
+            c.close()
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(50)]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: len(answers) >= 30, 20)
+        time.sleep(2.0)
+        early = dict(answers)
+        # 16 MiB / 480 KB: at most 35 batches taken (the one crossing the bound included)
+        assert 30 <= len(early) <= 35, len(early)
+        assert all(a == (0, b"OK") for _, a in early.values())
+        http_started = time.monotonic()
+        assert http_post(d, "/pub?topic=t", b"refused") == 503
+        assert 9 <= time.monotonic() - http_started < 20
+        assert len(answers) == len(early)  # still nobody else answered
+        os.unlink(flag)
+        for t in threads:
+            t.join(60)
+        assert len(answers) == 50 and all(a == (0, b"OK") for _, a in answers.values()), answers
+        got = {m.body[:6] for m in subscribe(d.tcp_address, "t", "c", rdy=200).drain()}
+        assert got == {b"%02d-%02d-" % (n, i) for n in range(50) for i in range(10)}
+        assert_no_traceback(d)
+    finally:
+        d.stop()

@@ -515,7 +515,8 @@ class LifecycleTests(DiskQueueTestBase):
         self.failureResultOf(q.empty(), BackendError)
 
     def test_write_failure_and_recovery(self) -> None:
-        """A failed write refuses puts and shows in health(); a later retry writes everything, in order."""
+        """A failed write shows in health(); puts meanwhile wait in memory (backlog) and a later retry
+        writes everything, in order."""
         q = self.open()
         q.put(b"a")
         self.clock.advance(0)
@@ -523,17 +524,20 @@ class LifecycleTests(DiskQueueTestBase):
         q.put_many([b"b", b"c"])
         self.clock.advance(0)
         self.assertIn("No space left on device", q.health() or "")
-        self.assertRaises(BackendError, q.put, b"d")
-        self.assertEqual(q.depth(), 3)
+        q.put(b"d")
+        self.assertEqual(q.depth(), 4)
+        self.assertEqual(q.backlog(), 3)
         self.clock.advance(1.0)  # retry still fails
         self.assertIsNotNone(q.health())
         self.hooks.fail = None
         self.clock.advance(1.0)
         self.assertIsNone(q.health())
-        q.put(b"d")
+        self.assertEqual(q.backlog(), 0)
+        q.put(b"e")
         self.clock.advance(0)
-        self.assertEqual(self.read_all(q), [b"a", b"b", b"c", b"d"])
-        self.assertEqual(self.file("t.diskqueue.000000.dat"), b"".join(framed(x) for x in (b"a", b"b", b"c", b"d")))
+        self.assertEqual(self.read_all(q), [b"a", b"b", b"c", b"d", b"e"])
+        self.assertEqual(self.file("t.diskqueue.000000.dat"),
+                         b"".join(framed(x) for x in (b"a", b"b", b"c", b"d", b"e")))
 
     def test_partial_batch_failure_across_segments(self) -> None:
         """When a batch fails after some segments were written, only the rest is retried."""

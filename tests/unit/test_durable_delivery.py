@@ -42,7 +42,7 @@ class DurableTests(SynchronousTestCase):
 
         def journal(name: str) -> Journal:
             return Journal(name, self.path, self.clock, SynchronousDiskExecutor(),
-                           replay(journal_path(self.path, name)))
+                           replay(journal_path(self.path, name)), fsync_fn=self.journal_fsync)
 
         nsqd = NSQD(options, self.clock, backend, DurableDelivery(journal, options.sync_every))
         for name in find_journals(self.path):  # what the service does at start
@@ -56,6 +56,49 @@ class DurableTests(SynchronousTestCase):
     def settle(self) -> None:
         for _ in range(10):
             self.clock.advance(0)
+
+    journal_fails = False
+
+    def journal_fsync(self, fd: int) -> None:
+        if self.journal_fails:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    def test_delivery_waits_while_the_journal_is_behind(self) -> None:
+        """Issue #15 item 5: while journal fsyncs fail, its unsynced records stay bounded: past
+        PENDING_LIMIT_BYTES the channel takes nothing more for delivery; synced again, it goes on."""
+        from nsqtw.storage import journal as journal_module
+        self.patch(journal_module, "PENDING_LIMIT_BYTES", 5_000)
+        nsqd = self.build()
+        nsqd.publish("t", [b"m%03d" % i + b"x" * 200 for i in range(100)])
+        nsqd.get_topic("t").get_channel("c")
+        self.settle()
+        self.clock.advance(0.01)
+        self.settle()
+        self.journal_fails = True
+        p, t = self.consumer(nsqd, 10)
+        delivered = []
+        for _ in range(30):
+            got = self.messages(t)
+            delivered.extend(got)
+            for _, msg_id, _ in got:
+                p.dataReceived(encode_command(b"FIN", msg_id))
+            self.settle()
+            self.clock.advance(0.1)
+        channel = nsqd.topics["t"].channels["c"]
+        journal = channel.delivery.journal  # type: ignore[attr-defined]
+        self.assertTrue(journal.behind())
+        self.assertLess(len(delivered), 100)
+        self.assertLess(journal._pending_bytes + journal._writing_bytes, 5_000 + 10 * 300)
+        self.journal_fails = False
+        for _ in range(40):
+            got = self.messages(t)
+            delivered.extend(got)
+            for _, msg_id, _ in got:
+                p.dataReceived(encode_command(b"FIN", msg_id))
+            self.settle()
+            self.clock.advance(0.1)
+        self.assertEqual(sorted(b for _, _, b in delivered), [b"m%03d" % i + b"x" * 200 for i in range(100)])
 
     def consumer(self, nsqd: NSQD, rdy: int) -> tuple[Any, Any]:
         p, t = connect(nsqd, self.clock)

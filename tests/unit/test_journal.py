@@ -248,6 +248,39 @@ class CompactionTests(JournalTestCase):
         self.assertGreater(j.compactions, 0)
         self.assertEqual(replay(self.file).messages[m.id][2], int((EPOCH + 99) * 1000))
 
+    def test_compaction_encodes_on_the_disk_lane(self) -> None:
+        """Issue #16: the reactor only lists the live messages; the snapshot's records are
+        encoded (and written) by the job on the journal's disk lane."""
+        from nsqtw.storage import journal as journal_module
+        built: list[int] = []
+        real = journal_module.build_snapshot
+
+        def counting(snap):  # type: ignore[no-untyped-def]
+            built.append(len(snap[0]))
+            return real(snap)
+
+        self.patch(journal_module, "build_snapshot", counting)
+        held = HeldExecutor()
+        live = [msg(1, b"z" * 50)]
+        j = self.journal(executor=held, compact_min_bytes=1)
+        j.snapshot = lambda: [(m, 0.0) for m in live]
+        j.delivering(live + [msg(2)])
+        self.settle()
+        held.run_one()  # the plain append
+        j.finished(msg(2).id)
+        for i in range(3, 10):
+            j.delivering([msg(i)])
+            j.finished(msg(i).id)
+        self.settle()
+        self.assertEqual(len(held.jobs), 1)
+        self.assertEqual(built, [])  # nothing encoded on the reactor
+        self.assertFalse(isinstance(held.jobs[0][1][0], bytes))
+        held.run_one()
+        self.settle()
+        self.assertEqual(built, [1])
+        self.assertEqual(j.compactions, 1)
+        self.assertEqual(list(replay(self.file).messages), [msg(1).id])
+
     def test_no_compaction_while_mostly_live(self) -> None:
         """A journal of mostly unfinished messages is left alone however big."""
         j = self.journal(compact_min_bytes=1024)
@@ -314,6 +347,33 @@ class FailureTests(JournalTestCase):
         self.assertIsNone(j.health())
         self.assertEqual(synced, [1])
         self.assertEqual(list(replay(self.file).messages), [msg(1).id])
+
+    def test_unsynced_records_are_bounded(self) -> None:
+        """While fsync fails the journal's unsynced bytes grow only to PENDING_LIMIT_BYTES:
+        behind() turns true there (writers wait), and false once the retry syncs them."""
+        from nsqtw.storage import journal as journal_module
+        self.patch(journal_module, "PENDING_LIMIT_BYTES", 10_000)
+        failing = [True]
+
+        def fsync(fd: int) -> None:
+            if failing[0]:
+                raise OSError(5, "I/O error")
+            os.fsync(fd)
+
+        j = self.journal(fsync_fn=fsync)
+        n = 0
+        while not j.behind():
+            j.delivering([msg(n)])
+            n += 1
+            self.settle()
+        self.assertGreater(n, 10)
+        self.assertEqual(j.unsynced(), n)
+        self.clock.advance(1.0)  # a failed retry keeps it behind
+        self.assertTrue(j.behind())
+        failing[0] = False
+        self.clock.advance(1.0)
+        self.assertFalse(j.behind())
+        self.assertEqual(j.unsynced(), 0)
 
     def test_close_writes_pending_and_remove_deletes(self) -> None:
         """close() syncs what is pending and keeps the file; remove() deletes it."""

@@ -100,21 +100,26 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(self.nsqd.topics["t"].backend.backlog(), 1)
 
     def test_publisher_waits_when_disk_falls_behind(self) -> None:
-        """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure)."""
+        """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure), checked
+        before the data is accepted: the MPUB that crosses the bound is answered, the next one waits
+        unread and is taken only once there is room."""
         from nsqtw.core.delivery import BACKLOG_LIMIT
         from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build()
         p, t = connect(self.nsqd, self.clock)
         batch = [b"m"] * 1000
-        for _ in range(BACKLOG_LIMIT // 1000):
+        for _ in range(BACKLOG_LIMIT // 1000 + 1):
             p.dataReceived(encode_mpub(b"t", batch))
         self.settle()
-        self.assertEqual(len(take_frames(t)), BACKLOG_LIMIT // 1000)
+        self.assertEqual(len(take_frames(t)), BACKLOG_LIMIT // 1000 + 1)
+        backend = self.nsqd.topics["t"].backend
+        self.assertEqual(backend.backlog(), BACKLOG_LIMIT + 1000)
         p.dataReceived(encode_mpub(b"t", batch))
         self.settle()
         self.assertEqual(take_frames(t), [])
         self.assertEqual(t.producerState, "paused")
+        self.assertEqual(backend.backlog(), BACKLOG_LIMIT + 1000)  # not accepted meanwhile
         self.executor.run_all()
         self.settle()
         self.executor.run_all()
@@ -131,24 +136,29 @@ class DiskPublishTests(SynchronousTestCase):
         self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
         p, t = connect(self.nsqd, self.clock)
         batch = [b"m" * (64 * 1024)] * 16  # 1 MiB per MPUB, far fewer records than BACKLOG_LIMIT
-        answered = BACKLOG_BYTES // (1 << 20) - 1  # each record also carries a 26-byte header
+        answered = BACKLOG_BYTES // (1 << 20)  # the 16th crosses the bound (26-byte headers)
         for _ in range(answered):
             p.dataReceived(encode_mpub(b"t", batch))
         self.settle()
         self.assertEqual(len(take_frames(t)), answered)
+        backend = self.nsqd.topics["t"].backend
+        before = backend.backlog_bytes()
+        self.assertGreater(before, BACKLOG_BYTES)
         p.dataReceived(encode_mpub(b"t", batch))
         self.settle()
         self.assertEqual(take_frames(t), [])
         self.assertEqual(t.producerState, "paused")
+        self.assertEqual(backend.backlog_bytes(), before)
         for _ in range(3):
             self.executor.run_all()
             self.settle()
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
-        self.assertEqual(self.nsqd.topics["t"].backend.backlog_bytes(), 0)
+        self.assertLess(backend.backlog_bytes(), 2 << 20)  # only the MPUB taken after the wait
 
     def test_disk_full_then_recovered(self) -> None:
-        """ENOSPC: E_PUB_FAILED and NOK health; space back: the retry writes, PUB works, nothing lost."""
+        """ENOSPC with --sync-every=1: E_PUB_FAILED (the write failed) and NOK health; the records stay
+        queued for the retry; space back: the retry writes them, PUB works, nothing lost."""
         self.build(sync_every=1)
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"before"))
@@ -164,17 +174,20 @@ class DiskPublishTests(SynchronousTestCase):
         p2, t2 = connect(self.nsqd, self.clock)
         p2.dataReceived(encode_command(b"PUB", b"t", body=b"refused"))
         self.settle()
+        self.clock.advance(1.0)  # the retry fails again
+        self.settle()
         self.assertTrue(take_frames(t2)[0][1].startswith(b"E_PUB_FAILED"))
         self.disk.full = False
         self.clock.advance(1.0)
         self.settle()
         self.assertEqual(self.nsqd.health(), "OK")
+        self.assertEqual(self.nsqd.topics["t"].backend.backlog(), 0)
         p3, t3 = connect(self.nsqd, self.clock)
         p3.dataReceived(encode_command(b"PUB", b"t", body=b"after"))
         self.settle()
         self.assertEqual(take_frames(t3), [(FRAME_TYPE_RESPONSE, b"OK")])
         topic = self.nsqd.topics["t"]
-        self.assertEqual(topic.backend.depth(), 3)  # before, during (kept for retry), after
+        self.assertEqual(topic.backend.depth(), 4)  # before, during and refused (kept for retry), after
 
     def test_topic_holds_messages_while_a_channel_disk_is_behind(self) -> None:
         """A channel whose disk is BACKLOG_LIMIT records behind gets no more until it catches up.
@@ -249,3 +262,93 @@ class DiskPublishTests(SynchronousTestCase):
             self.settle()
         with open(meta) as f:
             self.assertEqual(f.read().split("\n")[0], "1")  # the first one consumed, the new one queued
+
+
+class DiskFullHandoffTests(SynchronousTestCase):
+    """Issue #15 item 1: a disk that fills during the topic → channel hand-off, a timeout
+    requeue or a client's disconnect loses nothing; the work waits in memory and is written,
+    in order, once the disk accepts again."""
+
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+        self.clock.advance(EPOCH)
+        self.disk = FlakyDisk()
+        options = make_options(mem_queue_size=0)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            return DiskQueue(name, self.path, 1 << 16, lo, hi, 2500, 2.0, self.clock,
+                             SynchronousDiskExecutor(), write_fn=self.disk.write)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+
+    def settle(self, seconds: float = 0.0) -> None:
+        for _ in range(5):
+            self.clock.advance(seconds / 5)
+            self.clock.advance(0)
+
+    def test_handoff_waits_for_the_disk(self) -> None:
+        """Topic paused with 3,000 acknowledged messages, the disk fills, the topic is unpaused:
+        health is NOK with the error, nothing is dropped; space back: all 3,000 reach the channel
+        in order and health is OK."""
+        from nsqtw.core.delivery import BACKLOG_LIMIT
+        topic = self.nsqd.get_topic("full")
+        channel = topic.get_channel("c")
+        topic.pause()
+        bodies = [b"%05d" % i + b"x" * 1000 for i in range(3000)]
+        for i in range(0, 3000, 100):
+            self.assertIsNone(self.nsqd.publish("full", bodies[i:i + 100]))
+            self.settle(0.01)
+        self.assertEqual(topic.backend.backlog(), 0)
+        self.assertEqual(topic.depth(), 3000)
+        self.disk.full = True
+        topic.unpause()
+        self.settle(3.0)
+        self.assertTrue(self.nsqd.health().startswith("NOK - "), self.nsqd.health())
+        self.assertIn("no space left on device", self.nsqd.health())
+        self.assertEqual(topic.depth() + channel.depth(), 3000)
+        self.assertLessEqual(channel.backend.backlog(), BACKLOG_LIMIT + 8192)
+        self.disk.full = False
+        self.settle(3.0)
+        self.assertEqual(self.nsqd.health(), "OK")
+        self.assertEqual(channel.depth(), 3000)
+        got = []
+        while channel.depth():
+            got.extend(m.body for m in channel.delivery.next_messages(500))
+            self.settle(0.01)
+        self.assertEqual(got, bodies)
+
+    def test_timeouts_and_disconnect_requeue_wait_for_the_disk(self) -> None:
+        """Messages that time out, and a disconnected client's in-flight ones, go back to a
+        channel whose disk is full: kept for the retry, delivered again once it has room."""
+        from tests.helpers import decode_message_frame, read_frames
+        topic = self.nsqd.get_topic("t")
+        topic.get_channel("c")
+        for i in range(10):
+            self.nsqd.publish("t", [b"m%d" % i])
+        self.settle(0.01)
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"SUB", b"t", b"c") + encode_command(b"RDY", b"10"))
+        self.settle(0.01)
+        channel = topic.channels["c"]
+        self.assertEqual(len(channel.in_flight), 10)
+        t.clear()
+        self.disk.full = True
+        self.clock.advance(61)  # every one times out (msg_timeout 60 s) into the full disk
+        self.settle(0.01)
+        self.assertEqual(channel.timeout_count, 10)
+        self.assertEqual(channel.depth() + len(channel.in_flight), 10)
+        p.connectionLost(None)  # type: ignore[arg-type]
+        self.settle(2.0)
+        self.assertEqual(channel.depth(), 10)
+        self.assertTrue(self.nsqd.health().startswith("NOK - "))
+        self.disk.full = False
+        self.settle(2.0)
+        self.assertEqual(self.nsqd.health(), "OK")
+        p2, t2 = connect(self.nsqd, self.clock)
+        p2.dataReceived(encode_command(b"SUB", b"t", b"c") + encode_command(b"RDY", b"20"))
+        self.settle(0.01)
+        bodies = sorted(decode_message_frame(data)[3] for ftype, data in read_frames(t2.value()) if ftype == 2)
+        self.assertEqual(bodies, sorted(b"m%d" % i for i in range(10)))

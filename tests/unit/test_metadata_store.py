@@ -1,0 +1,69 @@
+"""nsqd.dat kept in step with the node: coalesced writes, encoding off the reactor."""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.storage.metadata import MetadataStore, encode, encode_state, snapshot, write_state
+from tests.helpers import make_nsqd
+
+
+class MetadataStoreTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.nsqd, self.clock = make_nsqd()
+        self.jobs: list[tuple[object, tuple, Deferred]] = []
+
+        def submit(fn, *args):
+            d: Deferred = Deferred()
+            self.jobs.append((fn, args, d))
+            return d
+
+        self.store = MetadataStore(self.nsqd, "/nonexistent", self.clock, submit)
+        self.nsqd.metadata = self.store
+
+    def test_a_storm_of_creates_costs_a_few_writes_of_the_latest_state(self) -> None:
+        """10,000 topics created over many turns while writes are slow: at most one write in flight,
+        one more after it, and that one holds every topic."""
+        for i in range(100):
+            for j in range(100):
+                self.nsqd.get_topic(f"t{i}_{j}")
+            self.clock.advance(0)
+            self.assertLessEqual(len([j for j in self.jobs if not j[2].called]), 1)
+        self.assertEqual(len(self.jobs), 1)  # the first write is still on the disk thread
+        fn, args, d = self.jobs[0]
+        self.assertIs(fn, write_state)
+        d.callback(None)
+        self.clock.advance(0)
+        self.assertEqual(len(self.jobs), 2)  # one write for everything since
+        _, (path, state), last = self.jobs[1]
+        self.assertEqual(len(state), 10_000)
+        last.callback(None)
+        self.clock.advance(0)
+        self.assertEqual(len(self.jobs), 2)
+        self.assertEqual(self.store.writes, 2)
+
+    def test_encoding_is_what_it_was(self) -> None:
+        """The snapshot encodes to the same sorted document as before (encoding moved, not changed)."""
+        for name in ("b", "a", "c#ephemeral"):
+            topic = self.nsqd.get_topic(name)
+            topic.get_channel("z")
+            topic.get_channel("y")
+        self.nsqd.topics["b"].pause()
+        doc = json.loads(encode_state(snapshot(self.nsqd)))
+        self.assertEqual([t["name"] for t in doc["topics"]], ["a", "b"])
+        self.assertEqual([c["name"] for c in doc["topics"][0]["channels"]], ["y", "z"])
+        self.assertEqual(doc["topics"][1]["paused"], True)
+        self.assertEqual(encode(self.nsqd), encode_state(snapshot(self.nsqd)))
+
+    def test_failure_reaches_health_and_the_next_change_retries(self) -> None:
+        self.nsqd.get_topic("x")
+        self.clock.advance(0)
+        self.jobs[0][2].errback(OSError(28, "No space left on device"))
+        self.assertIn("failed to persist metadata", self.nsqd.health())
+        self.nsqd.get_topic("y")
+        self.clock.advance(0)
+        self.jobs[1][2].callback(None)
+        self.assertEqual(self.nsqd.health(), "OK")
