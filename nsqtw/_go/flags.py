@@ -121,6 +121,8 @@ def _default_text(kind: str, value: Any) -> str:
         return TLS_VERSION_NAMES[value]
     if kind == "string":
         return _quote(value)
+    if kind == "float":  # Go's %v: 1, not 1.0
+        return repr(float(value)).removesuffix(".0")
     return str(value)
 
 
@@ -204,6 +206,7 @@ def _floats(text: str) -> list[float]:
 _SCALAR_PARSERS: Mapping[str, Callable[[str], Any]] = {
     "bool": parse_bool,
     "int": _go_int,
+    "float": parse_float,
     "string": str,
     "duration": _duration,
     "log-level": _log_level,
@@ -334,6 +337,12 @@ def _coerce_config(flag: Flag, value: Any) -> Any:
         if isinstance(value, str):
             return value
         raise _ValueError("want a string")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            return parse_float(value)
+        raise _ValueError("want a number")
     if kind == "duration":
         if isinstance(value, str):
             return _duration(value)
@@ -393,6 +402,7 @@ def _load_config(path: str, by_toml_key: Mapping[str, Flag]) -> dict[str, Any]:
 _KIND_ARG = {
     "bool": "",
     "int": " int",
+    "float": " float",
     "string": " string",
     "duration": " duration",
     "strings": " value",
@@ -458,6 +468,21 @@ class FlagSet:
             default = "" if f.default_text in _ZERO_DEFAULTS else f" (default {f.default_text})"
             lines.append(f"        {f.help}{extra}{default}")
         return "\n".join(lines) + "\n"
+
+
+    def print_defaults(self, command: str) -> str:
+        """Go's ``flag.PrintDefaults`` listing, for the command-line tools (``Usage of nsq_tail:``)."""
+        lines = [f"Usage of {command}:"]
+        for f in sorted(self.flags, key=lambda f: f.name):
+            head = f"  -{f.name}{_GO_ARG.get(f.kind, _KIND_ARG[f.kind])}"
+            head += "\t" if len(f.name) == 1 and f.is_bool else "\n    \t"
+            default = "" if f.default_text in _ZERO_DEFAULTS else f" (default {f.default_text})"
+            lines.append(head + f.help + default)
+        return "\n".join(lines) + "\n"
+
+
+#: how Go's flag package names a flag's argument when the kind differs from _KIND_ARG
+_GO_ARG = {"strings": " value", "floats": " value", "log-level": " string"}
 
 
 class GoFlagsTwistdOptions(usage.Options):

@@ -9,7 +9,11 @@ requests get httprouter's redirects, 405s and 404s.
 
 Request bodies are bounded while they arrive (:class:`BoundedRequest`): at
 most one byte more than the route's limit is kept, which is all Go's
-``io.LimitReader(body, max+1)`` checks need.
+``io.LimitReader(body, max+1)`` checks need. A body far past the limit is
+not read to its end: the request is answered with what was kept and the
+connection closed (:class:`GoHTTPChannel`), as Go's server does. Request
+lines and headers are bounded as Go's net/http bounds them (1 MiB, answered
+431), and a raw non-ASCII request target is accepted as Go accepts it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from urllib.parse import quote, unquote_to_bytes
 from klein import Klein
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
@@ -29,7 +34,8 @@ from nsqtw._go.path import clean_path
 from nsqtw._go.query import parse_query
 from nsqtw.log import Logger
 
-__all__ = ["JSON", "TEXT", "APIError", "BoundedRequest", "GoHTTPAPI", "GoSite", "Marshal", "sniff"]
+__all__ = ["JSON", "TEXT", "APIError", "RawJSON", "BoundedRequest", "GoHTTPAPI", "GoHTTPChannel", "GoSite", "Marshal",
+           "sniff"]
 
 JSON = b"application/json; charset=utf-8"
 TEXT = b"text/plain; charset=utf-8"
@@ -43,6 +49,13 @@ class Marshal:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+class RawJSON:
+    """A 200 answer already encoded as Go's JSON (``/stats``, encoded in slices)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
 
 
 class APIError(Exception):
@@ -83,17 +96,36 @@ def sniff(body: bytes) -> bytes | None:
 # --- body bounding -----------------------------------------------------------------
 
 
+#: Go's net/http reads at most this much request line and headers (DefaultMaxHeaderBytes
+#: plus the 4 KiB its reader allows on top)
+MAX_HEADER_BYTES = (1 << 20) + 4096
+#: after answering, Go's server reads and discards up to this much of an unread body to
+#: keep the connection; past it, it closes the connection instead
+DISCARD_LIMIT = 256 * 1024
+#: how long Go's server keeps reading (and dropping) a cut-off upload after its answer
+RST_AVOIDANCE_DELAY = 0.5
+_GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _GO_ERROR_HEADERS + \
+    b"431 Request Header Fields Too Large"
+_BAD_REQUEST = b"HTTP/1.1 400 Bad Request" + _GO_ERROR_HEADERS + b"400 Bad Request"
+
+
 class BoundedRequest(Request):
     """A request that keeps at most ``limit`` body bytes, dropping the rest as it arrives.
 
     twisted.web buffers a whole body before any handler runs; this keeps
     only what nsqd would read (its limit plus one byte, so "too big" can
-    still be told apart) and counts the rest in ``body_received``.
+    still be told apart) and counts the rest in ``body_received``. A body
+    more than :data:`DISCARD_LIMIT` past the limit (declared so, or
+    streamed so with chunked encoding) is not waited for: the handler runs
+    at once on what was kept, and the connection closes after the answer.
     """
 
     body_limit = 0
     body_received = 0
     declared_length: int | None = None
+    #: the body went far past the limit: answer now, close after
+    over_limit = False
     _hidden_content_type: list[bytes] | None = None
 
     def _limit(self) -> int:
@@ -112,12 +144,22 @@ class BoundedRequest(Request):
         self.body_received = 0
         self._kept = BytesIO()
         self.content = self._kept
+        if length is not None and length > self.body_limit + DISCARD_LIMIT:
+            # the declared length alone decides the answer (too big): the
+            # channel runs the request now, with no body, and closes after
+            self.over_limit = True
+            self.channel.persistent = False
+            self.channel.length = 0
+            if isinstance(self.channel, GoHTTPChannel):
+                self.channel.cut_off()
 
     def handleContentChunk(self, data: bytes) -> None:
         self.body_received += len(data)
         room = self.body_limit - self._kept.tell()
         if room > 0:
             self._kept.write(data[:room] if len(data) > room else data)
+        elif self.body_received > self.body_limit + DISCARD_LIMIT:
+            self.over_limit = True  # GoHTTPChannel stops reading and answers
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         # nsqd never reads form fields; keep twisted from parsing (possibly
@@ -135,10 +177,119 @@ class BoundedRequest(Request):
         super().process()  # type: ignore[no-untyped-call]
 
 
+def _escape_target(line: bytes) -> bytes:
+    """Percent-encode the raw non-ASCII bytes of a request line's target.
+
+    Go's server takes such a target as it is (and its query parser keeps
+    the bytes); twisted.web refuses it with 400. ``%XX`` decodes to the
+    same bytes, so routing and query parsing see what Go sees.
+    """
+    method, sep, rest = line.partition(b" ")
+    target, sep2, version = rest.rpartition(b" ")
+    if not sep or not sep2:
+        return line
+    escaped = b"".join(b"%%%02X" % c if c >= 0x80 else bytes((c,)) for c in target)
+    return method + b" " + escaped + b" " + version
+
+
+class GoHTTPChannel(HTTPChannel):
+    """twisted.web's HTTP/1.1 parser held to Go net/http's limits and answers.
+
+    Request line plus headers may take :data:`MAX_HEADER_BYTES` (twisted's
+    default stops at 16 KiB and 500 headers and hangs up without a word);
+    past that the answer is Go's 431, and a malformed request gets Go's 400
+    text. A body streamed far past its route's limit stops being read: the
+    request runs on what was kept and the connection closes after the
+    answer (Go's "413 and close", not a drain of an endless upload).
+
+    The overrides touch twisted.web internals (``_transferDecoder``, the
+    first-line flag, ``_respondToBadRequestAndDisconnect``); the unit tests
+    in ``tests/unit/test_http_api.py::TwistedPrivatesTests`` fail loudly if
+    a Twisted release renames them.
+    """
+
+    MAX_LENGTH = MAX_HEADER_BYTES
+    totalHeadersSize = MAX_HEADER_BYTES
+    #: Go limits the bytes of the headers, not their number
+    maxHeaders = MAX_HEADER_BYTES
+    _refused = False
+    _cut_off = False
+    _closing_call: Any = None
+    callLater: Any  # set by HTTPFactory.buildProtocol
+
+    def cut_off(self) -> None:
+        """Read no more from this connection: the request is answered without the rest of it.
+
+        The transport stops reading (as twisted pauses a client that sends
+        ahead), and whatever was already read is dropped; the answer still
+        goes out, then the connection closes (``persistent`` is false).
+        """
+        self._cut_off = True
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._cut_off:
+            super().dataReceived(data)  # type: ignore[no-untyped-call]
+
+    def loseConnection(self) -> None:
+        """Close; after a cut-off body, first let the client read the answer, as Go does.
+
+        Closing a socket with unread input makes the kernel send a reset,
+        which can destroy the answer before the client reads it. Go's server
+        half-closes, discards input for up to :data:`RST_AVOIDANCE_DELAY`,
+        then closes; so does this.
+        """
+        half_close = getattr(self.transport, "loseWriteConnection", None)
+        if not self._cut_off or half_close is None or self._closing_call is not None:
+            super().loseConnection()  # type: ignore[no-untyped-call]
+            return
+        transport: Any = self.transport
+        transport.unregisterProducer()
+        half_close()
+        transport.resumeProducing()
+        self._closing_call = self.callLater(RST_AVOIDANCE_DELAY, transport.loseConnection)
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        if self._closing_call is not None and self._closing_call.active():
+            self._closing_call.cancel()
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse(_TOO_LARGE)
+            return
+        if getattr(self, "_HTTPChannel__first_line", 0) and not line.isascii():
+            line = _escape_target(line)
+        super().lineReceived(line)  # type: ignore[no-untyped-call]
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._refuse(_TOO_LARGE)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self._refuse(_BAD_REQUEST)
+
+    def _refuse(self, answer: bytes) -> None:
+        if not self._refused and not self._handlingRequest:
+            self._refused = True
+            self.transport.write(answer)  # type: ignore[union-attr]
+        self.loseConnection()
+
+    def rawDataReceived(self, data: bytes) -> None:
+        super().rawDataReceived(data)
+        request = self.requests[-1] if self.requests else None
+        if (self._transferDecoder is not None and isinstance(request, BoundedRequest)
+                and request.over_limit):
+            self._transferDecoder = None
+            self.persistent = False
+            self.cut_off()
+            self.allContentReceived()  # type: ignore[no-untyped-call]
+
+
 class GoSite(Site):
-    """The HTTP listener's factory: bounded request bodies, nsqd-style logging only."""
+    """The HTTP listener's factory: Go's limits, bounded request bodies, nsqd-style logging only."""
 
     requestFactory = BoundedRequest
+    protocol = GoHTTPChannel  # type: ignore[assignment]  # no HTTP/2 wrapper: nsqd speaks HTTP/1.1
 
     def __init__(self, api: GoHTTPAPI, **kwargs: Any) -> None:
         super().__init__(api.resource(), **kwargs)  # type: ignore[no-untyped-call]
@@ -249,6 +400,8 @@ class GoHTTPAPI:
             return self._write(request, code, go_json({"message": str(data)}), JSON)
         if isinstance(data, Marshal):
             return self._write(request, 200, go_json(data.value), JSON)
+        if isinstance(data, RawJSON):
+            return self._write(request, 200, data.body, JSON)
         if data is None:
             return self._write(request, 200, b"", None)
         if isinstance(data, str):
@@ -284,6 +437,17 @@ class GoHTTPAPI:
             self.log.failure("panic in HTTP handler")
             result = APIError(500, "INTERNAL_ERROR")
         return self._answer(request, result, logged)
+
+    async def _serve_metrics(self, request: Any, page: Any) -> bytes:
+        """``GET /metrics`` (nsqtw only): the page's exposition, its own Content-Type; 500 on failure."""
+        accept = (request.getHeader(b"accept") or b"").decode("latin-1")
+        try:
+            body, content_type = await page.render(accept)
+        except Exception:  # noqa: BLE001 - a broken scrape is a 500, never a dead connection
+            self.log.failure("failed to render /metrics")
+            return self._answer(request, APIError(500, "INTERNAL_ERROR"))
+        self._log_request(request, 200)
+        return self._write(request, 200, body, content_type.encode("latin-1"))
 
     # -- unrouted: redirects, 405, 404 (httprouter's rules) -------------------
 

@@ -17,10 +17,17 @@ from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 from twisted.internet import ssl as twisted_ssl
 from twisted.internet.interfaces import IOpenSSLContextFactory
+from twisted.protocols.tls import BufferingTLSTransport, TLSMemoryBIOFactory
 from zope.interface import implementer
 
-__all__ = ["ServerTLS", "TLSConfigError", "build_server_tls", "client_trust_root",
-           "connection_info", "peer_common_name"]
+__all__ = ["HTTPSFactory", "ServerTLS", "TLSConfigError", "build_server_tls", "client_trust_root",
+           "connection_info", "looks_like_tls", "peer_common_name"]
+
+#: the record types a TLS client may open with: handshake (ClientHello) or alert
+_TLS_FIRST_BYTES = frozenset((0x15, 0x16))
+#: Go's crypto/tls calls a first record with these five bytes an HTTP request
+_HTTP_HEADS = (b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO")
+_PLAIN_HTTP_ANSWER = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
 
 #: OpenSSL's protocol names as nsqd's /stats prints them (``prettyConnectionState``)
 _GO_VERSION_NAMES = {
@@ -134,3 +141,41 @@ def peer_common_name(conn: SSL.Connection) -> str:
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     value = names[0].value if names else ""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def looks_like_tls(first: bytes) -> bool:
+    """Whether a connection's first byte can start a TLS record from a client."""
+    return first[:1] != b"" and first[0] in _TLS_FIRST_BYTES
+
+
+class _PlainHTTPAnsweringTLS(BufferingTLSTransport):
+    """TLS that answers a plain HTTP request as Go's HTTPS server does, not with silence.
+
+    The first five bytes are looked at before OpenSSL sees them: Go's
+    net/http recognises the start of an HTTP request there and answers 400
+    "Client sent an HTTP request to an HTTPS server." in plain text.
+    """
+
+    _head = b""
+    _sniffing = True
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._sniffing:
+            head = self._head + data
+            if len(head) < 5 and any(h.startswith(head) for h in _HTTP_HEADS):
+                self._head = head
+                return
+            self._sniffing = False
+            self._head = b""
+            if head[:5] in _HTTP_HEADS:
+                self.transport.write(_PLAIN_HTTP_ANSWER)  # type: ignore[union-attr]
+                self.transport.loseConnection()  # type: ignore[union-attr]
+                return
+            data = head
+        super().dataReceived(data)  # type: ignore[no-untyped-call]
+
+
+class HTTPSFactory(TLSMemoryBIOFactory):
+    """nsqd's HTTPS listener: TLS from the first byte, plain HTTP answered with Go's 400."""
+
+    protocol = _PlainHTTPAnsweringTLS

@@ -8,10 +8,12 @@ return values or raise nsqd's error; the protocol applies the result
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nsqtw import NSQD_VERSION
+from nsqtw._go.json import go_loads
 from nsqtw.errors import NSQError, fatal
 
 __all__ = ["DEFAULT_DEFLATE_LEVEL", "DEFAULT_OUTPUT_BUFFER_SIZE", "Negotiated", "decode_identify",
@@ -25,6 +27,7 @@ _STR = ("client_id", "hostname", "user_agent", "short_id", "long_id")
 _BOOL = ("feature_negotiation", "tls_v1", "snappy", "deflate")
 _INT = ("heartbeat_interval", "output_buffer_size", "output_buffer_timeout",
         "sample_rate", "msg_timeout", "deflate_level")
+_KNOWN = _STR + _BOOL + _INT
 
 
 class Settings(Protocol):
@@ -37,22 +40,31 @@ class Settings(Protocol):
     msg_timeout: float
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _without_lone_surrogates(text: str) -> str:
     """Go's JSON decoder turns an unpaired ``\\ud800``-``\\udfff`` escape into U+FFFD; so do we.
 
     Python keeps it as a lone surrogate, which no UTF-8 encoder accepts: the
     client's fields would break ``/stats?format=text`` for as long as it stays.
     """
-    if not any("\ud800" <= c <= "\udfff" for c in text):
+    if _SURROGATE.search(text) is None:  # C speed: a client_id may be megabytes long
         return text
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def decode_identify(body: bytes) -> dict[str, Any]:
-    """IDENTIFY's JSON with the types nsqd's decoder insists on (ValueError otherwise)."""
-    data = json.loads(body)
-    if not isinstance(data, dict):
+    """IDENTIFY's fields with the types nsqd's decoder insists on (ValueError otherwise).
+
+    Only the fields nsqd knows are kept, as Go decodes into its struct: the
+    rest (possibly nested thousands deep) is dropped here, so logging the
+    result can never recurse through a client's structure.
+    """
+    raw = go_loads(body)
+    if not isinstance(raw, dict):
         raise ValueError("not an object")
+    data = {key: raw[key] for key in _KNOWN if key in raw}
     for key in _STR:
         if data.get(key) is not None:
             if not isinstance(data[key], str):

@@ -87,10 +87,12 @@ _valid_command = st.one_of(
     st.builds(lambda c, i, n: b"%s %s %d\n" % (c, i, n), st.sampled_from([b"FIN", b"REQ", b"TOUCH"]),
               st.binary(min_size=16, max_size=16).map(lambda b: b.hex()[:16].encode()), st.integers(0, 5000)),
     st.sampled_from([b"NOP\n", b"CLS\n"]),
+    # no "snappy"/"deflate": once agreed, the answers are compressed and _check_output could not
+    # read them as frames (compressed sessions: tests/unit/test_compress.py, test_features_live.py)
     st.builds(lambda d: _framed(b"IDENTIFY\n", json.dumps(d).encode()[:MAX_BODY]),
               st.dictionaries(st.sampled_from(["heartbeat_interval", "msg_timeout", "output_buffer_size",
                                                "output_buffer_timeout", "sample_rate", "client_id",
-                                               "feature_negotiation", "snappy", "deflate", "tls_v1"]),
+                                               "feature_negotiation", "tls_v1"]),
                               _json_value, max_size=4)),
 )
 

@@ -656,3 +656,80 @@ class HostileIdentityTests(SynchronousTestCase):
         as_json = client("GET", "/stats?format=json")
         [c] = json.loads(as_json.body)["topics"][0]["channels"][0]["clients"]
         self.assertEqual((c["hostname"], c["client_id"], c["user_agent"]), ("\ufffd", "a\ufffdb", "\ufffd"))
+
+
+class GoHTTPChannelTests(SynchronousTestCase):
+    """twisted.web's parser held to Go net/http's limits, driven over a StringTransport.
+
+    These also guard the twisted.web internals GoHTTPChannel relies on: if a
+    Twisted release renames them, the answers below change and these fail.
+    """
+
+    def _channel(self) -> tuple[Any, StringTransport]:
+        client = Client(self)
+        site = client.api.site()
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def test_headers_up_to_a_mebibyte_are_read(self) -> None:
+        """A 200 KB header and 600 headers are fine for Go; twisted's defaults hang up at 16 KiB / 500."""
+        channel, transport = self._channel()
+        headers = b"".join(b"X-H%d: v\r\n" % i for i in range(600))
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n"
+                             + headers + b"\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"), transport.value()[:200])
+        self.assertFalse(transport.disconnecting)
+
+    def test_headers_past_the_limit_get_gos_431(self) -> None:
+        from nsqtw.http.base import MAX_HEADER_BYTES
+
+        for head in (b"GET /ping HTTP/1.1\r\nX-Big: " + b"a" * MAX_HEADER_BYTES,  # one endless line
+                     b"GET /ping HTTP/1.1\r\n" + b"X-A: " + b"a" * 700_000 + b"\r\nX-B: "
+                     + b"b" * 700_000 + b"\r\n\r\n"):  # lines each short enough, together too long
+            channel, transport = self._channel()
+            channel.dataReceived(head)
+            self.assertEqual(transport.value(),
+                             b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; "
+                             b"charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large")
+            self.assertTrue(transport.disconnecting)
+
+    def test_malformed_request_gets_gos_400_text(self) -> None:
+        channel, transport = self._channel()
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nno colon here\r\n\r\n")
+        self.assertEqual(transport.value(),
+                         b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                         b"Connection: close\r\n\r\n400 Bad Request")
+
+    def test_raw_non_ascii_query_is_read_as_go_reads_it(self) -> None:
+        """``/pub?topic=t&x=\\xff`` publishes (Go: 200 OK); twisted alone refuses the request line."""
+        channel, transport = self._channel()
+        channel.dataReceived(b"POST /pub?topic=rawq&x=\xff\xfe HTTP/1.1\r\nContent-Length: 1\r\n\r\nm")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"), transport.value()[:200])
+        self.assertTrue(transport.value().endswith(b"\r\n\r\nOK"))
+
+    def test_declared_oversize_body_is_answered_before_it_arrives(self) -> None:
+        """Content-Length far past max-msg-size: 413 at once, the connection closes, nothing is read."""
+        channel, transport = self._channel()
+        channel.dataReceived(b"POST /pub?topic=big HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n")
+        self.assertIn(b" 413 ", transport.value().split(b"\r\n", 1)[0])
+        self.assertTrue(transport.value().endswith(b'{"message":"MSG_TOO_BIG"}'))
+        self.assertTrue(transport.disconnecting)
+
+    def test_endless_chunked_body_is_cut_off(self) -> None:
+        """A chunked body is read only until it is well past the limit; then 413 and close."""
+        from nsqtw.http.base import DISCARD_LIMIT
+
+        channel, transport = self._channel()
+        channel.dataReceived(b"POST /pub?topic=big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        limit = 1024 * 1024 + 1 + DISCARD_LIMIT
+        sent = 0
+        while not transport.value() and sent < 4 * limit:
+            channel.dataReceived(chunk)
+            sent += 65536
+        self.assertLessEqual(sent, limit + 65536)
+        self.assertIn(b" 413 ", transport.value().split(b"\r\n", 1)[0])
+        self.assertTrue(transport.disconnecting)
+        channel.dataReceived(chunk)  # more of the upload after the answer: ignored, no error
