@@ -96,3 +96,13 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}: last {value!r}")
         time.sleep(0.05)
+
+
+def one_turn(clock) -> None:
+    """Run the calls due now, not those they schedule: one reactor turn (task.Clock runs both)."""
+    due = [c for c in clock.calls if c.getTime() <= clock.seconds()]
+    for call in due:
+        if call.active():
+            clock.calls.remove(call)
+            call.called = 1
+            call.func(*call.args, **call.kw)

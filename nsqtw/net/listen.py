@@ -89,8 +89,15 @@ class ListenerService(Service):
         self.ready.addCallbacks(self._bound, self._failed)
 
     def _bound(self, port: IListeningPort) -> IListeningPort:
+        from twisted.internet import reactor
+
         self.port = port
-        self.log.info("{label}: listening on {address}", label=self.label, address=format_address(port))
+        # twistd starts services before the reactor runs and installs its signal
+        # handlers; a harness that sends SIGTERM as soon as it reads this line
+        # must find them installed (else the process dies of the signal, -15)
+        reactor.callWhenRunning(
+            self.log.info, "{label}: listening on {address}", label=self.label,
+            address=format_address(port))
         if self.on_bound is not None:
             self.on_bound(getattr(port.getHost(), "port", 0))
         return port

@@ -32,6 +32,7 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionP
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nsqtw._go.json import go_loads
 from nsqtw.interfaces import IAuthorizer
 from nsqtw.log import Logger
 
@@ -112,7 +113,7 @@ def _strings(value: Any, what: str) -> list[str]:
 def https_endpoint(endpoint: str, body: bytes) -> str:
     """The HTTPS address a 403 answer points to: same host and path, its ``https_port``."""
     try:
-        port = int(json.loads(body)["https_port"])
+        port = int(go_loads(body)["https_port"])
     except (ValueError, KeyError, TypeError) as e:
         raise AuthError(f"got response 403 without an https_port: {json.dumps(body.decode('utf-8', 'replace'))}") from e
     url = urlsplit(endpoint)
@@ -125,7 +126,7 @@ def https_endpoint(endpoint: str, body: bytes) -> str:
 def parse_auth_response(body: bytes, now: float) -> AuthState:
     """Decode and check an auth server's answer as nsqd does; raises AuthError."""
     try:
-        data = json.loads(body)
+        data = go_loads(body)
     except ValueError as e:
         raise AuthError(f"invalid JSON - {e}") from None
     if data is None:

@@ -245,7 +245,7 @@ _FIN_LINE = 21
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:
-    """Client-side encoding of a command (used by nsqtw-bench and tests)."""
+    """Client-side encoding of a command (the client library, nsqtw-bench, the Spark client, tests)."""
     line = b" ".join((name,) + args) + b"\n"
     if body is None:
         return line
@@ -260,6 +260,33 @@ def encode_mpub(topic: bytes, bodies: list[bytes]) -> bytes:
     payload = b"".join(parts)
     return b"MPUB " + topic + b"\n" + _INT32.pack(len(payload)) + payload
 
+
+def encode_pub(topic: bytes, body: bytes) -> bytes:
+    return b"PUB " + topic + b"\n" + _INT32.pack(len(body)) + body
+
+
+def encode_dpub(topic: bytes, delay_ms: int, body: bytes) -> bytes:
+    return b"DPUB " + topic + b" " + str(delay_ms).encode() + b"\n" + _INT32.pack(len(body)) + body
+
+
+def rdy(count: int) -> bytes:
+    return b"RDY " + str(count).encode() + b"\n"
+
+
+def fin(msg_id: bytes) -> bytes:
+    return b"FIN " + msg_id + b"\n"
+
+
+def touch(msg_id: bytes) -> bytes:
+    return b"TOUCH " + msg_id + b"\n"
+
+
+def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
+    return b"REQ " + msg_id + b" " + str(delay_ms).encode() + b"\n"
+
+
+NOP = b"NOP\n"
+CLS = b"CLS\n"
 
 _FRAME_HEADER = struct.Struct(">ii")
 
@@ -283,3 +310,53 @@ def split_frames(buf: bytearray) -> list[tuple[int, bytes]]:
     if pos:
         del buf[:pos]
     return frames
+
+
+class FrameTooLarge(ValueError):
+    """A frame announced more bytes than the client accepts, or fewer than a header."""
+
+
+class FrameParser:
+    """Client side, sans-IO: nsqd's frames out of bytes fed in any chunking.
+
+    Frames come out one at a time so a client can switch the rest of the
+    stream to TLS or compression right after the frame that agreed to it
+    (:meth:`take_buffered` hands over what arrived past it). A size is
+    checked against ``max_size`` before its bytes are waited for.
+    """
+
+    def __init__(self, max_size: int = 64 * 1024 * 1024) -> None:
+        self.max_size = max_size
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_frame(self) -> tuple[int, bytes] | None:
+        """The next complete ``(frame_type, data)``, or None until more bytes arrive."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 8:
+            self._compact()
+            return None
+        size, ftype = _FRAME_HEADER.unpack_from(buf, pos)
+        if size < 4 or size > self.max_size:
+            raise FrameTooLarge(f"invalid frame size {size}")
+        if len(buf) - pos < 4 + size:
+            self._compact()
+            return None
+        self._pos = pos + 4 + size
+        return ftype, bytes(buf[pos + 8:pos + 4 + size])
+
+    def take_buffered(self) -> bytes:
+        """The bytes received past the last frame returned, removed from the parser."""
+        data = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return data
+
+    def _compact(self) -> None:
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0

@@ -17,6 +17,7 @@ from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_
 from nsqtw.interfaces import IAuthorizer
 from nsqtw.observe.stats import format_text, snapshot
 from nsqtw.protocol.auth import AuthError, Authorization, AuthState
+from nsqtw.protocol.v2 import V2Factory
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import body, connect, make_nsqd, read_frames, take_frames
 
@@ -139,15 +140,20 @@ class TLSRequiredTests(SynchronousTestCase):
 
 
 class TLSHandshakeTests(SynchronousTestCase):
-    def test_handshake_must_finish_in_time(self) -> None:
-        """After tls_v1 the handshake has TLS_HANDSHAKE_TIMEOUT seconds; then the connection is aborted."""
-        from twisted.internet.testing import StringTransport
+    """After a tls_v1 IDENTIFY: TLS begins on the client's first TLS byte, within nsqd's deadline."""
 
-        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT, V2Factory
+    def _connect(self):
+        from twisted.internet.testing import StringTransport
 
         class TLSTransport(StringTransport):
             started: object = None
             aborting = False
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.fed: list[bytes] = []
+                # what the TLS layer would receive once started
+                self.protocol = type("TLSLayer", (), {"dataReceived": lambda _, data: self.fed.append(data)})()
 
             def startTLS(self, ctx: object, normal: bool = True) -> None:
                 self.started = ctx
@@ -155,22 +161,58 @@ class TLSHandshakeTests(SynchronousTestCase):
             def abortConnection(self) -> None:
                 self.aborting = True
 
+        nsqd, clock = make_nsqd()
+        nsqd.tls = object()  # a stand-in context: only its hand-over is checked
+        proto = V2Factory(nsqd, clock).buildProtocol(None)
+        transport = TLSTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(b"  V2")
+        identify(proto, feature_negotiation=True, tls_v1=True)
+        answer, rest = split_identify(transport.value())
+        self.assertTrue(answer["tls_v1"])
+        self.assertEqual(rest, b"")
+        transport.clear()
+        return proto, transport, clock
+
+    def test_handshake_must_finish_in_time(self) -> None:
+        """Once a ClientHello starts TLS the handshake has TLS_HANDSHAKE_TIMEOUT seconds; then abort."""
+        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+
         for finished in (False, True):
-            nsqd, clock = make_nsqd()
-            nsqd.tls = object()  # a stand-in context: only its hand-over is checked
-            proto = V2Factory(nsqd, clock).buildProtocol(None)
-            transport = TLSTransport()
-            proto.makeConnection(transport)
-            proto.dataReceived(b"  V2")
-            identify(proto, feature_negotiation=True, tls_v1=True)
-            answer, _ = split_identify(transport.value())
-            self.assertTrue(answer["tls_v1"])
-            self.assertIs(transport.started, nsqd.tls)
+            proto, transport, clock = self._connect()
+            self.assertIsNone(transport.started)  # not before the client's first byte
+            proto.dataReceived(b"\x16\x03\x01")
+            self.assertIsNotNone(transport.started)
+            self.assertEqual(transport.fed, [b"\x16\x03\x01"])  # the bytes go on to TLS
+            # nsqd's OK, written into TLS
+            self.assertEqual(read_frames(transport.value()), [(FRAME_TYPE_RESPONSE, b"OK")])
             if finished:
                 proto._handshake_call.cancel()  # what handshakeCompleted() does first
                 proto._handshake_call = None
             clock.advance(TLS_HANDSHAKE_TIMEOUT + 0.01)
             self.assertEqual(transport.aborting, not finished)
+
+    def test_silence_gets_nsqds_timeout_error_in_plain_text(self) -> None:
+        """No byte within the deadline: E_IDENTIFY_FAILED ... i/o timeout, as Go nsqd's read deadline says."""
+        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+
+        proto, transport, clock = self._connect()
+        clock.advance(TLS_HANDSHAKE_TIMEOUT + 0.01)
+        self.assertIsNone(transport.started)
+        [(kind, error)] = read_frames(transport.value())
+        self.assertEqual(kind, FRAME_TYPE_ERROR)
+        self.assertRegex(error, rb"^E_IDENTIFY_FAILED IDENTIFY failed read tcp \S+->\S+: i/o timeout$")
+        self.assertTrue(transport.disconnecting)
+
+    def test_plain_text_after_tls_v1_is_refused_in_plain_text(self) -> None:
+        """A client that goes on without TLS gets Go's E_IDENTIFY_FAILED wording, and the close."""
+        proto, transport, clock = self._connect()
+        proto.dataReceived(b"NOP\n")
+        self.assertIsNone(transport.started)
+        self.assertEqual(read_frames(transport.value()),
+                         [(FRAME_TYPE_ERROR, b"E_IDENTIFY_FAILED IDENTIFY failed tls: first record does not "
+                                            b"look like a TLS handshake")])
+        self.assertTrue(transport.disconnecting)
 
 
 @implementer(IAuthorizer)

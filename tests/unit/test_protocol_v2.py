@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
 from nsqtw.protocol.wire import encode_command, encode_mpub
-from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, reference, take_frames
+from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, reference, take_frames
 
 
 def settle(clock, turns: int = 5) -> None:
@@ -110,6 +110,51 @@ class DeliveryTests(SynchronousTestCase):
         bodies = sorted(int(m[2]) for m in got_a + got_b)
         self.assertEqual(bodies, list(range(200)))
         self.assertTrue(got_a and got_b)
+
+    def test_duplicate_id_never_in_flight_twice(self) -> None:
+        """Two copies of one ID in a channel's queue (a hand-off replayed after kill -9): the copy
+        whose ID is in flight, or arrives in the same batch, is dropped; FIN of the one sent works."""
+        from nsqtw.core.message import Message
+        nsqd, clock = make_nsqd()
+        channel = nsqd.get_topic("t").get_channel("c")
+        m = Message(b"0123456789abcdef", b"once", 1, 0)
+        channel.put_many([m, m.copy()])
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        [(_, msg_id, body)] = c.messages()
+        self.assertEqual(body, b"once")
+        channel.put_many([m.copy()])  # another copy arrives while the first is in flight
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        c.fin(msg_id)
+        self.assertEqual(take_frames(c.transport), [])  # no E_FIN_FAILED
+        self.assertEqual(len(channel.in_flight), 0)
+
+    def test_disconnect_costs_only_its_own_in_flight(self) -> None:
+        """Issue #16: a client's disconnect requeues its own in-flight messages through a per-client
+        index, never scanning the channel's whole in-flight map."""
+        nsqd, clock = make_nsqd()
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(300)])
+        big = Consumer(nsqd, clock, "t", "c", rdy=250)
+        small = Consumer(nsqd, clock, "t", "c", rdy=50)
+        got_small = small.messages()
+        self.assertEqual(len(got_small) + len(big.messages()), 300)
+        channel = nsqd.topics["t"].channels["c"]
+
+        class NoScan(dict):  # type: ignore[type-arg]
+            def values(self):  # type: ignore[no-untyped-def]
+                raise AssertionError("the whole in-flight map was scanned")
+
+            def items(self):  # type: ignore[no-untyped-def]
+                raise AssertionError("the whole in-flight map was scanned")
+
+        channel.in_flight.live = NoScan(channel.in_flight.live)
+        small.fin(got_small[0][1])
+        self.assertEqual(channel.owned_count(small.proto), len(got_small) - 1 + len(small.messages()))
+        small.proto.connectionLost(None)
+        settle(clock)
+        self.assertEqual(channel.depth(), 300 - 1 - 250)  # its in-flight ones requeued
+        self.assertEqual(len(channel.in_flight), 250)
+        self.assertEqual(channel.owned_count(big.proto), 250)
 
     def test_rdy_bounds_in_flight(self) -> None:
         """A client never has more in flight than its RDY; FIN makes room for the next."""
@@ -566,3 +611,63 @@ class DeliveryFailureTests(SynchronousTestCase):
         self.assertEqual(sorted(m[2] for m in got), sorted([b"poison"] + [b"m%d" % i for i in range(9)]))
         self.assertEqual({m[0] for m in got}, {2})
         self.assertEqual((first.proto.in_flight_count, second.proto.in_flight_count), (5, 5))
+
+
+class SliceTests(SynchronousTestCase):
+    """One client's input is run a slice of reactor time at a time (issue #21's per-turn budget)."""
+
+    def _sliced(self, nsqd, clock, steps_per_slice: int):
+        proto, transport = connect(nsqd, clock)
+        ticks = iter(range(10**9))
+        # a CPU clock that moves one unit per look: a slice is ``steps_per_slice`` looks
+        proto._now = lambda: next(ticks)
+        proto.slice_seconds = steps_per_slice
+        return proto, transport
+
+    def test_a_flood_is_run_over_several_turns_in_order_with_nothing_lost(self) -> None:
+        nsqd, clock = make_nsqd()
+        proto, transport = self._sliced(nsqd, clock, 2)
+        bodies = [b"%d" % i for i in range(500)]
+        proto.dataReceived(b"".join(encode_command(b"PUB", b"sliced", body=b) for b in bodies))
+        first = take_frames(transport)
+        self.assertTrue(0 < len(first) < 500, len(first))  # a first slice, not all
+        self.assertEqual(transport.producerState, "paused")  # the flooder waits: TCP pushes back
+        turns = 1
+        got = list(first)
+        while len(got) < 500 and turns < 1000:
+            one_turn(clock)
+            turns += 1
+            got += take_frames(transport)
+        self.assertEqual(got, [(FRAME_TYPE_RESPONSE, b"OK")] * 500)
+        self.assertGreater(turns, 10)
+        self.assertEqual(transport.producerState, "producing")
+        c = Consumer(nsqd, clock, "sliced", "c", rdy=500)
+        self.assertEqual([m[2] for m in c.messages()], bodies)
+
+    def test_other_clients_run_between_slices(self) -> None:
+        """While a flooder is sliced, a second client's command is answered in the next turn."""
+        nsqd, clock = make_nsqd()
+        flooder, ft = self._sliced(nsqd, clock, 2)
+        flooder.dataReceived(b"NOP\n" * 100_000)
+        other, ot = connect(nsqd, clock)
+        other.dataReceived(encode_command(b"PUB", b"other", body=b"x"))
+        self.assertEqual(take_frames(ot), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertTrue(flooder.parser.buffered() > 0)  # the flood is still waiting its turns
+
+    def test_a_slice_and_a_disk_wait_compose(self) -> None:
+        """A publish waiting on the disk and a used-up slice: reading resumes only when both are over."""
+        nsqd, clock = make_nsqd()
+        proto, transport = self._sliced(nsqd, clock, 2)
+        from twisted.internet.defer import Deferred
+        written: Deferred = Deferred()
+        proto._block_until(written, lambda _: None)
+        proto._yield_slice()
+        one_turn(clock)  # the slice is over, the wait is not: still paused
+        self.assertEqual(transport.producerState, "paused")
+        self.assertTrue(proto._blocked)
+        proto._yield_slice()
+        written.callback(None)  # the wait is over, the slice is not
+        self.assertEqual(transport.producerState, "paused")
+        one_turn(clock)
+        self.assertEqual(transport.producerState, "producing")
+        self.assertFalse(proto._blocked)
