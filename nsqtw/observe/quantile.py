@@ -18,6 +18,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from nsqtw._go.json import go_number
+
 __all__ = ["BUFFER_SIZE", "EPSILON", "Quantile", "Stream", "aggregate", "empty_result"]
 
 #: allowed rank error around each target quantile (perks' default)
@@ -26,6 +28,14 @@ EPSILON = 0.01
 BUFFER_SIZE = 500
 
 _INF = math.inf
+
+
+def _number(value: float) -> int | float:
+    """A figure as /stats writes it: Go's float64 (``1`` not ``1.0``), so the fast JSON path applies."""
+    try:
+        return go_number(value)
+    except ValueError:
+        return value
 
 
 def empty_result() -> dict[str, Any]:
@@ -234,7 +244,7 @@ class Quantile:
         merged.merge(self.streams[1].samples())
         return {
             "count": merged.count(),
-            "percentiles": [{"quantile": float(q), "value": float(merged.query(q))}
+            "percentiles": [{"quantile": _number(float(q)), "value": _number(float(merged.query(q)))}
                             for q in self.percentiles],
         }
 

@@ -15,12 +15,16 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from nsqtw import NSQD_VERSION, version_banner
 from nsqtw._go.duration import format_duration_ns
+from nsqtw._go.json import go_dumps
 from nsqtw.observe.quantile import aggregate, empty_result
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "go_duration",
     "memory_stats",
     "snapshot",
+    "snapshot_steps",
 ]
 
 #: the first line of nsqd's text stats (``version.String("nsqd")``), naming what built nsqtw
@@ -70,6 +75,11 @@ class _GCPauses:
 
 
 _gc_pauses = _GCPauses()
+
+
+_T = TypeVar("_T")
+#: reactor time one slice of a /stats or /metrics snapshot or encoding may take
+SLICE_SECONDS = 0.004
 
 
 def _percentile(perc: float, values: list[int]) -> int:
@@ -128,6 +138,10 @@ def memory_stats() -> dict[str, int]:
 
 def _client_stats(client: Any, topic_filter: str) -> dict[str, Any]:
     """One client as nsqd's ClientStats, with the omitempty fields placed where Go puts them."""
+    go_stats = getattr(client, "go_stats", None)
+    if go_stats is not None:
+        result: dict[str, Any] = go_stats(topic_filter)
+        return result
     base = client.stats()
     pub_counts = [{"topic": t, "count": n} for t, n in getattr(client, "pub_counts", {}).items()
                   if not topic_filter or t == topic_filter]
@@ -171,10 +185,11 @@ def _topic_stats(topic: Any, channels: list[dict[str, Any]], now: float) -> dict
     }
 
 
-def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: float) -> dict[str, Any]:
+def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: float,
+                   extras: bool = False) -> dict[str, Any]:
     counts = channel.stats_counts()
     e2e = channel.e2e.result(now) if channel.e2e is not None else empty_result()
-    return {
+    out = {
         "channel_name": channel.name,
         "depth": counts["depth"],
         "backend_depth": counts["backend_depth"],
@@ -188,6 +203,28 @@ def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: floa
         "paused": bool(channel.paused),
         "e2e_processing_latency": e2e,
     }
+    if extras:
+        out["finish_count"] = counts.get("finish_count", 0)
+    return out
+
+
+class _DiskTotals:
+    """What the node's disk queues report, added up while the snapshot walks them (``extras``)."""
+
+    def __init__(self) -> None:
+        self.segments_set_aside = 0
+        self.write_errors = 0
+        self.unwritable = 0
+
+    def add(self, backend: Any) -> None:
+        self.segments_set_aside += int(getattr(backend, "segments_set_aside", 0))
+        self.write_errors += int(getattr(backend, "write_errors", 0))
+        if getattr(backend, "write_error", None):
+            self.unwritable += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"segments_set_aside": self.segments_set_aside, "write_errors": self.write_errors,
+                "unwritable_queues": self.unwritable}
 
 
 def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
@@ -200,9 +237,29 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
     ``clients`` and the ``producers`` are ``null``; without ``include_mem``
     there is no ``memory`` key.
     """
+    return run_to_end(snapshot_steps(nsqd, topic, channel, include_clients, include_mem))
+
+
+def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = None,
+                   include_clients: bool = True, include_mem: bool = True,
+                   extras: bool = False) -> Generator[None, None, dict[str, Any]]:
+    """:func:`snapshot`, one channel per step: a caller may run the steps over several reactor turns.
+
+    The generator yields after each channel and returns the snapshot.  Run to
+    the end without pause it is exactly :func:`snapshot`.  Run in slices, each
+    channel's figures are consistent with each other but not with the other
+    channels' (the node moves on between slices); a topic or channel deleted
+    meanwhile is left out.  The result shares nothing with the live node.
+
+    ``extras`` (``/metrics`` only; ``/stats`` keeps Go's shape) adds each
+    channel's ``finish_count`` and an ``nsqtw`` block: the disk queues'
+    totals, the node's client count and precise start time, and the time of
+    the snapshot.
+    """
     topic = topic or ""
     channel = channel or ""
     now = nsqd.clock.seconds()
+    disk = _DiskTotals() if extras else None
     topics: list[dict[str, Any]] | None
     producers: list[dict[str, Any]] | None = None
     if topic and topic not in nsqd.topics:
@@ -219,10 +276,19 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
                 chans = [t.channels[n] for n in sorted(t.channels)]
             channel_stats = []
             for c in chans:
+                if t.channels.get(c.name) is not c:
+                    continue  # deleted between two slices
                 clients = ([_client_stats(cl, topic) for cl in list(c.clients.values())]
                            if include_clients else None)
-                channel_stats.append(_channel_stats(c, clients, now))
+                channel_stats.append(_channel_stats(c, clients, now, extras))
+                if disk is not None:
+                    disk.add(c.backend)
+                yield None
+            if nsqd.topics.get(t.name) is not t:
+                continue
             topics.append(_topic_stats(t, channel_stats, now))
+            if disk is not None:
+                disk.add(t.backend)
         if include_clients:
             found = [_client_stats(cl, topic) for cl in list(nsqd.clients.values()) if _is_producer(cl)]
             producers = found or None
@@ -235,10 +301,18 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
     if include_mem:
         out["memory"] = memory_stats()
     out["producers"] = producers
-    set_aside = nsqd.segments_set_aside()
+    set_aside = disk.segments_set_aside if disk is not None and not topic else nsqd.segments_set_aside()
     if set_aside:
         # nsqtw only, present only when nonzero so a healthy node's /stats stays Go's shape
         out["segments_set_aside"] = set_aside
+    if disk is not None:
+        out["nsqtw"] = {
+            "disk": disk.as_dict(),
+            "clients": len(nsqd.clients),
+            "producers": sum(1 for cl in list(nsqd.clients.values()) if _is_producer(cl)),
+            "start_time": float(getattr(nsqd, "start_time_precise", nsqd.start_time)),
+            "now": now,
+        }
     return out
 
 
@@ -306,6 +380,12 @@ def format_text(snap: Mapping[str, Any], now: float, start_time: float | None = 
     ``now`` is the current time; ``start_time`` (float seconds, defaults to the
     snapshot's whole-second ``start_time``) gives the ``uptime`` line its precision.
     """
+    return run_to_end(text_steps(snap, now, start_time))
+
+
+def text_steps(snap: Mapping[str, Any], now: float,
+               start_time: float | None = None) -> Generator[None, None, str]:
+    """:func:`format_text`, one channel per step (see :func:`run_in_slices`)."""
     start = snap["start_time"] if start_time is None else start_time
     uptime_ns = max(0, round((now - start) * 1e9))
     lines = [
@@ -335,11 +415,143 @@ def format_text(snap: Mapping[str, Any], now: float, start_time: float | None = 
                          f"e2e%: {_e2e_text(c['e2e_processing_latency'])}\n")
             for client in c["clients"] or []:
                 lines.append(f"        {_client_line(client, now)}\n")
+            yield None
     producers = snap.get("producers") or []
     if not producers:
         lines.append("\nProducers: None\n")
     else:
         lines.append("\nProducers:\n")
-        for client in producers:
+        for i, client in enumerate(producers):
             lines.append(f"   {_client_line(client, now)}\n")
+            if i % 64 == 63:
+                yield None
     return "".join(lines)
+
+
+# --- the JSON format, in pieces ----------------------------------------------------------
+
+
+def _split(value: Mapping[str, Any], keys: list[str]) -> list[str]:
+    """``value`` encoded with the lists ``keys`` left empty, cut open inside each of them.
+
+    The caller writes the items of ``keys[i]`` between pieces ``i`` and
+    ``i + 1``. A marker is found after the keys before it, which are names
+    nsqd validated or nsqd's own figures, so it cannot be inside a string.
+    """
+    encoded = go_dumps({k: ([] if k in keys else v) for k, v in value.items()})
+    pieces = []
+    pos = 0
+    for key in keys:
+        marker = go_dumps(key) + ":["
+        cut = encoded.index(marker, pos) + len(marker)
+        pieces.append(encoded[pos:cut])
+        pos = cut
+    pieces.append(encoded[pos:])
+    return pieces
+
+
+def _items(items: list[Mapping[str, Any]], parts: list[str], per_step: int) -> Generator[None, None, None]:
+    for i, item in enumerate(items):
+        if i:
+            parts.append(",")
+        parts.append(go_dumps(item))
+        if i % per_step == per_step - 1:
+            yield None
+
+
+def _nonempty(value: Mapping[str, Any], *keys: str) -> list[str]:
+    return [k for k in keys if value.get(k)]
+
+
+#: a topic whose clients' text fields stay under this many characters is encoded in one call
+_SMALL_TOPIC = 64 * 1024
+
+
+def _small(topic: Mapping[str, Any]) -> bool:
+    """Whether a topic's encoding is small enough for one ``json.dumps`` call (few, short clients)."""
+    size = 0
+    for channel in topic["channels"] or ():
+        for client in channel.get("clients") or ():
+            size += len(client["client_id"]) + len(client["hostname"]) + len(client["user_agent"]) + 256
+        if size > _SMALL_TOPIC:
+            return False
+    return True
+
+
+def json_steps(snap: Mapping[str, Any]) -> Generator[None, None, bytes]:
+    """The snapshot as Go's ``json.Marshal`` bytes (what :func:`~nsqtw._go.json.go_json` gives),
+    encoded one channel, or a few clients, per step.
+
+    Each piece is one ``json.dumps`` call (:func:`~nsqtw._go.json.go_dumps`),
+    so no step holds the reactor long even when clients sent megabytes of
+    ``client_id``: 20 such clients once took 12 s of the reactor in one go.
+    """
+    lists = _nonempty(snap, "topics", "producers")
+    pieces = _split(snap, lists)
+    parts = [pieces[0]]
+    for n, key in enumerate(lists):
+        if key == "producers":
+            yield from _items(snap["producers"], parts, 1)
+        else:
+            for i, topic in enumerate(snap["topics"]):
+                if i:
+                    parts.append(",")
+                if _small(topic):
+                    parts.append(go_dumps(topic))  # one call for the whole topic: the usual case
+                    yield None
+                    continue
+                topic_pieces = _split(topic, _nonempty(topic, "channels"))
+                parts.append(topic_pieces[0])
+                for j, channel in enumerate(topic["channels"] or ()):
+                    if j:
+                        parts.append(",")
+                    channel_pieces = _split(channel, _nonempty(channel, "clients"))
+                    parts.append(channel_pieces[0])
+                    if len(channel_pieces) == 2:
+                        yield from _items(channel["clients"], parts, 1)
+                        parts.append(channel_pieces[1])
+                    yield None
+                if len(topic_pieces) == 2:
+                    parts.append(topic_pieces[1])
+        parts.append(pieces[n + 1])
+    return "".join(parts).encode("utf-8")
+
+
+def run_to_end(steps: Generator[None, None, _T]) -> _T:
+    """Run a step generator without pause (the unsliced form of the same work)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+
+def run_in_slices(steps: Generator[None, None, _T], clock: IReactorTime,
+                  budget: float = SLICE_SECONDS,
+                  timer: Callable[[], float] = time.perf_counter) -> Deferred[_T]:
+    """Run a generator's steps on the reactor, at most ``budget`` seconds per turn; fires with its result.
+
+    Between two slices the reactor serves everything else (a ``callLater(0)``
+    puts the next slice behind the events already waiting).  The first slice
+    runs at once.
+    """
+    done: Deferred[_T] = Deferred()
+
+    def turn() -> None:
+        deadline = timer() + budget
+        try:
+            while True:
+                next(steps)
+                if timer() >= deadline:
+                    break
+        except StopIteration as finished:
+            done.callback(finished.value)
+            return
+        except Exception:  # noqa: BLE001 - handed to the caller's errback
+            done.errback()
+            return
+        clock.callLater(0, turn)
+
+    turn()
+    return done

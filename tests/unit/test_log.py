@@ -31,3 +31,45 @@ class LogPrefixTests(SynchronousTestCase):
         logger.info("quiet")
         logger.warn("loud")
         self.assertEqual([formatEvent(e) for e in self.events], ["loud"])
+
+
+class TurnBufferedWriterTests(SynchronousTestCase):
+    """twistd's per-line flush becomes one write per reactor turn."""
+
+    def _writer(self, running: bool = True):
+        import io
+
+        from twisted.internet.task import Clock
+        from twisted.python import threadable
+
+        from nsqtw.log import TurnBufferedWriter
+
+        threadable.registerAsIOThread()
+        clock = Clock()
+        clock.running = running  # type: ignore[attr-defined]
+        stream = io.StringIO()
+        writes: list[str] = []
+        original = stream.write
+        stream.write = lambda text: (writes.append(text), original(text))[1]  # type: ignore[method-assign]
+        return TurnBufferedWriter(stream, clock), stream, clock, writes
+
+    def test_lines_of_one_turn_go_out_in_one_write_in_order(self) -> None:
+        writer, stream, clock, writes = self._writer()
+        for i in range(100):
+            writer.write(f"line {i}\n")
+            writer.flush()
+        self.assertEqual(stream.getvalue(), "")
+        clock.advance(0)
+        self.assertEqual(writes, ["".join(f"line {i}\n" for i in range(100))])
+
+    def test_a_full_buffer_goes_out_at_once(self) -> None:
+        writer, stream, clock, writes = self._writer()
+        writer.write("x" * (writer.limit + 1))
+        writer.flush()
+        self.assertEqual(len(stream.getvalue()), writer.limit + 1)
+
+    def test_without_a_running_reactor_each_flush_writes(self) -> None:
+        writer, stream, clock, writes = self._writer(running=False)
+        writer.write("start-up line\n")
+        writer.flush()
+        self.assertEqual(stream.getvalue(), "start-up line\n")

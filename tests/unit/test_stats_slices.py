@@ -1,0 +1,84 @@
+"""/stats taken and encoded in slices: the same bytes as in one go, over several reactor turns."""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw._go.json import go_json
+from nsqtw.observe.stats import format_text, json_steps, run_in_slices, run_to_end, snapshot, text_steps
+from nsqtw.protocol.wire import encode_command
+from tests.helpers import connect, make_nsqd, one_turn
+
+HOSTILE = 'a<b>&c\u2028"\\\\b\udcff\x08\x0c\U0001f600'
+
+
+def busy_node():
+    nsqd, clock = make_nsqd(e2e_processing_latency_percentile=(1.0, 0.99, 0.5))
+    for t in range(3):
+        topic = nsqd.get_topic(f"t{t}")
+        for c in range(4):
+            topic.get_channel(f"c{c}")
+    nsqd.get_topic("empty")
+    for i in range(6):
+        proto, _ = connect(nsqd, clock)
+        body = json.dumps({"client_id": HOSTILE * (i + 1), "hostname": f"h{i}", "user_agent": HOSTILE}).encode()
+        proto.dataReceived(encode_command(b"IDENTIFY", body=body))
+        proto.dataReceived(f"SUB t{i % 3} c{i % 4}\n".encode())
+    producer, _ = connect(nsqd, clock)
+    producer.dataReceived(encode_command(b"PUB", b"t0", body=b"x"))
+    return nsqd, clock
+
+
+class SliceEncodingTests(SynchronousTestCase):
+    def test_json_in_pieces_is_go_json_of_the_whole(self) -> None:
+        nsqd, _ = busy_node()
+        for args in ((), ("t0",), ("t0", "c1"), ("nope",)):
+            snap = snapshot(nsqd, *args)
+            self.assertEqual(run_to_end(json_steps(snap)), go_json(snap))
+        snap = snapshot(nsqd, include_clients=False, include_mem=False)
+        self.assertEqual(run_to_end(json_steps(snap)), go_json(snap))
+
+    def test_text_in_pieces_is_the_whole(self) -> None:
+        nsqd, clock = busy_node()
+        snap = snapshot(nsqd)
+        self.assertIn("a<b>&c\u2028", format_text(snap, clock.seconds()))
+        self.assertEqual(run_to_end(text_steps(snap, clock.seconds())), format_text(snap, clock.seconds()))
+
+    def test_slices_spread_over_turns(self) -> None:
+        """With a tiny budget each step is its own turn; the result is the same."""
+        nsqd, _ = busy_node()
+        snap = snapshot(nsqd)
+        clock = Clock()
+        ticks = iter(range(10**6))
+        d = run_in_slices(json_steps(snap), clock, budget=0.5, timer=lambda: next(ticks))
+        turns = 0
+        while not d.called:
+            one_turn(clock)
+            turns += 1
+        self.assertGreaterEqual(turns, len(snap["topics"]))
+        self.assertEqual(self.successResultOf(d), go_json(snap))
+
+
+class ClientStatsTests(SynchronousTestCase):
+    def test_go_stats_is_the_generic_layout(self) -> None:
+        """V2Protocol.go_stats (one dict) equals the stats() copy reordered by Go's rules, for
+        subscribers, producers, topic filters and an authenticated client."""
+        import types
+
+        from nsqtw.observe import stats as stats_module
+        from nsqtw.protocol.auth import Authorization, AuthState
+
+        nsqd, clock = busy_node()
+        clients = list(nsqd.clients.values())
+        authed = clients[0]
+        authed.auth.state = AuthState(60, "alice", "https://id/alice", [Authorization(".*", [".*"], ["publish"])],
+                                      clock.seconds() + 60)
+        authed.pub_counts["t1"] = 3
+        for client in clients:
+            plain = types.SimpleNamespace(stats=client.stats, pub_counts=client.pub_counts)
+            for topic_filter in ("", "t0", "t1"):
+                self.assertEqual(list(client.go_stats(topic_filter).items()),
+                                 list(stats_module._client_stats(plain, topic_filter).items()))
