@@ -34,8 +34,12 @@ class IBackendQueue(Interface):
         """Append one record.
 
         Raises :class:`nsqtw.errors.BackendError` when the queue cannot take
-        writes (closed, or the disk failed); a write accepted here is handed
-        to the disk thread in order with every other write.
+        writes (closed, or a record of an invalid size); a write accepted
+        here is handed to the disk thread in order with every other write.
+        While the disk fails, records are still taken: they wait in memory
+        and are written, in order, once it accepts again (``health()`` says
+        why meanwhile). Callers bound that memory by asking ``backlog()``
+        before they put (:func:`nsqtw.core.delivery.is_behind`).
         """
 
     def put_many(records: Sequence[bytes]) -> None:
@@ -46,7 +50,7 @@ class IBackendQueue(Interface):
 
         Written means handed to the operating system (``write()`` returned),
         so a killed process cannot lose it. Errbacks with BackendError if the
-        write failed.
+        write failed (the records stay queued and are retried).
         """
 
     def backlog() -> int:
@@ -94,7 +98,7 @@ class IDurableBackendQueue(IBackendQueue):
     elsewhere (a channel's queue, a channel's journal).
     """
 
-    write_error = Attribute("Why writes are refused right now, or ``None``.")
+    write_error = Attribute("Why writes fail right now (puts wait in memory for the retry), or ``None``.")
 
     def read_positions(max_count: int) -> list[tuple[bytes, int, int]]:
         """Up to ``max_count`` records as ``(data, file_num, end_pos)``, oldest first."""
@@ -275,3 +279,23 @@ class IAuthorizer(Interface):
 
     def query(remote_ip: str, tls: bool, secret: str, common_name: str) -> Deferred[AuthState]:
         """A Deferred firing with an :class:`nsqtw.protocol.auth.AuthState`, or failing with the reason."""
+
+
+class IConnectionDelegate(Interface):
+    """What a client connection (``nsqtw.client.conn``) reports to the producer or consumer that owns it.
+
+    The connection does the handshake, answers heartbeats and splits frames;
+    what a response, an error or a message means is up to its owner.
+    """
+
+    def on_response(conn: object, data: bytes) -> None:
+        """A response frame other than a heartbeat (``OK``, ``CLOSE_WAIT``)."""
+
+    def on_error(conn: object, data: bytes) -> None:
+        """An error frame (``E_BAD_TOPIC ...``)."""
+
+    def on_message(conn: object, data: bytes) -> None:
+        """A MESSAGE frame's data (timestamp, attempts, ID, body)."""
+
+    def on_close(conn: object, reason: Exception) -> None:
+        """A connection that had completed its handshake is gone."""

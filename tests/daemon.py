@@ -52,8 +52,7 @@ class Daemon:
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-c", self.code, "--pidfile=", "-n", self.plugin,
-               f"--tcp-address={tcp}", f"--http-address={http}", *self.plugin_args(), *self.args]
+        cmd = self.command(tcp, http)
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         found: dict[str, str] = {}
@@ -61,7 +60,7 @@ class Daemon:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
-        while not {"TCP", "HTTP"} <= found.keys():  # HTTPS may be logged too, in any order
+        while not set(self.listens) <= found.keys():  # HTTPS may be logged too, in any order
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stop()
@@ -86,11 +85,23 @@ class Daemon:
         self._fd = fd
         self._reader = threading.Thread(target=self._drain, args=(fd,), daemon=True)
         self._reader.start()
-        host, port = found["TCP"].rsplit(":", 1)
-        self.tcp = (host, int(port))
+        if "TCP" in found:
+            host, port = found["TCP"].rsplit(":", 1)
+            self.tcp = (host, int(port))
         host, port = found["HTTP"].rsplit(":", 1)
         self.http = (host, int(port))
         return self
+
+    #: the listeners whose ``listening on`` lines start() waits for
+    listens: tuple[str, ...] = ("TCP", "HTTP")
+
+    def address_args(self, tcp: str, http: str) -> list[str]:
+        return [f"--tcp-address={tcp}", f"--http-address={http}"]
+
+    def command(self, tcp: str, http: str) -> list[str]:
+        """The program and arguments that start this daemon."""
+        return [sys.executable, "-c", self.code, "--pidfile=", "-n", self.plugin,
+                *self.address_args(tcp, http), *self.plugin_args(), *self.args]
 
     def plugin_args(self) -> list[str]:
         return [f"--data-path={self.data_path}"]
@@ -175,3 +186,38 @@ class LookupdDaemon(Daemon):
 
     def plugin_args(self) -> list[str]:
         return []
+
+
+class AdminDaemon(Daemon):
+    """One nsqtw-admin process: HTTP only; ``data_path`` is just its working directory."""
+
+    plugin = "nsqtw-admin"
+    listens = ("HTTP",)
+
+    def address_args(self, tcp: str, http: str) -> list[str]:
+        return [f"--http-address={http}"]
+
+    def plugin_args(self) -> list[str]:
+        return []
+
+
+def start_listening(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
+                    ) -> tuple[subprocess.Popen[str], str, str]:
+    """Start any nsqd (Go's or nsqtw) from ``cmd``; wait for its TCP and HTTP lines; keep reading its log.
+
+    For the side-by-side tools: returns the process and its TCP and HTTP
+    addresses. A thread drains stderr afterwards, since a full pipe would
+    block the daemon.
+    """
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    found: dict[str, str] = {}
+    assert proc.stderr is not None
+    while len(found) < 2:
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError(f"{cmd[0]} exited before listening")
+        m = re.search(r"(TCP|HTTP): listening on (\S+)", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+    return proc, found["TCP"], found["HTTP"]

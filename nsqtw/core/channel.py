@@ -60,6 +60,8 @@ class Channel:
         self.memory: deque[Message] = deque()
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
+        #: client id -> its messages in flight (so a disconnect costs O(its own in-flight))
+        self._owned: dict[int, dict[bytes, Message]] = {}
         self.deferred = TimeoutQueue()
         self.paused = False
         self.exiting = False
@@ -67,6 +69,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: messages FINished (nsqd counts these only per client; an nsqtw /metrics figure)
+        self.finish_count = 0
         #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
         self.e2e: Quantile | None = None
 
@@ -147,13 +151,16 @@ class Channel:
         if limit and len(self.clients) >= limit:
             raise ValueError("too many consumers")
         self.clients[client.client_id] = client
+        self._owned[client.client_id] = {}
         self._pump.wake()
 
     def remove_client(self, client: IConsumer) -> None:
         """Unsubscribe a client and requeue the messages it still had in flight."""
         if self.clients.pop(client.client_id, None) is None:
             return
-        orphans = [m for m in self.in_flight.live.values() if m.client is client]
+        owned = self._owned.pop(client.client_id, {})
+        live = self.in_flight.live
+        orphans = [m for m in owned.values() if live.get(m.id) is m and m.client is client]
         if orphans and not self.exiting:
             for m in orphans:
                 self.in_flight.remove(m.id)
@@ -162,7 +169,7 @@ class Channel:
             try:
                 self._queue(orphans)
             except BackendError:
-                pass  # logged by _queue; health says why
+                pass  # closing (a failing disk keeps them for its retry); logged by _queue
         if not self.clients and self.ephemeral and not self.exiting:
             self.owner.channel_unused(self)
 
@@ -213,10 +220,13 @@ class Channel:
                     exhausted = True
                     break
                 taken = len(msgs)
+                msgs = self._drop_duplicates(msgs)
                 if client.sample_rate:
                     msgs = _sample(msgs, client.sample_rate)
                 deadline = now + client.msg_timeout
+                owned = self._owned.setdefault(client.client_id, {})
                 for m in msgs:
+                    owned[m.id] = m
                     m.attempts = (m.attempts + 1) & 0xFFFF  # nsqd's uint16 wraps
                     m.client = client
                     m.delivered_at = now
@@ -248,6 +258,39 @@ class Channel:
                                  topic=self.topic_name, channel=self.name, count=len(msgs))
         return budget <= 0 and not exhausted
 
+    def _drop_duplicates(self, msgs: list[Message]) -> list[Message]:
+        """Leave out copies of messages whose ID is already in flight or deferred here.
+
+        At-least-once allows a channel two copies of one ID: after a kill -9
+        the topic → channel hand-off not yet committed is replayed. Putting
+        the second in flight would replace the first (whose FIN would then
+        fail with "ID not in flight"); the copy is dropped instead, the one
+        already owned by a client or waiting for its time stands for both.
+        """
+        live = self.in_flight.live
+        waiting = self.deferred.live
+        out = []
+        seen: set[bytes] = set()
+        for m in msgs:
+            if m.id in live or m.id in waiting or m.id in seen:
+                continue
+            seen.add(m.id)
+            out.append(m)
+        if len(out) < len(msgs):
+            self.log.info("CHANNEL({topic}:{channel}): dropped {n} duplicate message(s) already in flight"
+                          " (a hand-off replayed after a crash)", topic=self.topic_name, channel=self.name,
+                          n=len(msgs) - len(out))
+        return out
+
+    def _disown(self, client: IConsumer, msg_id: bytes) -> None:
+        owned = self._owned.get(client.client_id)
+        if owned is not None:
+            owned.pop(msg_id, None)
+
+    def owned_count(self, client: IConsumer) -> int:
+        """How many messages ``client`` has in flight here (the per-client index)."""
+        return len(self._owned.get(client.client_id, ()))
+
     # -- acknowledgements -------------------------------------------------
 
     def _pop_in_flight(self, client: IConsumer, msg_id: bytes) -> Message:
@@ -257,6 +300,7 @@ class Channel:
         if msg.client is not client:
             raise NotInFlightError("client does not own message")
         self.in_flight.remove(msg_id)
+        self._disown(client, msg_id)
         msg.client = None
         return msg
 
@@ -267,6 +311,8 @@ class Channel:
         remove = self.in_flight.remove
         e2e = self.e2e
         now = self.clock.seconds() if e2e is not None else 0.0
+        owned = self._owned.get(client.client_id, {})
+        disown = owned.pop
         for msg_id in msg_ids:
             msg = live.get(msg_id)
             if msg is None or msg.client is not client:
@@ -274,10 +320,12 @@ class Channel:
                 failed.append((msg_id, NotInFlightError(why)))
                 continue
             remove(msg_id)
+            disown(msg_id, None)
             msg.client = None
             client.message_finished()
             if e2e is not None:
                 e2e.insert(now, msg.timestamp)
+        self.finish_count += len(msg_ids) - len(failed)
         bad = {i for i, _ in failed}
         self.delivery.finished([i for i in msg_ids if i not in bad] if bad else msg_ids)
         self._pump.wake()
@@ -329,6 +377,8 @@ class Channel:
         if expired:
             for m in expired:
                 client = m.client
+                if client is not None:
+                    self._disown(client, m.id)
                 m.client = None
                 if client is not None and client.client_id in self.clients:
                     client.message_timed_out()
@@ -339,7 +389,7 @@ class Channel:
             try:
                 self._queue(ready)
             except BackendError:
-                pass  # logged by _queue; health says why
+                pass  # closing (a failing disk keeps them for its retry); logged by _queue
         nexts = [t for t in (self.in_flight.next_deadline(), self.deferred.next_deadline()) if t is not None]
         if nexts:
             self.arm(min(nexts))
@@ -360,6 +410,8 @@ class Channel:
         self.memory.clear()
         for m in self.in_flight.clear():
             m.client = None
+        for owned in self._owned.values():
+            owned.clear()
         self.deferred.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
@@ -381,6 +433,8 @@ class Channel:
     def flush(self) -> None:
         """Move memory, in-flight and deferred messages into the backend (graceful stop)."""
         msgs = list(self.memory) + self.in_flight.clear() + self.deferred.clear()
+        for owned in self._owned.values():
+            owned.clear()
         self.memory.clear()
         for m in msgs:
             m.client = None
@@ -415,6 +469,7 @@ class Channel:
         for client in list(self.clients.values()):
             client.channel_deleted()
         self.clients.clear()
+        self._owned.clear()
         self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()
@@ -434,4 +489,5 @@ class Channel:
             "message_count": self.message_count,
             "requeue_count": self.requeue_count,
             "timeout_count": self.timeout_count,
+            "finish_count": self.finish_count,
         }

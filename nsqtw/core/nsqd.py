@@ -16,6 +16,7 @@ from nsqtw.core.guid import GUIDFactory
 from nsqtw.core.memory import EphemeralBackend, MemoryBackend
 from nsqtw.core.message import Message
 from nsqtw.core.topic import Topic
+from nsqtw.errors import ExitingError
 from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, ITopicOwner
 from nsqtw.log import Logger, set_level
 from nsqtw.names import backend_name, is_ephemeral
@@ -249,6 +250,22 @@ class NSQD:
                 lambda f: self.log.failure("TOPIC({topic}): delete failed", f, topic=topic.name))
 
     # -- publishing -------------------------------------------------------
+
+    def wait_for_room(self, topic_name: str) -> Deferred[None] | None:
+        """None when a publish to that topic may be accepted now, else what to wait on first.
+
+        The one admission rule for TCP and HTTP publishers, checked before
+        the data is accepted (:meth:`Topic.has_room`): past the bound a TCP
+        publisher is not read meanwhile, an HTTP one is answered when there
+        is room or 503 after a bound. When the Deferred fires, ask again:
+        another publisher may have taken the room. Raises ExitingError.
+        """
+        if self.exiting:
+            raise ExitingError()
+        topic = self.get_topic(topic_name)
+        if topic.has_room():
+            return None
+        return topic.wait_for_room()
 
     def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> Deferred[None] | None:
         """The one publish path for TCP and HTTP: new IDs, timestamps, queue.

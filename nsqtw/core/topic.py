@@ -51,6 +51,8 @@ class Topic:
         #: due times (unix seconds) of DPUB messages in the queue at the last graceful stop
         self.restored_due: dict[bytes, float] = {}
         self.delivery: ITopicDelivery = mode.for_topic(self)
+        #: publishers waiting for the backend's backlog to fall under the bound
+        self._room_waiters: list[Deferred[None]] = []
         self._pump = Pump(clock, self.delivery.distribute, f"TOPIC({name})")
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
@@ -67,15 +69,64 @@ class Topic:
 
     # -- publishing -------------------------------------------------------
 
+    def has_room(self) -> bool:
+        """Whether a publish may be accepted now: the backend's unwritten backlog is under the bound.
+
+        The one admission rule of TCP and HTTP publishers, asked *before* the
+        data is accepted (:meth:`NSQD.wait_for_room`). While the disk is slow
+        or failing, the backlog stops draining, so the memory it holds stays
+        under :data:`~nsqtw.core.delivery.BACKLOG_LIMIT` records /
+        :data:`~nsqtw.core.delivery.BACKLOG_BYTES` plus one publish.
+        """
+        return not is_behind(self.backend)
+
+    def wait_for_room(self) -> Deferred[None]:
+        """Fires when :meth:`has_room` may be true again (callers check again); fails on exit.
+
+        One watch per topic on the backend's ``written()``, however many
+        publishers wait: each write that lands (or fails, when the disk is
+        full: once per retry) checks the backlog once.
+        """
+        d: Deferred[None] = Deferred(lambda d: self._forget_waiter(d))
+        self._room_waiters.append(d)
+        if len(self._room_waiters) == 1:
+            self._watch_room()
+        return d
+
+    def _forget_waiter(self, d: Deferred[None]) -> None:
+        if d in self._room_waiters:
+            self._room_waiters.remove(d)
+
+    def _watch_room(self) -> None:
+        written = self.backend.written()
+        if written.called:  # nothing under way to wait on (not a disk queue): look again shortly
+            written.addErrback(lambda _: None)
+            self.clock.callLater(0.1, self._check_room, None)
+        else:
+            written.addBoth(self._check_room)
+
+    def _check_room(self, _: object) -> None:
+        if not self._room_waiters:
+            return
+        if self.exiting:
+            waiters, self._room_waiters = self._room_waiters, []
+            for d in waiters:
+                d.errback(ExitingError())
+        elif self.has_room():
+            waiters, self._room_waiters = self._room_waiters, []
+            for d in waiters:
+                d.callback(None)
+        else:
+            self._watch_room()
+
     def put_messages(self, msgs: list[Message]) -> Deferred[None] | None:
         """Queue published messages; raises ExitingError or BackendError.
 
         Returns None when the publisher can be answered now: the messages
         are in memory, or handed to the disk thread. Returns what to wait
-        on when the publisher must wait for the write: when the delivery
-        mode says so (``--sync-every=1``, ``--durable-delivery``), or when
-        the disk is behind (so a publisher faster than the disk is slowed
-        down to its pace).
+        on when the delivery mode says the publisher must wait for the write
+        (``--sync-every=1``, ``--durable-delivery``). A disk slower than the
+        publishers slows them through :meth:`has_room`, asked before this.
         """
         if self.exiting:
             raise ExitingError()
@@ -100,7 +151,7 @@ class Topic:
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
-        if rest and (delivery.wait_for_write or is_behind(self.backend)):
+        if rest and delivery.wait_for_write:
             return delivery.published(rest, self.backend.written())
         return None
 
@@ -133,7 +184,13 @@ class Topic:
         return ids
 
     def put_to(self, channel: Channel, msgs: list[Message]) -> None:
-        """Queue a batch on one channel; a failure is logged (the channel's health says why)."""
+        """Queue a batch on one channel.
+
+        A failing disk does not refuse it (the channel's disk queue keeps the
+        records in memory for its retry, and the delivery mode holds further
+        batches while that backlog is over the bound); only a closing channel
+        or a record of an invalid size can, and is logged.
+        """
         try:
             channel.put_many(msgs)
         except (ExitingError, BackendError) as e:
@@ -208,6 +265,7 @@ class Topic:
     def _stop(self) -> None:
         self.exiting = True
         self._pump.stop()
+        self._check_room(None)
 
     def close(self) -> Deferred[Any]:
         """Graceful stop: every message goes to its backend, every backend closes."""

@@ -12,12 +12,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from klein import Klein
+from twisted.internet.defer import ensureDeferred
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
 from nsqtw.http import APIError, GoHTTPAPI
+from nsqtw.http.metrics import MetricsPage
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.lookupd import NSQLookupd
+from nsqtw.lookupd.metrics import LookupdMetrics
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 
 __all__ = ["LookupdHTTPAPI", "ROUTES"]
@@ -36,6 +39,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/channel/create": ("POST",),
     "/channel/delete": ("POST",),
     "/topic/tombstone": ("POST",),
+    # nsqtw only: Prometheus (docs/metrics.md)
+    "/metrics": ("GET",),
 }
 
 
@@ -56,8 +61,12 @@ class LookupdHTTPAPI(GoHTTPAPI):
     routes = ROUTES
     app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: NSQLookupd, metrics: MetricsPage | None = None) -> None:
         self.lookupd = lookupd
+        if metrics is None:
+            counts = LookupdMetrics(lookupd)
+            metrics = MetricsPage(counts.collector, counts.prepare)
+        self.metrics_page = metrics
 
     # -- arguments (Go's ReqParams.Get and GetTopicChannelArgs) ----------------------
 
@@ -87,6 +96,11 @@ class LookupdHTTPAPI(GoHTTPAPI):
     @_route(app, "/info")
     def info(self, request: Any) -> Any:
         return self._run(request, lambda _: {"version": NSQD_VERSION})
+
+    @_route(app, "/metrics")
+    def metrics(self, request: Any) -> Any:
+        """Prometheus text (or OpenMetrics, by ``Accept``); see :mod:`nsqtw.lookupd.metrics`."""
+        return ensureDeferred(self._serve_metrics(request, self.metrics_page))
 
     @_route(app, "/debug")
     def debug(self, request: Any) -> Any:

@@ -31,6 +31,8 @@ class NSQLookupd:
     def __init__(self, options: Any, clock: IReactorTime, hostname: str | None = None) -> None:
         self.options = options
         self.clock = clock
+        #: when this nsqlookupd started, seconds since the epoch (``/metrics``' uptime)
+        self.start_time = clock.seconds()
         self.db = RegistrationDB(clock)
         self.hostname = socket.gethostname() if hostname is None else hostname
         #: the bound ports, filled in by the listeners (port 0 means "pick one")

@@ -8,13 +8,12 @@ registrations are dropped like on any disconnect.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
-from nsqtw._go.json import go_json
+from nsqtw._go.json import go_json, go_loads
 from nsqtw.errors import NSQError, fatal
 from nsqtw.log import Logger
 from nsqtw.lookupd.db import PeerInfo
@@ -37,7 +36,7 @@ def decode_peer_info(peer_id: str, body: bytes) -> PeerInfo:
     """
     bad = fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
     try:
-        data = json.loads(body.decode("utf-8", "replace"))
+        data = go_loads(body)
     except ValueError:
         raise bad from None
     peer = PeerInfo(id=peer_id)

@@ -11,29 +11,34 @@ Runtime-changeable settings (``PUT /config/...``) live on the NSQD object as
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
 from nsqtw._go.flags import TLS_REQUIRED
+from nsqtw._go.json import go_loads
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError
-from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, sniff
+from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, sniff
+from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import LEVELS
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.observe.stats import format_text, snapshot
+from nsqtw.observe.metrics import NSQDMetrics
+from nsqtw.observe.stats import json_steps, run_in_slices, snapshot_steps, text_steps
 
 __all__ = ["HTTPAPI", "ROUTES"]
 
 _NS = 1_000_000_000
 #: nsqd's boolParams: anything else means "true" for these flags
+#: seconds an HTTP publish waits in all for room under the bound of unwritten records, then 503
+PUBLISH_ROOM_WAIT = 10.0
+
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 #: every route nsqd v1.3.0 answers (the /debug/pprof ones excepted), with its methods
@@ -54,6 +59,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/channel/pause": ("POST",),
     "/channel/unpause": ("POST",),
     "/config/:opt": ("GET", "PUT"),
+    # nsqtw only: Prometheus (docs/metrics.md)
+    "/metrics": ("GET",),
 }
 def _go_json_value(kind: str, value: Any) -> Any:
     """An option's value as nsqd's ``GET /config/:opt`` marshals it."""
@@ -78,9 +85,14 @@ class HTTPAPI(GoHTTPAPI):
     routes = ROUTES
     app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
-    def __init__(self, nsqd: NSQD, tls_enabled: bool = False) -> None:
+    def __init__(self, nsqd: NSQD, tls_enabled: bool = False, metrics: MetricsPage | None = None) -> None:
         self.nsqd = nsqd
         self.tls_enabled = tls_enabled
+        if metrics is None:
+            # the service shares one page (one registry) between HTTP and HTTPS
+            node = NSQDMetrics(nsqd, nsqd.clock, bool(getattr(nsqd.options, "metrics_per_client", False)))
+            metrics = MetricsPage(node.collector, node.prepare)
+        self.metrics_page = metrics
         options = nsqd.options
         self.tls_required = getattr(options, "tls_required", 0) == TLS_REQUIRED
 
@@ -147,9 +159,18 @@ class HTTPAPI(GoHTTPAPI):
             raise APIError(400, "INVALID_TOPIC")
         return values, name
 
-    def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0) -> str | Deferred[str]:
-        """The shared publish path; answered once a spill to disk is written (as TCP)."""
+    def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0,
+                 waited: float = 0.0) -> str | Deferred[str]:
+        """The shared publish path; answered once a spill to disk is written (as TCP).
+
+        Past the memory bound of unwritten records (the rule TCP publishers
+        follow too, :meth:`NSQD.wait_for_room`) the request waits for room,
+        at most :data:`PUBLISH_ROOM_WAIT` seconds in all, then gets a 503.
+        """
         try:
+            room = self.nsqd.wait_for_room(name)
+            if room is not None:
+                return self._publish_when_room(room, name, bodies, defer, waited)
             written = self.nsqd.publish(name, bodies, defer)
         except (ExitingError, BackendError):
             raise APIError(503, "EXITING") from None
@@ -161,6 +182,28 @@ class HTTPAPI(GoHTTPAPI):
             raise APIError(503, "EXITING")
 
         return written.addCallbacks(lambda _: "OK", failed)
+
+    def _publish_when_room(self, room: Deferred[None], name: str, bodies: list[bytes], defer: float,
+                           waited: float) -> Deferred[str]:
+        clock = self.nsqd.clock
+        started = clock.seconds()
+        left = PUBLISH_ROOM_WAIT - waited
+        if left <= 0:
+            room.addErrback(lambda _: None)
+            room.cancel()
+            raise APIError(503, "EXITING")
+        room.addTimeout(left, clock)
+
+        def retry(_: object) -> str | Deferred[str]:
+            return self._publish(name, bodies, defer, waited + clock.seconds() - started)
+
+        def failed(_: Any) -> str:
+            self.log.warn("NSQ: HTTP publish to topic({topic}) refused - no room for unwritten messages after {s}s",  # noqa: G010 - twisted Logger
+                          topic=name, s=PUBLISH_ROOM_WAIT)
+            raise APIError(503, "EXITING")
+
+        out: Deferred[str] = room.addCallbacks(retry, failed)
+        return out
 
     def _too_long(self, request: Any, limit: int) -> bool:
         declared = getattr(request, "declared_length", None)
@@ -396,12 +439,31 @@ class HTTPAPI(GoHTTPAPI):
 
         include_clients = _BOOL_PARAMS.get(first("include_clients"), True)
         include_mem = _BOOL_PARAMS.get(first("include_mem"), True)
-        snap = snapshot(self.nsqd, first("topic"), first("channel"), include_clients, include_mem)
-        if first("format") == "json":
-            return snap
-        now = self.nsqd.clock.seconds()
+        return ensureDeferred(self._stats_in_slices(first("topic"), first("channel"), include_clients,
+                                                    include_mem, first("format") == "json"))
+
+    async def _stats_in_slices(self, topic: str, channel: str, include_clients: bool, include_mem: bool,
+                               as_json: bool) -> Any:
+        """Snapshot, then encode, a few milliseconds of reactor time at a time.
+
+        nsqadmin polls /stats; at 10,000 channels, or with clients that sent
+        megabytes of identity, doing it in one go stalled every connection.
+        """
+        clock = self.nsqd.clock
+        snap = await run_in_slices(snapshot_steps(self.nsqd, topic, channel, include_clients, include_mem),
+                                   clock)
+        if as_json:
+            return RawJSON(await run_in_slices(json_steps(snap), clock))
         start = getattr(self.nsqd, "start_time_precise", None)
-        return format_text(snap, now, start).encode("utf-8", "surrogateescape")
+        text = await run_in_slices(text_steps(snap, clock.seconds(), start), clock)
+        return text.encode("utf-8", "surrogateescape")
+
+    # -- metrics (nsqtw only) ------------------------------------------------------------
+
+    @app.route("/metrics", methods=["GET"], merge_slashes=False, strict_slashes=True)
+    def metrics(self, request: Any) -> Any:
+        """Prometheus text (or OpenMetrics, by ``Accept``); see :mod:`nsqtw.observe.metrics`."""
+        return ensureDeferred(self._serve_metrics(request, self.metrics_page))
 
     # -- config ----------------------------------------------------------------------
 
@@ -418,11 +480,17 @@ class HTTPAPI(GoHTTPAPI):
                 raise APIError(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
                 try:
-                    addresses = json.loads(body)
+                    addresses = go_loads(body)
                 except ValueError:
                     raise APIError(400, "INVALID_VALUE") from None
                 if addresses is not None and (not isinstance(addresses, list)
                                               or not all(isinstance(a, str) for a in addresses)):
+                    raise APIError(400, "INVALID_VALUE")
+                if addresses is not None and len(addresses) > MAX_LOOKUPD_ADDRESSES:
+                    # Go takes any number (and dials them one by one); thousands of
+                    # peers are a mistake or an attack, not a cluster
+                    self.log.error("config nsqlookupd_tcp_addresses refused: {count} addresses, more than "
+                                   "the {limit} nsqtw accepts", count=len(addresses), limit=MAX_LOOKUPD_ADDRESSES)
                     raise APIError(400, "INVALID_VALUE")
                 nsqd.runtime_lookupd_tcp_addresses = addresses
             elif opt == "log_level":
@@ -455,6 +523,10 @@ class HTTPAPI(GoHTTPAPI):
         if flag.kind == "string":
             return str(value)  # RespondV1 writes Go strings as they are, not as JSON
         return Marshal(_go_json_value(flag.kind, value))
+
+
+#: the most nsqlookupd addresses PUT /config/nsqlookupd_tcp_addresses accepts (nsqtw's bound)
+MAX_LOOKUPD_ADDRESSES = 100
 
 
 def _read_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:

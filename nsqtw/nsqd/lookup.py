@@ -14,7 +14,6 @@ that finds no connection is simply dropped.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
-from nsqtw._go.json import go_json
+from nsqtw._go.json import go_json, go_loads
 from nsqtw.log import Logger
 from nsqtw.lookupd.wire import MAGIC_V1, ResponseReader, encode_command, identify
 
@@ -114,7 +113,7 @@ class LookupPeerProtocol(Protocol):
             self.abort()
             return
         try:
-            info = json.loads(response)
+            info = go_loads(response)
             if not isinstance(info, dict):
                 raise ValueError(response)
         except ValueError:
@@ -274,9 +273,10 @@ class Lookup(Service):
 
     def sync_peers(self) -> None:
         """Connect to every configured address not yet connected; drop the others."""
-        wanted = list(self.nsqd.runtime_lookupd_tcp_addresses or [])
+        wanted = list(dict.fromkeys(self.nsqd.runtime_lookupd_tcp_addresses or []))
+        keep = set(wanted)
         for address in list(self.peers):
-            if address not in wanted:
+            if address not in keep:
                 self.log.info("LOOKUP({peer}): removing peer", peer=address)
                 self.peers.pop(address).stop()
         for address in wanted:

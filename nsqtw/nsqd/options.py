@@ -141,6 +141,7 @@ class NSQDOptions:
     # nsqtw only
     durable_delivery: bool = False
     disk_threads: int = 4
+    metrics_per_client: bool = False
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -464,10 +465,18 @@ FLAGS: tuple[Flag, ...] = (
         " its own order); the thread count does not grow with topics and channels.",
         _A,
     ),
+    _flag(
+        "metrics-per-client",
+        "bool",
+        "nsqtw only: also export one series per connected client on /metrics (its RDY, in"
+        " flight, message, FIN and REQ counts); off, series are per topic and channel only"
+        " (see docs/metrics.md).",
+        _A,
+    ),
 )
 
 #: flags nsqtw adds to nsqd's
-NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads"})
+NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "metrics-per-client"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}

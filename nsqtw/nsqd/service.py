@@ -9,21 +9,23 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
-from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from nsqtw import version_banner
 from nsqtw.core.nsqd import NSQD
+from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
-from nsqtw.net.tls import build_server_tls, client_trust_root
+from nsqtw.net.tls import HTTPSFactory, build_server_tls, client_trust_root
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
+from nsqtw.observe.metrics import NSQDMetrics
 from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.durable import DurableDelivery
 from nsqtw.storage.executor import DiskLane, DiskPool
+from nsqtw.storage.fsync import FsyncLatency
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
@@ -72,6 +74,30 @@ class DataPathLock:
             self._fd = None
 
 
+#: seconds a graceful stop waits for every queue and journal to flush before it exits anyway
+STOP_FLUSH_TIMEOUT = 10.0
+
+
+def unflushed(nsqd: NSQD) -> list[tuple[str, str]]:
+    """Per topic and channel, the messages and records not safely on disk yet (empty ones left out)."""
+    out = []
+    for topic in nsqd.topics.values():
+        queues: list[tuple[str, Any, Any]] = [(f"TOPIC({topic.name})", topic, topic.delivery)]
+        queues.extend((f"CHANNEL({topic.name}:{c.name})", c, c.delivery) for c in topic.channels.values())
+        for what, queue, delivery in queues:
+            counts = {"in memory": len(queue.memory),
+                      "records not written": queue.backend.backlog()}
+            if hasattr(queue, "in_flight"):
+                counts["in flight"] = len(queue.in_flight)
+                counts["deferred"] = len(queue.deferred)
+            journal = getattr(delivery, "journal", None)
+            if journal is not None:
+                counts["journal records not fsynced"] = journal.unsynced()
+            if any(counts.values()):
+                out.append((what, ", ".join(f"{n} {k}" for k, n in counts.items())))
+    return out
+
+
 class NSQDService(MultiService):
     """The daemon: the NSQD core first, its listeners after.
 
@@ -111,22 +137,28 @@ class NSQDService(MultiService):
         #: one --sync-timeout timer for every disk queue, armed only while one has work
         self.sync_schedule = SyncSchedule(reactor, options.sync_timeout)
         self.meta_executor: DiskLane | None = None
+        #: every fsync of the disk queues and journals, timed on the disk threads (/metrics)
+        self.fsync_latency = FsyncLatency()
+        #: /metrics: one registry for the HTTP and HTTPS listeners
+        node_metrics = NSQDMetrics(self.nsqd, reactor, options.metrics_per_client,
+                                   self.fsync_latency.histogram)
+        self.metrics_page = MetricsPage(node_metrics.collector, node_metrics.prepare)
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.nsqd.http import HTTPAPI
 
         tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
-            site = HTTPAPI(self.nsqd).site()
+            site = HTTPAPI(self.nsqd, metrics=self.metrics_page).site()
             site.noisy = False
             ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
                             site, self._http_bound).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
             # nsqd's HTTPS listener: the same API, TLS from the first byte
-            secure = HTTPAPI(self.nsqd, tls_enabled=True).site()
+            secure = HTTPAPI(self.nsqd, tls_enabled=True, metrics=self.metrics_page).site()
             secure.noisy = False
             ListenerService("HTTPS", server_endpoint(reactor, options.https_address),  # type: ignore[no-untyped-call]
-                            TLSMemoryBIOFactory(self.nsqd.tls, False, secure),
+                            HTTPSFactory(self.nsqd.tls, False, secure),
                             self._https_bound).setServiceParent(self)
         if options.statsd_address:
             StatsdService(self.nsqd, reactor).setServiceParent(self)  # type: ignore[no-untyped-call]
@@ -143,11 +175,12 @@ class NSQDService(MultiService):
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
-                         durable=self.durable, sync_schedule=self.sync_schedule)
+                         durable=self.durable, sync_schedule=self.sync_schedule,
+                         fsync_fn=self.fsync_latency.fsync)
 
     def _make_journal(self, name: str) -> Journal:
         return Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
-                       state=self._recovered.pop(name, None))
+                       state=self._recovered.pop(name, None), fsync_fn=self.fsync_latency.fsync)
 
     async def _replay_journals(self, submit: Any) -> list[tuple[str, str | None]]:
         """Read every journal left by a --durable-delivery run that did not stop cleanly.
@@ -233,6 +266,35 @@ class NSQDService(MultiService):
         self.log.critical("FATAL: failed to {what} - {error}", what=what, error=failure.getErrorMessage())
         self.reactor.stop()
 
+    async def _close_within(self, seconds: float) -> None:
+        """Flush and close every topic and channel, giving up after ``seconds``.
+
+        A disk that keeps failing (fsync errors, a full disk under
+        ``--durable-delivery``) would hold the stop forever: the hand-offs
+        wait for journal fsyncs that never succeed. Past the bound, what
+        could not be flushed is logged, queue by queue, and the stop goes
+        on; it is what a kill -9 at that moment would leave (with
+        ``--durable-delivery`` the journals and the topics' read positions
+        still hold every acknowledged message).
+        """
+        finished: Deferred[bool] = Deferred()
+
+        def settle(result: bool) -> None:
+            if not finished.called:
+                finished.callback(result)
+
+        self.nsqd.close().addBoth(lambda _: settle(True))
+        timer = self.reactor.callLater(seconds, settle, False)
+        if await finished:
+            if timer.active():
+                timer.cancel()
+        else:
+            self.log.error("NSQ: stop: flushing did not finish within {seconds}s - exiting anyway",
+                           seconds=seconds)
+        # what failed to reach the disk, whether the flush finished (with errors) or timed out
+        for what, counts in unflushed(self.nsqd):
+            self.log.error("NSQ: stop: {what} could not be flushed: {counts}", what=what, counts=counts)
+
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())
 
@@ -247,7 +309,7 @@ class NSQDService(MultiService):
                                                 DEFERRED_FILENAME)
             except Exception as e:
                 self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
-        await self.nsqd.close()
+        await self._close_within(STOP_FLUSH_TIMEOUT)
         if self.nsqd.metadata is not None:
             try:
                 await self.nsqd.metadata.persist()

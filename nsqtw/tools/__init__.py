@@ -1,1 +1,1 @@
-"""Command-line tools: nsqtw-bench."""
+"""Command-line tools: nsqtw-bench and the ``nsqtw`` console script (cli.py) with its subcommands."""

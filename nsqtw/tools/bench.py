@@ -231,7 +231,7 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nsqtw-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["writer", "reader", "latency"])
+    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale"])
     parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
     parser.add_argument("--topic", default="sub_bench")
     parser.add_argument("--channel", default="ch")
@@ -247,10 +247,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--daemon-pid", type=int, default=0,
                         help="also report the CPU this process (the nsqd under test) used per message")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the text line")
+    parser.add_argument("--nsqd-http-address", default="127.0.0.1:4151", help="scale: nsqd's HTTP API")
+    parser.add_argument("--topics", type=int, default=1000, help="scale: topics to create")
+    parser.add_argument("--channels", type=int, default=2, help="scale: channels per topic")
+    parser.add_argument("--clients", type=int, default=2, help="scale: subscribers per channel")
+    parser.add_argument("--idle", type=float, default=10.0, help="scale: seconds of idle CPU measured")
     # Go's flag syntax: -flag=value
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = ["-" + a if a.startswith("-") and not a.startswith("--") and len(a) > 2 else a for a in argv]
     ns = parser.parse_args(argv)
+    if ns.mode == "scale":
+        from nsqtw.tools.scale import run_scale
+
+        scale = run_scale(ns.nsqd_tcp_address, ns.nsqd_http_address, ns.topics, ns.channels, ns.clients,
+                          ns.daemon_pid, ns.idle)
+        print(scale.json() if ns.json else scale.text())
+        return 0
     runfor = parse_duration(ns.runfor)
     start_at = time.time() + 0.2
     cpu_before = _process_cpu(ns.daemon_pid)

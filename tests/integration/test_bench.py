@@ -88,3 +88,29 @@ def test_latency_ignores_a_backlog_on_its_topic(nsqd) -> None:
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), out
     # publish-to-receipt times of this run: well under the run's length, never the writer's garbage
     assert 0 <= float(m.group(3)) <= float(m.group(5)) < 11_000, out
+
+
+def test_scale_mode_creates_connects_measures_and_cleans_up(daemon_factory) -> None:
+    """``scale``: 20 topics x 5 channels x 2 subscribers, measured, then all deleted; the daemon's
+    threads and open files come back to where they were (nothing left behind)."""
+    import json
+    import urllib.request
+
+    d = daemon_factory()
+    with urllib.request.urlopen(f"http://{d.http_address}/ping") as r:
+        assert r.read() == b"OK"
+    tasks_before = len(os.listdir(f"/proc/{d.pid}/task"))
+    files_before = len(os.listdir(f"/proc/{d.pid}/fd"))
+    out = bench("scale", f"--nsqd-tcp-address={d.tcp_address}", f"--nsqd-http-address={d.http_address}",
+                "--topics=20", "--channels=5", "--clients=2", "--idle=1", f"--daemon-pid={d.pid}", "--json")
+    result = json.loads(out)
+    assert result["create_per_s"] > 0 and result["delete_per_s"] > 0 and result["connect_per_s"] > 0
+    assert len(result["stats_ms"]) == 5 and result["stats_bytes"] > 20 * 5 * 2 * 300
+    # 200 subscribers were connected: one socket each
+    assert result["open_files"] >= files_before + 200
+    assert result["threads"] <= tasks_before + 4  # the disk pool may have started its threads
+    after = result["after_delete"]
+    assert after["open_files"] <= files_before + 2, (files_before, after)
+    assert after["threads"] == result["threads"], after
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json") as r:
+        assert json.load(r)["topics"] == []

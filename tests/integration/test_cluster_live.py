@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -79,7 +80,7 @@ def test_lookup_lists_both_nodes(cluster) -> None:
     assert all(n["topics"] == ["t"] and n["tombstones"] == [False] for n in nodes)
     assert get(lookupd.http_address, "/topics") == {"topics": ["t"]}
     # each node logged the lookupd's IDENTIFY answer the way nsqd does
-    assert f"LOOKUPD({lookupd.tcp_address}): peer info {{TCPPort:{lookupd.tcp[1]} " in a.read_output()
+    a.wait_output(re.escape(f"LOOKUPD({lookupd.tcp_address}): peer info {{TCPPort:{lookupd.tcp[1]} "))
 
 
 def test_reader_finds_both_nodes_through_lookupd(cluster) -> None:

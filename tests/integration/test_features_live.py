@@ -374,7 +374,7 @@ def test_auth_server_down_or_hanging(daemon_factory, auth_server) -> None:
             c.cmd("AUTH", body=b"writer")
             assert c.read() == (ERROR, b"E_AUTH_FAILED AUTH failed")
             assert time.monotonic() - started < 10
-            assert "AUTH failed" in d.read_output()
+            d.wait_output("AUTH failed")
     finally:
         hanging.close()
 
@@ -430,7 +430,7 @@ def test_statsd_push(daemon_factory) -> None:
         assert re.fullmatch(r"\d+\|g", seen[f"{prefix}topic.st.channel.ch.depth"])
         assert seen[f"{prefix}topic.st.channel.ch.clients"].endswith("|g")
         assert seen[f"{prefix}mem.gc_runs"].endswith("|c")
-        assert "STATSD: pushing stats to" in d.read_output()
+        d.wait_output("STATSD: pushing stats to")
     finally:
         udp.close()
 

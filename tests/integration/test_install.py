@@ -1,4 +1,4 @@
-"""pip install -e . and pip install . both give a twistd that knows nsqtw and nsqtw-lookupd.
+"""pip install -e . and pip install . both give a twistd that knows nsqtw, nsqtw-lookupd and nsqtw-admin.
 
 Each case installs a copy of the checkout (so the checkout gets no build
 files) into a fresh virtual environment that sees the already installed
@@ -34,7 +34,8 @@ def _copy_checkout(dest: Path) -> Path:
 
 @pytest.mark.parametrize("editable", [True, False], ids=["editable", "regular"])
 def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool) -> None:
-    """After the install, ``twistd nsqtw --help`` and ``twistd nsqtw-lookupd --help`` answer."""
+    """After the install, ``twistd nsqtw|nsqtw-lookupd|nsqtw-admin --help`` and ``nsqtw tail -h`` answer,
+    and the admin's pages ship."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout to copy")
     project = _copy_checkout(tmp_path / "project")
@@ -49,7 +50,8 @@ def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for plugin, first_line in (("nsqtw", "Usage: twistd nsqtw [flags]"),
-                               ("nsqtw-lookupd", "Usage: twistd nsqtw-lookupd [flags]")):
+                               ("nsqtw-lookupd", "Usage: twistd nsqtw-lookupd [flags]"),
+                               ("nsqtw-admin", "Usage: twistd nsqtw-admin [flags]")):
         out = subprocess.run([python, "-c", TWISTD, plugin, "--help"], env=env, cwd=elsewhere,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -58,6 +60,18 @@ def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool) -> None:
         where = subprocess.run([python, "-c", "import nsqtw; print(nsqtw.__file__)"], env=env,
                                cwd=elsewhere, capture_output=True, text=True, check=True).stdout
         assert where.startswith(str(project if editable else venv)), where
+    # the pages' assets are package data: a regular install has them too
+    assets = subprocess.run(
+        [python, "-c", "from importlib import resources; print(sorted(p.name for p in "
+                       "resources.files('nsqtw.admin').joinpath('static').iterdir()))"],
+        env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout
+    for name in ("admin.css", "admin.js", "favicon.svg", "index.html"):
+        assert name in assets, assets
+    # the nsqtw console script (docs/tools.md) is installed with its subcommands
+    out = subprocess.run([str(venv / "bin" / "nsqtw"), "tail", "-h"], env=env, cwd=elsewhere,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr.startswith("Usage of nsqtw tail:\n"), out.stderr
 
 
 def test_setup_cfg_lists_every_package() -> None:

@@ -29,8 +29,18 @@ FORBIDDEN = {
     "_go": ("nsqtw.core", "nsqtw.storage", "nsqtw.nsqd", "nsqtw.protocol", "nsqtw.http", "nsqtw.net",
             "nsqtw.lookupd", "nsqtw.observe", "nsqtw.spark", "nsqtw.tools"),
     "http": ("nsqtw.nsqd", "nsqtw.core", "nsqtw.storage", "nsqtw.protocol", "nsqtw.lookupd"),
+    # the client library speaks the wire protocol; it knows nothing of the daemons' insides
+    "client": ("nsqtw.nsqd", "nsqtw.core", "nsqtw.storage", "nsqtw.protocol.v2", "nsqtw.protocol.identify",
+               "nsqtw.lookupd", "nsqtw.observe", "nsqtw.spark", "nsqtw.tools", "nsqtw.http"),
     "net": ("nsqtw.nsqd", "nsqtw.core", "nsqtw.storage", "nsqtw.protocol", "nsqtw.lookupd", "nsqtw.http"),
+    # nsqadmin talks to the cluster over HTTP only: nothing of nsqd, nsqlookupd or the message core
+    "admin": ("nsqtw.nsqd", "nsqtw.core", "nsqtw.storage", "nsqtw.lookupd", "nsqtw.protocol.v2",
+              "nsqtw.protocol.wire", "nsqtw.observe", "nsqtw.spark", "nsqtw.tools"),
 }
+
+# no program imports the admin, and the admin is above everything it uses
+for _package in ("core", "storage", "lookupd", "_go", "http", "net"):
+    FORBIDDEN[_package] = FORBIDDEN[_package] + ("nsqtw.admin",)
 
 
 def imports_of(path: Path) -> set[str]:

@@ -95,7 +95,8 @@ class APITests(SynchronousTestCase):
         self.assertEqual((code, headers.getRawHeaders("location")), (307, ["/topic/create?topic=t"]))
         self.assertEqual(set(ROUTES), {"/ping", "/info", "/debug", "/lookup", "/topics", "/channels",
                                        "/nodes", "/topic/create", "/topic/delete", "/channel/create",
-                                       "/channel/delete", "/topic/tombstone"})
+                                       "/channel/delete", "/topic/tombstone",
+                                       "/metrics"})  # the last one is nsqtw's own (docs/metrics.md)
 
     def test_lookup_two_nodes_and_expiry(self) -> None:
         """/lookup lists active nodes; one that stops PINGing drops out, /debug still shows it."""

@@ -124,8 +124,10 @@ class DefaultsTests(SynchronousTestCase):
         """The default table covers every attribute but the hostname-derived two and nsqtw's own."""
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
         self.assertEqual(names - set(GO_DEFAULTS),
-                         {"node_id", "broadcast_address", "durable_delivery", "disk_threads"})
+                         {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
+                          "metrics_per_client"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
 
     def test_hostname_defaults(self) -> None:
@@ -165,7 +167,7 @@ class FlagTableTests(SynchronousTestCase):
         names = [f.name for f in FLAGS if f.name not in options.NSQTW_FLAGS]
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
-        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads"})
+        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "metrics-per-client"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
