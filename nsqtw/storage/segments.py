@@ -181,6 +181,7 @@ class DiskState:
                       "DISKQUEUE({name}) {path} metadata writePos {write_pos} < file size of {size},"
                       " skipping to new file",
                       name=self.name, path=wpath, write_pos=wpos, size=size)
+            self._count_salvaged_tail(wpath, size)
             self.write_file_num += 1
             self.write_pos = 0
         self._normalize_consumed(self.read_file_num)
@@ -199,13 +200,7 @@ class DiskState:
         with open(path, "r+b") as f:
             f.seek(self.write_pos)
             tail = f.read(size - self.write_pos)
-            off = count = 0
-            while len(tail) - off >= 4:
-                (rsize,) = _SIZE.unpack_from(tail, off)
-                if rsize < self.min_msg_size or rsize > self.max_msg_size or off + 4 + rsize > len(tail):
-                    break
-                off += 4 + rsize
-                count += 1
+            off, count = self._whole_records(tail)
             if off < len(tail):
                 f.truncate(self.write_pos + off)
                 os.fsync(f.fileno())
@@ -216,6 +211,37 @@ class DiskState:
         self.write_pos += off
         self.depth += count
         self.need_sync = True
+
+    def _whole_records(self, tail: bytes) -> tuple[int, int]:
+        """How far the whole, valid records at the start of ``tail`` reach, and how many they are."""
+        off = count = 0
+        while len(tail) - off >= 4:
+            (rsize,) = _SIZE.unpack_from(tail, off)
+            if rsize < self.min_msg_size or rsize > self.max_msg_size or off + 4 + rsize > len(tail):
+                break
+            off += 4 + rsize
+            count += 1
+        return off, count
+
+    def _count_salvaged_tail(self, path: str, size: int) -> None:
+        """Count the records the reader will salvage past a stale writePos in the depth.
+
+        After a kill -9 between a write and its metadata sync, the segment
+        holds records the metadata's depth does not count. go-diskqueue reads
+        them anyway and lets the depth go negative until the tail resets it
+        (logging "metadata corruption"). Here the depth counts them from the
+        start: the queue's readers take records while the depth says there
+        are some, so a depth short by k would leave the last k records
+        undelivered until more were written (found by the kill -9 test).
+        """
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.write_pos)
+                tail = f.read(size - self.write_pos)
+        except OSError:
+            return  # the reader meets the same error and handles it as go-diskqueue does
+        _, count = self._whole_records(tail)
+        self.depth += count
 
     def _persist_metadata(self) -> None:
         """Replace the metadata file atomically (go-diskqueue does not fsync the directory)."""
