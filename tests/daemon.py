@@ -11,9 +11,10 @@ import sys
 import threading
 import time
 
+from nsqtw.tools.daemons import TWISTD, start_listening  # noqa: F401 (re-exported)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
-TWISTD = ("import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()")
 
 
 class Daemon:
@@ -199,25 +200,3 @@ class AdminDaemon(Daemon):
 
     def plugin_args(self) -> list[str]:
         return []
-
-
-def start_listening(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
-                    ) -> tuple[subprocess.Popen[str], str, str]:
-    """Start any nsqd (Go's or nsqtw) from ``cmd``; wait for its TCP and HTTP lines; keep reading its log.
-
-    For the side-by-side tools: returns the process and its TCP and HTTP
-    addresses. A thread drains stderr afterwards, since a full pipe would
-    block the daemon.
-    """
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    found: dict[str, str] = {}
-    assert proc.stderr is not None
-    while len(found) < 2:
-        line = proc.stderr.readline()
-        if not line:
-            raise RuntimeError(f"{cmd[0]} exited before listening")
-        m = re.search(r"(TCP|HTTP): listening on (\S+)", line)
-        if m:
-            found[m.group(1)] = m.group(2)
-    threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
-    return proc, found["TCP"], found["HTTP"]

@@ -20,8 +20,9 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from nsqtw.tools.daemons import start_listening  # noqa: E402
 from tests.attacks import Bystander, churn, deflate_bomb, endless_chunked, huge_config, mpub_flood  # noqa: E402
-from tests.daemon import Daemon, start_listening  # noqa: E402
+from tests.daemon import Daemon  # noqa: E402
 
 
 def start_go(binary: str, data: str) -> tuple[subprocess.Popen[str], str, str]:

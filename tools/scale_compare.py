@@ -20,10 +20,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from nsqtw.tools.daemons import nsqtw_command, start_listening  # noqa: E402
 from nsqtw.tools.scale import ScaleResult, run_scale  # noqa: E402
-from tests.daemon import start_listening  # noqa: E402
-
-TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 
 
 def start(cmd: list[str], cwd: str) -> tuple[subprocess.Popen[str], str, str]:
@@ -41,7 +39,7 @@ def main() -> None:
     results: dict[str, ScaleResult] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in (("Go nsqd v1.3.0", [go]),
-                          ("nsqtw", [sys.executable, "-c", TWISTD, "--pidfile=", "-n", "nsqtw"])):
+                          ("nsqtw", nsqtw_command())):
             data = os.path.join(tmp, name.split()[0])
             os.makedirs(data)
             proc, tcp, http = start(cmd + [f"--data-path={data}", "--tcp-address=127.0.0.1:0",

@@ -231,7 +231,8 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nsqtw-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale"])
+    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale", "compare"],
+                        help="compare: Go nsqd and nsqtw side by side (nsqtw-bench compare --help)")
     parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
     parser.add_argument("--topic", default="sub_bench")
     parser.add_argument("--channel", default="ch")
@@ -255,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     # Go's flag syntax: -flag=value
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = ["-" + a if a.startswith("-") and not a.startswith("--") and len(a) > 2 else a for a in argv]
+    if argv[:1] == ["compare"]:
+        from nsqtw.tools.compare import main as compare_main
+
+        return compare_main(argv[1:])
     ns = parser.parse_args(argv)
     if ns.mode == "scale":
         from nsqtw.tools.scale import run_scale

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 import struct
 import subprocess
 import sys
+
+import pytest
 
 from nsqtw.tools.bench import _answer
 from tests.daemon import ROOT
@@ -114,3 +117,51 @@ def test_scale_mode_creates_connects_measures_and_cleans_up(daemon_factory) -> N
     assert after["threads"] == result["threads"], after
     with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json") as r:
         assert json.load(r)["topics"] == []
+
+
+GO_BIN = os.path.join(ROOT, "..", "shared", "anchor", "bin")
+ROW = re.compile(r"^\| (?P<label>[^|]+) \| (?P<client>[^|]+) \| (?P<a>[^|]+) \| (?P<b>[^|]+)"
+                 r" \| \*\*(?P<r>[\d.]+)×\*\* \|", re.M)
+
+
+def _compare(go_nsqd: str, *args: str) -> tuple[str, str]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "nsqtw.tools.bench", "compare", f"--go-nsqd={go_nsqd}",
+                          "--runs=1", "--runfor=1s", *args], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout, out.stderr
+
+
+def test_compare_measures_every_figure_on_both_daemons() -> None:
+    """``nsqtw-bench compare`` starts both daemons fresh and gives every figure for each.
+
+    Go nsqd is not needed: nsqtw itself stands in for it (a command line is accepted where
+    the Go binary's path goes) and, with no Go bench tools, nsqtw-bench drives both.
+    """
+    from nsqtw.tools.daemons import nsqtw_command
+
+    stand_in = " ".join(shlex.quote(a) for a in nsqtw_command())
+    table, log = _compare(stand_in, "--go-bench-dir=", "--daemon-flag=--mem-queue-size=100")
+    rows = {m["label"]: m for m in ROW.finditer(table)}
+    assert set(rows) == {"MPUB write", "read, RDY 2500", "one-message round trips (MPUB of 1)",
+                         "PUB from one connection", "e2e latency p99"}, table
+    for label, row in rows.items():
+        assert row["client"] == "nsqtw-bench"
+        for cell in (row["a"], row["b"]):
+            value = float(re.sub(r"[^\d.]", "", cell.split("/s")[0].split(" ms")[0]))
+            assert value > 0, (label, cell)
+        assert float(row["r"]) > 0
+    # each figure was taken once per daemon, each with the daemon's CPU per message
+    assert len(re.findall(r"^run 1/1 (Go|nsqtw) .* µs/msg$", log, re.M)) == 10, log
+    assert "--mem-queue-size=100" in table  # the flags both daemons got are in the header
+
+
+@pytest.mark.skipif(not os.access(os.path.join(GO_BIN, "nsqd"), os.X_OK),
+                    reason="Go nsqd v1.3.0 (../shared/anchor/bin) is not on this machine")
+def test_compare_with_go_nsqd_and_its_bench_tools() -> None:
+    """Against the real Go nsqd, with Go's bench_writer/bench_reader as a second client."""
+    table, _ = _compare(os.path.join(GO_BIN, "nsqd"), "--measures=write,read,round_trip")
+    clients = {(m["label"], m["client"]) for m in ROW.finditer(table)}
+    assert clients == {(label, client) for label in ("MPUB write", "read, RDY 2500",
+                                                     "one-message round trips (MPUB of 1)")
+                       for client in ("Go bench", "nsqtw-bench")}, table
