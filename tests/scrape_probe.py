@@ -2,10 +2,13 @@
 
 ``Daemon(..., code=lag_probe_code())`` runs twistd with a probe on the
 reactor: a ``LoopingCall`` every 2 ms notes how late each tick came and logs
-``LAGPROBE <monotonic time> <worst lateness in the last 100 ms>``.  A tick
-comes late only when the reactor was busy (or the process was not
-scheduled), so the worst lateness while a page is fetched is the longest
-reactor stall the fetch caused.  ``time.monotonic`` is the same clock in
+``LAGPROBE <monotonic time> <worst lateness> <worst busy>`` for each 100 ms.
+A tick comes late when the reactor was busy, or when the process was not
+scheduled (a loaded machine), so lateness alone blames the daemon for the
+machine. *Busy* is the CPU the reactor thread itself used between two
+ticks (``time.thread_time``): a page built on the reactor shows there in
+full, a descheduled process does not. The tests bound *busy*; lateness is
+reported beside it.  ``time.monotonic`` is the same clock in
 every process of the machine, so the test matches the log to its fetch.
 Used by tests/integration/test_metrics_scale.py and tools/metrics_stall.py.
 """
@@ -24,20 +27,21 @@ from tests.daemon import TWISTD, Daemon
 _PROBE = '''
 import time as _time
 from twisted.internet import reactor as _reactor, task as _task
-_probe = {"last": None, "worst": 0.0}
+_probe = {"last": None, "cpu": None, "worst": 0.0, "busy": 0.0}
 def _tick():
-    now = _time.monotonic()
+    now, cpu = _time.monotonic(), _time.thread_time()
     if _probe["last"] is not None:
         _probe["worst"] = max(_probe["worst"], now - _probe["last"] - 0.002)
-    _probe["last"] = now
+        _probe["busy"] = max(_probe["busy"], cpu - _probe["cpu"])
+    _probe["last"], _probe["cpu"] = now, cpu
 def _report():
-    print("LAGPROBE %.6f %.6f" % (_time.monotonic(), _probe["worst"]), flush=True)
-    _probe["worst"] = 0.0
+    print("LAGPROBE %.6f %.6f %.6f" % (_time.monotonic(), _probe["worst"], _probe["busy"]), flush=True)
+    _probe["worst"] = _probe["busy"] = 0.0
 _reactor.callWhenRunning(lambda: _task.LoopingCall(_tick).start(0.002))
 _reactor.callWhenRunning(lambda: _task.LoopingCall(_report).start(0.1, now=False))
 '''
 
-_LINE = re.compile(r"LAGPROBE (\d+\.\d+) (\d+\.\d+)")
+_LINE = re.compile(r"LAGPROBE (\d+\.\d+) (\d+\.\d+) (\d+\.\d+)")
 
 
 def lag_probe_code() -> str:
@@ -51,16 +55,19 @@ class FetchFigures:
     #: seconds from sending the request to the last byte of the answer
     seconds: float
     body_bytes: int
-    #: the reactor's worst stall while the fetch ran (seconds)
+    #: the reactor's worst stall while the fetch ran (seconds of wall time, the machine's load included)
     worst_stall: float
+    #: the most CPU the reactor thread used between two probe ticks meanwhile (seconds): its own stalls
+    worst_busy: float = 0.0
 
 
-def _lags(daemon: Daemon, start: float, end: float) -> list[float]:
+def _lags(daemon: Daemon, start: float, end: float) -> list[tuple[float, float]]:
+    """(worst lateness, worst busy) of each probe window that overlaps [start, end]."""
     out = []
     for m in _LINE.finditer(daemon.read_output()):
-        at, worst = float(m.group(1)), float(m.group(2))
+        at = float(m.group(1))
         if start <= at <= end + 0.1:  # a window ending just after the fetch still covers part of it
-            out.append(worst)
+            out.append((float(m.group(2)), float(m.group(3))))
     return out
 
 
@@ -82,14 +89,15 @@ def fetch_with_probe(daemon: Daemon, path: str, accept: str | None = None) -> Fe
             break
         assert time.monotonic() < deadline, "the lag probe stopped reporting"
         time.sleep(0.05)
-    return FetchFigures(path, ended - started, len(body), max(lags, default=0.0))
+    return FetchFigures(path, ended - started, len(body), max((w for w, _ in lags), default=0.0),
+                        max((b for _, b in lags), default=0.0))
 
 
 def idle_stall(daemon: Daemon, seconds: float) -> float:
     """The worst reactor stall over ``seconds`` of doing nothing (the machine's noise)."""
     started = time.monotonic()
     time.sleep(seconds)
-    return max(_lags(daemon, started, time.monotonic() - 0.1), default=0.0)
+    return max((w for w, _ in _lags(daemon, started, time.monotonic() - 0.1)), default=0.0)
 
 
 def write_metadata(data_path: str, topics: int, channels_per_topic: int) -> None:

@@ -50,10 +50,10 @@ def main() -> int:
         for _ in range(args.scrapes):
             f = fetch_with_probe(d, "/metrics", accept)
             print(f"/metrics: {f.seconds:.2f}s, {f.body_bytes} bytes, worst reactor stall "
-                  f"{f.worst_stall * 1000:.1f} ms")
+                  f"{f.worst_stall * 1000:.1f} ms (reactor busy {f.worst_busy * 1000:.1f} ms)")
         f = fetch_with_probe(d, "/stats?format=json")
         print(f"/stats?format=json (for comparison): {f.seconds:.2f}s, {f.body_bytes} bytes, worst reactor "
-              f"stall {f.worst_stall * 1000:.1f} ms")
+              f"stall {f.worst_stall * 1000:.1f} ms (reactor busy {f.worst_busy * 1000:.1f} ms)")
     finally:
         d.stop()
         shutil.rmtree(data, ignore_errors=True)
