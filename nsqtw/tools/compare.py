@@ -17,7 +17,11 @@ The sessions, per daemon and client:
 - another fresh daemon: one-message round trips (an MPUB of one, as
   ``bench_writer -batch-size=1``), then (``nsqtw-bench`` only, Go's tools
   have no such mode) single-message ``PUB`` from one connection and the
-  end-to-end latency at ``--latency-rate`` messages/s.
+  end-to-end latency at ``--latency-rate`` messages/s;
+- a third, with ``--mem-queue-size`` raised to hold a million messages: its
+  RSS just after start-up, then the RSS each message adds once a million of
+  ``--size`` bytes are published to a topic without channels (held in its
+  memory queue).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
+from nsqtw.protocol.wire import encode_mpub
+from nsqtw.tools.bench import FrameReader, _connect, _expect_ok
 from nsqtw.tools.daemons import nsqtw_command, start_listening
 
 __all__ = ["Figure", "Measure", "compare", "main"]
@@ -51,7 +57,7 @@ class Measure:
 
     key: str
     label: str
-    #: "ops" (messages/s, higher is better) or "ms" (latency, lower is better)
+    #: "ops" (messages/s, higher is better); "ms", "MB", "B" (lower is better)
     unit: str
 
 
@@ -60,7 +66,13 @@ READ = Measure("read", "read, RDY 2500", "ops")
 ROUND_TRIP = Measure("round_trip", "one-message round trips (MPUB of 1)", "ops")
 PUB = Measure("pub", "PUB from one connection", "ops")
 LATENCY = Measure("latency_p99", "e2e latency p99", "ms")
-MEASURES = (WRITE, READ, ROUND_TRIP, PUB, LATENCY)
+IDLE_RSS = Measure("idle_rss", "RSS at idle, just started", "MB")
+MEMORY = Measure("memory", "memory per message held", "B")
+MEASURES = (WRITE, READ, ROUND_TRIP, PUB, LATENCY, IDLE_RSS, MEMORY)
+#: lower is better for these units; higher for messages/s
+_LOWER_IS_BETTER = {"ms", "MB", "B"}
+#: messages the memory figure holds by default (``--mem-queue-size`` is set to hold them all)
+MEMORY_MESSAGES = 1_000_000
 
 
 @dataclass
@@ -104,10 +116,18 @@ class Session:
     """One fresh daemon: started on loopback port 0 in a scratch data directory, stopped at the end."""
 
     def __init__(self, cmd: list[str], flags: list[str], tmp: str) -> None:
+        self.pid = 0
         self.data = tempfile.mkdtemp(dir=tmp)
         self.proc, self.tcp, self.http = start_listening(
             [*cmd, f"--data-path={self.data}", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
              *flags], self.data)
+        self.pid = self.proc.pid
+
+    def rss_bytes(self) -> int:
+        """The daemon's resident set size now."""
+        with open(f"/proc/{self.pid}/status") as f:
+            line = next(ln for ln in f if ln.startswith("VmRSS:"))
+        return int(line.split()[1]) * 1024
 
     def measure(self, run: Callable[..., tuple[float, int]], *args: Any) -> Figure:
         """``run(*args)`` a load, which returns (value, messages); the daemon's CPU is read around it."""
@@ -128,8 +148,10 @@ class Session:
 class Clients:
     """The load generators: Go's bench tools (``go_bench_dir``, may be absent) and nsqtw-bench."""
 
-    def __init__(self, go_bench_dir: str, runfor: str, size: int, batch: int, latency_rate: float) -> None:
+    def __init__(self, go_bench_dir: str, runfor: str, size: int, batch: int, latency_rate: float,
+                 memory_messages: int = MEMORY_MESSAGES) -> None:
         self.go_bench_dir = go_bench_dir
+        self.memory_messages = memory_messages
         self.runfor = runfor
         self.seconds = parse_duration(runfor)
         self.size = size
@@ -163,6 +185,17 @@ class Clients:
             return self.latency_p99(tcp)
         return self.throughput(client, measure, tcp)
 
+    def fill(self, tcp: str, count: int) -> None:
+        """Publish ``count`` messages of ``--size`` bytes (MPUBs of ``--batch-size``), each answered OK."""
+        sock = _connect(tcp)
+        reader = FrameReader(sock)
+        pending: list[tuple[int, bytes]] = []
+        cmd = encode_mpub(b"memory", [b"m" * self.size] * self.batch)
+        for _ in range(count // self.batch):
+            sock.sendall(cmd)
+            _expect_ok(reader, pending)
+        sock.close()
+
     def throughput(self, client: str, measure: Measure, tcp: str) -> tuple[float, int]:
         """Messages/s for ``measure`` and the message count it stands for."""
         if client == "Go bench":
@@ -192,7 +225,21 @@ def _sessions(clients: Clients, client: str, measures: set[str]) -> list[list[Me
     first = [m for m in (WRITE, READ) if m.key in measures]
     second = [m for m in (ROUND_TRIP, PUB, LATENCY) if m.key in measures
               and (client == "nsqtw-bench" or m is ROUND_TRIP)]
-    return [s for s in (first, second) if s]
+    third = [m for m in (IDLE_RSS, MEMORY) if m.key in measures and client == "nsqtw-bench"]
+    return [s for s in (first, second, third) if s]
+
+
+def _memory_session(session: Session, clients: Clients, measures: list[Measure]) -> list[tuple[Measure, Figure]]:
+    """RSS just after start-up, then the RSS each of 1M held messages adds."""
+    time.sleep(2)
+    idle = session.rss_bytes()
+    out = [(IDLE_RSS, Figure(idle / 1e6))] if IDLE_RSS in measures else []
+    if MEMORY in measures:
+        n = clients.memory_messages
+        clients.fill(session.tcp, n)
+        time.sleep(2)
+        out.append((MEMORY, Figure((session.rss_bytes() - idle) / n, None, n)))
+    return out
 
 
 def compare(daemons: dict[str, list[str]], flags: list[str], clients: Clients, runs: int,
@@ -207,9 +254,16 @@ def compare(daemons: dict[str, list[str]], flags: list[str], clients: Clients, r
             for daemon in order:
                 for client in clients.names():
                     for measures_in_session in _sessions(clients, client, wanted):
-                        session = Session(daemons[daemon], flags, tmp)
+                        memory = MEMORY in measures_in_session or IDLE_RSS in measures_in_session
+                        extra = [f"--mem-queue-size={clients.memory_messages}"] if memory else []
+                        session = Session(daemons[daemon], [*flags, *extra], tmp)
                         try:
                             time.sleep(0.5)  # let start-up work settle before the clock starts
+                            if memory:
+                                for m, fig in _memory_session(session, clients, measures_in_session):
+                                    table.add(m.key, client, daemon, fig)
+                                    log(f"run {run + 1}/{runs} {daemon:<6} {m.label}: {fig.value:,.1f} {m.unit}")
+                                continue
                             written = 0
                             for m in measures_in_session:
                                 if m is READ:
@@ -254,8 +308,9 @@ def render(table: Table, daemons: list[str], clients: list[str], runs: int) -> s
             a, b = table.median(m.key, client, go), table.median(m.key, client, ours)
             if a is None or b is None:
                 continue
-            if m.unit == "ms":
-                cells = f"{a.value:.3f} ms | {b.value:.3f} ms"
+            if m.unit in _LOWER_IS_BETTER:
+                digits = 3 if m.unit == "ms" else 1
+                cells = f"{a.value:,.{digits}f} {m.unit} | {b.value:,.{digits}f} {m.unit}"
                 ratio = a.value / b.value if b.value else float("inf")
             else:
                 cells = " | ".join(f"{'≥ ' if f.drained else ''}{f.value:,.0f}/s" for f in (a, b))
@@ -265,8 +320,9 @@ def render(table: Table, daemons: list[str], clients: list[str], runs: int) -> s
                 cpu = f"{a.cpu_us_per_msg:.2f} → {b.cpu_us_per_msg:.2f} µs"
             lines.append(f"| {m.label} | {client} | {cells} | **{ratio:.2f}×** | {cpu} |")
     lines.append("")
-    lines.append(f"Medians of {runs} run(s); \"ahead by\" is nsqtw's throughput ÷ Go's, or Go's latency ÷ nsqtw's;"
-                 " \"≥\": the reader emptied the backlog in some run, so its figure is a lower bound.")
+    lines.append(f"Medians of {runs} run(s); \"nsqtw ahead by\" is nsqtw's throughput ÷ Go's, or Go's latency or"
+                 " memory ÷ nsqtw's; \"≥\": the reader emptied the backlog in some run, so its figure is a"
+                 " lower bound.")
     return "\n".join(lines)
 
 
@@ -288,11 +344,13 @@ def main(argv: list[str]) -> int:
                         help="which figures, comma-separated: " + ", ".join(m.key for m in MEASURES))
     parser.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
                         help="a flag both daemons get, e.g. --daemon-flag=--mem-queue-size=0 (repeatable)")
+    parser.add_argument("--memory-messages", type=int, default=MEMORY_MESSAGES,
+                        help="messages held for the memory figure")
     parser.add_argument("--json", action="store_true", help="print every figure of every run as JSON too")
     ns = parser.parse_args(argv)
     go_cmd = shlex.split(ns.go_nsqd)
     bench_dir = ns.go_bench_dir if ns.go_bench_dir is not None else os.path.dirname(go_cmd[0])
-    clients = Clients(bench_dir, ns.runfor, ns.size, ns.batch_size, ns.latency_rate)
+    clients = Clients(bench_dir, ns.runfor, ns.size, ns.batch_size, ns.latency_rate, ns.memory_messages)
     daemons = {"Go": go_cmd, "nsqtw": nsqtw_command()}
     header = machine()
     print(f"# {header}\n# daemons: {' '.join(go_cmd)} | {' '.join(nsqtw_command())}; "

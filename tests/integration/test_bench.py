@@ -141,19 +141,21 @@ def test_compare_measures_every_figure_on_both_daemons() -> None:
     from nsqtw.tools.daemons import nsqtw_command
 
     stand_in = " ".join(shlex.quote(a) for a in nsqtw_command())
-    table, log = _compare(stand_in, "--go-bench-dir=", "--daemon-flag=--mem-queue-size=100")
+    table, log = _compare(stand_in, "--go-bench-dir=", "--daemon-flag=--max-msg-size=2000000",
+                          "--memory-messages=20000")
     rows = {m["label"]: m for m in ROW.finditer(table)}
     assert set(rows) == {"MPUB write", "read, RDY 2500", "one-message round trips (MPUB of 1)",
-                         "PUB from one connection", "e2e latency p99"}, table
+                         "PUB from one connection", "e2e latency p99", "RSS at idle, just started",
+                         "memory per message held"}, table
     for label, row in rows.items():
         assert row["client"] == "nsqtw-bench"
         for cell in (row["a"], row["b"]):
-            value = float(re.sub(r"[^\d.]", "", cell.split("/s")[0].split(" ms")[0]))
+            value = float(re.sub(r"[^\d.-]", "", cell.split("/s")[0].split(" ")[0]))
             assert value > 0, (label, cell)
         assert float(row["r"]) > 0
-    # each figure was taken once per daemon, each with the daemon's CPU per message
+    # each load was run once per daemon, each with the daemon's CPU per message
     assert len(re.findall(r"^run 1/1 (Go|nsqtw) .* µs/msg$", log, re.M)) == 10, log
-    assert "--mem-queue-size=100" in table  # the flags both daemons got are in the header
+    assert "--max-msg-size=2000000" in table  # the flags both daemons got are in the header
 
 
 @pytest.mark.skipif(not os.access(os.path.join(GO_BIN, "nsqd"), os.X_OK),
