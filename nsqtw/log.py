@@ -57,6 +57,39 @@ def _format_time(when: float | None) -> str:
     return _time_cache[1]
 
 
+def _classic_text(event: dict[str, Any]) -> str | None:
+    """``formatEventAsClassicLogText(event, _format_time)``, the same text at a fraction of the cost.
+
+    Twisted formats ``log_format`` with its own ``string.Formatter`` (for the
+    ``{name()}`` call syntax), in Python, field by field. A format without
+    ``()`` means just what ``str.format_map`` makes of it, in C; anything else
+    (calls, failures, flattened events, a format that fails) takes Twisted's
+    path, so the text never differs (``tests/unit/test_log.py``). Two log
+    lines per connection made this a fifth of the cost of a connect/close
+    cycle.
+    """
+    fmt = event.get("log_format")
+    if type(fmt) is not str or "()" in fmt or "log_failure" in event or "log_flattened" in event:
+        return formatEventAsClassicLogText(event, _format_time)
+    try:
+        text = fmt.format_map(event)
+    except Exception:
+        return formatEventAsClassicLogText(event, _format_time)
+    if not text:
+        return None
+    system = event.get("log_system")
+    if system is None:
+        level = event.get("log_level")
+        system = f"{event.get('log_namespace', '-')}#{'-' if level is None else level.name}"
+    else:
+        try:
+            system = str(system)
+        except Exception:
+            system = "UNFORMATTABLE"
+    line = f"{_format_time(event.get('log_time'))} [{system}] {text}"
+    return line.replace("\n", "\n\t") + "\n"
+
+
 @provider(ILogObserver)
 def _publish(event: dict[str, Any]) -> None:
     """Forward to twistd's observer, with nsqd's ``--log-prefix`` in front of the text.
@@ -69,7 +102,7 @@ def _publish(event: dict[str, Any]) -> None:
     if _prefix and event.get("log_format") is not None:
         event["log_format"] = _prefix + event["log_format"]
     if _direct is not None:
-        text = formatEventAsClassicLogText(event, _format_time)
+        text = _classic_text(event)
         if text:
             _direct.write(text)
             _direct.flush()

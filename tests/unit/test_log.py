@@ -73,3 +73,44 @@ class TurnBufferedWriterTests(SynchronousTestCase):
         writer.write("start-up line\n")
         writer.flush()
         self.assertEqual(stream.getvalue(), "start-up line\n")
+
+
+class ClassicTextTests(SynchronousTestCase):
+    """The fast formatter writes exactly what twisted.logger's classic text observer would."""
+
+    def events(self) -> list[dict[str, object]]:
+        from twisted.logger import LogLevel
+        from twisted.python.failure import Failure
+
+        class Client:
+            def __str__(self) -> str:
+                return "127.0.0.1:4150"
+
+        failure = Failure(ZeroDivisionError("division by zero"))
+        base = {"log_time": 1_790_000_000.25, "log_namespace": "nsqtw.protocol.v2.V2Protocol",
+                "log_level": LogLevel.info}
+        cases: list[dict[str, object]] = [
+            {"log_format": "TCP: new client({client})", "client": Client()},
+            {"log_format": "[{client}] IDENTIFY: {data!r}", "client": Client(), "data": {"a": [1, "é"]}},
+            {"log_format": "DISKQUEUE({name}): readOne() opened {path}", "name": "t", "path": "/x"},
+            {"log_format": "{n:>6} of {total:.2f}", "n": 3, "total": 2.5},
+            {"log_format": "braces {{kept}} and {x}", "x": "y"},
+            {"log_format": "two\nlines {x}", "x": "and\nthree"},
+            {"log_format": "missing {nothing}"},
+            {"log_format": "a call {f()}", "f": lambda: "called"},
+            {"log_format": "with a failure", "log_failure": failure},
+            {"log_format": "", "x": 1},
+            {"log_format": "system set", "log_system": "custom"},
+            {"log_format": "no level", "log_level": None},
+            {"log_format": "no time", "log_time": None},
+        ]
+        return [{**base, **case} for case in cases]
+
+    def test_same_text_as_twisted(self) -> None:
+        from twisted.logger import formatEventAsClassicLogText
+
+        from nsqtw.log import _classic_text, _format_time
+
+        for event in self.events():
+            expected = formatEventAsClassicLogText(dict(event), _format_time)
+            self.assertEqual(_classic_text(dict(event)), expected, event.get("log_format"))
