@@ -88,6 +88,11 @@ class IBackendQueue(Interface):
     def health() -> str | None:
         """``None`` when healthy, else a short text saying what failed."""
 
+    def watch_health(listener: Callable[[object, str | None], None]) -> None:
+        """Call ``listener(self, health())`` each time :meth:`health` changes (and with
+        ``None`` when the queue is deleted), so the node knows its failures without asking
+        every queue on each ``/ping``."""
+
 
 class IDurableBackendQueue(IBackendQueue):
     """A backend for ``--durable-delivery``: written means fsynced, and reads

@@ -58,6 +58,9 @@ class EphemeralBackend:
     def health(self) -> str | None:
         return None
 
+    def watch_health(self, listener: Callable[[object, str | None], None]) -> None:
+        pass  # memory never fails
+
 
 @implementer(IBackendQueue)
 class MemoryBackend(EphemeralBackend):

@@ -113,7 +113,7 @@ class HTTPAPI(GoHTTPAPI):
     def ping(self, request: Any) -> bytes:
         """nsqd's PlainText answer: the health text, 500 when unhealthy."""
         health = self.nsqd.health()
-        code = 200 if self.nsqd.is_healthy() else 500
+        code = 200 if health == "OK" else 500
         self._log_request(request, code)
         body = health.encode("utf-8", "surrogateescape")
         return self._write(request, code, body, sniff(body))

@@ -179,8 +179,10 @@ class NSQDService(MultiService):
                          fsync_fn=self.fsync_latency.fsync)
 
     def _make_journal(self, name: str) -> Journal:
-        return Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
-                       state=self._recovered.pop(name, None), fsync_fn=self.fsync_latency.fsync)
+        journal = Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
+                          state=self._recovered.pop(name, None), fsync_fn=self.fsync_latency.fsync)
+        journal.watch_health(self.nsqd.storage_health)
+        return journal
 
     async def _replay_journals(self, submit: Any) -> list[tuple[str, str | None]]:
         """Read every journal left by a --durable-delivery run that did not stop cleanly.

@@ -109,6 +109,8 @@ class DiskQueue:
         self._backlog_bytes = 0
         self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
+        #: told of every change of :meth:`health` (the node's list of failing queues)
+        self._health_listener: Callable[[object, str | None], None] | None = None
         self._corruption: str | None = None
         #: segments renamed to ``.bad`` since the queue was opened (an nsqtw /stats field)
         self.segments_set_aside = 0
@@ -308,6 +310,17 @@ class DiskQueue:
         """
         return self._write_error
 
+    def watch_health(self, listener: Callable[[object, str | None], None]) -> None:
+        self._health_listener = listener
+        if self._write_error is not None:
+            listener(self, self._write_error)
+
+    def _health_changed(self, error: str | None) -> None:
+        if error != self._write_error:
+            self._write_error = error
+            if self._health_listener is not None:
+                self._health_listener(self, error)
+
     # -- extras ----------------------------------------------------------------
 
     @property
@@ -389,7 +402,7 @@ class DiskQueue:
         self._read_last = None
         self._depth = 0
         self._disk_more = False
-        self._write_error = None
+        self._health_changed(None)
         self._corruption = None
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
@@ -450,7 +463,7 @@ class DiskQueue:
             self._set_write_error(error)
         elif self._write_error is not None:
             self.log.info("DISKQUEUE({name}) writes work again", name=self.name)
-            self._write_error = None
+            self._health_changed(None)
 
     def _flush_crashed(self, failure: Failure, batch: list[bytes], epoch: int) -> None:
         self._op_failed(failure, "write")
@@ -461,7 +474,7 @@ class DiskQueue:
             self._set_write_error(error)
 
     def _set_write_error(self, error: str) -> None:
-        self._write_error = error
+        self._health_changed(error)
         self.write_errors += 1
         if not self._closed and self._retry_call is None:
             self._retry_call = self._clock.callLater(self._retry_interval, self._flush)

@@ -382,6 +382,7 @@ class Journal:
         self._idle: list[Deferred[None]] = []
         self._closed = False
         self.error: str | None = None
+        self._health_listener: Callable[[object, str | None], None] | None = None
         self.compactions = 0
 
     def __repr__(self) -> str:
@@ -546,7 +547,7 @@ class Journal:
                           name=self.name, size=size, count=len(self._live))
         if self.error is not None:
             self.log.info("JOURNAL({name}): writes work again", name=self.name)
-            self.error = None
+            self._health_changed(None)
         self._synced_seq = target
         self._release(target)
         self._went_idle()
@@ -561,7 +562,7 @@ class Journal:
         error = f"JOURNAL({self.name}) failed to write: {failure.getErrorMessage()}"
         if error != self.error:
             self.log.error("{error}", error=error)
-        self.error = error
+        self._health_changed(error)
         self._went_idle()
         if not self._closed:
             self._retry_call = self._clock.callLater(self._retry_interval, self._flush)
@@ -588,7 +589,20 @@ class Journal:
 
     def remove(self) -> Deferred[None]:
         """Drop the journal and its file (the channel was deleted, or converted at a graceful stop)."""
+        self._health_changed(None)
         return ensureDeferred(self._close(remove=True))
+
+    def watch_health(self, listener: Callable[[object, str | None], None]) -> None:
+        """Call ``listener(self, error)`` each time :attr:`error` changes (``None`` once removed)."""
+        self._health_listener = listener
+        if self.error is not None:
+            listener(self, self.error)
+
+    def _health_changed(self, error: str | None) -> None:
+        if error != self.error:
+            self.error = error
+            if self._health_listener is not None:
+                self._health_listener(self, error)
 
     async def _close(self, remove: bool) -> None:
         if self._closed:

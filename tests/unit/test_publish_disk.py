@@ -320,6 +320,40 @@ class DiskFullHandoffTests(SynchronousTestCase):
             self.settle(0.01)
         self.assertEqual(got, bodies)
 
+    def test_deleting_a_failing_channel_clears_the_nodes_health(self) -> None:
+        """The node's health follows what its queues report as it happens: a channel whose disk
+        write fails makes it NOK; deleting that channel makes it OK again at once."""
+        topic = self.nsqd.get_topic("gone")
+        topic.get_channel("c")
+        topic.pause()
+        self.nsqd.publish("gone", [b"x" * 100] * 50)
+        self.settle(0.01)
+        self.disk.full = True
+        topic.unpause()
+        self.settle(1.0)
+        self.assertIn("no space left on device", self.nsqd.health())
+        self.assertFalse(self.nsqd.is_healthy())
+        self.disk.full = False  # only so the topic's own queue can go; the channel's error stays until its retry
+        self.successResultOf(topic.delete_channel("c"))
+        self.settle(0.01)
+        self.assertEqual(self.nsqd.health(), "OK")
+
+    def test_health_does_not_ask_every_queue(self) -> None:
+        """``health()`` is O(1): it never walks the topics and channels (a /ping on a node with
+        10,000 channels took 18 ms of the reactor when it did)."""
+        from nsqtw.core.channel import Channel
+        from nsqtw.core.topic import Topic
+        for i in range(20):
+            self.nsqd.get_topic(f"t{i}").get_channel("c")
+
+        def walked(self: object) -> None:
+            raise AssertionError("health() asked a topic or channel")
+
+        self.patch(Topic, "health", walked)
+        self.patch(Channel, "health", walked)
+        self.assertEqual(self.nsqd.health(), "OK")
+        self.assertTrue(self.nsqd.is_healthy())
+
     def test_timeouts_and_disconnect_requeue_wait_for_the_disk(self) -> None:
         """Messages that time out, and a disconnected client's in-flight ones, go back to a
         channel whose disk is full: kept for the retry, delivered again once it has room."""
