@@ -59,6 +59,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     app = Klein()
     routes = ROUTES
+    direct_routes = {b"/ping": "ping"}
     app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
     def __init__(self, lookupd: NSQLookupd, metrics: MetricsPage | None = None) -> None:

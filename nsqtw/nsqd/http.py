@@ -83,6 +83,7 @@ class HTTPAPI(GoHTTPAPI):
 
     app = Klein()
     routes = ROUTES
+    direct_routes = {b"/ping": "ping"}
     app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
     def __init__(self, nsqd: NSQD, tls_enabled: bool = False, metrics: MetricsPage | None = None) -> None:
