@@ -150,8 +150,8 @@ class V2Protocol(Protocol):
                            error=reason.getErrorMessage())
         self.log.info("PROTOCOL(V2): [{client}] exiting ioloop", client=self)
         if self.channel is not None:
+            # requeuing what it held wakes the channel's pump; nothing else changed for the others
             self.channel.remove_client(self)
-            self.channel.wake()
         self.nsqd.remove_client(self.client_id)
 
     def _cancel_timers(self) -> None:
