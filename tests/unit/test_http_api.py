@@ -203,6 +203,27 @@ class PingInfoTests(SynchronousTestCase):
         self.assertEqual((r.code, r.body, r.content_type), (500, b"NOK - boom", "text/plain; charset=utf-8"))
         self.assertIsNone(r.headers.getRawHeaders("x-nsq-content-type"))
 
+    def test_ping_is_answered_ahead_of_klein(self) -> None:
+        """GET /ping goes to its handler directly (direct_routes), with the same answer; POST /ping
+        and every other route still go through Klein's routing."""
+        from klein.resource import KleinResource
+
+        client = Client(self)
+        real = KleinResource.render
+        routed: list[bytes] = []
+
+        def render(resource: object, request: object) -> object:
+            routed.append(request.path)  # type: ignore[attr-defined]
+            return real(resource, request)  # type: ignore[arg-type]
+
+        self.patch(KleinResource, "render", render)
+        r = client("GET", "/ping")
+        self.assertEqual((r.code, r.body, r.content_type), (200, b"OK", "text/plain; charset=utf-8"))
+        self.assertEqual(routed, [])
+        self.assertEqual(client("POST", "/ping").code, 405)
+        self.assertEqual(client("GET", "/info").code, 200)
+        self.assertEqual(routed, [b"/ping", b"/info"])
+
     def test_info_ports(self) -> None:
         """/info reports the bound ports and nsqd's durations in nanoseconds."""
         client = Client(self, max_heartbeat_interval=30.0)

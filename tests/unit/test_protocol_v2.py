@@ -213,6 +213,42 @@ class DeliveryTests(SynchronousTestCase):
         self.assertEqual([m[2] for m in c.messages()], [b"x"])
 
 
+class PumpWakeTests(SynchronousTestCase):
+    """A channel's pump runs a turn only when some client can take a message."""
+
+    def test_subscribe_and_leave_cost_no_pump_turn(self) -> None:
+        """SUB (at RDY 0) and a disconnect holding nothing schedule no pump turn; RDY does, and a
+        disconnect that requeues messages in flight wakes the pump for the remaining consumer."""
+        nsqd, clock = make_nsqd()
+        channel = nsqd.get_topic("t").get_channel("c")
+        clock.advance(1)
+        pending = len(clock.getDelayedCalls())
+        proto, transport = connect(nsqd, clock)
+        proto.dataReceived(encode_command(b"SUB", b"t", b"c"))
+        self.assertFalse(channel._pump._scheduled)
+        proto.connectionLost(None)  # type: ignore[arg-type]
+        self.assertFalse(channel._pump._scheduled)
+        self.assertEqual(len([c for c in clock.getDelayedCalls() if c.func == channel._pump._fire]), 0)
+        self.assertLessEqual(len(clock.getDelayedCalls()), pending)
+
+        nsqd.publish("t", [b"a", b"b"])
+        clock.advance(0)
+        clock.advance(0)
+        first, t1 = connect(nsqd, clock)
+        second, t2 = connect(nsqd, clock)
+        first.dataReceived(encode_command(b"SUB", b"t", b"c") + encode_command(b"RDY", b"2"))
+        self.assertTrue(channel._pump._scheduled)  # RDY wakes it
+        clock.advance(0)
+        self.assertEqual(len(channel.in_flight), 2)
+        second.dataReceived(encode_command(b"SUB", b"t", b"c") + encode_command(b"RDY", b"2"))
+        clock.advance(0)
+        first.connectionLost(None)  # type: ignore[arg-type]
+        self.assertTrue(channel._pump._scheduled)  # the requeued two go to the other consumer
+        clock.advance(0)
+        clock.advance(0)
+        self.assertEqual([t for t, _ in take_frames(t2)], [FRAME_TYPE_RESPONSE] + [FRAME_TYPE_MESSAGE] * 2)
+
+
 class FlightTests(SynchronousTestCase):
     def test_timeout_redelivers_with_attempts_plus_one(self) -> None:
         """A message not FINed within msg_timeout is requeued and redelivered with attempts+1."""
