@@ -196,6 +196,7 @@ class ITopicOwner(Interface):
     """What a topic reports to, and asks of, the registry that holds it (NSQD)."""
 
     options = Attribute("The node's options.")
+    unwritten = Attribute("The node's UnwrittenBytes: hand-offs wait while it is over its bound.")
 
     def make_channel(topic: Topic, name: str) -> Channel:
         """A new channel of ``topic`` with its backend and delivery mode."""

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from nsqtw.core.topic import Topic
 
 __all__ = ["TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "HandoffLedger",
-           "PlainChannelDelivery", "PlainTopicDelivery", "durable_backend", "is_behind"]
+           "PlainChannelDelivery", "PlainTopicDelivery", "durable_backend", "is_behind",
+           "wait_while_node_behind"]
 
 #: messages copied to the channels in one reactor turn before yielding
 TOPIC_BATCH = 8192
@@ -55,6 +56,19 @@ BACKLOG_BYTES = 16 * 1024 * 1024
 def is_behind(backend: IBackendQueue) -> bool:
     """Whether a backend's disk thread is so far behind that its writers must wait."""
     return backend.backlog() > BACKLOG_LIMIT or backend.backlog_bytes() > BACKLOG_BYTES
+
+
+def wait_while_node_behind(topic: Topic, then: Callable[[object], object]) -> bool:
+    """Whether the node's unwritten bytes are over ``--max-unwritten-bytes``; if so ``then`` runs once under.
+
+    A topic then keeps its messages instead of copying them to its channels:
+    the copies would only add to the memory waiting for the disks.
+    """
+    unwritten = topic.owner.unwritten
+    if not unwritten.over():
+        return False
+    unwritten.when_under().addBoth(then)
+    return True
 
 
 def durable_backend(backend: IBackendQueue) -> IDurableBackendQueue:
@@ -110,6 +124,9 @@ class PlainTopicDelivery:
                 self._held = True
                 channel.backend.written().addBoth(self._release)
                 return False
+        if wait_while_node_behind(topic, self._release):
+            self._held = True
+            return False
         msgs: list[Message] = []
         mark = None
         if topic.backend.depth():

@@ -16,6 +16,7 @@ from nsqtw.core.guid import GUIDFactory
 from nsqtw.core.memory import EphemeralBackend, MemoryBackend
 from nsqtw.core.message import Message
 from nsqtw.core.topic import Topic
+from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN, UnwrittenBytes
 from nsqtw.errors import ExitingError
 from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, ITopicOwner
 from nsqtw.log import Logger, set_level
@@ -68,6 +69,8 @@ class NSQD:
         self._storage_errors: dict[object, str] = {}
         self.exiting = False
         self.loading = False
+        #: bytes waiting in memory for the disk over all the node's disk queues (the node-wide bound)
+        self.unwritten = UnwrittenBytes(int(getattr(options, "max_unwritten_bytes", DEFAULT_MAX_UNWRITTEN)))
         #: run-time settings PUT /config can change
         self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
         self.runtime_lookupd_tcp_addresses: list[str] | None = list(
@@ -267,13 +270,17 @@ class NSQD:
         """None when a publish to that topic may be accepted now, else what to wait on first.
 
         The one admission rule for TCP and HTTP publishers, checked before
-        the data is accepted (:meth:`Topic.has_room`): past the bound a TCP
+        the data is accepted: the node's unwritten bytes under
+        ``--max-unwritten-bytes`` (:class:`UnwrittenBytes`) and the topic's own
+        backlog under its bound (:meth:`Topic.has_room`). Past either a TCP
         publisher is not read meanwhile, an HTTP one is answered when there
         is room or 503 after a bound. When the Deferred fires, ask again:
         another publisher may have taken the room. Raises ExitingError.
         """
         if self.exiting:
             raise ExitingError()
+        if self.unwritten.over():
+            return self.unwritten.when_under()
         topic = self.get_topic(topic_name)
         if topic.has_room():
             return None
@@ -298,6 +305,7 @@ class NSQD:
     def close(self) -> Deferred[Any]:
         """Flush every topic and channel to its backend and close them."""
         self.exiting = True
+        self.unwritten.release_waiters()  # publishers waiting for room ask again: ExitingError
         for client in list(self.clients.values()):
             client.close()
         return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)

@@ -141,6 +141,7 @@ class NSQDOptions:
     # nsqtw only
     durable_delivery: bool = False
     disk_threads: int = 4
+    max_unwritten_bytes: int = 256 * 1024 * 1024
     metrics_per_client: bool = False
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
@@ -466,6 +467,15 @@ FLAGS: tuple[Flag, ...] = (
         _A,
     ),
     _flag(
+        "max-unwritten-bytes",
+        "int",
+        "nsqtw only: bytes of messages the node keeps in memory while its disk queues cannot"
+        " write them (disk behind, full or failing), over all topics and channels; past it"
+        " publishers wait (TCP is not read, HTTP answers 503 after 10s) and topics hold their"
+        " hand-offs to channels (see docs/storage.md).",
+        _A,
+    ),
+    _flag(
         "metrics-per-client",
         "bool",
         "nsqtw only: also export one series per connected client on /metrics (its RDY, in"
@@ -476,7 +486,7 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 #: flags nsqtw adds to nsqd's
-NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "metrics-per-client"})
+NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -491,6 +501,9 @@ def _validate(opts: NSQDOptions) -> None:
         raise OptionsError(f"--node-id must be in [0,1024), got {opts.node_id}")
     if not 1 <= opts.disk_threads <= 256:
         raise OptionsError(f"--disk-threads must be in [1,256], got {opts.disk_threads}")
+    if opts.max_unwritten_bytes < opts.max_msg_size:
+        raise OptionsError(f"--max-unwritten-bytes ({opts.max_unwritten_bytes}) must be at least"
+                           f" --max-msg-size ({opts.max_msg_size})")
     if not 1 <= opts.max_deflate_level <= 9:
         raise OptionsError(
             f"--max-deflate-level must be in [1,9], got {opts.max_deflate_level}"

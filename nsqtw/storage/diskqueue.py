@@ -35,6 +35,7 @@ from twisted.internet.interfaces import (
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw.core.unwritten import UnwrittenBytes
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor, IDurableBackendQueue
 from nsqtw.log import Logger
@@ -74,6 +75,7 @@ class DiskQueue:
         fsync_fn: Callable[[int], None] = os.fsync,
         durable: bool = False,
         sync_schedule: SyncSchedule | None = None,
+        unwritten: UnwrittenBytes | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -107,6 +109,8 @@ class DiskQueue:
         self._written_seq = 0
         #: bytes of the records put and not yet written (they are in memory meanwhile)
         self._backlog_bytes = 0
+        #: the node's count of the same over all its queues (its --max-unwritten-bytes bound)
+        self._unwritten = unwritten if unwritten is not None else UnwrittenBytes(1 << 62)
         self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
         #: told of every change of :meth:`health` (the node's list of failing queues)
@@ -154,7 +158,7 @@ class DiskQueue:
         self._pending.append(data)
         self._depth += 1
         self._put_seq += 1
-        self._backlog_bytes += len(data)
+        self._grow_backlog(len(data))
         self._schedule_flush()
 
     def put_many(self, records: Iterable[bytes]) -> None:
@@ -165,7 +169,7 @@ class DiskQueue:
         self._pending.extend(records)
         self._depth += len(records)
         self._put_seq += len(records)
-        self._backlog_bytes += sum(map(len, records))
+        self._grow_backlog(sum(map(len, records)))
         self._schedule_flush()
 
     def written(self) -> Deferred[None]:
@@ -188,6 +192,14 @@ class DiskQueue:
 
     def backlog_bytes(self) -> int:
         return self._backlog_bytes
+
+    def _grow_backlog(self, nbytes: int) -> None:
+        self._backlog_bytes += nbytes
+        self._unwritten.add(nbytes)
+
+    def _shrink_backlog(self, nbytes: int) -> None:
+        self._backlog_bytes -= nbytes
+        self._unwritten.remove(nbytes)
 
     def _release_written(self, error: str | None = None) -> None:
         waiters = self._written_waiters
@@ -392,7 +404,7 @@ class DiskQueue:
         self._pending = []
         # the records are gone on purpose (empty/delete): nobody waits for them
         self._written_seq = self._put_seq
-        self._backlog_bytes = 0
+        self._shrink_backlog(self._backlog_bytes)
         self._release_written()
         self._buffer.clear()
         self._buffer_bytes = 0
@@ -456,7 +468,7 @@ class DiskQueue:
         if written:
             self._disk_more = True
             self._written_seq += written
-            self._backlog_bytes -= sum(map(len, batch if written == len(batch) else batch[:written]))
+            self._shrink_backlog(sum(map(len, batch if written == len(batch) else batch[:written])))
         self._release_written(error)
         if error is not None:
             self._pending[:0] = batch[written:]
@@ -557,8 +569,9 @@ class DiskQueue:
         try:
             written, error = await self._submit(self._disk.close, batch)
             self._written_seq += written  # what is left is what the stop could not flush
-            self._backlog_bytes -= sum(map(len, batch[:written]))
         finally:
+            # written or not, none of it is in this node's memory any more
+            self._shrink_backlog(self._backlog_bytes)
             self._executor.stop()
         if error is not None:
             raise BackendError(f"{error} ({len(batch) - written} records lost on close)")

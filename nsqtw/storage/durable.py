@@ -24,7 +24,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
 from zope.interface import implementer
 
-from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, HandoffLedger, durable_backend
+from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, HandoffLedger, durable_backend, wait_while_node_behind
 from nsqtw.core.message import Message
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery
@@ -105,6 +105,8 @@ class DurableTopicDelivery:
                 # fsyncs: wait rather than skip it (memory stays bounded meanwhile)
                 topic.clock.callLater(1.0, topic.wake)
                 return False
+        if wait_while_node_behind(topic, lambda _: topic.wake()):
+            return False
         records = backend.read_positions(TOPIC_BATCH)
         if not records:
             return False

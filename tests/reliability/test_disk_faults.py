@@ -147,49 +147,66 @@ def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
     assert_no_traceback(d)
 
 
-def test_publishers_wait_at_the_bound(tmp_path) -> None:
-    """50 concurrent MPUB publishers (480 KB each, 24 MB in all) against a full disk: publishes are
-    taken only while the unwritten backlog is under its bound (16 MiB), checked before accepting;
-    the rest are not read (no answer) and HTTP publishers get 503 after their wait; space back:
-    every publisher gets OK and every message is delivered."""
+def _publishers_against_a_full_disk(tmp_path, topic_of: Callable[[int], str], taken: tuple[int, int],
+                                    *flags: str) -> None:
+    """50 concurrent MPUB publishers (480 KB each, 24 MB in all) against a full disk, publisher n to
+    ``topic_of(n)``: only ``taken`` (low, high) of them are answered while the disk is full, the rest
+    are not read; an HTTP publisher gets 503 after its wait; space back: every publisher gets OK and
+    every message is delivered."""
     path = tmp_path / "data"
     path.mkdir()
     flag = str(tmp_path / "disk-is-full")
-    d = Daemon(str(path), "--mem-queue-size=0", code=faulty_daemon_code(),
+    d = Daemon(str(path), "--mem-queue-size=0", *flags, code=faulty_daemon_code(),
                env={"NSQTW_TEST_DISK_FULL_FLAG": flag})
     d.start()
     try:
-        assert http_post(d, "/topic/create?topic=t") == 200
-        assert http_post(d, "/channel/create?topic=t&channel=c") == 200
+        topics = sorted({topic_of(n) for n in range(50)})
+        for topic in topics:
+            assert http_post(d, f"/topic/create?topic={topic}") == 200
+            assert http_post(d, f"/channel/create?topic={topic}&channel=c") == 200
         open(flag, "w").close()
         answers: dict[int, tuple[float, tuple[int, bytes]]] = {}
         started = time.monotonic()
 
         def publish(n: int) -> None:
             c = Client(d.tcp_address, timeout=90)
-            c.mpub("t", [b"%02d-%02d-" % (n, i) + b"p" * 48_000 for i in range(10)])
+            c.mpub(topic_of(n), [b"%02d-%02d-" % (n, i) + b"p" * 48_000 for i in range(10)])
             answers[n] = (time.monotonic() - started, c.response(timeout=90))
             c.close()
 
         threads = [threading.Thread(target=publish, args=(n,)) for n in range(50)]
         for t in threads:
             t.start()
-        assert wait_for(lambda: len(answers) >= 30, 20)
+        assert wait_for(lambda: len(answers) >= taken[0], 20)
         time.sleep(2.0)
         early = dict(answers)
-        # 16 MiB / 480 KB: at most 35 batches taken (the one crossing the bound included)
-        assert 30 <= len(early) <= 35, len(early)
+        assert taken[0] <= len(early) <= taken[1], len(early)
         assert all(a == (0, b"OK") for _, a in early.values())
         http_started = time.monotonic()
-        assert http_post(d, "/pub?topic=t", b"refused") == 503
+        assert http_post(d, f"/pub?topic={topics[-1]}", b"refused") == 503
         assert 9 <= time.monotonic() - http_started < 20
         assert len(answers) == len(early)  # still nobody else answered
         os.unlink(flag)
         for t in threads:
             t.join(60)
         assert len(answers) == 50 and all(a == (0, b"OK") for _, a in answers.values()), answers
-        got = {m.body[:6] for m in subscribe(d.tcp_address, "t", "c", rdy=200).drain()}
+        got: set[bytes] = set()
+        for topic in topics:
+            got |= {m.body[:6] for m in subscribe(d.tcp_address, topic, "c", rdy=200).drain()}
         assert got == {b"%02d-%02d-" % (n, i) for n in range(50) for i in range(10)}
         assert_no_traceback(d)
     finally:
         d.stop()
+
+
+def test_publishers_wait_at_the_bound(tmp_path) -> None:
+    """One topic: publishes are taken only while its unwritten backlog is under its own bound
+    (16 MiB / 480 KB: at most 35 batches, the one crossing the bound included)."""
+    _publishers_against_a_full_disk(tmp_path, lambda n: "t", (30, 35))
+
+
+def test_publishers_of_many_topics_wait_at_the_node_bound(tmp_path) -> None:
+    """Ten topics, each far under its own bound (5 publishers, 2.4 MB): together they are held to the node's
+    ``--max-unwritten-bytes`` (4 MiB / 480 KB: at most 9 batches, the one crossing it included),
+    so memory waiting for the disk does not grow with the number of topics."""
+    _publishers_against_a_full_disk(tmp_path, lambda n: f"t{n % 10}", (7, 9), "--max-unwritten-bytes=4194304")

@@ -348,6 +348,38 @@ class FailureTests(JournalTestCase):
         self.assertEqual(synced, [1])
         self.assertEqual(list(replay(self.file).messages), [msg(1).id])
 
+    def test_a_failing_journal_alone_makes_the_node_unhealthy(self) -> None:
+        """Health tells the truth when only a journal fails (its disk queues write fine): the
+        node's /ping answer is NOK with the journal's error while its fsync fails, OK once the
+        retry syncs, and OK again at once when a failing journal is removed."""
+        from nsqtw.core.nsqd import NSQD
+        from tests.helpers import make_options
+        failing = [True]
+
+        def fsync(fd: int) -> None:
+            if failing[0]:
+                raise OSError(5, "I/O error")
+            os.fsync(fd)
+
+        node = NSQD(make_options(), self.clock)
+        j = self.journal(fsync_fn=fsync)
+        j.watch_health(node.storage_health)
+        self.assertEqual(node.health(), "OK")
+        j.delivering([msg(1)])
+        self.settle()
+        self.assertTrue(node.health().startswith("NOK - "), node.health())
+        self.assertIn("I/O error", node.health())
+        self.assertFalse(node.is_healthy())
+        failing[0] = False
+        self.clock.advance(1.0)
+        self.assertEqual(node.health(), "OK")
+        failing[0] = True
+        j.delivering([msg(2)])
+        self.settle()
+        self.assertFalse(node.is_healthy())
+        self.successResultOf(j.remove())  # its channel was deleted while the fsync still fails
+        self.assertEqual(node.health(), "OK")
+
     def test_unsynced_records_are_bounded(self) -> None:
         """While fsync fails the journal's unsynced bytes grow only to PENDING_LIMIT_BYTES:
         behind() turns true there (writers wait), and false once the retry syncs them."""

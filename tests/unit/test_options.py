@@ -125,10 +125,11 @@ class DefaultsTests(SynchronousTestCase):
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
-                          "metrics_per_client"})
+                          "max_unwritten_bytes", "metrics_per_client"})
         self.assertIs(NSQDOptions().durable_delivery, False)
         self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
+        self.assertEqual(NSQDOptions().max_unwritten_bytes, 256 * 1024 * 1024)
 
     def test_hostname_defaults(self) -> None:
         """node_id is crc32(md5(hostname)) % 1024 and broadcast_address the hostname."""
@@ -167,7 +168,8 @@ class FlagTableTests(SynchronousTestCase):
         names = [f.name for f in FLAGS if f.name not in options.NSQTW_FLAGS]
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
-        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "metrics-per-client"})
+        self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
+                                               "metrics-per-client"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -420,6 +422,8 @@ class CommandLineTests(SynchronousTestCase):
             ["--e2e-processing-latency-percentile=x"],
             ["--statsd-address=127.0.0.1:8125", "--statsd-interval=999ms"],
             ["--broadcast-tcp-port=70000"],
+            ["--disk-threads=0"],
+            ["--max-unwritten-bytes=1000"],  # under --max-msg-size: no publish could ever be taken
         ):
             with self.assertRaises(OptionsError, msg=argv) as cm:
                 parse_args(argv)
@@ -437,8 +441,10 @@ class CommandLineTests(SynchronousTestCase):
                 "--statsd-address=127.0.0.1:8125",
                 "--statsd-interval=1s",
                 "--auth-http-request-method=post",
+                "--max-unwritten-bytes=1048576",
             ]
         )
+        self.assertEqual(opts.max_unwritten_bytes, 1 << 20)
         self.assertEqual(opts.node_id, 0)
         self.assertEqual(opts.max_deflate_level, 9)
         self.assertEqual(parse_args(["--node-id=1023"]).node_id, 1023)

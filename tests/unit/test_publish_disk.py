@@ -386,3 +386,108 @@ class DiskFullHandoffTests(SynchronousTestCase):
         self.settle(0.01)
         bodies = sorted(decode_message_frame(data)[3] for ftype, data in read_frames(t2.value()) if ftype == 2)
         self.assertEqual(bodies, sorted(b"m%d" % i for i in range(10)))
+
+
+class NodeWideBoundTests(SynchronousTestCase):
+    """Issue #15 item 6: the bound on memory waiting for the disks is the node's, not each
+    queue's: many topics each under their own bound cannot together hold more than
+    ``--max-unwritten-bytes``, checked before a publish is accepted, for every topic."""
+
+    LIMIT = 64 * 1024
+
+    def setUp(self) -> None:
+        self.path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.path)
+        self.clock = Clock()
+        self.clock.advance(EPOCH)
+        self.executor = HeldExecutor()
+        options = make_options(mem_queue_size=0, max_unwritten_bytes=self.LIMIT)
+
+        def backend(name: str) -> DiskQueue:
+            lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 2500, 2.0, self.clock,
+                             self.executor, unwritten=self.nsqd.unwritten)
+
+        self.nsqd = NSQD(options, self.clock, backend)
+
+    def settle(self) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+
+    def test_publishers_of_other_topics_wait_at_the_node_bound(self) -> None:
+        """Ten topics, each far under its own bound, fill the node's: the next MPUB, to a topic with
+        nothing unwritten, is not read (its bytes stay with the transport) until writes bring the
+        node back under the bound; then it is taken and answered."""
+        from nsqtw.protocol.wire import encode_mpub
+        p, t = connect(self.nsqd, self.clock)
+        batch = [b"m" * 1000] * 8  # 8,208 bytes a publish as records (26-byte headers)
+        crossing = self.LIMIT // (8 * 1026) + 1  # the publish that takes the node over its bound
+        for i in range(crossing + 1):
+            p.dataReceived(encode_mpub(b"t%d" % i, batch))
+        self.settle()
+        self.assertEqual(len(take_frames(t)), crossing)  # the next one waits
+        unwritten = self.nsqd.unwritten
+        self.assertGreater(unwritten.total, self.LIMIT)
+        self.assertTrue(all(self.nsqd.topics[f"t{i}"].has_room() for i in range(crossing)))
+        self.assertNotIn(f"t{crossing}", self.nsqd.topics)  # not accepted, not even looked at
+        self.assertEqual(t.producerState, "paused")
+        self.assertIsNotNone(self.nsqd.wait_for_room("other"))  # HTTP asks the same rule
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(t.producerState, "producing")
+        self.assertEqual(self.nsqd.topics[f"t{crossing}"].depth(), 8)
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.assertEqual(unwritten.total, 0)
+
+    def test_topics_hold_handoffs_while_the_node_is_over(self) -> None:
+        """While the node is over its bound a topic copies nothing more to its channels (the copies
+        would only add to the memory waiting for the disks); once under, it hands everything on."""
+        topic = self.nsqd.get_topic("a")
+        channel = topic.get_channel("c")
+        self.executor.run_all()
+        self.settle()
+        topic.pause()
+        self.assertIsNone(self.nsqd.publish("a", [b"x" * 1000] * 20))
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.assertEqual(topic.depth(), 20)
+        # another topic's unwritten records put the node over its bound
+        self.assertIsNone(self.nsqd.publish("b", [b"y" * 1000] * 80))
+        self.settle()
+        self.assertTrue(self.nsqd.unwritten.over())
+        topic.unpause()
+        self.settle()
+        self.assertEqual(channel.depth(), 0)
+        self.assertEqual(channel.backend.backlog(), 0)
+        for _ in range(6):
+            self.executor.run_all()
+            self.settle()
+        self.assertFalse(self.nsqd.unwritten.over())
+        self.assertEqual(channel.depth(), 20)
+
+    def test_deleted_and_closed_queues_give_their_bytes_back(self) -> None:
+        """What a deleted topic or a stopped node had not written leaves the node's count (nothing
+        is waiting for it any more), so the bound cannot leak shut."""
+        self.nsqd.get_topic("gone")
+        self.executor.run_all()
+        self.nsqd.publish("gone", [b"z" * 1000] * 10)
+        self.nsqd.publish("kept", [b"z" * 1000] * 10)
+        self.settle()
+        self.assertGreater(self.nsqd.unwritten.total, 10 * 1000)
+        deleted = self.nsqd.delete_topic("gone")
+        for _ in range(3):
+            self.executor.run_all()
+            self.settle()
+        self.successResultOf(deleted)
+        self.assertEqual(self.nsqd.unwritten.total, self.nsqd.topics["kept"].backend.backlog_bytes())
+        closed = self.nsqd.close()
+        for _ in range(5):
+            self.executor.run_all()
+            self.settle()
+        self.successResultOf(closed)
+        self.assertEqual(self.nsqd.unwritten.total, 0)
