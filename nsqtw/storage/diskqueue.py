@@ -113,6 +113,10 @@ class DiskQueue:
         self._unwritten = unwritten if unwritten is not None else UnwrittenBytes(1 << 62)
         self._written_waiters: deque[tuple[int, Deferred[None]]] = deque()
         self._write_error: str | None = None
+        #: why the last sync (fsync, metadata) failed, until one succeeds
+        self._sync_error: str | None = None
+        #: what the health listener was last told
+        self._reported_health: str | None = None
         #: told of every change of :meth:`health` (the node's list of failing queues)
         self._health_listener: Callable[[object, str | None], None] | None = None
         self._corruption: str | None = None
@@ -312,7 +316,11 @@ class DiskQueue:
         return defer.ensureDeferred(self._close())
 
     def health(self) -> str | None:
-        """The write failure while there is one: writes are refused, so the node is unhealthy.
+        """The write or sync failure while there is one, so the node is unhealthy.
+
+        A failed fsync leaves the records in the page cache (a kill -9 keeps
+        them) but not safe from a power loss, and the metadata not updated:
+        the node says so until a sync succeeds (Go nsqd only logs it).
 
         Corruption found while reading (a segment set aside as ``.bad``, a depth
         fixed at the tail) is logged as an ERROR and counted
@@ -320,18 +328,24 @@ class DiskQueue:
         healthy, as in Go nsqd: later data still flows, and a load balancer
         must not take the node out of service for it.
         """
-        return self._write_error
+        return self._write_error or self._sync_error
 
     def watch_health(self, listener: Callable[[object, str | None], None]) -> None:
         self._health_listener = listener
-        if self._write_error is not None:
-            listener(self, self._write_error)
+        self._reported_health = self.health()
+        if self._reported_health is not None:
+            listener(self, self._reported_health)
 
     def _health_changed(self, error: str | None) -> None:
-        if error != self._write_error:
-            self._write_error = error
+        self._write_error = error
+        self._report_health()
+
+    def _report_health(self) -> None:
+        now = self.health()
+        if now != self._reported_health:
+            self._reported_health = now
             if self._health_listener is not None:
-                self._health_listener(self, error)
+                self._health_listener(self, now)
 
     # -- extras ----------------------------------------------------------------
 
@@ -369,7 +383,17 @@ class DiskQueue:
             if result.corruption is not None:
                 self._corruption = result.corruption
             self.segments_set_aside += result.set_aside
+            if result.sync_error is not None:
+                self._sync_done(result.sync_error or None)
         return result.value
+
+    def _sync_done(self, error: str | None) -> None:
+        self._sync_error = error
+        if error is not None and not self._closed:
+            # the disk thread keeps its need to sync: try again at the next --sync-timeout tick
+            self._dirty = True
+            self._sync_schedule.mark(self)
+        self._report_health()
 
     def _op_failed(self, failure: Failure, what: str) -> None:
         self.log.failure("DISKQUEUE({name}) {what} failed", failure, name=self.name, what=what)
@@ -414,6 +438,7 @@ class DiskQueue:
         self._read_last = None
         self._depth = 0
         self._disk_more = False
+        self._sync_error = None
         self._health_changed(None)
         self._corruption = None
         if self._retry_call is not None and self._retry_call.active():

@@ -59,6 +59,8 @@ class OpResult:
     more: bool
     #: segments renamed to ``.bad`` during the operation
     set_aside: int = 0
+    #: a sync (fsync and metadata) ran in this operation: ``""`` if it worked, else why not
+    sync_error: str | None = None
 
 
 @dataclass
@@ -103,6 +105,9 @@ class DiskState:
     _depth_delta: int = 0
     _corruption: str | None = None
     _set_aside: int = 0
+    _sync_error: str | None = None
+    #: an fsync of the write segment failed and none has worked since
+    _segment_unsynced: bool = False
 
     # -- names -------------------------------------------------------------
 
@@ -119,6 +124,7 @@ class DiskState:
         self._events = []
         self._depth_delta = 0
         self._corruption = None
+        self._sync_error = None
         self._apply_consumption(consumption)
         value = fn(*args)
         if self.count >= max(self.sync_every, 1):
@@ -126,7 +132,8 @@ class DiskState:
         if self.need_sync:
             self._sync()
         set_aside, self._set_aside = self._set_aside, 0
-        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more(), set_aside)
+        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more(), set_aside,
+                        self._sync_error)
 
     def _log(self, level: LogLevel, fmt: str, **kw: Any) -> None:
         self._events.append((level, fmt, kw))
@@ -143,10 +150,10 @@ class DiskState:
             with open(path, "rb") as f:
                 text = f.read()
         except FileNotFoundError:
-            if not self.durable:
-                return 0
-            # a crash before the first metadata write: records fsynced in
-            # segment 0 were acknowledged, so take them in (below)
+            # a new queue, or a crash before its first metadata write: records
+            # already written to segment 0 were acknowledged, so they are taken
+            # in (durable) or salvaged like any tail past a stale writePos below.
+            # go-diskqueue starts at writePos 0 and overwrites them.
             text = b"0\n0,0\n0,0\n"
         except OSError as e:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {error}",
@@ -252,25 +259,51 @@ class DiskState:
                      sync_dir=False)
 
     def _sync(self) -> bool:
-        """fsync the write segment and persist metadata (go-diskqueue's sync)."""
+        """fsync the write segment and persist metadata (go-diskqueue's sync).
+
+        After a failed fsync the write file is closed (as go-diskqueue does);
+        go-diskqueue's next sync then only writes metadata and calls that a
+        success. Here the retry fsyncs the segment through a new descriptor
+        first, so a sync counts as working (and health as OK) only once the
+        segment's data really was fsynced.
+        """
         if self._wfd is not None:
             try:
                 self.fsync_fn(self._wfd)
             except OSError as e:
                 self._close_write()
                 self._truncate_on_open = True
-                self._log(LogLevel.error, "DISKQUEUE({name}) failed to sync - {error}",
-                          name=self.name, error=str(e))
-                return False
+                self._segment_unsynced = True
+                return self._sync_failed(e)
+        elif self._segment_unsynced:
+            try:
+                self._fsync_path(self.file_name(self.write_file_num))
+            except FileNotFoundError:
+                pass  # nothing was written to it after all
+            except OSError as e:
+                return self._sync_failed(e)
+        self._segment_unsynced = False
         try:
             self._persist_metadata()
         except OSError as e:
-            self._log(LogLevel.error, "DISKQUEUE({name}) failed to sync - {error}",
-                      name=self.name, error=str(e))
-            return False
+            return self._sync_failed(e)
         self.need_sync = False
         self.count = 0
+        self._sync_error = ""
         return True
+
+    def _fsync_path(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.fsync_fn(fd)
+        finally:
+            os.close(fd)
+
+    def _sync_failed(self, e: OSError) -> bool:
+        # need_sync stays set: the next operation on this queue tries again
+        self._log(LogLevel.error, "DISKQUEUE({name}) failed to sync - {error}", name=self.name, error=str(e))
+        self._sync_error = f"DISKQUEUE({self.name}) failed to sync: {e}"
+        return False
 
     # -- files -------------------------------------------------------------
 

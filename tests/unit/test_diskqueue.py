@@ -432,6 +432,24 @@ class CorruptionTests(DiskQueueTestBase):
         take()
         self.assertEqual(got, [rec(0), rec(1), rec(2), b"new"])
 
+    def test_records_written_before_the_first_metadata_sync_survive(self) -> None:
+        """A kill -9 before a queue's first metadata write (``--sync-every`` not reached, the 2 s
+        timer not run) leaves a segment 0 and no metadata file: its records are counted and
+        delivered, and new writes go to a new segment instead of over them (go-diskqueue starts at
+        writePos 0 and overwrites them; found by ``test_fault_matrix.py::test_kill9[default]``)."""
+        self.write_segments(count=3, max_bytes=1000)
+        os.remove(os.path.join(self.path, "t.diskqueue.meta.dat"))  # as a kill -9 left it
+        q = self.open(max_bytes=1000)
+        self.clock.advance(0)
+        self.assertEqual(q.depth(), 3)
+        q.put(b"new")
+        self.clock.advance(0)
+        got: list[bytes] = []
+        while q.depth() > 0 and (one := q.read(10)):
+            got.extend(one)
+            self.clock.advance(0)
+        self.assertEqual(got, [rec(0), rec(1), rec(2), b"new"])
+
     def test_stale_metadata_with_a_torn_record(self) -> None:
         """Only whole records past the stale writePos count; the torn end is met as go-diskqueue meets it."""
         self.write_segments(count=3, max_bytes=100)
@@ -506,6 +524,35 @@ class SyncTests(DiskQueueTestBase):
         self.clock.advance(0)
         self.assertEqual(self.hooks.fsyncs, 2)
         self.assertEqual(self.meta(), b"1\n0,0\n1,0\n")
+
+    def test_failed_fsync_is_unhealthy_until_a_sync_works(self) -> None:
+        """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it at
+        once), the sync is tried again at each --sync-timeout tick, and health is OK once one works;
+        the records stay readable meanwhile (the page cache holds them)."""
+        fail = [True]
+        base = self.hooks.fsync
+
+        def fsync(fd: int) -> None:
+            if fail[0]:
+                raise OSError(errno.EIO, "Input/output error")
+            base(fd)
+
+        self.hooks.fsync = fsync  # type: ignore[method-assign]
+        heard: list[str | None] = []
+        q = self.open(sync_every=1)
+        q.watch_health(lambda _, error: heard.append(error))
+        q.put(b"a")
+        self.clock.advance(0)
+        self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
+        self.assertEqual(heard, [q.health()])
+        self.clock.advance(2.0)  # the retry fails too: nothing new to hear
+        self.assertEqual(len(heard), 1)
+        fail[0] = False
+        self.clock.advance(2.0)
+        self.assertIsNone(q.health())
+        self.assertEqual(heard[-1], None)
+        self.assertEqual(self.meta(), b"1\n0,0\n0,5\n")  # the record's metadata made it too
+        self.assertEqual(q.read(1), [b"a"])
 
 
 class LifecycleTests(DiskQueueTestBase):
