@@ -85,6 +85,21 @@ def ping(address: str, timeout: float = 5.0) -> tuple[int, bytes]:
         conn.close()
 
 
+def create_channels(address: str) -> None:
+    """Create the topic and both channels before any publish: a channel gets only what is published after it exists."""
+    host, port = address.rsplit(":", 1)
+    for path in [f"/topic/create?topic={TOPIC}"] + [f"/channel/create?topic={TOPIC}&channel={c}" for c in CHANNELS]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("POST", path)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"POST {path}: {r.status}")
+        finally:
+            conn.close()
+
+
 # -- disk faults ------------------------------------------------------------
 
 
@@ -259,7 +274,9 @@ class Soak:
         self.cycles: list[tuple[float, float]] = []
         self.pings: list[tuple[float, int, bytes]] = []
         self.verdicts: list[Verdict] = []
-        self.acked_while_full: list[int] = []
+        self.ack_counts: list[int] = []  # len(acked) when each ping was answered
+        #: per cycle, messages acknowledged once /ping said NOK and before the space returned
+        self.acked_while_nok: list[int] = []
         self.tracebacks = 0
 
     # -- clients (each reconnects until told to stop) ---------------------
@@ -358,6 +375,7 @@ class Soak:
                 self.faults.keep_full()
             status, body = ping(self.daemon.http_address)
             self.pings.append((time.monotonic(), status, body))
+            self.ack_counts.append(len(self.acked))
             time.sleep(max(0.0, min(0.25, until - time.monotonic())))
 
     def fault_cycles(self, end: float) -> None:
@@ -367,22 +385,23 @@ class Soak:
         self._sample_health(min(end, time.monotonic() + healthy))
         while time.monotonic() + self.fault_for + 2.0 < end:
             filled = time.monotonic()
-            acked_before = len(self.acked)
             try:
                 self.faults.fill()
                 self._sample_health(filled + self.fault_for, keep_full=True)
             finally:
                 self.faults.free()
             freed = time.monotonic()
-            acked_while_full = len(self.acked) - acked_before
+            acked_at_free = len(self.acked)
             self._sample_health(min(end, freed + healthy))
             until = time.monotonic()
             self.cycles.append((filled, freed))
             v = health_verdict(self.pings, filled, freed, until)
             self.verdicts.append(v)
-            self.acked_while_full.append(acked_while_full)
-            print(f"fault {len(self.cycles)}: {self.describe(v)}; {acked_while_full} acknowledged while full, "
-                  f"{len(self.acked)} so far", flush=True)
+            acked_at_nok = next((n for (t, status, _), n in zip(self.pings, self.ack_counts, strict=True)
+                                 if filled <= t and status == 500), acked_at_free)
+            self.acked_while_nok.append(acked_at_free - acked_at_nok)
+            print(f"fault {len(self.cycles)}: {self.describe(v)}; {acked_at_free - acked_at_nok} acknowledged "
+                  f"between NOK and the space's return, {len(self.acked)} so far", flush=True)
 
     @staticmethod
     def describe(v: Verdict) -> str:
@@ -419,6 +438,7 @@ class Soak:
         d = self.daemon.start()
         self.address = d.tcp_address
         tcp, http = d.tcp_address, d.http_address
+        create_channels(http)
         threads = [threading.Thread(target=self.publisher, args=(k, n), daemon=True)
                    for k, n in (("pub", 0), ("pub", 1), ("mpub", 0), ("dpub", 0))]
         threads += [threading.Thread(target=self.consumer, args=(ch,), daemon=True) for ch in CHANNELS]
@@ -501,8 +521,8 @@ class Soak:
                 print(f"  /ping NOK {min(noks):.1f}-{max(noks):.1f} s after the fill "
                       f"({self.verdicts[0].first_nok[:100]!r}), OK {min(oks):.1f}-{max(oks):.1f} s "
                       f"after space returned")
-            print(f"  acknowledged while the disk was full: {min(self.acked_while_full, default=0)}-"
-                  f"{max(self.acked_while_full, default=0)} per cycle")
+            print(f"  acknowledged between /ping's NOK and the space's return: {min(self.acked_while_nok, default=0)}-"
+                  f"{max(self.acked_while_nok, default=0)} per cycle")
         print(f"acknowledged: {len(acked)} messages; not acknowledged: {len(self.failed)} answered E_*_FAILED, "
               f"{len(self.unanswered)} unanswered")
         lost_any = False
