@@ -278,6 +278,7 @@ class Soak:
         #: per cycle, messages acknowledged once /ping said NOK and before the space returned
         self.acked_while_nok: list[int] = []
         self.tracebacks = 0
+        self.began = time.monotonic()
 
     # -- clients (each reconnects until told to stop) ---------------------
 
@@ -400,8 +401,8 @@ class Soak:
             acked_at_nok = next((n for (t, status, _), n in zip(self.pings, self.ack_counts, strict=True)
                                  if filled <= t and status == 500), acked_at_free)
             self.acked_while_nok.append(acked_at_free - acked_at_nok)
-            print(f"fault {len(self.cycles)}: {self.describe(v)}; {acked_at_free - acked_at_nok} acknowledged "
-                  f"between NOK and the space's return, {len(self.acked)} so far", flush=True)
+            print(f"{self.t()} fault {len(self.cycles)}: {self.describe(v)}; {acked_at_free - acked_at_nok} "
+                  f"acknowledged between NOK and the space's return, {len(self.acked)} so far", flush=True)
 
     @staticmethod
     def describe(v: Verdict) -> str:
@@ -409,6 +410,10 @@ class Soak:
         ok = "never OK again" if v.ok_after is None else f"OK {v.ok_after:.1f} s after space returned"
         return (f"{nok}, {v.ok_while_full} OK while full, {ok}, {v.nok_after_recovery} NOK after that: "
                 + ("health told the truth" if v.truthful else "HEALTH DID NOT TELL THE TRUTH"))
+
+    def t(self) -> str:
+        """Seconds since the load began, for the progress lines."""
+        return f"[{time.monotonic() - self.began:6.1f} s]"
 
     # -- the run ------------------------------------------------------------
 
@@ -422,7 +427,7 @@ class Soak:
             peak = max(peak, rss_kib(pid))
         last = rss_kib(pid)
         self.lifetimes.append((label, first, last, max(peak, last)))
-        print(f"{label:>10}: RSS {first / 1024:7.1f} MiB after 5 s, {last / 1024:7.1f} MiB at the end, "
+        print(f"{self.t()} {label:>10}: RSS {first / 1024:7.1f} MiB after 5 s, {last / 1024:7.1f} MiB at the end, "
               f"peak {peak / 1024:7.1f} MiB; {len(self.acked)} acknowledged so far", flush=True)
 
     def run(self, minutes: float) -> int:
@@ -444,7 +449,8 @@ class Soak:
         threads += [threading.Thread(target=self.consumer, args=(ch,), daemon=True) for ch in CHANNELS]
         for t in threads:
             t.start()
-        end = time.monotonic() + minutes * 60
+        self.began = time.monotonic()
+        end = self.began + minutes * 60
         faulting = None
         if self.faults is not None:
             faulting = threading.Thread(target=self.fault_cycles, args=(end,), daemon=True)
@@ -457,10 +463,12 @@ class Soak:
                 break
             how = signal.SIGKILL if n % 2 else signal.SIGTERM
             label = "kill -9" if how == signal.SIGKILL else "SIGTERM"
-            print(f"restart {n}: {label}", flush=True)
             self.restarts.append((time.monotonic(), label))
             self.daemon.stop(how)
+            down = time.monotonic()
             self.daemon.start(tcp=tcp, http=http)
+            print(f"{self.t()} restart {n}: {label}, stopped in {down - self.restarts[-1][0]:.1f} s, "
+                  f"started in {time.monotonic() - down:.1f} s", flush=True)
             n += 1
         if faulting is not None:
             faulting.join()
