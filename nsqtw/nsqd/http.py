@@ -451,8 +451,8 @@ class HTTPAPI(GoHTTPAPI):
         megabytes of identity, doing it in one go stalled every connection.
         """
         clock = self.nsqd.clock
-        snap = await run_in_slices(snapshot_steps(self.nsqd, topic, channel, include_clients, include_mem),
-                                   clock)
+        snap = await run_in_slices(snapshot_steps(self.nsqd, topic, channel, include_clients, include_mem,
+                                                  encode_clients=as_json), clock)
         if as_json:
             return RawJSON(await run_in_slices(json_steps(snap), clock))
         start = getattr(self.nsqd, "start_time_precise", None)

@@ -39,6 +39,17 @@ __all__ = [
 #: the first line of nsqd's text stats (``version.String("nsqd")``), naming what built nsqtw
 VERSION_BANNER = version_banner("nsqd")
 
+class EncodedClients(list):  # type: ignore[type-arg]
+    """A channel's (or the producers') clients already as Go's JSON text, one string each.
+
+    :func:`snapshot_steps` makes these for ``/stats?format=json`` only
+    (``encode_clients``); :func:`json_steps` splices them in as they are.
+    """
+
+
+#: a client's JSON past this size ends a snapshot step (clients may send megabytes of identity)
+_BIG_CLIENT = 64 * 1024
+
 #: client fields Go omits when empty (``omitempty``), in Go's order, after ``user_agent``
 _OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
 
@@ -160,6 +171,25 @@ def _client_stats(client: Any, topic_filter: str) -> dict[str, Any]:
     return out
 
 
+def _client_json(client: Any, topic_filter: str) -> str:
+    """:func:`_client_stats` as Go's JSON text (a V2 connection caches most of it)."""
+    stats_json = getattr(client, "stats_json", None)
+    if stats_json is not None:
+        text: str = stats_json(topic_filter)
+        return text
+    return go_dumps(_client_stats(client, topic_filter))
+
+
+def _encoded_clients(clients: Iterable[Any], topic_filter: str,
+                     out: EncodedClients) -> Generator[None, None, EncodedClients]:
+    for client in clients:
+        text = _client_json(client, topic_filter)
+        out.append(text)
+        if len(text) > _BIG_CLIENT:
+            yield None
+    return out
+
+
 def _is_producer(client: Any) -> bool:
     return bool(getattr(client, "pub_counts", None))
 
@@ -242,7 +272,8 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
 
 def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = None,
                    include_clients: bool = True, include_mem: bool = True,
-                   extras: bool = False) -> Generator[None, None, dict[str, Any]]:
+                   extras: bool = False, encode_clients: bool = False,
+                   ) -> Generator[None, None, dict[str, Any]]:
     """:func:`snapshot`, one channel per step: a caller may run the steps over several reactor turns.
 
     The generator yields after each channel and returns the snapshot.  Run to
@@ -255,6 +286,9 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
     channel's ``finish_count`` and an ``nsqtw`` block: the disk queues'
     totals, the node's client count and precise start time, and the time of
     the snapshot.
+
+    ``encode_clients`` (``/stats?format=json``) gives every list of clients
+    as :class:`EncodedClients`, for :func:`json_steps` only.
     """
     topic = topic or ""
     channel = channel or ""
@@ -278,8 +312,11 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
             for c in chans:
                 if t.channels.get(c.name) is not c:
                     continue  # deleted between two slices
-                clients = ([_client_stats(cl, topic) for cl in list(c.clients.values())]
-                           if include_clients else None)
+                clients: list[Any] | None = None
+                if encode_clients and include_clients:
+                    clients = yield from _encoded_clients(list(c.clients.values()), topic, EncodedClients())
+                elif include_clients:
+                    clients = [_client_stats(cl, topic) for cl in list(c.clients.values())]
                 channel_stats.append(_channel_stats(c, clients, now, extras))
                 if disk is not None:
                     disk.add(c.backend)
@@ -290,8 +327,11 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
             if disk is not None:
                 disk.add(t.backend)
         if include_clients:
-            found = [_client_stats(cl, topic) for cl in list(nsqd.clients.values()) if _is_producer(cl)]
-            producers = found or None
+            chosen_producers = [cl for cl in list(nsqd.clients.values()) if _is_producer(cl)]
+            if encode_clients:
+                producers = (yield from _encoded_clients(chosen_producers, topic, EncodedClients())) or None
+            else:
+                producers = [_client_stats(cl, topic) for cl in chosen_producers] or None
     out: dict[str, Any] = {
         "version": NSQD_VERSION,
         "health": nsqd.health(),
@@ -451,6 +491,9 @@ def _split(value: Mapping[str, Any], keys: list[str]) -> list[str]:
 
 
 def _items(items: list[Mapping[str, Any]], parts: list[str], per_step: int) -> Generator[None, None, None]:
+    if isinstance(items, EncodedClients):
+        parts.append(",".join(items))
+        return
     for i, item in enumerate(items):
         if i:
             parts.append(",")
@@ -465,6 +508,29 @@ def _nonempty(value: Mapping[str, Any], *keys: str) -> list[str]:
 
 #: a topic whose clients' text fields stay under this many characters is encoded in one call
 _SMALL_TOPIC = 64 * 1024
+
+
+def _encoded_topic(topic: Mapping[str, Any]) -> str | None:
+    """A topic whose clients are :class:`EncodedClients`, as JSON: one ``json.dumps`` and a splice.
+
+    The topic is encoded with every channel's clients empty, then each
+    ``"clients":[]`` (one per channel, in order; names cannot hold a quote)
+    gets that channel's clients. ``None`` when the clients are not encoded.
+    """
+    channels = topic["channels"] or ()
+    if not any(isinstance(c.get("clients"), EncodedClients) for c in channels):
+        return None
+    hollow = dict(topic)
+    hollow["channels"] = [{**c, "clients": []} for c in channels]
+    pieces = go_dumps(hollow).split('"clients":[]')
+    assert len(pieces) == len(channels) + 1, "a name held the clients marker"
+    parts = [pieces[0]]
+    for channel, piece in zip(channels, pieces[1:], strict=True):
+        parts.append('"clients":[')
+        parts.append(",".join(channel["clients"]))
+        parts.append("]")
+        parts.append(piece)
+    return "".join(parts)
 
 
 def _small(topic: Mapping[str, Any]) -> bool:
@@ -496,6 +562,11 @@ def json_steps(snap: Mapping[str, Any]) -> Generator[None, None, bytes]:
             for i, topic in enumerate(snap["topics"]):
                 if i:
                     parts.append(",")
+                encoded = _encoded_topic(topic)
+                if encoded is not None:
+                    parts.append(encoded)  # the clients were encoded by the snapshot
+                    yield None
+                    continue
                 if _small(topic):
                     parts.append(go_dumps(topic))  # one call for the whole topic: the usual case
                     yield None

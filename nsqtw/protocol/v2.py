@@ -17,6 +17,7 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw._go.json import go_dumps
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.channel import Channel
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
@@ -104,6 +105,9 @@ class V2Protocol(Protocol):
         #: nsqd's --tls-required: every command but IDENTIFY needs TLS first
         self._need_tls = bool(o.tls_required)
         self._tls_info: dict[str, Any] = {}
+        #: :meth:`stats_json`'s cache: what its template was made from, and the template
+        self._stats_key: tuple[Any, ...] | None = None
+        self._stats_template = ""
         self._handshake_call: IDelayedCall | None = None
         #: tls_v1 agreed, TLS not begun: (snappy, deflate, level, bytes the client sent so far)
         self._tls_pending: tuple[bool, bool, int, bytes] | None = None
@@ -820,6 +824,44 @@ class V2Protocol(Protocol):
         out["tls_negotiated_protocol"] = tls.get("tls_negotiated_protocol", "")
         out["tls_negotiated_protocol_is_mutual"] = tls.get("tls_negotiated_protocol_is_mutual", False)
         return out
+
+
+    def stats_json(self, topic_filter: str = "") -> str:
+        """``go_dumps(self.go_stats(topic_filter))``, byte for byte, at a fraction of its cost.
+
+        A ``/stats`` at 20,000 clients spent about 40% of its time building and
+        encoding client dicts whose text barely changes. The text is cached
+        as a template with the six counters left open, remade whenever any
+        other field it shows has changed (the key holds them all); a client
+        with ``pub_counts`` (a producer) is encoded in full.
+        """
+        if self.pub_counts:
+            return go_dumps(self.go_stats(topic_filter))
+        auth = self.auth
+        key = (self.identifier, self.hostname, self.remote_address, self.connect_ts, self.sample_rate,
+               self.deflate, self.snappy, self.user_agent, self.tls, self._tls_info,
+               tuple(auth.stats().values()) if auth.state is not None else None)
+        if key != self._stats_key:
+            self._stats_template = self._make_stats_template()
+            self._stats_key = key
+        return self._stats_template.format(self.state, self.ready_count, self.in_flight_count,
+                                           self.message_count, self.finish_count, self.requeue_count)
+
+    def _make_stats_template(self) -> str:
+        fields = self.go_stats()
+        for i, name in enumerate(_STATS_COUNTERS):
+            fields[name] = _STATS_MARK + i
+        text = go_dumps(fields).replace("{", "{{").replace("}", "}}")
+        for i, name in enumerate(_STATS_COUNTERS):
+            # '"name":' cannot occur inside a JSON string (its quotes would be escaped there)
+            text = text.replace(f'"{name}":{_STATS_MARK + i}', f'"{name}":{{{i}}}', 1)
+        return text
+
+
+#: the go_stats fields :meth:`V2Protocol.stats_json` fills in each time, in its format's order
+_STATS_COUNTERS = ("state", "ready_count", "in_flight_count", "message_count", "finish_count", "requeue_count")
+#: stand-ins for them while the template is made
+_STATS_MARK = 8_000_000_000_000_000_000
 
 
 class V2Factory(ServerFactory):

@@ -754,3 +754,62 @@ class GoHTTPChannelTests(SynchronousTestCase):
         self.assertIn(b" 413 ", transport.value().split(b"\r\n", 1)[0])
         self.assertTrue(transport.disconnecting)
         channel.dataReceived(chunk)  # more of the upload after the answer: ignored, no error
+
+
+class EncodedClientsTests(SynchronousTestCase):
+    """``/stats?format=json`` encodes clients from a cached template (V2Protocol.stats_json) and
+    splices them into each topic: the bytes must be exactly those of the dict path."""
+
+    NASTY = {"client_id": 'a{0}"state":8000000000000000000,}<&>\u2028"', "hostname": "h{}\\",
+             "user_agent": "ua \udc80 \"ready_count\":1"}
+
+    def test_stats_json_equals_go_dumps_of_go_stats_as_the_client_changes(self) -> None:
+        from nsqtw._go.json import go_dumps
+        client = Client(self)
+        proto, transport = connect(client.nsqd, client.clock)
+
+        def same() -> None:
+            self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()))
+
+        same()
+        body = json.dumps(self.NASTY).encode()
+        proto.dataReceived(encode_command(b"IDENTIFY", body=body))
+        same()
+        client("POST", "/mpub?topic=t", b"1\n2\n3")
+        proto.dataReceived(b"SUB t c\nRDY 2\n")
+        settle(client.clock)
+        self.assertEqual(proto.in_flight_count, 2)
+        same()  # the counters moved: the cached template is filled with the new ones
+        [frame_type, payload] = take_frames(transport)[-1]
+        proto.dataReceived(b"FIN " + payload[10:26] + b"\n")
+        settle(client.clock)
+        same()
+        proto.hostname = "changed"  # any shown field changing remakes the template
+        same()
+        self.assertIn('"hostname":"changed"', proto.stats_json())
+        producer, _ = connect(client.nsqd, client.clock)
+        producer.dataReceived(encode_command(b"PUB", b"t", body=b"x"))
+        self.assertEqual(producer.stats_json("t"), go_dumps(producer.go_stats("t")))
+        self.assertIn('"pub_counts"', producer.stats_json())
+
+    def test_encoded_snapshot_gives_the_same_bytes(self) -> None:
+        """The whole /stats JSON with encoded clients equals the JSON of the plain snapshot, for the
+        reference scene plus clients with hostile identities, with and without a topic filter."""
+        from nsqtw.observe.stats import json_steps, run_to_end, snapshot_steps
+        client = Client(self, msg_timeout=2.0)
+        stats_state(client)
+        for _ in range(3):
+            proto, _t = connect(client.nsqd, client.clock)
+            proto.dataReceived(encode_command(b"IDENTIFY", body=json.dumps(self.NASTY).encode()))
+            proto.dataReceived(b"SUB ref_t ch2\n")
+        settle(client.clock)
+        for topic, channel in (("", ""), ("ref_t", ""), ("ref_t", "ch2"), ("ref_msg", "")):
+            plain = run_to_end(json_steps(snapshot(client.nsqd, topic, channel, include_mem=False)))
+            encoded = run_to_end(json_steps(run_to_end(snapshot_steps(
+                client.nsqd, topic, channel, include_mem=False, encode_clients=True))))
+            self.assertEqual(encoded, plain, (topic, channel))
+            if not topic:
+                whole = plain
+        self.assertIn(b'"client_id":"a{0}\\"state\\":8000000000000000000,}\\u003c', whole)
+        self.assertEqual(client("GET", "/stats?format=json&include_mem=false").body,
+                         run_to_end(json_steps(snapshot(client.nsqd, include_mem=False))))
