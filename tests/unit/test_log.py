@@ -114,3 +114,26 @@ class ClassicTextTests(SynchronousTestCase):
         for event in self.events():
             expected = formatEventAsClassicLogText(dict(event), _format_time)
             self.assertEqual(_classic_text(dict(event)), expected, event.get("log_format"))
+
+
+class BoundLoggerTests(SynchronousTestCase):
+    def test_one_logger_per_owner_class_with_its_namespace(self) -> None:
+        """``self.log`` is built once per class (Twisted's builds one per access), still named after
+        the class and still publishing through the descriptor's observer."""
+        events: list[dict[str, Any]] = []
+
+        class Owner:
+            log = log.Logger(observer=events.append)
+
+        class Other(Owner):
+            pass
+
+        a, b = Owner(), Owner()
+        self.assertIs(a.log, b.log)
+        self.assertIs(a.log, Owner.log)
+        self.assertIsNot(Other().log, a.log)
+        self.assertEqual(a.log.namespace, f"{__name__}.Owner")
+        self.assertEqual(Other().log.namespace, f"{__name__}.Other")
+        a.log.info("TOPIC({topic}): created", topic="t")
+        self.assertEqual([(e["log_namespace"], formatEvent(e)) for e in events],
+                         [(f"{__name__}.Owner", "TOPIC(t): created")])
