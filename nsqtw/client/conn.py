@@ -80,6 +80,8 @@ class NSQClientProtocol(Protocol):
         self._parser = FrameParser()
         self._codec: IStreamCodec | None = None
         self._out: Any = None
+        #: while frames of one read are handed out: what they made the owner write, sent as one write
+        self._batch: list[bytes] | None = None
         self._last_read = 0.0
         self._read_timer: IDelayedCall | None = None
 
@@ -102,13 +104,28 @@ class NSQClientProtocol(Protocol):
         self.transport.write(MAGIC_V2 + encode_command(b"IDENTIFY", body=self.config.identify_body()))  # type: ignore[union-attr]
 
     def write(self, data: bytes) -> None:
-        """Send bytes (compressed when negotiated); dropped once the connection is closed."""
-        if not self.closed:
+        """Send bytes (compressed when negotiated); dropped once the connection is closed.
+
+        What is written while the frames of one read are handed to the owner
+        (the FINs of a batch of messages, the next PUB after an OK) goes out
+        together when they all have been, as one write."""
+        if self.closed:
+            return
+        if self._batch is not None:
+            self._batch.append(data)
+        else:
             self._out.write(data)
+
+    def _flush(self) -> None:
+        batch = self._batch
+        self._batch = None
+        if batch and not self.closed:
+            self._out.write(batch[0] if len(batch) == 1 else b"".join(batch))
 
     def close(self) -> None:
         """Close after what was written is sent."""
         if not self.closed:
+            self._flush()
             self.closed = True
             self.transport.loseConnection()  # type: ignore[union-attr]
 
@@ -155,28 +172,41 @@ class NSQClientProtocol(Protocol):
     def _pump(self) -> None:
         parser = self._parser
         while not self.closed:
-            got = parser.next_frame()
-            if got is None:
-                if self._codec is None:
-                    return
-                chunk = self._codec.read()
-                if not chunk:
-                    return
-                parser.feed(chunk)
-                continue
-            ftype, data = got
-            if self._state == _READY:
-                if ftype == FRAME_MESSAGE:
-                    self.delegate.on_message(self, data)
-                elif ftype == FRAME_RESPONSE:
-                    if data == HEARTBEAT:
-                        self.write(NOP)
-                    else:
-                        self.delegate.on_response(self, data)
-                else:
-                    self.delegate.on_error(self, data)
+            if self._state != _READY:
+                got = parser.next_frame()
+                if got is not None:
+                    self._handshake(*got)
+                    continue
             else:
-                self._handshake(ftype, data)
+                self._batch = []
+                try:
+                    self._dispatch(parser)
+                finally:
+                    self._flush()
+                if self.closed:
+                    return
+            if self._codec is None:
+                return
+            chunk = self._codec.read()
+            if not chunk:
+                return
+            parser.feed(chunk)
+
+    def _dispatch(self, parser: FrameParser) -> None:
+        """Hand every complete frame to the delegate (the connection is ready)."""
+        delegate = self.delegate
+        for ftype, data in parser.frames():
+            if self.closed:
+                return
+            if ftype == FRAME_MESSAGE:
+                delegate.on_message(self, data)
+            elif ftype == FRAME_RESPONSE:
+                if data == HEARTBEAT:
+                    self.write(NOP)
+                else:
+                    delegate.on_response(self, data)
+            else:
+                delegate.on_error(self, data)
 
     # -- handshake -------------------------------------------------------
 

@@ -112,8 +112,11 @@ class _ConsumerConn:
         return len(self.held)
 
     def finish(self, msg: Message) -> None:
-        if self._answered(msg):
-            self.proto.write(fin(msg.id))
+        held = self.held
+        mid = msg.id
+        if held.get(mid) is msg:  # _answered(), inline: this runs for every message
+            del held[mid]
+            self.proto.write(fin(mid))
             self.consumer._finished(self)
 
     def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
@@ -381,9 +384,10 @@ class Consumer:
         if c is None:
             return
         timestamp, attempts = _MSG_HEADER.unpack_from(data)
-        msg = Message(data[10:26], data[26:], timestamp, attempts, c)
+        mid = data[10:26]
+        msg = Message(mid, data[26:], timestamp, attempts, c)
         self.stats.messages_received += 1
-        c.held[msg.id] = msg
+        c.held[mid] = msg
         c.last_msg_time = self.reactor.seconds()
         if c.closing:  # arrived after CLS: give it back untouched
             msg.requeue(0, backoff=False)
@@ -431,7 +435,10 @@ class Consumer:
         except Exception:
             self._handler_failed(Failure(), msg)
             return
-        if isinstance(result, Deferred) or inspect.isawaitable(result):
+        if result is None:  # the common case, without the (slow) awaitable checks
+            if msg._auto:
+                msg.finish()
+        elif isinstance(result, Deferred) or inspect.isawaitable(result):
             d = result if isinstance(result, Deferred) else Deferred.fromCoroutine(result)  # type: ignore[arg-type]
             d.addCallbacks(self._handled, self._handler_failed, callbackArgs=(msg,), errbackArgs=(msg,))
         elif msg._auto:
@@ -449,7 +456,8 @@ class Consumer:
 
     def _finished(self, c: _ConsumerConn) -> None:
         self.stats.messages_finished += 1
-        self._after_answer(c, _RESUME)
+        if self._backoff_counter or c.closing:  # else a success changes nothing
+            self._after_answer(c, _RESUME)
 
     def _requeued(self, c: _ConsumerConn, backoff: bool) -> None:
         self.stats.messages_requeued += 1

@@ -101,6 +101,22 @@ class WireTests(SynchronousTestCase):
         with self.assertRaises(FrameTooLarge):
             p.next_frame()
 
+    def test_frame_parser_frames_at_once(self) -> None:
+        """``frames()`` hands out every complete frame of the buffer and keeps a partial one."""
+        data = frame(0, b"OK") + frame(2, b"m" * 40) + frame(0, b"_heartbeat_")
+        for cut in range(len(data) + 1):
+            p = FrameParser()
+            p.feed(data[:cut])
+            got = p.frames()
+            p.feed(data[cut:])
+            got += p.frames()
+            self.assertEqual(got, [(0, b"OK"), (2, b"m" * 40), (0, b"_heartbeat_")])
+            self.assertEqual(p.frames(), [])
+        p = FrameParser(max_size=100)
+        p.feed(frame(0, b"OK") + struct.pack(">ii", 1000, 0))
+        with self.assertRaises(FrameTooLarge):
+            p.frames()
+
     def test_command_encoders(self) -> None:
         """The client's commands, byte for byte."""
         self.assertEqual(encode_pub(b"t", b"ab"), b"PUB t\n\x00\x00\x00\x02ab")
@@ -137,6 +153,31 @@ class ProtocolTests(SynchronousTestCase):
         proto.dataReceived(frame(0, b"_heartbeat_") + frame(0, b"OK") + frame(1, b"E_FIN_FAILED x"))
         self.assertEqual(transport.value(), b"NOP\n")
         self.assertEqual(rec.events, [("response", b"OK"), ("error", b"E_FIN_FAILED x")])
+
+    def test_writes_of_one_read_go_out_together(self) -> None:
+        """What the delegate writes while the frames of one read are handed to it is one write,
+        sent after them (a FIN per message of a read: one write, not one each)."""
+        writes: list[bytes] = []
+
+        class Answering(Recorder):
+            def on_message(self, conn: Any, data: bytes) -> None:
+                super().on_message(conn, data)
+                conn.write(fin(data[10:26]))
+                writes.append(transport.value())  # nothing sent yet
+
+        clock = Clock()
+        proto = NSQClientProtocol("127.0.0.1:4150", Config(), Answering(), clock)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(0, b"{}"))
+        transport.clear()
+        msg = struct.pack(">qH", 1, 1)
+        proto.dataReceived(frame(2, msg + b"A" * 16 + b"x") + frame(0, b"_heartbeat_") + frame(2, msg + b"B" * 16))
+        self.assertEqual(writes, [b"", b""])
+        self.assertEqual(transport.value(), b"FIN " + b"A" * 16 + b"\nNOP\nFIN " + b"B" * 16 + b"\n")
+        transport.clear()
+        proto.write(b"NOP\n")  # outside a read: written at once
+        self.assertEqual(transport.value(), b"NOP\n")
 
     def test_snappy_switch_in_the_same_read(self) -> None:
         """Bytes after the IDENTIFY answer in the same read are snappy already, and are decoded."""
