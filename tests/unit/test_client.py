@@ -179,6 +179,32 @@ class ProtocolTests(SynchronousTestCase):
         proto.write(b"NOP\n")  # outside a read: written at once
         self.assertEqual(transport.value(), b"NOP\n")
 
+    def test_answers_of_a_read_sent_at_once(self) -> None:
+        """On a plain TCP transport (it has doWrite) what one read made the owner write is sent
+        right after the read, not a reactor turn later; other writes are left to the reactor,
+        and a compressed connection is left alone."""
+        class TCPLike(StringTransport):
+            sends = 0
+
+            def doWrite(self) -> None:
+                self.sends += 1
+
+        for snappy in (False, True):
+            proto = NSQClientProtocol("127.0.0.1:4150", Config(snappy=snappy), Recorder(), Clock())
+            transport = TCPLike()
+            proto.makeConnection(transport)
+            server = SnappyCodec()
+            if snappy:
+                proto.dataReceived(frame(0, b'{"snappy": true}') + server.encode(frame(0, b"OK")))
+            else:
+                proto.dataReceived(frame(0, b"{}"))
+            self.assertTrue(proto.is_ready)
+            proto.write(b"NOP\n")  # not from a read
+            self.assertEqual(transport.sends, 0)
+            heartbeat = frame(0, b"_heartbeat_")
+            proto.dataReceived(server.encode(heartbeat) if snappy else heartbeat)
+            self.assertEqual(transport.sends, 0 if snappy else 1)
+
     def test_snappy_switch_in_the_same_read(self) -> None:
         """Bytes after the IDENTIFY answer in the same read are snappy already, and are decoded."""
         proto, transport, rec, _ = self.connect(snappy=True)
