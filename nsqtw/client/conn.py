@@ -12,9 +12,10 @@ heartbeats itself and passes every other frame to its
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import ssl
+from twisted.internet import ssl, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -29,7 +30,7 @@ from nsqtw.net.tls import client_trust_root
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
-__all__ = ["NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect"]
+__all__ = ["NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect", "direct_sender"]
 
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
@@ -82,8 +83,8 @@ class NSQClientProtocol(Protocol):
         self._out: Any = None
         #: while frames of one read are handed out: what they made the owner write, sent as one write
         self._batch: list[bytes] | None = None
-        #: a plain TCP transport's doWrite: sends a read's answers at once instead of a reactor turn later
-        self._send_now: Any = None
+        #: on a plain TCP connection: sends a read's answers at once (see :func:`direct_sender`)
+        self._send_now: Callable[[bytes], None] | None = None
         self._last_read = 0.0
         self._read_timer: IDelayedCall | None = None
 
@@ -122,11 +123,14 @@ class NSQClientProtocol(Protocol):
         batch = self._batch
         self._batch = None
         if batch and not self.closed:
-            self._out.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
             if self._send_now is not None:
                 # the reactor would send it on its next turn anyway (one send either way); sending it
-                # now saves that turn on a round trip: the next PUB after an OK, the FINs of a read
-                self._send_now()
+                # now saves that turn, and the two epoll_ctl of starting and stopping to watch for
+                # writability, on every round trip: the next PUB after an OK, the FINs of a read
+                self._send_now(data)
+            else:
+                self._out.write(data)
 
     def close(self) -> None:
         """Close after what was written is sent."""
@@ -292,9 +296,41 @@ class NSQClientProtocol(Protocol):
     def _become_ready(self) -> None:
         self._state = _READY
         if self._codec is None and not self.settings.get("tls_v1"):
-            self._send_now = getattr(self.transport, "doWrite", None)  # IWriteDescriptor (tcp.Connection)
+            self._send_now = direct_sender(self.transport)
         self._ready_fired = True
         self.ready.callback(self)
+
+
+def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
+    """For a plain TCP transport, a ``send(data)`` that writes to the socket at once.
+
+    As asyncio's transports do: when Twisted holds nothing unsent for the
+    connection, ``data`` goes straight to the socket, and only what the
+    socket does not take (or everything, on any error, which Twisted's own
+    write then meets and reports) is queued with ``transport.write``; when
+    Twisted holds something, ``data`` is queued behind it. The order of the
+    bytes is kept either way. None for any other transport (TLS, a test's
+    transport), or a Twisted whose TCP transport lacks the buffers looked at.
+    """
+    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
+        return None
+    if not all(hasattr(transport, a) for a in ("socket", "dataBuffer", "offset", "_tempDataBuffer")):
+        return None
+    sock = transport.socket
+
+    def send(data: bytes) -> None:
+        t = transport
+        if t._tempDataBuffer or t.offset != len(t.dataBuffer) or not t.connected or t.disconnecting:
+            t.write(data)
+            return
+        try:
+            n = sock.send(data)
+        except OSError:  # EAGAIN, or an error the transport's own write meets and reports
+            n = 0
+        if n < len(data):
+            t.write(data[n:] if n else data)
+
+    return send
 
 
 class NSQClientFactory(Factory):
