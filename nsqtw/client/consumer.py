@@ -400,7 +400,23 @@ class Consumer:
                 self.on_give_up(msg)
             msg.finish()
             return
-        self._handle(msg)
+        try:
+            result = self.handler(msg)
+        except Exception:
+            self._handler_failed(Failure(), msg)
+            return
+        if result is not None:
+            self._handled_result(result, msg)
+        elif msg._auto and not msg._responded:
+            # msg.finish(), inline: this runs for every message a plain handler returns from
+            msg._responded = True
+            held = c.held
+            if held.get(mid) is msg:
+                del held[mid]
+                c.proto.write(fin(mid))
+                self.stats.messages_finished += 1
+                if self._backoff_counter or c.closing:
+                    self._after_answer(c, _RESUME)
 
     def on_close(self, conn: Any, reason: Exception) -> None:
         c = self._conns.pop(conn, None)
@@ -429,16 +445,9 @@ class Consumer:
 
     # -- handler ---------------------------------------------------------------
 
-    def _handle(self, msg: Message) -> None:
-        try:
-            result = self.handler(msg)
-        except Exception:
-            self._handler_failed(Failure(), msg)
-            return
-        if result is None:  # the common case, without the (slow) awaitable checks
-            if msg._auto:
-                msg.finish()
-        elif isinstance(result, Deferred) or inspect.isawaitable(result):
+    def _handled_result(self, result: Any, msg: Message) -> None:
+        """The handler returned something other than None: a Deferred or awaitable, or a value."""
+        if isinstance(result, Deferred) or inspect.isawaitable(result):
             d = result if isinstance(result, Deferred) else Deferred.fromCoroutine(result)  # type: ignore[arg-type]
             d.addCallbacks(self._handled, self._handler_failed, callbackArgs=(msg,), errbackArgs=(msg,))
         elif msg._auto:

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nsqtw.client import Config, ConfigError, Consumer, NSQErrorResponse, Producer
+from nsqtw.client import Config, ConfigError, Consumer, Message, NSQErrorResponse, Producer
 from nsqtw.client.conn import NSQClientProtocol
 from nsqtw.interfaces import IConnectionDelegate
 from nsqtw.protocol.compress import SnappyCodec
@@ -263,3 +263,54 @@ class ProtocolTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IConnectionDelegate, Producer("127.0.0.1:4150", reactor=clock)))
         self.assertTrue(verifyObject(IConnectionDelegate, Consumer("t", "c", lambda m: None, reactor=clock,
                                                                    nsqd_tcp_addresses=["127.0.0.1:4150"])))
+
+
+class ConsumerAnswerTests(SynchronousTestCase):
+    """What a consumer answers for each kind of handler, on one subscribed connection without sockets."""
+
+    def subscribed(self, handler: Any) -> tuple[Consumer, StringTransport]:
+        clock = Clock()
+        consumer = Consumer("t", "c", handler, Config(max_in_flight=10), nsqd_tcp_addresses=["x:1"],
+                            reactor=clock)
+        proto = NSQClientProtocol("x:1", consumer.config, consumer, clock)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(0, b"{}"))
+        consumer._subscribe(proto)
+        proto.dataReceived(frame(0, b"OK"))
+        transport.clear()
+        return consumer, transport
+
+    @staticmethod
+    def messages(*ids: bytes) -> bytes:
+        return b"".join(frame(2, struct.pack(">qH", 1, 1) + i * 16 + b"body") for i in ids)
+
+    def test_answers(self) -> None:
+        """Returning None FINs (once, counted); finishing itself is not FINed twice; disabled
+        auto-response and a later answer; a return value that is not awaitable FINs too; raising REQs."""
+        later: list[Message] = []
+
+        def handler(msg: Message) -> Any:
+            if msg.id == b"B" * 16:
+                msg.finish()
+            elif msg.id == b"C" * 16:
+                msg.disable_auto_response()
+                later.append(msg)
+            elif msg.id == b"D" * 16:
+                return 42
+            elif msg.id == b"E" * 16:
+                raise ValueError("no")
+            return None
+
+        consumer, transport = self.subscribed(handler)
+        [consumer_conn] = consumer._conns.values()
+        consumer_conn.proto.dataReceived(self.messages(b"A", b"B", b"C", b"D", b"E"))
+        self.flushLoggedErrors(ValueError)
+        sent = transport.value()
+        self.assertEqual([sent.count(b"FIN " + i * 16) for i in (b"A", b"B", b"C", b"D")], [1, 1, 0, 1])
+        self.assertIn(b"REQ " + b"E" * 16, sent)
+        self.assertEqual(sorted(consumer_conn.held), [b"C" * 16])
+        later[0].finish()
+        self.assertIn(b"FIN " + b"C" * 16, transport.value())
+        self.assertEqual((consumer.stats.messages_received, consumer.stats.messages_finished,
+                          consumer.stats.messages_requeued), (5, 4, 1))
