@@ -12,9 +12,10 @@ heartbeats itself and passes every other frame to its
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import ssl
+from twisted.internet import ssl, tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -29,7 +30,7 @@ from nsqtw.net.tls import client_trust_root
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
-__all__ = ["NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect"]
+__all__ = ["NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect", "direct_sender"]
 
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
@@ -80,6 +81,10 @@ class NSQClientProtocol(Protocol):
         self._parser = FrameParser()
         self._codec: IStreamCodec | None = None
         self._out: Any = None
+        #: while frames of one read are handed out: what they made the owner write, sent as one write
+        self._batch: list[bytes] | None = None
+        #: on a plain TCP connection: sends a read's answers at once (see :func:`direct_sender`)
+        self._send_now: Callable[[bytes], None] | None = None
         self._last_read = 0.0
         self._read_timer: IDelayedCall | None = None
 
@@ -102,13 +107,35 @@ class NSQClientProtocol(Protocol):
         self.transport.write(MAGIC_V2 + encode_command(b"IDENTIFY", body=self.config.identify_body()))  # type: ignore[union-attr]
 
     def write(self, data: bytes) -> None:
-        """Send bytes (compressed when negotiated); dropped once the connection is closed."""
-        if not self.closed:
+        """Send bytes (compressed when negotiated); dropped once the connection is closed.
+
+        What is written while the frames of one read are handed to the owner
+        (the FINs of a batch of messages, the next PUB after an OK) goes out
+        together when they all have been, as one write."""
+        if self.closed:
+            return
+        if self._batch is not None:
+            self._batch.append(data)
+        else:
             self._out.write(data)
+
+    def _flush(self) -> None:
+        batch = self._batch
+        self._batch = None
+        if batch and not self.closed:
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            if self._send_now is not None:
+                # the reactor would send it on its next turn anyway (one send either way); sending it
+                # now saves that turn, and the two epoll_ctl of starting and stopping to watch for
+                # writability, on every round trip: the next PUB after an OK, the FINs of a read
+                self._send_now(data)
+            else:
+                self._out.write(data)
 
     def close(self) -> None:
         """Close after what was written is sent."""
         if not self.closed:
+            self._flush()
             self.closed = True
             self.transport.loseConnection()  # type: ignore[union-attr]
 
@@ -155,28 +182,41 @@ class NSQClientProtocol(Protocol):
     def _pump(self) -> None:
         parser = self._parser
         while not self.closed:
-            got = parser.next_frame()
-            if got is None:
-                if self._codec is None:
-                    return
-                chunk = self._codec.read()
-                if not chunk:
-                    return
-                parser.feed(chunk)
-                continue
-            ftype, data = got
-            if self._state == _READY:
-                if ftype == FRAME_MESSAGE:
-                    self.delegate.on_message(self, data)
-                elif ftype == FRAME_RESPONSE:
-                    if data == HEARTBEAT:
-                        self.write(NOP)
-                    else:
-                        self.delegate.on_response(self, data)
-                else:
-                    self.delegate.on_error(self, data)
+            if self._state != _READY:
+                got = parser.next_frame()
+                if got is not None:
+                    self._handshake(*got)
+                    continue
             else:
-                self._handshake(ftype, data)
+                self._batch = []
+                try:
+                    self._dispatch(parser)
+                finally:
+                    self._flush()
+                if self.closed:
+                    return
+            if self._codec is None:
+                return
+            chunk = self._codec.read()
+            if not chunk:
+                return
+            parser.feed(chunk)
+
+    def _dispatch(self, parser: FrameParser) -> None:
+        """Hand every complete frame to the delegate (the connection is ready)."""
+        delegate = self.delegate
+        for ftype, data in parser.frames():
+            if self.closed:
+                return
+            if ftype == FRAME_MESSAGE:
+                delegate.on_message(self, data)
+            elif ftype == FRAME_RESPONSE:
+                if data == HEARTBEAT:
+                    self.write(NOP)
+                else:
+                    delegate.on_response(self, data)
+            else:
+                delegate.on_error(self, data)
 
     # -- handshake -------------------------------------------------------
 
@@ -255,8 +295,42 @@ class NSQClientProtocol(Protocol):
 
     def _become_ready(self) -> None:
         self._state = _READY
+        if self._codec is None and not self.settings.get("tls_v1"):
+            self._send_now = direct_sender(self.transport)
         self._ready_fired = True
         self.ready.callback(self)
+
+
+def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
+    """For a plain TCP transport, a ``send(data)`` that writes to the socket at once.
+
+    As asyncio's transports do: when Twisted holds nothing unsent for the
+    connection, ``data`` goes straight to the socket, and only what the
+    socket does not take (or everything, on any error, which Twisted's own
+    write then meets and reports) is queued with ``transport.write``; when
+    Twisted holds something, ``data`` is queued behind it. The order of the
+    bytes is kept either way. None for any other transport (TLS, a test's
+    transport), or a Twisted whose TCP transport lacks the buffers looked at.
+    """
+    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
+        return None
+    if not all(hasattr(transport, a) for a in ("socket", "dataBuffer", "offset", "_tempDataBuffer")):
+        return None
+    sock = transport.socket
+
+    def send(data: bytes) -> None:
+        t = transport
+        if t._tempDataBuffer or t.offset != len(t.dataBuffer) or not t.connected or t.disconnecting:
+            t.write(data)
+            return
+        try:
+            n = sock.send(data)
+        except OSError:  # EAGAIN, or an error the transport's own write meets and reports
+            n = 0
+        if n < len(data):
+            t.write(data[n:] if n else data)
+
+    return send
 
 
 class NSQClientFactory(Factory):

@@ -112,8 +112,11 @@ class _ConsumerConn:
         return len(self.held)
 
     def finish(self, msg: Message) -> None:
-        if self._answered(msg):
-            self.proto.write(fin(msg.id))
+        held = self.held
+        mid = msg.id
+        if held.get(mid) is msg:  # _answered(), inline: this runs for every message
+            del held[mid]
+            self.proto.write(fin(mid))
             self.consumer._finished(self)
 
     def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
@@ -381,9 +384,10 @@ class Consumer:
         if c is None:
             return
         timestamp, attempts = _MSG_HEADER.unpack_from(data)
-        msg = Message(data[10:26], data[26:], timestamp, attempts, c)
+        mid = data[10:26]
+        msg = Message(mid, data[26:], timestamp, attempts, c)
         self.stats.messages_received += 1
-        c.held[msg.id] = msg
+        c.held[mid] = msg
         c.last_msg_time = self.reactor.seconds()
         if c.closing:  # arrived after CLS: give it back untouched
             msg.requeue(0, backoff=False)
@@ -396,7 +400,23 @@ class Consumer:
                 self.on_give_up(msg)
             msg.finish()
             return
-        self._handle(msg)
+        try:
+            result = self.handler(msg)
+        except Exception:
+            self._handler_failed(Failure(), msg)
+            return
+        if result is not None:
+            self._handled_result(result, msg)
+        elif msg._auto and not msg._responded:
+            # msg.finish(), inline: this runs for every message a plain handler returns from
+            msg._responded = True
+            held = c.held
+            if held.get(mid) is msg:
+                del held[mid]
+                c.proto.write(fin(mid))
+                self.stats.messages_finished += 1
+                if self._backoff_counter or c.closing:
+                    self._after_answer(c, _RESUME)
 
     def on_close(self, conn: Any, reason: Exception) -> None:
         c = self._conns.pop(conn, None)
@@ -425,12 +445,8 @@ class Consumer:
 
     # -- handler ---------------------------------------------------------------
 
-    def _handle(self, msg: Message) -> None:
-        try:
-            result = self.handler(msg)
-        except Exception:
-            self._handler_failed(Failure(), msg)
-            return
+    def _handled_result(self, result: Any, msg: Message) -> None:
+        """The handler returned something other than None: a Deferred or awaitable, or a value."""
         if isinstance(result, Deferred) or inspect.isawaitable(result):
             d = result if isinstance(result, Deferred) else Deferred.fromCoroutine(result)  # type: ignore[arg-type]
             d.addCallbacks(self._handled, self._handler_failed, callbackArgs=(msg,), errbackArgs=(msg,))
@@ -449,7 +465,8 @@ class Consumer:
 
     def _finished(self, c: _ConsumerConn) -> None:
         self.stats.messages_finished += 1
-        self._after_answer(c, _RESUME)
+        if self._backoff_counter or c.closing:  # else a success changes nothing
+            self._after_answer(c, _RESUME)
 
     def _requeued(self, c: _ConsumerConn, backoff: bool) -> None:
         self.stats.messages_requeued += 1

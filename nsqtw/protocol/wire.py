@@ -349,6 +349,28 @@ class FrameParser:
         self._pos = pos + 4 + size
         return ftype, bytes(buf[pos + 8:pos + 4 + size])
 
+    def frames(self) -> list[tuple[int, bytes]]:
+        """Every complete frame there is, in order (:meth:`next_frame` until None, in one call)."""
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        max_size = self.max_size
+        unpack = _FRAME_HEADER.unpack_from
+        out: list[tuple[int, bytes]] = []
+        while n - pos >= 8:
+            size, ftype = unpack(buf, pos)
+            if size < 4 or size > max_size:
+                self._pos = pos
+                raise FrameTooLarge(f"invalid frame size {size}")
+            end = pos + 4 + size
+            if end > n:
+                break
+            out.append((ftype, bytes(buf[pos + 8:end])))
+            pos = end
+        self._pos = pos
+        self._compact()
+        return out
+
     def take_buffered(self) -> bytes:
         """The bytes received past the last frame returned, removed from the parser."""
         data = bytes(self._buf[self._pos:])

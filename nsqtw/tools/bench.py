@@ -1,8 +1,9 @@
 """nsqtw-bench: load generator modelled on nsq's bench_writer and bench_reader.
 
-Works against any nsqd (Go or nsqtw). Each worker is its own process with
-one connection and a plain blocking socket, so the generator scales past one
-core and never shares the daemon's reactor.
+Works against any nsqd (Go or nsqtw). Each worker is its own process running
+its own Twisted reactor with an :mod:`nsqtw.client` Producer or Consumer (one
+connection), so the generator scales past one core and never shares the
+daemon's reactor.
 
     nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --size=200 --batch-size=200 --runfor=10s
     nsqtw-bench reader --nsqd-tcp-address=127.0.0.1:4150 --channel=ch --rdy=2500 --runfor=10s
@@ -17,109 +18,177 @@ import json
 import multiprocessing as mp
 import os
 import resource
-import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.python.failure import Failure
+
 from nsqtw._go.duration import format_duration, parse_duration
-from nsqtw.protocol.wire import encode_mpub, split_frames
-
-_INT = struct.Struct(">i")
+from nsqtw.client import Config, Consumer, Message, Producer
 
 
-def _connect(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    s = socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(b"  V2")
-    return s
+def _new_reactor() -> Any:
+    """A reactor of this worker's own (not the global one: a forked worker must share no epoll set)."""
+    try:
+        from twisted.internet.epollreactor import EPollReactor
+    except ImportError:  # not Linux
+        from twisted.internet.selectreactor import SelectReactor
+
+        return SelectReactor()
+    return EPollReactor()
 
 
-class FrameReader:
-    """Reads V2 frames from a blocking socket with one buffer."""
+def _in_reactor(work: Callable[[Any], Deferred[Any]]) -> Any:
+    """Run ``work(reactor)`` in a fresh reactor of this process until its Deferred fires; its result.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
+    A failure is raised here (the worker reports it instead of a count)."""
+    reactor = _new_reactor()
+    outcome: list[Any] = []
 
-    def frames(self) -> list[tuple[int, bytes]]:
-        """At least one complete frame (blocks until one is there)."""
-        out: list[tuple[int, bytes]] = []
-        while not out:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("connection closed")
-            self.buf += chunk
-            out = split_frames(self.buf)
-        return out
+    def start() -> None:
+        d = maybeDeferred(work, reactor)
+        d.addBoth(outcome.append)
+        d.addBoth(lambda _: reactor.stop())
 
-
-def _answer(sock: socket.socket, frames: list[tuple[int, bytes]]) -> list[bytes]:
-    """FIN every message and NOP every heartbeat in one send; returns the message payloads."""
-    msgs = [data for ftype, data in frames if ftype == 2]
-    replies = [b"FIN " + data[10:26] + b"\n" for data in msgs]
-    replies.extend(b"NOP\n" for ftype, data in frames if data == b"_heartbeat_")
-    if replies:
-        sock.sendall(b"".join(replies))
-    return msgs
+    reactor.callWhenRunning(start)
+    reactor.run(installSignalHandlers=False)
+    if not outcome:
+        raise RuntimeError("the reactor stopped before the worker finished")
+    if isinstance(outcome[0], Failure):
+        outcome[0].raiseException()
+    return outcome[0]
 
 
-def _expect_ok(reader: FrameReader, pending: list[tuple[int, bytes]]) -> None:
-    while True:
-        if not pending:
-            pending.extend(reader.frames())
-        ftype, data = pending.pop(0)
-        if data == b"_heartbeat_":
-            reader.sock.sendall(b"NOP\n")
-            continue
-        if ftype != 0 or data != b"OK":
-            raise RuntimeError(f"unexpected response: {data!r}")
+def _at(reactor: Any, when: float, call: Callable[[], Any]) -> None:
+    """Call ``call`` at wall-clock time ``when`` (at once if that has passed)."""
+    reactor.callLater(max(0.0, when - time.time()), call)
+
+
+def _run_in_worker(out: Any, work: Callable[[Any], Deferred[int]]) -> None:
+    """A worker's end: its count and CPU use, or the error that stopped it."""
+    try:
+        count = _in_reactor(work)
+    except Exception as e:
+        out.put((None, f"{e!r}"))
         return
+    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
+
+
+#: how long a worker waits for its connection (and subscription) before it gives up
+_CONNECT_WAIT = 10.0
+
+
+def _when_connected(client: Producer | Consumer, reactor: Any) -> Deferred[None]:
+    d = client.when_connected()
+    d.addTimeout(_CONNECT_WAIT, reactor)
+    return d
 
 
 def _writer_worker(address: str, topic: str, size: int, batch: int, pub: bool, runfor: float,
                    start_at: float, out: Any) -> None:
-    sock = _connect(address)
-    reader = FrameReader(sock)
-    pending: list[tuple[int, bytes]] = []
-    body = b"a" * size
-    if pub:  # one message per command, as a one-at-a-time publisher sends it
-        batch = 1
-        cmd = b"PUB " + topic.encode() + b"\n" + _INT.pack(size) + body
-    else:
-        cmd = encode_mpub(topic.encode(), [body] * batch)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    count = 0
-    end = time.monotonic() + runfor
-    while time.monotonic() < end:
-        sock.sendall(cmd)
-        _expect_ok(reader, pending)
-        count += batch
-    sock.close()
-    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
+    """Publish for ``runfor`` seconds, one command at a time, each waiting for its OK.
+
+    MPUBs of ``batch`` messages, or with ``pub`` one PUB per round trip."""
+    def work(reactor: Any) -> Deferred[int]:
+        producer = Producer([address], Config(), reactor=reactor)
+        done: Deferred[int] = Deferred()
+        body = b"a" * size
+        bodies = [body] * batch
+        per = 1 if pub else batch
+        count = 0
+        end = 0.0
+
+        def send() -> None:
+            if time.monotonic() >= end:
+                done.callback(count)
+                return
+            d = producer.publish(topic, body) if pub else producer.multi_publish(topic, bodies)
+            d.addCallbacks(answered, done.errback)
+
+        def answered(_: None) -> None:
+            nonlocal count
+            count += per
+            send()
+
+        def begin(_: None) -> None:
+            def go() -> None:
+                nonlocal end
+                end = time.monotonic() + runfor
+                send()
+            _at(reactor, start_at, go)
+
+        _when_connected(producer, reactor).addCallbacks(begin, done.errback)
+        return done
+
+    _run_in_worker(out, work)
 
 
 def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: float,
                    start_at: float, out: Any) -> None:
-    sock = _connect(address)
-    reader = FrameReader(sock)
-    sock.sendall(f"SUB {topic} {channel}\nRDY {rdy}\n".encode())
-    while time.time() < start_at:
-        time.sleep(0.001)
-    count = 0
-    end = time.monotonic() + runfor
-    sock.settimeout(0.5)
-    while time.monotonic() < end:
-        try:
-            frames = reader.frames()
-        except TimeoutError:
-            continue
-        count += len(_answer(sock, frames))
-    sock.close()
-    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
+    """Consume for ``runfor`` seconds with ``max_in_flight`` = ``rdy``, FINing every message.
+
+    The consumer subscribes at RDY 0 and opens up at the start, so connecting is not timed."""
+    def work(reactor: Any) -> Deferred[int]:
+        count = 0
+        counting = False
+
+        def handle(msg: Message) -> None:  # returning FINs it
+            nonlocal count
+            if counting:
+                count += 1
+
+        consumer = Consumer(topic, channel, handle, Config(max_in_flight=0), nsqd_tcp_addresses=[address],
+                            reactor=reactor)
+        consumer.start()
+        done: Deferred[int] = Deferred()
+
+        def finish() -> None:
+            nonlocal counting
+            counting = False
+            done.callback(count)
+
+        def begin(_: None) -> None:
+            def go() -> None:
+                nonlocal counting
+                counting = True
+                consumer.change_max_in_flight(rdy)
+                reactor.callLater(runfor, finish)
+            _at(reactor, start_at, go)
+
+        _when_connected(consumer, reactor).addCallbacks(begin, done.errback)
+        return done
+
+    _run_in_worker(out, work)
+
+
+def fill(address: str, topic: str, size: int, batch: int, count: int) -> None:
+    """Publish ``count`` messages of ``size`` bytes as MPUBs of ``batch``, each answered OK (from a worker)."""
+    _run_workers(_fill_worker, (address, topic, size, batch, count), 1)
+
+
+def _fill_worker(address: str, topic: str, size: int, batch: int, count: int, out: Any) -> None:
+    def work(reactor: Any) -> Deferred[int]:
+        producer = Producer([address], Config(), reactor=reactor)
+        bodies = [b"m" * size] * batch
+        done: Deferred[int] = Deferred()
+        left = count // batch
+
+        def send(_: Any = None) -> None:
+            nonlocal left
+            if left == 0:
+                done.callback(count // batch * batch)
+                return
+            left -= 1
+            producer.multi_publish(topic, bodies).addCallbacks(send, done.errback)
+
+        _when_connected(producer, reactor).addCallbacks(send, done.errback)
+        return done
+
+    _run_in_worker(out, work)
 
 
 #: latency bodies start with this and the run's own 8 random bytes, then the send time
@@ -128,56 +197,94 @@ _TIME = struct.Struct(">d")
 
 
 def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor: float,
-                       start_at: float, sent_total: Any, tag: bytes, out: Any) -> None:
-    """PUB at a fixed rate: the run's tag, then the send time (CLOCK_MONOTONIC, system-wide)."""
-    pub = _connect(address)
-    reader = FrameReader(pub)
-    pending: list[tuple[int, bytes]] = []
+                       start_at: float, sent_total: Any, tag: bytes, subscribed: Any, out: Any) -> None:
+    """PUB at a fixed rate, each waiting for its OK: the run's tag, then the send time
+    (CLOCK_MONOTONIC, system-wide). Starts once the subscriber is subscribed."""
+    subscribed.wait(_CONNECT_WAIT)
     pad = b"a" * max(0, size - len(tag) - _TIME.size)
-    prefix = b"PUB " + topic.encode() + b"\n"
-    while time.time() < start_at:
-        time.sleep(0.001)
     interval = 1.0 / rate
-    start = time.monotonic()
-    sent = 0
-    while (now := time.monotonic()) < start + runfor:
-        due = int((now - start) / interval) + 1
-        while sent < due:
-            body = tag + _TIME.pack(time.monotonic()) + pad
-            pub.sendall(prefix + _INT.pack(len(body)) + body)
-            _expect_ok(reader, pending)
+
+    def work(reactor: Any) -> Deferred[int]:
+        producer = Producer([address], Config(), reactor=reactor)
+        done: Deferred[int] = Deferred()
+        start = 0.0
+        sent = 0
+
+        def tick() -> None:
+            now = time.monotonic()
+            if now >= start + runfor:
+                done.callback(sent)
+            elif sent < int((now - start) / interval) + 1:
+                body = tag + _TIME.pack(time.monotonic()) + pad
+                producer.publish(topic, body).addCallbacks(answered, done.errback)
+            else:
+                reactor.callLater(max(0.0, start + sent * interval - now), tick)
+
+        def answered(_: None) -> None:
+            nonlocal sent
             sent += 1
-        time.sleep(max(0.0, start + sent * interval - time.monotonic()))
-    pub.close()
+            tick()
+
+        def begin(_: None) -> None:
+            def go() -> None:
+                nonlocal start
+                start = time.monotonic()
+                tick()
+            _at(reactor, start_at, go)
+
+        _when_connected(producer, reactor).addCallbacks(begin, done.errback)
+        return done
+
+    try:
+        sent = _in_reactor(work)
+    except Exception as e:
+        out.put(("error", f"latency publisher: {e!r}"))
+        return
     sent_total.value = sent
     out.put(("sent", sent))
 
 
 def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, start_at: float,
-                        sent_total: Any, tag: bytes, out: Any) -> None:
+                        sent_total: Any, tag: bytes, subscribed: Any, out: Any) -> None:
     """Receive, FIN, and note publish-to-receipt times until all the publisher sent is in.
 
     Messages without this run's tag (another run's, or a writer's backlog on
     the same topic) are FINed and not counted. Gives up 10 s after the
     publisher's run time (``sent_total`` is -1 until it is done)."""
-    sub = _connect(address)
-    reader = FrameReader(sub)
-    sub.sendall(f"SUB {topic} {channel}\nRDY 2500\n".encode())
-    if reader.frames()[0][1] != b"OK":
-        raise RuntimeError("SUB failed")
     latencies: list[float] = []
-    end = start_at + runfor + 10.0
-    sub.settimeout(0.1)
-    while time.time() < end and not (0 <= sent_total.value <= len(latencies)):
-        try:
-            frames = reader.frames()
-        except TimeoutError:
-            continue
-        t = time.monotonic()
-        body_at = 26  # a MESSAGE frame's data: timestamp, attempts, ID, then the body
-        latencies.extend(t - _TIME.unpack_from(data, body_at + len(tag))[0] for data in _answer(sub, frames)
-                         if data[body_at:body_at + len(tag)] == tag)
-    sub.close()
+    tag_end = len(tag)
+
+    def handle(msg: Message) -> None:  # returning FINs it
+        body = msg.body
+        if body[:tag_end] == tag:
+            latencies.append(time.monotonic() - _TIME.unpack_from(body, tag_end)[0])
+
+    def work(reactor: Any) -> Deferred[None]:
+        consumer = Consumer(topic, channel, handle, Config(max_in_flight=2500), nsqd_tcp_addresses=[address],
+                            reactor=reactor)
+        consumer.start()
+        done: Deferred[None] = Deferred()
+        end = start_at + runfor + 10.0
+
+        def check() -> None:
+            if time.time() >= end or 0 <= sent_total.value <= len(latencies):
+                done.callback(None)
+            else:
+                reactor.callLater(0.01, check)
+
+        def joined(_: None) -> None:
+            subscribed.set()
+            check()
+
+        _when_connected(consumer, reactor).addCallbacks(joined, done.errback)
+        return done
+
+    try:
+        _in_reactor(work)
+    except Exception as e:
+        subscribed.set()
+        out.put(("error", f"latency subscriber: {e!r}"))
+        return
     out.put(("latencies", latencies))
 
 
@@ -188,15 +295,37 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
+class WorkerError(RuntimeError):
+    """A worker could not do its part (no connection, an error from nsqd...)."""
+
+
+def _collect(procs: list[Any], out: Any) -> list[Any]:
+    """One result from each started process; a process that died without one is an error."""
+    import queue
+
+    results: list[Any] = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs) and out.empty():
+                raise WorkerError("a worker process died without a result") from None
+    for p in procs:
+        p.join()
+    return results
+
+
 def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
+    """``workers`` forked processes running ``target(*args, out)``: their (count, rusage) results."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=args + (out,)) for _ in range(workers)]
     for p in procs:
         p.start()
-    results = [out.get() for _ in procs]
-    for p in procs:
-        p.join()
+    results = _collect(procs, out)
+    errors = [r[1] for r in results if r[0] is None]
+    if errors:
+        raise WorkerError(f"{len(errors)} of {workers} workers failed: {errors[0]}")
     return results
 
 
@@ -268,6 +397,16 @@ def main(argv: list[str] | None = None) -> int:
                           ns.daemon_pid, ns.idle)
         print(scale.json() if ns.json else scale.text())
         return 0
+    try:
+        _run(ns)
+    except WorkerError as e:
+        print(f"nsqtw-bench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(ns: argparse.Namespace) -> None:
+    """writer, reader or latency: run the workers, print the result."""
     runfor = parse_duration(ns.runfor)
     start_at = time.time() + 0.2
     cpu_before = _process_cpu(ns.daemon_pid)
@@ -284,16 +423,17 @@ def main(argv: list[str] | None = None) -> int:
         ctx = mp.get_context("fork")
         out = ctx.Queue()
         sent_total = ctx.Value("q", -1)
+        subscribed = ctx.Event()
         tag = _LATENCY_MAGIC + os.urandom(8)
         procs = [ctx.Process(target=_latency_subscriber, args=(ns.nsqd_tcp_address, ns.topic, ns.channel,
-                                                               runfor, start_at, sent_total, tag, out)),
-                 ctx.Process(target=_latency_publisher, args=(ns.nsqd_tcp_address, ns.topic, ns.rate,
-                                                              ns.size, runfor, start_at, sent_total, tag, out))]
+                                                               runfor, start_at, sent_total, tag, subscribed, out)),
+                 ctx.Process(target=_latency_publisher, args=(ns.nsqd_tcp_address, ns.topic, ns.rate, ns.size,
+                                                              runfor, start_at, sent_total, tag, subscribed, out))]
         for p in procs:
             p.start()
-        got = dict(out.get() for _ in procs)
-        for p in procs:
-            p.join()
+        got = dict(_collect(procs, out))
+        if "error" in got:
+            raise WorkerError(got["error"])
         sent, lat = got["sent"], got["latencies"]
         lat.sort()
         p50, p99, p999 = (_percentile(lat, q) * 1e3 for q in (0.5, 0.99, 0.999))
@@ -303,7 +443,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"latency: rate {ns.rate:.0f}/s - sent {sent} - received {len(lat)} - "
                   f"p50 {p50:.3f}ms - p99 {p99:.3f}ms - p999 {p999:.3f}ms")
-    return 0
 
 
 if __name__ == "__main__":

@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
-from nsqtw.protocol.wire import encode_mpub
-from nsqtw.tools.bench import FrameReader, _connect, _expect_ok
+from nsqtw.tools.bench import fill
 from nsqtw.tools.daemons import nsqtw_command, start_listening
 
 __all__ = ["Figure", "Measure", "compare", "main"]
@@ -187,14 +186,7 @@ class Clients:
 
     def fill(self, tcp: str, count: int) -> None:
         """Publish ``count`` messages of ``--size`` bytes (MPUBs of ``--batch-size``), each answered OK."""
-        sock = _connect(tcp)
-        reader = FrameReader(sock)
-        pending: list[tuple[int, bytes]] = []
-        cmd = encode_mpub(b"memory", [b"m" * self.size] * self.batch)
-        for _ in range(count // self.batch):
-            sock.sendall(cmd)
-            _expect_ok(reader, pending)
-        sock.close()
+        fill(tcp, "memory", self.size, self.batch, count)
 
     def throughput(self, client: str, measure: Measure, tcp: str) -> tuple[float, int]:
         """Messages/s for ``measure`` and the message count it stands for."""

@@ -1,11 +1,12 @@
 """``nsqtw-bench scale``: many topics, channels and clients on one nsqd, and what they cost it.
 
 Creates N topics x M channels through the HTTP API, connects K subscribers
-to every channel (they answer heartbeats, nothing else), then reports the
-daemon's threads, open files, RSS and idle CPU (from ``/proc`` when given
-``--daemon-pid``), the time ``/stats?format=json`` takes, and the create and
-delete rates; after deleting everything it reports threads, files and RSS
-again (what was left behind). Works against any nsqd: Go's or nsqtw.
+to every channel (``nsqtw.client`` Consumers that ask for no message and
+answer heartbeats), then reports the daemon's threads, open files, RSS and
+idle CPU (from ``/proc`` when given ``--daemon-pid``), the time
+``/stats?format=json`` takes, and the create and delete rates; after
+deleting everything it reports threads, files and RSS again (what was left
+behind). Works against any nsqd: Go's or nsqtw.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import http.client
 import json
 import os
 import resource
-import selectors
-import socket
 import statistics
-import struct
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
+from twisted.internet.threads import blockingCallFromThread
+
+from nsqtw.client import Config, Consumer, Message
 
 __all__ = ["ScaleResult", "run_scale"]
 
@@ -83,58 +86,65 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class _Subscribers:
-    """K idle subscribers per channel, answering heartbeats from one thread."""
+    """K idle subscribers per channel: :mod:`nsqtw.client` Consumers at ``max_in_flight`` 0 (they
+    ask for no message; their connections answer heartbeats) in a reactor of their own, on a thread."""
+
+    #: connections being set up at once (more would overflow the daemon's listen backlog)
+    CONCURRENCY = 64
 
     def __init__(self, tcp: str) -> None:
-        host, port = tcp.rsplit(":", 1)
-        self.address = (host, int(port))
-        self.socks: list[socket.socket] = []
-        self.selector = selectors.DefaultSelector()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        from nsqtw.tools.bench import _new_reactor
+
+        self.address = tcp
+        self.wanted: list[tuple[str, str]] = []
+        self.consumers: list[Consumer] = []
+        self.reactor = _new_reactor()
+        self._thread = threading.Thread(target=self.reactor.run, kwargs={"installSignalHandlers": False},
+                                        daemon=True)
+
+    @property
+    def count(self) -> int:
+        """Subscribers connected."""
+        return len(self.consumers)
 
     def connect(self, topic: str, channel: str) -> None:
-        sock = socket.create_connection(self.address, timeout=30)
-        sock.sendall(b"  V2" + f"SUB {topic} {channel}\n".encode())
-        self.socks.append(sock)
+        self.wanted.append((topic, channel))
 
     def confirm(self) -> None:
-        """Read every SUB's answer, then serve heartbeats in the background."""
-        for sock in self.socks:
-            head = sock.recv(8, socket.MSG_WAITALL)
-            size, kind = struct.unpack(">ii", head)
-            body = sock.recv(size - 4, socket.MSG_WAITALL)
-            if kind != 0 or body != b"OK":
-                raise RuntimeError(f"SUB answered {kind} {body!r}")
-            sock.setblocking(False)
-            self.selector.register(sock, selectors.EVENT_READ)
+        """Connect and subscribe every one asked for; returns once all are subscribed."""
         self._thread.start()
+        blockingCallFromThread(self.reactor, self._subscribe_all)
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            for key, _ in self.selector.select(0.5):
-                sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                try:
-                    data = sock.recv(65536)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    self.selector.unregister(sock)
-                elif b"_heartbeat_" in data:
-                    try:
-                        sock.sendall(b"NOP\n")
-                    except OSError:
-                        pass
+    def _subscribe_all(self) -> Deferred[Any]:
+        limit = DeferredSemaphore(self.CONCURRENCY)
+
+        def one(topic: str, channel: str) -> Deferred[None]:
+            consumer = Consumer(topic, channel, _no_handler, Config(max_in_flight=0),
+                                nsqd_tcp_addresses=[self.address], reactor=self.reactor)
+            self.consumers.append(consumer)
+            consumer.start()
+            d = consumer.when_connected()
+            d.addTimeout(60, self.reactor)
+            return d
+
+        return gatherResults([limit.run(one, topic, channel) for topic, channel in self.wanted],
+                             consumeErrors=True)
+
+    def _stop_all(self) -> Deferred[Any]:
+        return gatherResults([c.stop() for c in self.consumers], consumeErrors=True)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-        for sock in self.socks:
-            sock.close()
-        self.socks.clear()
+        """Stop every subscriber cleanly (CLS, then close), then the reactor."""
+        if not self._thread.is_alive():
+            return
+        blockingCallFromThread(self.reactor, self._stop_all)
+        self.reactor.callFromThread(self.reactor.stop)
+        self._thread.join(30)
+        self.consumers.clear()
+
+
+def _no_handler(message: Message) -> None:
+    raise RuntimeError("a scale subscriber asks for no message")
 
 
 def _heap_objects(conn: http.client.HTTPConnection) -> int:
@@ -175,8 +185,8 @@ def run_scale(tcp: str, http_address: str, topics: int, channels: int, clients: 
             for _ in range(clients):
                 subs.connect(f"scale{t}", f"c{c}")
     subs.confirm()
-    if subs.socks:
-        result.connect_per_s = len(subs.socks) / (time.monotonic() - started)
+    if subs.count:
+        result.connect_per_s = subs.count / (time.monotonic() - started)
     time.sleep(2)
     for _ in range(stats_samples):
         started = time.monotonic()

@@ -9,10 +9,10 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from nsqtw.tools.bench import _answer
 from tests.daemon import ROOT
 
 LINE = re.compile(r"duration: \S+ - [\d.]+mb/s - ([\d.]+)ops/s - [\d.]+us/op")
@@ -70,15 +70,61 @@ def test_latency_mode(nsqd) -> None:
     assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), out
 
 
-def test_heartbeats_answered_not_counted() -> None:
-    """A heartbeat gets a NOP but is not counted as a message; each message gets its FIN."""
-    a, b = socket.socketpair()
+def _fake_nsqd(script: list[tuple[bytes, bytes]], seen: list[bytes]) -> tuple[str, threading.Thread]:
+    """One connection: wait for each expected bytes in turn, answer with its reply; keep what came."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(30)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.settimeout(30)
+        buf = b""
+        try:
+            for expect, reply in script:
+                while expect not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                if reply:
+                    conn.sendall(reply)
+        finally:
+            seen.append(buf)
+            conn.close()
+            srv.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"127.0.0.1:{srv.getsockname()[1]}", thread
+
+
+def test_reader_answers_heartbeats_and_counts_only_messages() -> None:
+    """The reader (an nsqtw.client Consumer) NOPs a heartbeat, FINs each message, counts messages only."""
+    def frame(ftype: int, data: bytes) -> bytes:
+        return struct.pack(">ii", len(data) + 4, ftype) + data
+
     msg = struct.pack(">qH", 1, 1) + b"0123456789abcdef" + b"body"
-    got = _answer(a, [(0, b"_heartbeat_"), (2, msg)])
-    assert got == [msg]
-    assert b.recv(100) == b"FIN 0123456789abcdef\nNOP\n"
-    a.close()
-    b.close()
+    seen: list[bytes] = []
+    address, thread = _fake_nsqd([(b"IDENTIFY\n", b""), (b"}", frame(0, b"OK")),
+                                  (b"SUB sub_bench ch\n", frame(0, b"OK")),
+                                  (b"RDY 7\n", frame(0, b"_heartbeat_") + frame(2, msg)),
+                                  (b"FIN 0123456789abcdef\n", b""), (b"NOP\n", b"")], seen)
+    out = bench("reader", f"--nsqd-tcp-address={address}", "--runfor=1s", "--workers=1", "--rdy=7")
+    thread.join(30)
+    m = LINE.search(out)
+    assert m and float(m.group(1)) == 1.0, out
+    assert b"FIN 0123456789abcdef\n" in seen[0] and b"NOP\n" in seen[0], seen
+
+
+def test_unreachable_daemon_is_an_error() -> None:
+    """A worker that cannot connect makes nsqtw-bench fail with a message, not hang."""
+    port = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "nsqtw.tools.bench", "writer", f"--nsqd-tcp-address={address}",
+                          "--runfor=1s", "--workers=1"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "nsqtw-bench: 1 of 1 workers failed" in out.stderr, out
 
 
 def test_latency_ignores_a_backlog_on_its_topic(nsqd) -> None:

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nsqtw.client import Config, ConfigError, Consumer, NSQErrorResponse, Producer
+from nsqtw.client import Config, ConfigError, Consumer, Message, NSQErrorResponse, Producer
 from nsqtw.client.conn import NSQClientProtocol
 from nsqtw.interfaces import IConnectionDelegate
 from nsqtw.protocol.compress import SnappyCodec
@@ -101,6 +101,22 @@ class WireTests(SynchronousTestCase):
         with self.assertRaises(FrameTooLarge):
             p.next_frame()
 
+    def test_frame_parser_frames_at_once(self) -> None:
+        """``frames()`` hands out every complete frame of the buffer and keeps a partial one."""
+        data = frame(0, b"OK") + frame(2, b"m" * 40) + frame(0, b"_heartbeat_")
+        for cut in range(len(data) + 1):
+            p = FrameParser()
+            p.feed(data[:cut])
+            got = p.frames()
+            p.feed(data[cut:])
+            got += p.frames()
+            self.assertEqual(got, [(0, b"OK"), (2, b"m" * 40), (0, b"_heartbeat_")])
+            self.assertEqual(p.frames(), [])
+        p = FrameParser(max_size=100)
+        p.feed(frame(0, b"OK") + struct.pack(">ii", 1000, 0))
+        with self.assertRaises(FrameTooLarge):
+            p.frames()
+
     def test_command_encoders(self) -> None:
         """The client's commands, byte for byte."""
         self.assertEqual(encode_pub(b"t", b"ab"), b"PUB t\n\x00\x00\x00\x02ab")
@@ -137,6 +153,73 @@ class ProtocolTests(SynchronousTestCase):
         proto.dataReceived(frame(0, b"_heartbeat_") + frame(0, b"OK") + frame(1, b"E_FIN_FAILED x"))
         self.assertEqual(transport.value(), b"NOP\n")
         self.assertEqual(rec.events, [("response", b"OK"), ("error", b"E_FIN_FAILED x")])
+
+    def test_writes_of_one_read_go_out_together(self) -> None:
+        """What the delegate writes while the frames of one read are handed to it is one write,
+        sent after them (a FIN per message of a read: one write, not one each)."""
+        writes: list[bytes] = []
+
+        class Answering(Recorder):
+            def on_message(self, conn: Any, data: bytes) -> None:
+                super().on_message(conn, data)
+                conn.write(fin(data[10:26]))
+                writes.append(transport.value())  # nothing sent yet
+
+        clock = Clock()
+        proto = NSQClientProtocol("127.0.0.1:4150", Config(), Answering(), clock)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(0, b"{}"))
+        transport.clear()
+        msg = struct.pack(">qH", 1, 1)
+        proto.dataReceived(frame(2, msg + b"A" * 16 + b"x") + frame(0, b"_heartbeat_") + frame(2, msg + b"B" * 16))
+        self.assertEqual(writes, [b"", b""])
+        self.assertEqual(transport.value(), b"FIN " + b"A" * 16 + b"\nNOP\nFIN " + b"B" * 16 + b"\n")
+        transport.clear()
+        proto.write(b"NOP\n")  # outside a read: written at once
+        self.assertEqual(transport.value(), b"NOP\n")
+
+    def test_direct_sender(self) -> None:
+        """On a plain TCP transport, a read's answers go to the socket at once when Twisted holds
+        nothing unsent; behind what it holds otherwise; what the socket does not take is queued
+        after what it took. Other transports get none."""
+        import socket
+
+        from twisted.internet import tcp
+
+        from nsqtw.client.conn import direct_sender
+
+        class FakeTCP(tcp.Connection):
+            def __init__(self, sock: socket.socket) -> None:  # no reactor: only what send looks at
+                self.socket = sock
+                self.connected = 1
+                self._tempDataBuffer: list[bytes] = []
+                self.queued: list[bytes] = []
+
+            def write(self, data: bytes) -> None:
+                self.queued.append(data)
+
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        a.setblocking(False)
+        t = FakeTCP(a)
+        send = direct_sender(t)
+        assert send is not None
+        send(b"FIN x\n")
+        self.assertEqual((b.recv(100), t.queued), (b"FIN x\n", []))
+        t._tempDataBuffer = [b"queued"]
+        send(b"NOP\n")
+        self.assertEqual(t.queued, [b"NOP\n"])
+        t._tempDataBuffer = []
+        t.queued.clear()
+        big = b"m" * (16 << 20)  # more than the socket takes at once
+        send(big)
+        self.assertEqual(len(t.queued), 1)
+        self.assertTrue(0 < len(t.queued[0]) < len(big) and big.endswith(t.queued[0]))
+        self.assertIsNone(direct_sender(StringTransport()))
+        t.TLS = True
+        self.assertIsNone(direct_sender(t))
 
     def test_snappy_switch_in_the_same_read(self) -> None:
         """Bytes after the IDENTIFY answer in the same read are snappy already, and are decoded."""
@@ -180,3 +263,54 @@ class ProtocolTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IConnectionDelegate, Producer("127.0.0.1:4150", reactor=clock)))
         self.assertTrue(verifyObject(IConnectionDelegate, Consumer("t", "c", lambda m: None, reactor=clock,
                                                                    nsqd_tcp_addresses=["127.0.0.1:4150"])))
+
+
+class ConsumerAnswerTests(SynchronousTestCase):
+    """What a consumer answers for each kind of handler, on one subscribed connection without sockets."""
+
+    def subscribed(self, handler: Any) -> tuple[Consumer, StringTransport]:
+        clock = Clock()
+        consumer = Consumer("t", "c", handler, Config(max_in_flight=10), nsqd_tcp_addresses=["x:1"],
+                            reactor=clock)
+        proto = NSQClientProtocol("x:1", consumer.config, consumer, clock)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(0, b"{}"))
+        consumer._subscribe(proto)
+        proto.dataReceived(frame(0, b"OK"))
+        transport.clear()
+        return consumer, transport
+
+    @staticmethod
+    def messages(*ids: bytes) -> bytes:
+        return b"".join(frame(2, struct.pack(">qH", 1, 1) + i * 16 + b"body") for i in ids)
+
+    def test_answers(self) -> None:
+        """Returning None FINs (once, counted); finishing itself is not FINed twice; disabled
+        auto-response and a later answer; a return value that is not awaitable FINs too; raising REQs."""
+        later: list[Message] = []
+
+        def handler(msg: Message) -> Any:
+            if msg.id == b"B" * 16:
+                msg.finish()
+            elif msg.id == b"C" * 16:
+                msg.disable_auto_response()
+                later.append(msg)
+            elif msg.id == b"D" * 16:
+                return 42
+            elif msg.id == b"E" * 16:
+                raise ValueError("no")
+            return None
+
+        consumer, transport = self.subscribed(handler)
+        [consumer_conn] = consumer._conns.values()
+        consumer_conn.proto.dataReceived(self.messages(b"A", b"B", b"C", b"D", b"E"))
+        self.flushLoggedErrors(ValueError)
+        sent = transport.value()
+        self.assertEqual([sent.count(b"FIN " + i * 16) for i in (b"A", b"B", b"C", b"D")], [1, 1, 0, 1])
+        self.assertIn(b"REQ " + b"E" * 16, sent)
+        self.assertEqual(sorted(consumer_conn.held), [b"C" * 16])
+        later[0].finish()
+        self.assertIn(b"FIN " + b"C" * 16, transport.value())
+        self.assertEqual((consumer.stats.messages_received, consumer.stats.messages_finished,
+                          consumer.stats.messages_requeued), (5, 4, 1))
