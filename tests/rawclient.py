@@ -1,5 +1,9 @@
 """A blocking raw V2 client over a real socket, for live tests.
 
+Not a copy of :mod:`nsqtw.client`: tests of the daemon need to send any
+bytes at any moment and see every frame as it arrives. Commands are built
+with the client library's wire code (:mod:`nsqtw.protocol.wire`).
+
 It speaks the wire format byte for byte, so a test sees exactly what a client
 sees: frames, their timing and the moment the daemon hangs up. Every read is
 bounded by a timeout.
@@ -13,6 +17,8 @@ import socket
 import struct
 import time
 from typing import Any
+
+from nsqtw.protocol.wire import encode_command, encode_mpub
 
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
@@ -70,15 +76,10 @@ class Client:
         self.sock.sendall(data)
 
     def cmd(self, name: str, *args: Any, body: bytes | None = None) -> None:
-        line = " ".join([name, *(str(a) for a in args)]).encode() + b"\n"
-        if body is not None:
-            line += struct.pack(">i", len(body)) + body
-        self.send(line)
+        self.send(encode_command(name.encode(), *(str(a).encode() for a in args), body=body))
 
     def mpub(self, topic: str, bodies: list[bytes]) -> None:
-        payload = struct.pack(">i", len(bodies)) + b"".join(
-            struct.pack(">i", len(b)) + b for b in bodies)
-        self.send(f"MPUB {topic}\n".encode() + struct.pack(">i", len(payload)) + payload)
+        self.send(encode_mpub(topic.encode(), bodies))
 
     def _fill(self, deadline: float) -> None:
         left = deadline - time.monotonic()
