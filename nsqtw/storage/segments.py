@@ -191,6 +191,8 @@ class DiskState:
             self._count_salvaged_tail(wpath, size)
             self.write_file_num += 1
             self.write_pos = 0
+        if self.durable:
+            self._adopt_later_segments()
         self._normalize_consumed(self.read_file_num)
         self._check_tail_corruption()
         # the reactor takes the depth as loaded, corrections included
@@ -218,6 +220,28 @@ class DiskState:
         self.write_pos += off
         self.depth += count
         self.need_sync = True
+
+    def _adopt_later_segments(self) -> None:
+        """Durable mode: take in the segments begun after the last metadata write.
+
+        A failed fsync moves writing to a new segment (:meth:`_fsync_written`)
+        without writing the metadata (the fsync is what failed); the batch is
+        written again there once fsyncs work, and acknowledged. A kill -9
+        before the next metadata write left the metadata naming the old
+        segment, and those records were lost (found by
+        ``test_fault_matrix.py::test_failing_fsync[durable]``).
+        """
+        while True:
+            path = self.file_name(self.write_file_num + 1)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                return
+            self.write_file_num += 1
+            self.write_pos = 0
+            self.need_sync = True
+            if size:
+                self._adopt_tail(path, size)
 
     def _whole_records(self, tail: bytes) -> tuple[int, int]:
         """How far the whole, valid records at the start of ``tail`` reach, and how many they are."""
