@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 from tests.daemon import Daemon  # noqa: E402
 from tests.rawclient import Client, Closed, subscribe  # noqa: E402
 from tests.reliability.conftest import ping, wait_for  # noqa: E402
-from tests.reliability.test_disk_faults import _filler, http_post  # noqa: E402
+from tests.reliability.test_disk_faults import _filler, held_handoff, http_post  # noqa: E402
 from tests.reliability.test_fault_matrix import Node, create, mpub_all  # noqa: E402
 
 GO_MODES = {"default": (), "sync-every-1": ("-mem-queue-size=0", "-sync-every=1")}
@@ -176,15 +176,7 @@ def handoff(tmp: Path) -> dict:
     node = GoNode(fs.root, "-mem-queue-size=0")
     d = node.daemon
     try:
-        for path in ("/topic/create?topic=full", "/channel/create?topic=full&channel=c", "/topic/pause?topic=full"):
-            assert http_post(d, path) == 200, path
-        bodies = [b"%05d" % i + b"k" * 1019 for i in range(3000)]
-        c = Client(d.tcp_address)
-        for i in range(0, 3000, 100):
-            c.mpub("full", bodies[i:i + 100])
-            assert c.response(timeout=10) == (0, b"OK")
-        c.close()
-        time.sleep(1.0)
+        bodies = held_handoff(d)
         at_fill = depths(node, "full")
         fs.fill()
         assert http_post(d, "/topic/unpause?topic=full") == 200

@@ -116,11 +116,9 @@ def test_disk_full_then_space_returns(full_disk) -> None:
     assert_no_traceback(d)
 
 
-def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
-    """Issue #15's scenario: --mem-queue-size=0, channel c on topic full, the topic paused, 3,000
-    messages of 1 KB published and acknowledged; the disk fills and the topic is unpaused (the
-    hand-off to the channel fails to write); space returns: all 3,000 are delivered (were 950)."""
-    d, fill, make_room = full_disk
+def held_handoff(d: Daemon) -> list[bytes]:
+    """Issue #15's set-up: channel c on topic full, the topic paused, 3,000 acknowledged messages of
+    1 KB in the topic's queue (written by the time this returns); returns their bodies."""
     assert http_post(d, "/topic/create?topic=full") == 200
     assert http_post(d, "/channel/create?topic=full&channel=c") == 200
     assert http_post(d, "/topic/pause?topic=full") == 200
@@ -131,6 +129,15 @@ def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
         assert c.response(timeout=10) == (0, b"OK")
     c.close()
     time.sleep(1.0)  # handed to the disk thread: written by now
+    return bodies
+
+
+def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
+    """Issue #15's scenario: --mem-queue-size=0, channel c on topic full, the topic paused, 3,000
+    messages of 1 KB published and acknowledged; the disk fills and the topic is unpaused (the
+    hand-off to the channel fails to write); space returns: all 3,000 are delivered (were 950)."""
+    d, fill, make_room = full_disk
+    bodies = held_handoff(d)
     fill()
     assert http_post(d, "/topic/unpause?topic=full") == 200
     assert wait_for(lambda: ping(d)[0] == 500, 15), "the hand-off's writes did not fail"

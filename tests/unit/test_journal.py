@@ -39,6 +39,18 @@ class HeldExecutor(SynchronousDiskExecutor):
         d.callback(fn(*args))
 
 
+class FlakyFsync:
+    """os.fsync that fails with EIO while ``failing`` is set (a disk whose flushes fail)."""
+
+    def __init__(self, failing: bool) -> None:
+        self.failing = failing
+
+    def __call__(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+
 class JournalTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.path = tempfile.mkdtemp()
@@ -327,12 +339,7 @@ class GroupCommitTests(JournalTestCase):
 class FailureTests(JournalTestCase):
     def test_failed_write_is_retried_and_leaves_no_half_record(self) -> None:
         """A failed fsync reports unhealthy, keeps the records, retries, and the file stays clean."""
-        failing = [True]
-
-        def fsync(fd: int) -> None:
-            if failing[0]:
-                raise OSError(5, "I/O error")
-            os.fsync(fd)
+        fsync = FlakyFsync(failing=True)
 
         j = self.journal(fsync_fn=fsync)
         synced: list[int] = []
@@ -342,7 +349,7 @@ class FailureTests(JournalTestCase):
         self.assertIn("failed to write", j.health() or "")
         self.assertEqual(synced, [])
         self.assertEqual(os.path.getsize(self.file), len(MAGIC))  # nothing half-written stays
-        failing[0] = False
+        fsync.failing = False
         self.clock.advance(1.0)
         self.assertIsNone(j.health())
         self.assertEqual(synced, [1])
@@ -354,12 +361,7 @@ class FailureTests(JournalTestCase):
         retry syncs, and OK again at once when a failing journal is removed."""
         from nsqtw.core.nsqd import NSQD
         from tests.helpers import make_options
-        failing = [True]
-
-        def fsync(fd: int) -> None:
-            if failing[0]:
-                raise OSError(5, "I/O error")
-            os.fsync(fd)
+        fsync = FlakyFsync(failing=True)
 
         node = NSQD(make_options(), self.clock)
         j = self.journal(fsync_fn=fsync)
@@ -368,12 +370,12 @@ class FailureTests(JournalTestCase):
         j.delivering([msg(1)])
         self.settle()
         self.assertTrue(node.health().startswith("NOK - "), node.health())
-        self.assertIn("I/O error", node.health())
+        self.assertIn("Input/output error", node.health())
         self.assertFalse(node.is_healthy())
-        failing[0] = False
+        fsync.failing = False
         self.clock.advance(1.0)
         self.assertEqual(node.health(), "OK")
-        failing[0] = True
+        fsync.failing = True
         j.delivering([msg(2)])
         self.settle()
         self.assertFalse(node.is_healthy())
@@ -385,12 +387,7 @@ class FailureTests(JournalTestCase):
         behind() turns true there (writers wait), and false once the retry syncs them."""
         from nsqtw.storage import journal as journal_module
         self.patch(journal_module, "PENDING_LIMIT_BYTES", 10_000)
-        failing = [True]
-
-        def fsync(fd: int) -> None:
-            if failing[0]:
-                raise OSError(5, "I/O error")
-            os.fsync(fd)
+        fsync = FlakyFsync(failing=True)
 
         j = self.journal(fsync_fn=fsync)
         n = 0
@@ -402,7 +399,7 @@ class FailureTests(JournalTestCase):
         self.assertEqual(j.unsynced(), n)
         self.clock.advance(1.0)  # a failed retry keeps it behind
         self.assertTrue(j.behind())
-        failing[0] = False
+        fsync.failing = False
         self.clock.advance(1.0)
         self.assertFalse(j.behind())
         self.assertEqual(j.unsynced(), 0)
@@ -471,24 +468,19 @@ class DurableDiskQueueTests(SynchronousTestCase):
         written again there and acknowledged. A kill -9 before the next metadata write must not lose
         it: the later segment is taken in at the next start (a batch whose fsync failed may come
         twice, never not at all)."""
-        failing = [False]
-
-        def fsync(fd: int) -> None:
-            if failing[0]:
-                raise OSError(5, "Input/output error")
-            os.fsync(fd)
+        fsync = FlakyFsync(failing=False)
 
         q = self.queue(fsync_fn=fsync)
         q.put_many([b"a%025d" % i for i in range(3)])
         self.settle()
-        failing[0] = True
+        fsync.failing = True
         q.put_many([b"b%025d" % i for i in range(2)])
         written = q.written()
         self.settle()
         self.failureResultOf(written)
         # a failed fsync may have lost those pages (Linux drops them): segment 0 keeps the a's only
         os.truncate(os.path.join(self.path, "q.diskqueue.000000.dat"), 3 * 30)
-        failing[0] = False
+        fsync.failing = False
         self.clock.advance(1.0)  # the retry writes the batch into the next segment
         self.settle()
         self.assertIsNone(q.health())
