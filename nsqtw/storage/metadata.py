@@ -120,6 +120,8 @@ def write_state(data_path: str, state: State) -> None:
 
 #: seconds between attempts to write ``nsqd.dat`` after a failed one
 RETRY_INTERVAL = 1.0
+#: the longest pause between two writes of ``nsqd.dat`` while changes keep coming
+MAX_WRITE_PAUSE = 1.0
 
 
 class MetadataStore:
@@ -144,6 +146,7 @@ class MetadataStore:
         self._scheduled = False
         self._writing = 0
         self._dirty = False
+        self._started = 0.0
         #: writes done since start (tests count them)
         self.writes = 0
 
@@ -163,6 +166,7 @@ class MetadataStore:
         """Write the current state now (also used at shutdown, after any write in flight)."""
         self._writing += 1
         self._dirty = False
+        self._started = self._clock.seconds()
         d = self._submit(write_state, self.data_path, snapshot(self.nsqd))
         d.addCallbacks(self._ok, self._failed)
         d.addBoth(self._written)
@@ -172,7 +176,13 @@ class MetadataStore:
         self.writes += 1
         self._writing -= 1
         if self._dirty and not self._writing:
-            self.changed()
+            # Each write encodes every topic and channel, and the encoding holds the GIL:
+            # creating 10,000 topics one request at a time made it quadratic (over 10
+            # minutes). The next write waits as long as this one took, so nsqd.dat
+            # costs at most half of the CPU however fast the changes come.
+            took = min(max(self._clock.seconds() - self._started, 0.0), MAX_WRITE_PAUSE)
+            self._scheduled = True
+            self._clock.callLater(took, self._write)
         return result
 
     def _ok(self, _: Any) -> None:

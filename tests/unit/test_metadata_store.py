@@ -45,6 +45,29 @@ class MetadataStoreTests(SynchronousTestCase):
         self.assertEqual(len(self.jobs), 2)
         self.assertEqual(self.store.writes, 2)
 
+    def test_the_next_write_waits_as_long_as_the_last_took(self) -> None:
+        """Changes during a write that took 0.3 s are written 0.3 s after it, not at once: every
+        write encodes the whole node on a disk thread that holds the GIL, so back-to-back writes
+        made creating 10,000 topics one request at a time quadratic. The pause is capped at 1 s."""
+        self.nsqd.get_topic("a")
+        self.clock.advance(0)
+        self.assertEqual(len(self.jobs), 1)
+        self.clock.advance(0.3)  # the write takes 0.3 s, and a change comes meanwhile
+        self.nsqd.get_topic("b")
+        self.jobs[0][2].callback(None)
+        self.clock.advance(0.29)
+        self.assertEqual(len(self.jobs), 1)
+        self.clock.advance(0.02)
+        self.assertEqual(len(self.jobs), 2)
+        self.assertEqual(len(self.jobs[1][1][1]), 2)  # both topics
+        self.clock.advance(5.0)  # a write that takes 5 s: the next waits 1 s
+        self.nsqd.get_topic("c")
+        self.jobs[1][2].callback(None)
+        self.clock.advance(0.99)
+        self.assertEqual(len(self.jobs), 2)
+        self.clock.advance(0.02)
+        self.assertEqual(len(self.jobs), 3)
+
     def test_encoding_is_what_it_was(self) -> None:
         """The snapshot encodes to the same sorted document as before (encoding moved, not changed)."""
         for name in ("b", "a", "c#ephemeral"):
