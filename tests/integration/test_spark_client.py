@@ -80,7 +80,10 @@ def plan_until(c: Consumer, begin: Offset, n: int, max_rows: int | None = None, 
         end = c.plan(begin, max_rows)
         if end.seq - begin.seq >= n:
             return end
-        assert end == begin, (begin, end)  # nothing new means exactly the start back
+        # what has arrived is planned at once: a loaded machine may deliver one connection's
+        # messages before the others' (CI: 100 of 450). Planned again from the same start, the
+        # batch comes back with the rest, as Spark re-plans after a driver restart.
+        assert end.seq >= begin.seq, (begin, end)
         if time.monotonic() > deadline:
             raise AssertionError(f"no batch of {n} within {timeout}s")
         time.sleep(0.05)
