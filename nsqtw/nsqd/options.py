@@ -34,6 +34,7 @@ from nsqtw._go.flags import (
     make_flag,
 )
 from nsqtw._go.strconv import quote as _quote
+from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN
 
 __all__ = [
     "FLAGS",
@@ -141,7 +142,7 @@ class NSQDOptions:
     # nsqtw only
     durable_delivery: bool = False
     disk_threads: int = 4
-    max_unwritten_bytes: int = 256 * 1024 * 1024
+    max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN
     metrics_per_client: bool = False
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
