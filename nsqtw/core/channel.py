@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import Message, decode_message
+from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -21,14 +21,15 @@ from nsqtw.observe.quantile import Quantile
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096
-def _sample(msgs: list[Message], rate: int) -> list[Message]:
-    """The messages a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
+def _sample(msgs: list[Message], ids: list[bytes], rate: int) -> tuple[list[Message], list[bytes]]:
+    """The messages (and their IDs) a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
 
     nsqd sends a message when a draw from 0..99 is at most the rate, and the
     rest are gone for this channel (neither in flight nor requeued).
     """
     draw = random.randrange
-    return [m for m in msgs if draw(100) <= rate]
+    kept = [(m, i) for m, i in zip(msgs, ids, strict=True) if draw(100) <= rate]
+    return [m for m, _ in kept], [i for _, i in kept]
 
 
 class Channel:
@@ -60,8 +61,9 @@ class Channel:
         self.memory: deque[Message] = deque()
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
-        #: client id -> its messages in flight (so a disconnect costs O(its own in-flight))
-        self._owned: dict[int, dict[bytes, Message]] = {}
+        #: client id -> the IDs of its messages in flight and when each was sent (so a
+        #: disconnect costs O(its own in-flight), and TOUCH knows the --max-msg-timeout cap)
+        self._owned: dict[int, dict[bytes, float]] = {}
         self.deferred = TimeoutQueue()
         self.paused = False
         self.exiting = False
@@ -99,13 +101,14 @@ class Channel:
             raise ExitingError()
         self.message_count += len(msgs)
         ready = msgs
-        if any(m.deferred for m in msgs):
+        if any(m.deadline for m in msgs):  # a DPUB delay (see Message.deadline)
             now = self.clock.seconds()
             ready = []
             for m in msgs:
-                if m.deferred:
-                    self.defer(m, m.deferred, now)
-                    m.deferred = 0.0
+                delay = m.deadline
+                if delay:
+                    m.deadline = 0.0
+                    self.defer(m, delay, now)
                 else:
                     ready.append(m)
         if ready:
@@ -161,7 +164,7 @@ class Channel:
             return
         owned = self._owned.pop(client.client_id, {})
         live = self.in_flight.live
-        orphans = [m for m in owned.values() if live.get(m.id) is m and m.client is client]
+        orphans = [m for mid in owned if (m := live.get(mid)) is not None and m.client is client]
         if orphans and not self.exiting:
             for m in orphans:
                 self.in_flight.remove(m.id)
@@ -226,16 +229,19 @@ class Channel:
                     exhausted = True
                     break
                 taken = len(msgs)
-                msgs = self._drop_duplicates(msgs)
+                # each message's ID is sliced out of its data here, once (see Message)
+                ids = [m.data[:MSG_ID_LENGTH] for m in msgs]
+                if not self._all_new(ids):
+                    msgs, ids = self._drop_duplicates(msgs, ids)
                 if client.sample_rate:
-                    msgs = _sample(msgs, client.sample_rate)
+                    msgs, ids = _sample(msgs, ids, client.sample_rate)
                 deadline = now + client.msg_timeout
                 owned = self._owned.setdefault(client.client_id, {})
-                for m in msgs:
-                    owned[m.id] = m
+                for m, mid in zip(msgs, ids, strict=True):
+                    m.id = mid
+                    owned[mid] = now
                     m.attempts = (m.attempts + 1) & 0xFFFF  # nsqd's uint16 wraps
                     m.client = client
-                    m.delivered_at = now
                     in_flight.push(m, deadline)
                 if msgs:
                     batch = batches.get(client.client_id)
@@ -264,7 +270,13 @@ class Channel:
                                  topic=self.topic_name, channel=self.name, count=len(msgs))
         return budget <= 0 and not exhausted
 
-    def _drop_duplicates(self, msgs: list[Message]) -> list[Message]:
+    def _all_new(self, ids: list[bytes]) -> bool:
+        """No ID twice in the batch, none already in flight or deferred: the usual
+        case, told by set operations in C instead of a Python loop per message."""
+        return (len(set(ids)) == len(ids) and self.in_flight.live.keys().isdisjoint(ids)
+                and self.deferred.live.keys().isdisjoint(ids))
+
+    def _drop_duplicates(self, msgs: list[Message], ids: list[bytes]) -> tuple[list[Message], list[bytes]]:
         """Leave out copies of messages whose ID is already in flight or deferred here.
 
         At-least-once allows a channel two copies of one ID: after a kill -9
@@ -276,17 +288,19 @@ class Channel:
         live = self.in_flight.live
         waiting = self.deferred.live
         out = []
+        out_ids = []
         seen: set[bytes] = set()
-        for m in msgs:
-            if m.id in live or m.id in waiting or m.id in seen:
+        for m, mid in zip(msgs, ids, strict=True):
+            if mid in live or mid in waiting or mid in seen:
                 continue
-            seen.add(m.id)
+            seen.add(mid)
             out.append(m)
+            out_ids.append(mid)
         if len(out) < len(msgs):
             self.log.info("CHANNEL({topic}:{channel}): dropped {n} duplicate message(s) already in flight"
                           " (a hand-off replayed after a crash)", topic=self.topic_name, channel=self.name,
                           n=len(msgs) - len(out))
-        return out
+        return out, out_ids
 
     def _disown(self, client: IConsumer, msg_id: bytes) -> None:
         owned = self._owned.get(client.client_id)
@@ -358,7 +372,8 @@ class Channel:
         if msg.client is not client:
             raise NotInFlightError("client does not own message")
         now = self.clock.seconds()
-        deadline = min(now + timeout, msg.delivered_at + self._max_msg_timeout)
+        delivered_at = self._owned.get(client.client_id, {}).get(msg_id, now)
+        deadline = min(now + timeout, delivered_at + self._max_msg_timeout)
         self.in_flight.remove(msg_id)
         self.in_flight.push(msg, deadline)
         self.arm(deadline)

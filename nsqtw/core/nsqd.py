@@ -297,7 +297,7 @@ class NSQD:
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
         ids = self.guid.new_ids(len(bodies))
-        msgs = [Message(i, b, now_ns, 0, defer) for i, b in zip(ids, bodies, strict=True)]
+        msgs = [Message(i + b, now_ns, 0, defer) for i, b in zip(ids, bodies, strict=True)]
         return topic.put_messages(msgs)
 
     # -- shutdown ---------------------------------------------------------

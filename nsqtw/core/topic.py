@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.delivery import is_behind
-from nsqtw.core.message import Message, decode_message
+from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
@@ -148,7 +148,7 @@ class Topic:
                     memory.pop()
                 raise
         self.message_count += len(msgs)
-        self.message_bytes += sum(len(m.body) for m in msgs)
+        self.message_bytes += sum(len(m.data) for m in msgs) - MSG_ID_LENGTH * len(msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
         if rest and delivery.wait_for_write:
@@ -180,7 +180,7 @@ class Topic:
             if when is not None:
                 ids.append(m.id)
                 if when > now:
-                    m.deferred = when - now
+                    m.deadline = when - now  # the DPUB delay, as Message.deadline says
         return ids
 
     def put_to(self, channel: Channel, msgs: list[Message]) -> None:

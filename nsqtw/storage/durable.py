@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succe
 from zope.interface import implementer
 
 from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, HandoffLedger, durable_backend, wait_while_node_behind
-from nsqtw.core.message import Message
+from nsqtw.core.message import MSG_ID_LENGTH, Message
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery
 from nsqtw.names import backend_name
@@ -76,11 +76,11 @@ class DurableTopicDelivery:
         self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
 
     def published(self, msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
-        if msgs[0].deferred:
+        if msgs[0].deadline:  # a DPUB delay (see Message.deadline)
             journal = self.journal
             now = self.topic.clock.seconds()
             for m in msgs:
-                journal.due(m.id, now + m.deferred)
+                journal.due(m.id, now + m.deadline)
             written.addCallback(lambda _: journal.synced())
         return written
 
@@ -191,7 +191,7 @@ class DurableChannelDelivery:
         if recovered:
             now = channel.clock.seconds()
             for msg_id, (ts, attempts, due_ms, body) in recovered.items():
-                msg = Message(msg_id, body, ts, attempts)
+                msg = Message(msg_id + body, ts, attempts)
                 due = due_ms / 1000.0
                 if due > now:
                     channel.deferred.push(msg, due)
@@ -273,9 +273,10 @@ class DurableChannelDelivery:
             msg = channel.decode(data)
             if msg is None:
                 continue
-            if journal.is_live(msg.id) or msg.id in seen:
+            mid = msg.id = msg.data[:MSG_ID_LENGTH]  # the journal needs every ID: slice it once
+            if journal.is_live(mid) or mid in seen:
                 continue  # a copy the journal already owns (handed over twice around a crash)
-            seen.add(msg.id)
+            seen.add(mid)
             if due and channel.defer_restored(msg, now):
                 continue
             out.append(msg)
@@ -295,8 +296,8 @@ class DurableChannelDelivery:
         if not msgs:
             return succeed(None)
         channel.message_count += len(msgs)
-        ready = [m for m in msgs if not m.deferred]
-        later = [m for m in msgs if m.deferred]
+        ready = [m for m in msgs if not m.deadline]  # DPUB delays: see Message.deadline
+        later = [m for m in msgs if m.deadline]
         if ready:
             channel.backend.put_many([m.encode() for m in ready])
             channel.wake()
@@ -321,8 +322,8 @@ class DurableChannelDelivery:
         if later:
             now = channel.clock.seconds()
             for m in later:
-                channel.defer(m, m.deferred, now)
-                m.deferred = 0.0
+                delay, m.deadline = m.deadline, 0.0
+                channel.defer(m, delay, now)
         await self.journal.synced()
 
     def deferred(self, msg: Message, when: float) -> None:

@@ -19,7 +19,7 @@ from tests.helpers import EPOCH
 
 
 def msg(i: int, body: bytes = b"body", attempts: int = 0) -> Message:
-    return Message(b"%016x" % i, body + b"%d" % i, 1000 + i, attempts)
+    return Message(b"%016x" % i + body + b"%d" % i, 1000 + i, attempts)
 
 
 class HeldExecutor(SynchronousDiskExecutor):

@@ -11,7 +11,7 @@ from nsqtw.core.pqueue import _COMPACT_MIN, TimeoutQueue
 
 
 def msg(i: int) -> Message:
-    return Message(f"{i:016d}".encode(), b"body", 0)
+    return Message(f"{i:016d}".encode() + b"body", 0)
 
 
 class TimeoutQueueTests(SynchronousTestCase):

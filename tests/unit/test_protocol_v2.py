@@ -117,7 +117,7 @@ class DeliveryTests(SynchronousTestCase):
         from nsqtw.core.message import Message
         nsqd, clock = make_nsqd()
         channel = nsqd.get_topic("t").get_channel("c")
-        m = Message(b"0123456789abcdef", b"once", 1, 0)
+        m = Message(b"0123456789abcdef" + b"once", 1, 0)
         channel.put_many([m, m.copy()])
         c = Consumer(nsqd, clock, "t", "c", rdy=10)
         [(_, msg_id, body)] = c.messages()

@@ -149,7 +149,7 @@ class Conn:
 
 
 def messages(n: int, size: int = 0) -> list[Message]:
-    return [Message(b"%016x" % (1000 + i), b"b%d-" % i + b"x" * (size or i % 50), 1_700_000_000_000_000_000 + i,
+    return [Message(b"%016x" % (1000 + i) + b"b%d-" % i + b"x" * (size or i % 50), 1_700_000_000_000_000_000 + i,
                     1 + i % 3) for i in range(n)]
 
 
@@ -211,7 +211,7 @@ class BlockTests(SynchronousTestCase):
         # ...and Spark's Arrow form of it is what read() produces
         expected = to_arrow_schema(spark_schema, timezone="UTC")
         self.assertTrue(ARROW_SCHEMA.equals(expected), (ARROW_SCHEMA, expected))
-        msgs = [Message(b"0123456789abcdef", b"x", 1_700_000_000_123_456_789, 3)] + messages(4)
+        msgs = [Message(b"0123456789abcdef" + b"x", 1_700_000_000_123_456_789, 3)] + messages(4)
         data = b"".join(m.frame() for m in msgs)
         b = Block.parse(Conn, data, scan_frames(data)[0], 0.0)
         rb = to_record_batch([b.slice(0, 2), b.slice(2, 5)], "t", "c")
@@ -268,7 +268,7 @@ class MpubTests(SynchronousTestCase):
 class SplitFramesTests(SynchronousTestCase):
     def test_any_chunking(self) -> None:
         """Frames come out whole however the bytes arrive."""
-        msg = Message(b"0123456789abcdef", b"body", 123, 2)
+        msg = Message(b"0123456789abcdef" + b"body", 123, 2)
         stream = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_") + msg.frame() + frame(FRAME_TYPE_RESPONSE, b"OK")
         for size in (1, 3, 7, len(stream)):
             buf = bytearray()
