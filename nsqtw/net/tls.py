@@ -9,8 +9,8 @@ the system's CAs when none is given).
 
 pyOpenSSL (with cryptography) is imported here only when a context is built
 or a TLS connection is inspected, never at import: a node without any TLS
-option leaves it unloaded, and ``nsqtw.nsqd.tap`` then keeps Twisted's
-reactor from loading it too (``docs/performance.md``, Memory).  The HTTPS
+option leaves it unloaded, and :func:`keep_openssl_out` (called by the
+daemons' taps) then keeps Twisted's reactor from loading it too (``docs/performance.md``, Memory).  The HTTPS
 listener's factory, which needs ``twisted.protocols.tls`` (and so OpenSSL)
 to be defined, lives in :mod:`nsqtw.net.https`.
 """
@@ -18,6 +18,7 @@ to be defined, lives in :mod:`nsqtw.net.https`.
 from __future__ import annotations
 
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IOpenSSLContextFactory
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from OpenSSL import SSL
 
 __all__ = ["ServerTLS", "TLSConfigError", "build_server_tls", "client_trust_root",
-           "connection_info", "looks_like_tls", "peer_common_name"]
+           "connection_info", "keep_openssl_out", "looks_like_tls", "peer_common_name"]
 
 #: the record types a TLS client may open with: handshake (ClientHello) or alert
 _TLS_FIRST_BYTES = frozenset((0x15, 0x16))
@@ -43,6 +44,22 @@ _GO_VERSION_NAMES = {
     "TLSv1.3": "TLS1.3",
 }
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+
+def keep_openssl_out(needed: bool) -> bool:
+    """Make ``import OpenSSL`` fail in this process unless ``needed``; a daemon's tap calls it first.
+
+    Twisted's reactor imports pyOpenSSL (and cryptography, ~12 MB of RSS)
+    only to offer TLS, and treats a missing one as "TLS unavailable"; a
+    daemon whose options can never use TLS does without it.  Done only
+    before anything imported the reactor or OpenSSL (a process that already
+    has them, such as a test run, is left as it is).  Returns whether
+    OpenSSL was kept out.
+    """
+    if needed or "OpenSSL" in sys.modules or "twisted.internet.reactor" in sys.modules:
+        return False
+    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    return True
 
 
 class TLSConfigError(Exception):

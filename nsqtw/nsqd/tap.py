@@ -10,39 +10,22 @@ RSS that such a node never uses (``docs/performance.md``, Memory).
 
 from __future__ import annotations
 
-import sys
-from typing import Any, cast
+from typing import cast
 
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
+from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
 
-__all__ = ["Options", "keep_openssl_out", "makeService"]
-
-
-def keep_openssl_out(options: Any) -> bool:
-    """Make ``import OpenSSL`` fail in this process when ``options`` can never use TLS.
-
-    Twisted's reactor treats a missing pyOpenSSL as "TLS unavailable" and
-    carries on, and nothing else nsqd does without a TLS option touches it.
-    Done only before anything imported the reactor or OpenSSL (a process
-    that already has them, such as a test run, is left as it is).
-    Returns whether OpenSSL was kept out.
-    """
-    if options.needs_openssl:
-        return False
-    if "OpenSSL" in sys.modules or "twisted.internet.reactor" in sys.modules:
-        return False
-    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
-    return True
+__all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
-    keep_openssl_out(config.nsqd)
+    # before anything imports the reactor (NSQDService below)
+    keep_openssl_out(config.nsqd.needs_openssl)
     start_daemon("nsqd", config.nsqd.version, config.nsqd.log_level, config.nsqd.log_prefix,
                  getattr(config, "parent", None))
-    from nsqtw.net.tls import TLSConfigError
     from nsqtw.nsqd.service import InstantiateError, NSQDService
 
     try:

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from tests.certs import CertFiles, make_certs
-from tests.daemon import TWISTD, Daemon
+from tests.daemon import TWISTD, Daemon, LookupdDaemon
 
 #: the libraries the probe reports on
 WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam")
@@ -34,15 +34,15 @@ def certs(tmp_path_factory) -> CertFiles:
     return make_certs(str(tmp_path_factory.mktemp("certs")))
 
 
-def imported_at_exit(tmp_path, *args: str, scrape: bool = False) -> set[str]:
-    """Start nsqd with ``args`` under the probe, stop it; the watched libraries it had loaded."""
+def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Daemon] = Daemon) -> set[str]:
+    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded."""
     path = tmp_path / f"data{len(os.listdir(tmp_path))}"
     path.mkdir()
-    d = Daemon(str(path), *args, code=PROBE + TWISTD).start()
+    d = daemon(str(path), *args, code=PROBE + TWISTD).start()
     try:
         if scrape:
             with urllib.request.urlopen(f"http://{d.http_address}/metrics", timeout=10) as r:
-                assert b"nsqd_healthy 1.0" in r.read()
+                assert r.status == 200 and b"process_resident_memory_bytes" in r.read()
     finally:
         assert d.stop() == 0
     [line] = [line for line in "".join(d.output).splitlines() if line.startswith("IMPORTED ")]
@@ -70,3 +70,8 @@ def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
     """An auth server's 403 can send nsqd to https, so any auth address keeps TLS available."""
     got = imported_at_exit(tmp_path, "--auth-http-address=127.0.0.1:1")
     assert {"OpenSSL", "treq"} <= got
+
+
+def test_lookupd_loads_no_openssl(tmp_path) -> None:
+    """nsqlookupd has no TLS at all."""
+    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & {"OpenSSL", "cryptography"}

@@ -1,4 +1,4 @@
-"""``twistd nsqtw``'s plugin glue: pyOpenSSL is kept out only when no option can need it."""
+"""The daemons' plugin glue: pyOpenSSL is kept out only when no option can need it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from unittest import mock
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw.net.tls import keep_openssl_out
 from nsqtw.nsqd.options import parse_args
-from nsqtw.nsqd.tap import keep_openssl_out
 
 
 class NeedsOpenSSLTests(SynchronousTestCase):
@@ -35,7 +35,7 @@ class KeepOpenSSLOutTests(SynchronousTestCase):
 
     def test_blocks_openssl_without_tls(self) -> None:
         modules = self.fresh_process()
-        self.assertTrue(keep_openssl_out(parse_args([])))
+        self.assertTrue(keep_openssl_out(parse_args([]).needs_openssl))
         self.assertIn("OpenSSL", modules)
         self.assertIsNone(modules["OpenSSL"])
         with self.assertRaises(ImportError):
@@ -43,12 +43,12 @@ class KeepOpenSSLOutTests(SynchronousTestCase):
 
     def test_leaves_openssl_with_tls(self) -> None:
         modules = self.fresh_process()
-        self.assertFalse(keep_openssl_out(parse_args(["--tls-cert=c.pem", "--tls-key=k.pem"])))
+        self.assertFalse(keep_openssl_out(parse_args(["--tls-cert=c.pem", "--tls-key=k.pem"]).needs_openssl))
         self.assertNotIn("OpenSSL", modules)
 
     def test_leaves_a_process_that_has_the_reactor(self) -> None:
         """Too late once the reactor is imported (it decided about TLS already): nothing changes."""
         modules = self.fresh_process()
         modules["twisted.internet.reactor"] = object()
-        self.assertFalse(keep_openssl_out(parse_args([])))
+        self.assertFalse(keep_openssl_out(parse_args([]).needs_openssl))
         self.assertNotIn("OpenSSL", modules)
