@@ -14,17 +14,22 @@ time:
 
 The reactor thread never formats a sample, so a node with 10,000 channels
 keeps serving clients during a scrape (docs/metrics.md has the figures).
+
+The registry is made, and ``prometheus_client`` imported, on the first
+scrape: a node nobody scrapes never loads the library (its exposition module
+pulls in snappy, gzip and wsgiref), see ``docs/performance.md``, Memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, DeferredLock, ensureDeferred, maybeDeferred
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
 
 __all__ = ["MetricsPage", "in_reactor_thread_pool"]
 
@@ -49,21 +54,34 @@ class MetricsPage:
 
     def __init__(self, collector: Collector, prepare: Callable[[], Deferred[None] | None],
                  run_in_thread: ThreadRunner = in_reactor_thread_pool) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.registry.register(collector)
+        self._collector = collector
+        self._registry: CollectorRegistry | None = None
         self._prepare = prepare
         self._run_in_thread = run_in_thread
         # one scrape at a time: the collector holds the snapshot of the scrape in progress
         self._lock = DeferredLock()
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The daemon's registry: made at the first scrape (or first look), then kept."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+            registry = CollectorRegistry(auto_describe=False)
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+            registry.register(self._collector)
+            self._registry = registry
+        return self._registry
 
     def render(self, accept: str) -> Deferred[tuple[bytes, str]]:
         """The exposition for an ``Accept`` header: (body, Content-Type)."""
         return self._lock.run(lambda: ensureDeferred(self._render(accept)))
 
     async def _render(self, accept: str) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
         await maybeDeferred(self._prepare)
         encoder, content_type = choose_encoder(accept)
         registry = self.registry

@@ -1,4 +1,9 @@
-"""twistd plugin glue for ``twistd nsqtw-lookupd``: options in, service out."""
+"""twistd plugin glue for ``twistd nsqtw-lookupd``: options in, service out.
+
+nsqlookupd has no TLS: pyOpenSSL is kept out of the process before the
+service (and with it Twisted's reactor) is imported in :func:`makeService`
+(``nsqtw.net.tls.keep_openssl_out``, ``docs/performance.md``, Memory).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
 from nsqtw.lookupd.options import LookupdTwistdOptions as Options
-from nsqtw.lookupd.service import LookupdService
+from nsqtw.net.tls import keep_openssl_out
 
 __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
+    keep_openssl_out(False)  # before anything imports the reactor (LookupdService below)
     start_daemon("nsqlookupd", config.lookupd.version, config.lookupd.log_level, config.lookupd.log_prefix,
                  getattr(config, "parent", None))
+    from nsqtw.lookupd.service import LookupdService
+
     return cast(IService, LookupdService(config.lookupd))

@@ -6,28 +6,34 @@ Built once at start from ``--tls-cert``, ``--tls-key``,
 client certificate is asked for by default, ``require`` wants one but
 checks nothing, ``require-verify`` checks it against the root CA file (or
 the system's CAs when none is given).
+
+pyOpenSSL (with cryptography) is imported here only when a context is built
+or a TLS connection is inspected, never at import: a node without any TLS
+option leaves it unloaded, and :func:`keep_openssl_out` (called by the
+daemons' taps) then keeps Twisted's reactor from loading it too (``docs/performance.md``, Memory).  The HTTPS
+listener's factory, which needs ``twisted.protocols.tls`` (and so OpenSSL)
+to be defined, lives in :mod:`nsqtw.net.https`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-from cryptography.x509.oid import NameOID
-from OpenSSL import SSL
-from twisted.internet import ssl as twisted_ssl
 from twisted.internet.interfaces import IOpenSSLContextFactory
-from twisted.protocols.tls import BufferingTLSTransport, TLSMemoryBIOFactory
 from zope.interface import implementer
 
-__all__ = ["HTTPSFactory", "ServerTLS", "TLSConfigError", "build_server_tls", "client_trust_root",
-           "connection_info", "looks_like_tls", "peer_common_name"]
+if TYPE_CHECKING:
+    from OpenSSL import SSL
+
+__all__ = ["ServerTLS", "TLSConfigError", "build_server_tls", "client_trust_root",
+           "connection_info", "keep_openssl_out", "looks_like_tls", "peer_common_name"]
 
 #: the record types a TLS client may open with: handshake (ClientHello) or alert
 _TLS_FIRST_BYTES = frozenset((0x15, 0x16))
-#: Go's crypto/tls calls a first record with these five bytes an HTTP request
-_HTTP_HEADS = (b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO")
-_PLAIN_HTTP_ANSWER = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+#: ``SSL.TLS1_VERSION`` (the protocol's own number), without importing OpenSSL for a default
+_TLS1_VERSION = 0x0301
 
 #: OpenSSL's protocol names as nsqd's /stats prints them (``prettyConnectionState``)
 _GO_VERSION_NAMES = {
@@ -38,6 +44,22 @@ _GO_VERSION_NAMES = {
     "TLSv1.3": "TLS1.3",
 }
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+
+def keep_openssl_out(needed: bool) -> bool:
+    """Make ``import OpenSSL`` fail in this process unless ``needed``; a daemon's tap calls it first.
+
+    Twisted's reactor imports pyOpenSSL (and cryptography, ~12 MB of RSS)
+    only to offer TLS, and treats a missing one as "TLS unavailable"; a
+    daemon whose options can never use TLS does without it.  Done only
+    before anything imported the reactor or OpenSSL (a process that already
+    has them, such as a test run, is left as it is).  Returns whether
+    OpenSSL was kept out.
+    """
+    if needed or "OpenSSL" in sys.modules or "twisted.internet.reactor" in sys.modules:
+        return False
+    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    return True
 
 
 class TLSConfigError(Exception):
@@ -57,7 +79,9 @@ class ServerTLS:
     """One OpenSSL server context shared by every TLS connection (TCP upgrades and HTTPS)."""
 
     def __init__(self, cert: str, key: str, client_auth_policy: str = "",
-                 root_ca_file: str = "", min_version: int = SSL.TLS1_VERSION) -> None:
+                 root_ca_file: str = "", min_version: int = _TLS1_VERSION) -> None:
+        from OpenSSL import SSL
+
         ctx = SSL.Context(SSL.TLS_METHOD)
         try:
             ctx.set_min_proto_version(min_version)
@@ -85,6 +109,8 @@ class ServerTLS:
 
 
 def _ssl_error_text(e: Exception) -> str:
+    from OpenSSL import SSL
+
     if isinstance(e, SSL.Error) and e.args and isinstance(e.args[0], list):
         parts = [str(item[-1]) for item in e.args[0] if item]
         if parts:
@@ -104,6 +130,9 @@ def client_trust_root(root_ca_file: str) -> Any:
     """The CAs the auth client trusts for https:// auth servers (nsqd's buildClientTLSConfig)."""
     if not root_ca_file:
         return None
+    from OpenSSL import SSL
+    from twisted.internet import ssl as twisted_ssl
+
     try:
         with open(root_ca_file, "rb") as f:
             pems = _PEM_CERT.findall(f.read())
@@ -135,6 +164,8 @@ def connection_info(conn: SSL.Connection) -> dict[str, Any]:
 
 def peer_common_name(conn: SSL.Connection) -> str:
     """The subject common name of the client's certificate, or "" (nsqd's ``common_name``)."""
+    from cryptography.x509.oid import NameOID
+
     cert = conn.get_peer_certificate(as_cryptography=True)
     if cert is None:
         return ""
@@ -146,36 +177,3 @@ def peer_common_name(conn: SSL.Connection) -> str:
 def looks_like_tls(first: bytes) -> bool:
     """Whether a connection's first byte can start a TLS record from a client."""
     return first[:1] != b"" and first[0] in _TLS_FIRST_BYTES
-
-
-class _PlainHTTPAnsweringTLS(BufferingTLSTransport):
-    """TLS that answers a plain HTTP request as Go's HTTPS server does, not with silence.
-
-    The first five bytes are looked at before OpenSSL sees them: Go's
-    net/http recognises the start of an HTTP request there and answers 400
-    "Client sent an HTTP request to an HTTPS server." in plain text.
-    """
-
-    _head = b""
-    _sniffing = True
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._sniffing:
-            head = self._head + data
-            if len(head) < 5 and any(h.startswith(head) for h in _HTTP_HEADS):
-                self._head = head
-                return
-            self._sniffing = False
-            self._head = b""
-            if head[:5] in _HTTP_HEADS:
-                self.transport.write(_PLAIN_HTTP_ANSWER)  # type: ignore[union-attr]
-                self.transport.loseConnection()  # type: ignore[union-attr]
-                return
-            data = head
-        super().dataReceived(data)  # type: ignore[no-untyped-call]
-
-
-class HTTPSFactory(TLSMemoryBIOFactory):
-    """nsqd's HTTPS listener: TLS from the first byte, plain HTTP answered with Go's 400."""
-
-    protocol = _PlainHTTPAnsweringTLS

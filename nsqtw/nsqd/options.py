@@ -165,6 +165,15 @@ class NSQDOptions:
         """nsqd offers TLS only when it has a certificate and key."""
         return bool(self.tls_cert or self.tls_key)
 
+    @property
+    def needs_openssl(self) -> bool:
+        """Whether this node can ever use pyOpenSSL: a server certificate, or trust for auth servers.
+
+        Any ``--auth-http-address`` counts, even a plain ``http://`` one: an
+        auth server's 403 answer may send nsqd to its ``https_port``.
+        """
+        return bool(self.tls_cert or self.tls_key or self.tls_root_ca_file or self.auth_http_address)
+
 
 def defaults(hostname: str | None = None) -> NSQDOptions:
     """nsqd's defaults; ``node_id`` and ``broadcast_address`` come from ``hostname``.

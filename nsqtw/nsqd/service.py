@@ -16,7 +16,7 @@ from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
-from nsqtw.net.tls import HTTPSFactory, build_server_tls, client_trust_root
+from nsqtw.net.tls import build_server_tls, client_trust_root
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.observe.metrics import NSQDMetrics
 from nsqtw.observe.statsd import StatsdService
@@ -154,6 +154,9 @@ class NSQDService(MultiService):
             ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
                             site, self._http_bound).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
+            # imported here: twisted.protocols.tls loads pyOpenSSL, which a node without TLS never needs
+            from nsqtw.net.https import HTTPSFactory
+
             # nsqd's HTTPS listener: the same API, TLS from the first byte
             secure = HTTPAPI(self.nsqd, tls_enabled=True, metrics=self.metrics_page).site()
             secure.noisy = False

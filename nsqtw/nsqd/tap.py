@@ -1,4 +1,12 @@
-"""twistd plugin glue for ``twistd nsqtw``: options in, service out."""
+"""twistd plugin glue for ``twistd nsqtw``: options in, service out.
+
+Only the options are imported when twistd loads the plugin; the service
+(and with it Twisted's reactor) is imported in :func:`makeService`, once the
+options say whether TLS can be needed.  Without any TLS option pyOpenSSL is
+kept out of the process before the reactor is first imported: Twisted's
+reactor loads it (with cryptography) only to offer TLS, about 12 MB of idle
+RSS that such a node never uses (``docs/performance.md``, Memory).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +15,19 @@ from typing import cast
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
-from nsqtw.net.tls import TLSConfigError
+from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
-from nsqtw.nsqd.service import InstantiateError, NSQDService
 
 __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
+    # before anything imports the reactor (NSQDService below)
+    keep_openssl_out(config.nsqd.needs_openssl)
     start_daemon("nsqd", config.nsqd.version, config.nsqd.log_level, config.nsqd.log_prefix,
                  getattr(config, "parent", None))
+    from nsqtw.nsqd.service import InstantiateError, NSQDService
+
     try:
         service = NSQDService(config.nsqd)
     except TLSConfigError as e:

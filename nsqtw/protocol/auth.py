@@ -24,11 +24,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-import treq
-from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
@@ -182,6 +179,13 @@ class HTTPAuthorizer:
         self.method = method
         self.request_timeout = request_timeout
         self.clock: IReactorTime = reactor
+        # imported here, not with the module: a node without --auth-http-address never needs
+        # treq or twisted.web.client (docs/performance.md, Memory)
+        import treq
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
+
+        self._content = treq.content
         policy = BrowserLikePolicyForHTTPS(trustRoot=trust_root)
         pool = HTTPConnectionPool(reactor, persistent=False)
         agent = Agent(reactor, contextFactory=policy, connectTimeout=connect_timeout, pool=pool)
@@ -195,7 +199,7 @@ class HTTPAuthorizer:
             d = self._http.post(endpoint, data=body, headers=headers)
         else:
             d = self._http.get(f"{endpoint}?{urlencode(values)}", headers=headers)
-        d.addCallback(lambda response: treq.content(response).addCallback(
+        d.addCallback(lambda response: self._content(response).addCallback(
             lambda content: (response.code, response.phrase, content)))
         # one deadline for connecting, sending and reading the whole answer (Go's client timeout)
         d.addTimeout(self.request_timeout, self.clock)

@@ -1,0 +1,77 @@
+"""What a started nsqd has imported while idle: nothing a client or an option has not asked for.
+
+The daemon runs under a probe that writes, when the process exits, which of
+the heavy optional libraries were loaded (``docs/performance.md``, Memory):
+pyOpenSSL and cryptography only with a TLS option or an auth server,
+prometheus_client only after a ``/metrics`` scrape, treq only with an auth
+server, cramjam only after a snappy client (or a scrape: prometheus_client
+imports snappy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+
+import pytest
+
+from tests.certs import CertFiles, make_certs
+from tests.daemon import TWISTD, Daemon, LookupdDaemon
+
+#: the libraries the probe reports on
+WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam")
+
+PROBE = (
+    "import atexit, json, os, sys\n"
+    f"atexit.register(lambda: os.write(1, ('IMPORTED ' + json.dumps([m for m in {WATCHED!r}"
+    " if sys.modules.get(m) is not None]) + '\\n').encode()))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> CertFiles:
+    return make_certs(str(tmp_path_factory.mktemp("certs")))
+
+
+def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Daemon] = Daemon) -> set[str]:
+    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded."""
+    path = tmp_path / f"data{len(os.listdir(tmp_path))}"
+    path.mkdir()
+    d = daemon(str(path), *args, code=PROBE + TWISTD).start()
+    try:
+        if scrape:
+            with urllib.request.urlopen(f"http://{d.http_address}/metrics", timeout=10) as r:
+                assert r.status == 200 and b"process_resident_memory_bytes" in r.read()
+    finally:
+        assert d.stop() == 0
+    [line] = [line for line in "".join(d.output).splitlines() if line.startswith("IMPORTED ")]
+    return set(json.loads(line.split(" ", 1)[1]))
+
+
+def test_idle_node_without_tls_loads_none_of_them(tmp_path) -> None:
+    assert imported_at_exit(tmp_path) == set()
+
+
+def test_metrics_scrape_loads_prometheus_not_tls(tmp_path) -> None:
+    """/metrics works on such a node; prometheus_client (which imports snappy, so cramjam) comes with it."""
+    got = imported_at_exit(tmp_path, scrape=True)
+    assert "prometheus_client" in got
+    assert not got & {"OpenSSL", "cryptography", "treq"}
+
+
+def test_tls_options_load_openssl(tmp_path, certs) -> None:
+    got = imported_at_exit(tmp_path, f"--tls-cert={certs.server_cert}", f"--tls-key={certs.server_key}",
+                           "--https-address=127.0.0.1:0")
+    assert {"OpenSSL", "cryptography"} <= got
+
+
+def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
+    """An auth server's 403 can send nsqd to https, so any auth address keeps TLS available."""
+    got = imported_at_exit(tmp_path, "--auth-http-address=127.0.0.1:1")
+    assert {"OpenSSL", "treq"} <= got
+
+
+def test_lookupd_loads_no_openssl(tmp_path) -> None:
+    """nsqlookupd has no TLS at all."""
+    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & {"OpenSSL", "cryptography"}
