@@ -341,6 +341,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print every figure of every run as JSON too")
     ns = parser.parse_args(argv)
     go_cmd = shlex.split(ns.go_nsqd)
+    if os.sep in go_cmd[0]:
+        # each daemon starts in a scratch directory: a relative path must not depend on it
+        go_cmd[0] = os.path.abspath(go_cmd[0])
     bench_dir = ns.go_bench_dir if ns.go_bench_dir is not None else os.path.dirname(go_cmd[0])
     clients = Clients(bench_dir, ns.runfor, ns.size, ns.batch_size, ns.latency_rate, ns.memory_messages)
     daemons = {"Go": go_cmd, "nsqtw": nsqtw_command()}

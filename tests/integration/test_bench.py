@@ -207,8 +207,9 @@ def test_compare_measures_every_figure_on_both_daemons() -> None:
 @pytest.mark.skipif(not os.access(os.path.join(GO_BIN, "nsqd"), os.X_OK),
                     reason="Go nsqd v1.3.0 (../shared/anchor/bin) is not on this machine")
 def test_compare_with_go_nsqd_and_its_bench_tools() -> None:
-    """Against the real Go nsqd, with Go's bench_writer/bench_reader as a second client."""
-    table, _ = _compare(os.path.join(GO_BIN, "nsqd"), "--measures=write,read,round_trip")
+    """Against the real Go nsqd, with Go's bench_writer/bench_reader as a second client; given
+    by a relative path, as docs/performance.md's commands do (each daemon runs in a scratch dir)."""
+    table, _ = _compare(os.path.relpath(os.path.join(GO_BIN, "nsqd")), "--measures=write,read,round_trip")
     clients = {(m["label"], m["client"]) for m in ROW.finditer(table)}
     assert clients == {(label, client) for label in ("MPUB write", "read, RDY 2500",
                                                      "one-message round trips (MPUB of 1)")
