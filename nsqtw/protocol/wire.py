@@ -9,6 +9,7 @@ allocate past ``--max-body-size``.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from typing import NamedTuple
@@ -176,16 +177,13 @@ class V2Parser:
             return []
         buf = self._buf
         pos = self._pos
-        end = len(buf)
-        ids = []
-        while end - pos >= _FIN_LINE and buf[pos + _FIN_LINE - 1] == 10 and buf.startswith(b"FIN ", pos):
-            msg_id = bytes(buf[pos + 4:pos + _FIN_LINE - 1])
-            if b" " in msg_id or msg_id[-1] == 13:
-                break
-            ids.append(msg_id)
-            pos += _FIN_LINE
-        self._pos = pos
-        return ids
+        run = _FIN_RUN.match(buf, pos)
+        if run is None:
+            return []
+        end = run.end()
+        lines = bytes(buf[pos:end])
+        self._pos = end
+        return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
 
     def _compact(self) -> None:
         if self._pos:
@@ -242,6 +240,9 @@ class V2Parser:
 
 #: ``FIN `` + a 16-byte message ID + newline
 _FIN_LINE = 21
+#: a run of ``FIN <id>\n`` lines whose 16-byte ID nsqd would take as one argument: no
+#: space or newline in it, and not ending in the ``\r`` of a ``\r\n`` line end
+_FIN_RUN = re.compile(rb"(?:FIN [^ \n]{15}[^ \r\n]\n)+")
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:

@@ -91,7 +91,9 @@ class FinRunTests(SynchronousTestCase):
     def test_odd_fins_go_the_generic_way(self) -> None:
         """A FIN whose ID holds a space or ends in \\r is parsed (and refused) like nsqd does."""
         for line in (b"FIN 0123456 89abcdef\n", b"FIN 0123456789abcde\r\n", b"FIN 0123456789abcdef0\n",
-                     b"FIN  123456789abcdef\n"):
+                     b"FIN  123456789abcdef\n",
+                     # a short ID, then a line that ends where a 16-byte ID would: two lines, not one ID
+                     b"FIN 0123\n56789abcdef\n", b"FIN \n123456789abcdef\n"):
             parser = self.parser(b"FIN 0123456789abcdef\n" + line)
             self.assertEqual(parser.take_fins(), [b"0123456789abcdef"], line)
             self.assertEqual(parser.take_fins(), [], line)
