@@ -7,6 +7,8 @@ IDs from nsqtw and nsqd look alike and sort by time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from twisted.internet.interfaces import IReactorTime
 
 EPOCH_MS = 1288834974657
@@ -29,24 +31,41 @@ class GUIDFactory:
         self._last_ms = -1
         self._sequence = 0
 
-    def new_ids(self, count: int) -> list[bytes]:
-        """``count`` fresh IDs; when a millisecond's sequence runs out the
-        next millisecond is borrowed, so IDs stay unique and increasing even
-        when the clock stands still or steps back."""
+    def new_values(self, count: int) -> Sequence[int]:
+        """``count`` fresh IDs as 64-bit values (``b"%016x" % value`` is the ID).
+
+        When a millisecond's sequence runs out the next millisecond is
+        borrowed, so IDs stay unique and increasing even when the clock
+        stands still or steps back. The values of one millisecond are
+        consecutive, so a batch is usually one ``range``: an MPUB's IDs cost
+        no Python work per message here, and the publisher formats each
+        one straight into the message's data.
+        """
         now_ms = int(self._clock.seconds() * 1000) - EPOCH_MS
         if now_ms > self._last_ms:
             self._last_ms = now_ms
             self._sequence = 0
-        ids = []
         node = self._node
-        for _ in range(count):
+        seq = self._sequence
+        if seq + count <= _SEQUENCE_MASK + 1:
+            self._sequence = seq + count
+            first = (self._last_ms << (NODE_BITS + SEQUENCE_BITS)) | node | seq
+            return range(first, first + count)
+        values: list[int] = []
+        while count:
             if self._sequence > _SEQUENCE_MASK:
                 self._last_ms += 1
                 self._sequence = 0
-            value = (self._last_ms << (NODE_BITS + SEQUENCE_BITS)) | node | self._sequence
-            self._sequence += 1
-            ids.append(b"%016x" % value)
-        return ids
+            take = min(count, _SEQUENCE_MASK + 1 - self._sequence)
+            first = (self._last_ms << (NODE_BITS + SEQUENCE_BITS)) | node | self._sequence
+            values.extend(range(first, first + take))
+            self._sequence += take
+            count -= take
+        return values
+
+    def new_ids(self, count: int) -> list[bytes]:
+        """``count`` fresh IDs (see :meth:`new_values`)."""
+        return [b"%016x" % v for v in self.new_values(count)]
 
     def new_id(self) -> bytes:
         return self.new_ids(1)[0]

@@ -296,8 +296,9 @@ class NSQD:
         """
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
-        ids = self.guid.new_ids(len(bodies))
-        msgs = [Message(i + b, now_ns, 0, defer) for i, b in zip(ids, bodies, strict=True)]
+        values = self.guid.new_values(len(bodies))
+        # each message's data is its ID (formatted from its value) then its body, in one step
+        msgs = [Message(b"%016x%b" % (v, b), now_ns, 0, defer) for v, b in zip(values, bodies, strict=True)]
         return topic.put_messages(msgs)
 
     # -- shutdown ---------------------------------------------------------
