@@ -43,15 +43,16 @@ class EmitTests(SynchronousTestCase):
         self.addCleanup(log.set_level, "info")
 
     def test_same_event_as_twisted_emit(self) -> None:
-        from twisted import logger as tw
         from twisted.logger import LogLevel
+
+        from twisted import logger as tw
 
         logger = log.Logger(namespace="nsqtw.t")
         for level in (LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical):
             logger.emit(level, "TCP: new client({client})", client="127.0.0.1:1")
             tw.Logger.emit(logger, level, "TCP: new client({client})", client="127.0.0.1:1")
         self.assertEqual(len(self.events), 8)
-        for fast, slow in zip(self.events[::2], self.events[1::2]):
+        for fast, slow in zip(self.events[::2], self.events[1::2], strict=True):
             self.assertLessEqual(slow["log_time"] - fast["log_time"], 1)
             # (the global publisher's legacy observers add keys to the event, made anew each time)
             skip = ("log_time", "time", "message", "log_legacy", "format", "system", "isError")
