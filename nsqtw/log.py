@@ -11,6 +11,7 @@ import atexit
 import io
 import sys
 import threading
+from _thread import get_ident
 from collections.abc import Mapping
 from time import time
 from typing import Any
@@ -283,14 +284,18 @@ class BufferedLogWriter(io.TextIOBase):
 
     def write_line(self, text: str, level: Any = None) -> None:
         """An nsqtw log line (``level`` a ``LogLevel``): written within :attr:`interval`, or sooner."""
-        self.write(text)
-        rank = _RANK.get(level, _RANK[LogLevel.info])
+        with self._lock:
+            self._lines.append(text)
+            self._size += len(text)
+        rank = _RANK.get(level, _INFO)
         if rank >= _CRITICAL:
             self.flush_now()
         elif rank >= _WARN:
             self.flush()
-        else:
+        elif (self._call is None or self._size > self.limit or get_ident() != threadable.ioThread
+              or not getattr(self._reactor, "running", False)):
             self._schedule(False)
+        # else: the pending flush takes it along
 
     def flush(self) -> None:
         """Write out at the end of the reactor turn (at once if that is not possible)."""
@@ -331,5 +336,6 @@ class BufferedLogWriter(io.TextIOBase):
         self._stream.flush()
 
 
+_INFO = _RANK[LogLevel.info]
 _WARN = _RANK[LogLevel.warn]
 _CRITICAL = _RANK[LogLevel.critical]
