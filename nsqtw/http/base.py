@@ -320,19 +320,19 @@ class _Root(Resource):
             body = (f'{{"message": "TLS_REQUIRED", "https_port": {api.https_port()}}}').encode()
             request.setHeader(b"X-NSQ-Content-Type", b"nsq; version=1.0")
             return api._write(request, 403, body, JSON)
+        if request.method == b"GET":
+            # a direct route's path is clean and has no escapes: the checks below pass it
+            direct = api.direct_routes.get(request.path)
+            if direct is not None:
+                return getattr(api, direct)(request)
         try:
-            unquote_to_bytes(request.path).decode("utf-8")
+            path = unquote_to_bytes(request.path).decode("utf-8")
         except UnicodeDecodeError:
             return api._unrouted(request)
-        path = unquote_to_bytes(request.path).decode("utf-8")
         if clean_path(path).rstrip("/") != path.rstrip("/") or request.method == b"HEAD":
             # httprouter redirects unclean paths (//, /./, /../) to their clean form and
             # registers no HEAD routes (GET routes answer HEAD with 405)
             return api._unrouted(request)
-        if request.method == b"GET":
-            direct = api.direct_routes.get(request.path)
-            if direct is not None:
-                return getattr(api, direct)(request)
         return self.klein_resource.render(request)
 
 
@@ -348,7 +348,8 @@ class GoHTTPAPI:
     routes: dict[str, tuple[str, ...]] = {}
     #: GET routes with a fixed path and a handler that answers at once, served ahead of Klein:
     #: path -> handler name. A load balancer's health check comes often, and Klein's and
-    #: werkzeug's routing were a fifth of a ``/ping``'s cost. The handlers are the routes' own,
+    #: werkzeug's routing were a fifth of a ``/ping``'s cost. A path here must be clean
+    #: (``clean_path``) and unescaped: it skips those checks too. The handlers are the routes' own,
     #: so the answer is the same (tests/integration/test_http_live.py compares with Go's).
     direct_routes: dict[bytes, str] = {}
     log = Logger()

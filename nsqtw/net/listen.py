@@ -12,7 +12,7 @@ from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 
 from nsqtw.log import Logger
-from nsqtw.net.eager import EagerTCPServerEndpoint
+from nsqtw.net.eager import EagerTCPServerEndpoint, speed_up_accepts
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -92,6 +92,7 @@ class ListenerService(Service):
         from twisted.internet import reactor
 
         self.port = port
+        speed_up_accepts(port)
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)

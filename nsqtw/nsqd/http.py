@@ -78,6 +78,10 @@ def _go_json_value(kind: str, value: Any) -> Any:
 
 
 
+#: what Go sniffs ``OK`` as (text/plain; charset=utf-8), worked out once: a healthy /ping is frequent
+_OK_TYPE = sniff(b"OK")
+
+
 class HTTPAPI(GoHTTPAPI):
     """nsqd's HTTP API over one :class:`~nsqtw.core.nsqd.NSQD`."""
 
@@ -116,6 +120,8 @@ class HTTPAPI(GoHTTPAPI):
         health = self.nsqd.health()
         code = 200 if health == "OK" else 500
         self._log_request(request, code)
+        if code == 200:
+            return self._write(request, code, b"OK", _OK_TYPE)
         body = health.encode("utf-8", "surrogateescape")
         return self._write(request, code, body, sniff(body))
 

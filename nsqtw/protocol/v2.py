@@ -73,61 +73,65 @@ class V2Protocol(Protocol):
     #: the clock slices are measured with (CPU work, not the reactor's time)
     _now = staticmethod(time.perf_counter)
 
+    # Per-connection state that starts the same for every client is a class attribute
+    # until first assigned: a connection that only connects and closes never writes it,
+    # and ~30 attribute stores were most of the cost of making a protocol object.
+    state = STATE_INIT
+    channel: Channel | None = None
+    # IDENTIFY-able settings, nsqd's defaults (the option-derived ones are set in __init__)
+    output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
+    sample_rate = 0
+    identifier = ""
+    hostname = ""
+    user_agent = ""
+    remote_address = ""
+    # counters for /stats
+    ready_count = 0
+    in_flight_count = 0
+    message_count = 0
+    finish_count = 0
+    requeue_count = 0
+    tls = False
+    snappy = False
+    deflate = False
+    #: :meth:`stats_json`'s cache: what its template was made from, and the template
+    _stats_key: tuple[Any, ...] | None = None
+    _stats_template = ""
+    _handshake_call: IDelayedCall | None = None
+    #: tls_v1 agreed, TLS not begun: (snappy, deflate, level, bytes the client sent so far)
+    _tls_pending: tuple[bool, bool, int, bytes] | None = None
+    #: reads through the negotiated compression, when there is one
+    _decoder: IStreamCodec | None = None
+    _paused_writing = False
+    #: read and dispatch nothing meanwhile: a publish waits for its disk write or the
+    #: auth server (``_waiting``), or this client's slice of the reactor is used up
+    #: (``_sliced``: it goes on next turn)
+    _blocked = False
+    _waiting = False
+    _sliced = False
+    #: frames waiting to be sent at the end of the current run of commands
+    _corked: list[bytes] | None = None
+    _closed = False
+    _heartbeat_call: IDelayedCall | None = None
+    _read_deadline: IDelayedCall | None = None
+    _command_at = 0.0
+
     def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
         o = nsqd.options
         self.nsqd = nsqd
         self.clock = clock
         self.client_id = nsqd.new_client_id()
-        self.state = STATE_INIT
-        self.channel: Channel | None = None
         self.parser = V2Parser(o.max_msg_size, o.max_body_size, self._check_header)
-        # IDENTIFY-able settings, nsqd's defaults
         self.heartbeat_interval = o.client_timeout / 2
         self.msg_timeout = o.msg_timeout
-        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout = o.output_buffer_timeout
-        self.sample_rate = 0
-        self.identifier = ""
-        self.hostname = ""
-        self.user_agent = ""
-        self.remote_address = ""
         self.connect_ts = int(clock.seconds())
-        # counters for /stats
-        self.ready_count = 0
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
-        self.tls = False
-        self.snappy = False
-        self.deflate = False
         #: nsqd's --tls-required: every command but IDENTIFY needs TLS first
         self._need_tls = bool(o.tls_required)
         self._tls_info: dict[str, Any] = {}
-        #: :meth:`stats_json`'s cache: what its template was made from, and the template
-        self._stats_key: tuple[Any, ...] | None = None
-        self._stats_template = ""
-        self._handshake_call: IDelayedCall | None = None
-        #: tls_v1 agreed, TLS not begun: (snappy, deflate, level, bytes the client sent so far)
-        self._tls_pending: tuple[bool, bool, int, bytes] | None = None
-        #: reads through the negotiated compression, when there is one
-        self._decoder: IStreamCodec | None = None
         #: AUTH: the secret and the auth server's answer (off when nsqd has no --auth-http-address)
         self.auth = ClientAuth(nsqd.auth, clock)
-        self._paused_writing = False
-        #: read and dispatch nothing meanwhile: a publish waits for its disk write or the
-        #: auth server (``_waiting``), or this client's slice of the reactor is used up
-        #: (``_sliced``: it goes on next turn)
-        self._blocked = False
-        self._waiting = False
-        self._sliced = False
-        #: frames waiting to be sent at the end of the current run of commands
-        self._corked: list[bytes] | None = None
-        self._closed = False
-        self._heartbeat_call: IDelayedCall | None = None
-        self._read_deadline: IDelayedCall | None = None
-        self._command_at = 0.0
 
     def __str__(self) -> str:
         return self.remote_address or f"client {self.client_id}"
@@ -176,6 +180,7 @@ class V2Protocol(Protocol):
         if self._closed:
             return
         self.transport.write(_HEARTBEAT)  # type: ignore[union-attr]
+        self._arm_read_deadline()
         self._restart_heartbeat()
 
     def _reset_read_deadline(self) -> None:
@@ -193,8 +198,22 @@ class V2Protocol(Protocol):
         being cancelled and made per command.
         """
         self._command_at = self.clock.seconds()
+
+    def _arm_read_deadline(self) -> None:
+        """Make the read-deadline timer, when the first heartbeat goes out.
+
+        The deadline is two heartbeat intervals after the last command; the
+        heartbeat timer, started at the same moment (connect, IDENTIFY), fires
+        one interval in, so making the deadline's timer then is soon enough,
+        and fires at the same instant. Most connections that only connect,
+        maybe SUB, and leave never make it (a DelayedCall made and cancelled
+        was 4 µs of such a connection's cost). It is made before the next
+        heartbeat's timer, as before, so a deadline falling on a heartbeat
+        still fires first.
+        """
         if self._read_deadline is None and self.heartbeat_interval > 0 and not self._closed:
-            self._read_deadline = self.clock.callLater(2 * self.heartbeat_interval, self._read_timeout)
+            left = self._command_at + 2 * self.heartbeat_interval - self.clock.seconds()
+            self._read_deadline = self.clock.callLater(max(left, 0), self._read_timeout)
 
     def _read_timeout(self) -> None:
         self._read_deadline = None

@@ -224,6 +224,28 @@ class PingInfoTests(SynchronousTestCase):
         self.assertEqual(client("GET", "/info").code, 200)
         self.assertEqual(routed, [b"/ping", b"/info"])
 
+    def test_direct_route_paths_need_no_cleaning(self) -> None:
+        """_Root serves direct routes before its escape and clean-path checks: their paths must pass them."""
+        from urllib.parse import unquote_to_bytes
+
+        from nsqtw._go.path import clean_path
+        from nsqtw.lookupd.http import LookupdHTTPAPI
+        from nsqtw.nsqd.http import HTTPAPI
+
+        for api in (HTTPAPI, LookupdHTTPAPI):
+            for path in api.direct_routes:
+                self.assertEqual(unquote_to_bytes(path), path)
+                self.assertEqual(clean_path(path.decode("ascii")), path.decode("ascii"))
+                self.assertIn(path.decode("ascii"), api.routes)
+
+    def test_ping_spelled_otherwise_takes_the_routed_way(self) -> None:
+        """/%70ing, //ping, /ping/ and HEAD /ping are not direct: httprouter's answers, as before."""
+        client = Client(self)
+        self.assertEqual(client("GET", "/%70ing").code, 200)
+        self.assertEqual(client("GET", "//ping").code, 301)
+        self.assertEqual(client("GET", "/ping/").code, 301)
+        self.assertEqual(client("HEAD", "/ping").code, 405)
+
     def test_info_ports(self) -> None:
         """/info reports the bound ports and nsqd's durations in nanoseconds."""
         client = Client(self, max_heartbeat_interval=30.0)

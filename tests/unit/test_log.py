@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import PredicateResult, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw import log
@@ -33,8 +33,62 @@ class LogPrefixTests(SynchronousTestCase):
         self.assertEqual([formatEvent(e) for e in self.events], ["loud"])
 
 
-class TurnBufferedWriterTests(SynchronousTestCase):
-    """twistd's per-line flush becomes one write per reactor turn."""
+class EmitTests(SynchronousTestCase):
+    """nsqtw's Logger.emit filters by level itself and publishes what Twisted's emit would."""
+
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        self.addCleanup(log.set_level, "info")
+
+    def test_same_event_as_twisted_emit(self) -> None:
+        from twisted.logger import LogLevel
+
+        from twisted import logger as tw
+
+        logger = log.Logger(namespace="nsqtw.t")
+        for level in (LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical):
+            logger.emit(level, "TCP: new client({client})", client="127.0.0.1:1")
+            tw.Logger.emit(logger, level, "TCP: new client({client})", client="127.0.0.1:1")
+        self.assertEqual(len(self.events), 8)
+        for fast, slow in zip(self.events[::2], self.events[1::2], strict=True):
+            self.assertLessEqual(slow["log_time"] - fast["log_time"], 1)
+            # (the global publisher's legacy observers add keys to the event, made anew each time)
+            skip = ("log_time", "time", "message", "log_legacy", "format", "system", "isError")
+            self.assertEqual({k: v for k, v in fast.items() if k not in skip},
+                             {k: v for k, v in slow.items() if k not in skip})
+            self.assertEqual(sorted(fast), sorted(slow))
+
+    def test_every_level_filtered_as_the_predicate_does(self) -> None:
+        from twisted.logger import LogLevel
+
+        logger = log.Logger(namespace="nsqtw.t")
+        for name in log.LEVELS:
+            log.set_level(name)
+            del self.events[:]
+            for level in LogLevel.iterconstants():
+                logger.emit(level, "{n}", n=level.name)
+            expected = [level.name for level in LogLevel.iterconstants()
+                        if log._predicate({"log_level": level, "log_namespace": "nsqtw.t"})
+                        is not PredicateResult.no]
+            self.assertEqual([formatEvent(e) for e in self.events], expected, name)
+
+    def test_empty_namespace_dropped_as_the_predicate_does(self) -> None:
+        log.Logger(namespace="").info("nothing")
+        self.assertEqual(self.events, [])
+
+    def test_invalid_level_reported_as_twisted_does(self) -> None:
+        log.Logger(namespace="nsqtw.t").emit("loud", "x")  # type: ignore[arg-type]
+        self.assertEqual(len(self.events), 1)
+        self.assertIn("invalid log level", formatEvent(self.events[0]))
+        from twisted.logger import InvalidLogLevelError
+
+        self.assertEqual(len(self.flushLoggedErrors(InvalidLogLevelError)), 1)
+
+
+class BufferedLogWriterTests(SynchronousTestCase):
+    """twistd's per-line flush becomes one write per reactor turn, nsqtw's own lines one per interval."""
 
     def _writer(self, running: bool = True):
         import io
@@ -42,7 +96,7 @@ class TurnBufferedWriterTests(SynchronousTestCase):
         from twisted.internet.task import Clock
         from twisted.python import threadable
 
-        from nsqtw.log import TurnBufferedWriter
+        from nsqtw.log import BufferedLogWriter
 
         threadable.registerAsIOThread()
         clock = Clock()
@@ -51,7 +105,7 @@ class TurnBufferedWriterTests(SynchronousTestCase):
         writes: list[str] = []
         original = stream.write
         stream.write = lambda text: (writes.append(text), original(text))[1]  # type: ignore[method-assign]
-        return TurnBufferedWriter(stream, clock), stream, clock, writes
+        return BufferedLogWriter(stream, clock), stream, clock, writes
 
     def test_lines_of_one_turn_go_out_in_one_write_in_order(self) -> None:
         writer, stream, clock, writes = self._writer()
@@ -62,17 +116,101 @@ class TurnBufferedWriterTests(SynchronousTestCase):
         clock.advance(0)
         self.assertEqual(writes, ["".join(f"line {i}\n" for i in range(100))])
 
+    def test_info_lines_wait_for_the_interval_and_keep_their_order(self) -> None:
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        for i in range(100):
+            writer.write_line(f"line {i}\n", LogLevel.info if i % 2 else LogLevel.debug)
+            clock.advance(writer.interval / 1000)
+        self.assertEqual(writes, [])
+        self.assertEqual(len(clock.getDelayedCalls()), 1)  # one timer for them all
+        clock.advance(writer.interval)
+        self.assertEqual(writes, ["".join(f"line {i}\n" for i in range(100))])
+        self.assertEqual(clock.getDelayedCalls(), [])
+        writer.write_line("later\n", LogLevel.info)
+        clock.advance(writer.interval)
+        self.assertEqual(writes[1:], ["later\n"])
+
+    def test_a_generic_flush_takes_waiting_info_lines_along_at_the_end_of_the_turn(self) -> None:
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        writer.write_line("nsqtw\n", LogLevel.info)
+        writer.write("Unhandled Error\n")
+        writer.flush()
+        clock.advance(0)
+        self.assertEqual(writes, ["nsqtw\nUnhandled Error\n"])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_warnings_and_errors_go_out_at_the_end_of_the_turn(self) -> None:
+        from twisted.logger import LogLevel
+
+        for level in (LogLevel.warn, LogLevel.error):
+            writer, stream, clock, writes = self._writer()
+            writer.write_line("info\n", LogLevel.info)
+            writer.write_line("bad\n", level)
+            self.assertEqual(writes, [])
+            clock.advance(0)
+            self.assertEqual(writes, ["info\nbad\n"])
+            self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_a_fatal_line_goes_out_at_once_after_the_waiting_ones(self) -> None:
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        writer.write_line("info\n", LogLevel.info)
+        writer.write_line("FATAL: listen failed\n", LogLevel.critical)
+        self.assertEqual(writes, ["info\nFATAL: listen failed\n"])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_a_full_buffer_goes_out_at_once(self) -> None:
+        from twisted.logger import LogLevel
+
         writer, stream, clock, writes = self._writer()
         writer.write("x" * (writer.limit + 1))
         writer.flush()
         self.assertEqual(len(stream.getvalue()), writer.limit + 1)
+        writer.write_line("y" * (writer.limit + 1), LogLevel.info)
+        self.assertEqual(len(stream.getvalue()), 2 * (writer.limit + 1))
 
     def test_without_a_running_reactor_each_flush_writes(self) -> None:
+        from twisted.logger import LogLevel
+
         writer, stream, clock, writes = self._writer(running=False)
         writer.write("start-up line\n")
         writer.flush()
         self.assertEqual(stream.getvalue(), "start-up line\n")
+        writer.write_line("TCP: listening on 127.0.0.1:4150\n", LogLevel.info)
+        self.assertEqual(writes, ["start-up line\n", "TCP: listening on 127.0.0.1:4150\n"])
+
+    def test_nothing_waiting_is_lost_when_the_reactor_stops(self) -> None:
+        """twistd's last lines come after the reactor stopped: they take the waiting ones along."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        writer.write_line("NSQ: stopped\n", LogLevel.info)
+        clock.running = False  # type: ignore[attr-defined]
+        writer.write("Main loop terminated.\n")
+        writer.flush()
+        self.assertEqual(writes, ["NSQ: stopped\nMain loop terminated.\n"])
+        writer.write_line("after\n", LogLevel.info)
+        writer.flush_now()  # atexit
+        self.assertEqual(stream.getvalue(), "NSQ: stopped\nMain loop terminated.\nafter\n")
+
+    def test_from_another_thread_at_once(self) -> None:
+        import threading
+
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        writer.write_line("main\n", LogLevel.info)
+        t = threading.Thread(target=writer.write_line, args=("thread\n", LogLevel.info))
+        t.start()
+        t.join()
+        self.assertEqual(stream.getvalue(), "main\nthread\n")
+        clock.advance(writer.interval)  # the main thread's timer finds nothing left
+        self.assertEqual(writes, ["main\nthread\n"])
 
 
 class ClassicTextTests(SynchronousTestCase):

@@ -482,6 +482,41 @@ class HeartbeatTests(SynchronousTestCase):
         clock.advance(0.02)
         self.assertTrue(c.transport.disconnecting)
 
+    def test_client_silent_from_the_start_cut_after_two_intervals(self) -> None:
+        """Not even the magic: cut two intervals after connecting, after one heartbeat."""
+        nsqd, clock = make_nsqd(client_timeout=10.0)
+        p, t = connect(nsqd, clock, magic=False)
+        clock.advance(9.99)
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"_heartbeat_")])
+        self.assertFalse(t.disconnecting)
+        clock.advance(0.01)
+        self.assertTrue(t.disconnecting)
+        self.assertEqual(take_frames(t), [])  # the deadline fires before the second heartbeat
+
+    def test_deadline_after_identify_counts_from_identify(self) -> None:
+        """IDENTIFY's heartbeat interval restarts both: cut two new intervals after it."""
+        nsqd, clock = make_nsqd(client_timeout=10.0)
+        p, t = connect(nsqd, clock)
+        clock.advance(3.0)
+        p.dataReceived(encode_command(b"IDENTIFY", body=b'{"heartbeat_interval": 2000}'))
+        take_frames(t)
+        clock.advance(3.99)
+        self.assertFalse(t.disconnecting)
+        clock.advance(0.01)
+        self.assertTrue(t.disconnecting)
+
+    def test_a_short_connection_makes_one_timer(self) -> None:
+        """Connect, SUB, leave: only the heartbeat's timer is made (the deadline's waits for it)."""
+        nsqd, clock = make_nsqd()
+        p, t = connect(nsqd, clock)
+        p.dataReceived(b"SUB t c\n")
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        self.assertEqual(len([c for c in clock.getDelayedCalls() if c.func == p._send_heartbeat]), 1)
+        self.assertEqual([c for c in clock.getDelayedCalls() if c.func == p._read_timeout], [])
+        p.connectionLost(None)
+        self.assertEqual([c for c in clock.getDelayedCalls() if c.func in (p._send_heartbeat, p._read_timeout)],
+                         [])
+
     def test_client_stalled_mid_frame_is_cut(self) -> None:
         """Half a frame does not keep a connection alive."""
         nsqd, clock = make_nsqd()
