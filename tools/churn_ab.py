@@ -116,7 +116,7 @@ def main() -> None:
             kinds = arg.split("=", 1)[1].split(",")
         else:
             label, target = arg.split("=", 1)
-            targets.append((label, target))
+            targets.append((label, os.path.abspath(target)))  # each daemon runs in a scratch directory
     print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for n in range(rounds):
