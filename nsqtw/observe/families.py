@@ -9,7 +9,7 @@ docs/metrics.md lists every metric.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any, cast
 
@@ -139,11 +139,6 @@ def topic_families(topics: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     paused = _gauge("nsqd_topic_paused", "1 while the topic is paused.", _TOPIC)
     messages = _counter("nsqd_topic_messages", "Messages published to the topic.", _TOPIC)
     nbytes = _counter("nsqd_topic_message_bytes", "Bytes of message bodies published to the topic.", _TOPIC)
-    e2e = _gauge("nsqd_topic_e2e_processing_latency_seconds",
-                 "End-to-end latency (publish to FIN) over the window, all channels together, per quantile.",
-                 ("topic", "quantile"))
-    samples = _gauge("nsqd_topic_e2e_processing_latency_samples",
-                     "FINs the topic's latency quantiles are computed over (the window's).", _TOPIC)
     for t in topics:
         labels = [t["topic_name"]]
         depth.add_metric(labels, float(t["depth"]))
@@ -152,12 +147,11 @@ def topic_families(topics: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
         paused.add_metric(labels, 1.0 if t["paused"] else 0.0)
         messages.add_metric(labels, float(t["message_count"]))
         nbytes.add_metric(labels, float(t["message_bytes"]))
-        quantiles = _e2e(t.get("e2e_processing_latency"))
-        for q, seconds in quantiles:
-            e2e.add_metric([*labels, q], seconds)
-        if quantiles:
-            samples.add_metric(labels, float(t["e2e_processing_latency"]["count"]))
-    yield from (depth, backend, channels, paused, messages, nbytes, e2e, samples)
+    yield from (depth, backend, channels, paused, messages, nbytes)
+    yield from _e2e_families(
+        "topic", "End-to-end latency (publish to FIN) over the window, all channels together, per quantile.",
+        "FINs the topic's latency quantiles are computed over (the window's).", _TOPIC,
+        (([t["topic_name"]], t.get("e2e_processing_latency")) for t in topics))
 
 def channel_families(topics: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """One family at a time: each is built, written and dropped before the next.
@@ -174,20 +168,25 @@ def channel_families(topics: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
                 value = c.get(key, 0)
                 family.add_metric([topic, c["channel_name"]], float(1 if value is True else value))
         yield family
-    e2e = _gauge("nsqd_channel_e2e_processing_latency_seconds",
-                 "End-to-end latency (publish to FIN) over the window, per quantile.",
-                 ("topic", "channel", "quantile"))
-    samples = _gauge("nsqd_channel_e2e_processing_latency_samples",
-                     "FINs the channel's latency quantiles are computed over (the window's).", _CHANNEL)
-    for t in topics:
-        topic = t["topic_name"]
-        for c in t["channels"]:
-            quantiles = _e2e(c.get("e2e_processing_latency"))
-            for q, seconds in quantiles:
-                e2e.add_metric([topic, c["channel_name"], q], seconds)
-            if quantiles:
-                samples.add_metric([topic, c["channel_name"]], float(c["e2e_processing_latency"]["count"]))
-    yield from (e2e, samples)
+    yield from _e2e_families(
+        "channel", "End-to-end latency (publish to FIN) over the window, per quantile.",
+        "FINs the channel's latency quantiles are computed over (the window's).", _CHANNEL,
+        (([t["topic_name"], c["channel_name"]], c.get("e2e_processing_latency"))
+         for t in topics for c in t["channels"]))
+
+
+def _e2e_families(scope: str, latency_doc: str, samples_doc: str, labels: Sequence[str],
+                  rows: Iterable[tuple[list[str], Mapping[str, Any] | None]]) -> tuple[Metric, Metric]:
+    """The end-to-end latency quantiles of topics or channels, and how many FINs they cover."""
+    e2e = _gauge(f"nsqd_{scope}_e2e_processing_latency_seconds", latency_doc, (*labels, "quantile"))
+    samples = _gauge(f"nsqd_{scope}_e2e_processing_latency_samples", samples_doc, labels)
+    for values, latency in rows:
+        quantiles = _e2e(latency)
+        for q, seconds in quantiles:
+            e2e.add_metric([*values, q], seconds)
+        if quantiles and latency is not None:
+            samples.add_metric(values, float(latency["count"]))
+    return e2e, samples
 
 # -- clients (--metrics-per-client) -------------------------------------------
 
