@@ -161,6 +161,9 @@ class V2Protocol(Protocol):
             # requeuing what it held wakes the channel's pump; nothing else changed for the others
             self.channel.remove_client(self)
         self.nsqd.remove_client(self.client_id)
+        # the one reference cycle of a connection (see V2Parser.release): broken here, the
+        # protocol, its transport and the rest are freed as soon as the reactor lets go
+        self.parser.release()
 
     def _cancel_timers(self) -> None:
         for call in (self._heartbeat_call, self._read_deadline, self._handshake_call):
