@@ -12,6 +12,7 @@ from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 
 from nsqtw.log import Logger
+from nsqtw.net.dispatch import direct_dispatch
 from nsqtw.net.eager import EagerTCPServerEndpoint, speed_up_accepts
 
 
@@ -93,6 +94,7 @@ class ListenerService(Service):
 
         self.port = port
         speed_up_accepts(port)
+        direct_dispatch(reactor)  # once per reactor: the first listener does it
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)
