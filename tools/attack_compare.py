@@ -71,6 +71,7 @@ def main() -> None:
             proc.wait()
         d = Daemon(f"{tmp}/tw").start()
         try:
+            time.sleep(0.3)  # as for Go: start-up work settles before the first attack
             print("== nsqtw", flush=True)
             tw_results = run(d.tcp_address, d.http_address, cycles, only)
         finally:
