@@ -105,10 +105,8 @@ class Channel:
             now = self.clock.seconds()
             ready = []
             for m in msgs:
-                delay = m.deadline
-                if delay:
-                    m.deadline = 0.0
-                    self.defer(m, delay, now)
+                if m.deadline:
+                    self.defer_published(m, now)
                 else:
                     ready.append(m)
         if ready:
@@ -135,6 +133,12 @@ class Channel:
         self.deferred.push(msg, when)
         self.arm(when)
         self.delivery.deferred(msg, when)
+
+    def defer_published(self, msg: Message, now: float) -> None:
+        """A DPUB message, as the channel takes it: its delay (kept in ``deadline`` until
+        now, see Message) becomes a due time."""
+        delay, msg.deadline = msg.deadline, 0.0
+        self.defer(msg, delay, now)
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         if self.exiting:

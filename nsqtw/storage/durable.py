@@ -322,8 +322,7 @@ class DurableChannelDelivery:
         if later:
             now = channel.clock.seconds()
             for m in later:
-                delay, m.deadline = m.deadline, 0.0
-                channel.defer(m, delay, now)
+                channel.defer_published(m, now)
         await self.journal.synced()
 
     def deferred(self, msg: Message, when: float) -> None:
