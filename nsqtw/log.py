@@ -292,8 +292,7 @@ class BufferedLogWriter(io.TextIOBase):
             self.flush_now()
         elif rank >= _WARN:
             self.flush()
-        elif (self._call is None or self._size > self.limit or get_ident() != threadable.ioThread
-              or not getattr(self._reactor, "running", False)):
+        elif self._call is None or self._must_write_now():
             self._schedule(False)
         # else: the pending flush takes it along
 
@@ -301,9 +300,13 @@ class BufferedLogWriter(io.TextIOBase):
         """Write out at the end of the reactor turn (at once if that is not possible)."""
         self._schedule(True)
 
+    def _must_write_now(self) -> bool:
+        """Past :attr:`limit`, off the reactor's thread, or no reactor turn to wait for."""
+        return (self._size > self.limit or get_ident() != threadable.ioThread
+                or not getattr(self._reactor, "running", False))
+
     def _schedule(self, soon: bool) -> None:
-        if (self._size > self.limit or not threadable.isInIOThread()
-                or not getattr(self._reactor, "running", False)):
+        if self._must_write_now():
             self.flush_now()
             return
         call = self._call
