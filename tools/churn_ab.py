@@ -15,7 +15,6 @@ to a file, so no reader in this process competes with the client. docs/performan
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,11 +25,8 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from nsqtw.tools.daemons import LISTEN_LINE, nsqtw_command, process_cpu  # noqa: E402
 from tests.attacks import MAGIC, _connect, _read_frame, churn  # noqa: E402
-
-TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
-_LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+)")
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def start(target: str, data: str) -> tuple[subprocess.Popen[bytes], str, str, str]:
@@ -39,7 +35,7 @@ def start(target: str, data: str) -> tuple[subprocess.Popen[bytes], str, str, st
     env = dict(os.environ)
     if os.path.isdir(target):
         env["PYTHONPATH"] = os.path.abspath(target)
-        cmd = [sys.executable, "-c", TWISTD, "--pidfile=", "-n", "nsqtw", *flags]
+        cmd = [*nsqtw_command(), *flags]
     else:
         cmd = [target, *flags]
     with open(log, "wb") as out:
@@ -47,7 +43,7 @@ def start(target: str, data: str) -> tuple[subprocess.Popen[bytes], str, str, st
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with open(log, encoding="utf-8", errors="replace") as f:
-            found = dict(m.groups() for m in _LISTEN.finditer(f.read()))
+            found = dict(m.groups() for m in LISTEN_LINE.finditer(f.read()))
         if len(found) == 2:
             return proc, found["TCP"], found["HTTP"], log
         if proc.poll() is not None:
@@ -55,13 +51,6 @@ def start(target: str, data: str) -> tuple[subprocess.Popen[bytes], str, str, st
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"{target} did not start: {open(log).read()}")
-
-
-def cpu(pid: int) -> tuple[float, float]:
-    """The process's user and system CPU seconds so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
 def bare(tcp: str, http: str, n: int) -> None:
@@ -95,12 +84,12 @@ KINDS: dict[str, Callable[[str, str, int], object]] = {
 
 def measure(pid: int, kind: str, tcp: str, http: str, cycles: int) -> tuple[float, float, float]:
     """Cycles per second, and the daemon's user and system CPU µs per cycle."""
-    user0, sys0 = cpu(pid)
+    user0, sys0 = process_cpu(pid)
     started = time.monotonic()
     KINDS[kind](tcp, http, cycles)
     elapsed = time.monotonic() - started
     time.sleep(0.3)  # let the daemon finish the last closes
-    user1, sys1 = cpu(pid)
+    user1, sys1 = process_cpu(pid)
     return cycles / elapsed, (user1 - user0) / cycles * 1e6, (sys1 - sys0) / cycles * 1e6
 
 

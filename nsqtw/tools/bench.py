@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 
 from nsqtw._go.duration import format_duration, parse_duration
 from nsqtw.client import Config, Consumer, Message, Producer
+from nsqtw.tools.daemons import process_cpu
 
 
 def _new_reactor() -> Any:
@@ -330,12 +331,8 @@ def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
 
 
 def _process_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) the process has used so far, from /proc (Linux)."""
-    if not pid:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) the process has used so far; 0 without one."""
+    return sum(process_cpu(pid)) if pid else 0.0
 
 
 def _report(kind: str, count: int, size: int, duration: float, results: list[Any],

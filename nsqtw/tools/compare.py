@@ -43,7 +43,7 @@ from typing import Any
 
 from nsqtw._go.duration import parse_duration
 from nsqtw.tools.bench import fill
-from nsqtw.tools.daemons import nsqtw_command, start_listening
+from nsqtw.tools.daemons import nsqtw_command, process_cpu, start_listening
 
 __all__ = ["Figure", "Measure", "compare", "main"]
 
@@ -104,12 +104,6 @@ class Table:
                       drained=any(f.drained for f in got))
 
 
-def _process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 class Session:
     """One fresh daemon: started on loopback port 0 in a scratch data directory, stopped at the end."""
@@ -130,9 +124,9 @@ class Session:
 
     def measure(self, run: Callable[..., tuple[float, int]], *args: Any) -> Figure:
         """``run(*args)`` a load, which returns (value, messages); the daemon's CPU is read around it."""
-        before = _process_cpu(self.proc.pid)
+        before = sum(process_cpu(self.proc.pid))
         value, messages = run(*args)
-        cpu = _process_cpu(self.proc.pid) - before
+        cpu = sum(process_cpu(self.proc.pid)) - before
         return Figure(value, cpu * 1e6 / messages if messages else None, messages)
 
     def stop(self) -> None:

@@ -7,17 +7,19 @@ HOST:PORT`` at start-up, which is how a caller that asked for port 0 learns the 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import threading
 
-__all__ = ["TWISTD", "nsqtw_command", "start_listening"]
+__all__ = ["LISTEN_LINE", "TWISTD", "nsqtw_command", "process_cpu", "start_listening"]
 
 #: runs twistd from the current interpreter (no dependence on a ``twistd`` script on PATH)
 TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 
-_LISTEN = re.compile(r"(TCP|HTTP): listening on (\S+)")
+#: the start-up lines both daemons write: which listener, on which address
+LISTEN_LINE = re.compile(r"(TCP|HTTP): listening on (\S+)")
 
 
 def nsqtw_command() -> list[str]:
@@ -39,8 +41,20 @@ def start_listening(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
         line = proc.stderr.readline()
         if not line:
             raise RuntimeError(f"{cmd[0]} exited before listening")
-        m = _LISTEN.search(line)
+        m = LISTEN_LINE.search(line)
         if m:
             found[m.group(1)] = m.group(2)
     threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
     return proc, found["TCP"], found["HTTP"]
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds process ``pid`` has used so far (Linux ``/proc``).
+
+    The daemon's CPU per message or per cycle is the figure the side-by-side
+    tools trust on a shared machine, where throughput alone is noisy.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick

@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.internet.threads import blockingCallFromThread
 
 from nsqtw.client import Config, Consumer, Message
+from nsqtw.tools.daemons import process_cpu
 
 __all__ = ["ScaleResult", "run_scale"]
 
@@ -77,12 +78,6 @@ def _proc(pid: int) -> dict[str, Any]:
         status = dict(line.split(":", 1) for line in f if ":" in line)
     return {"threads": len(os.listdir(f"/proc/{pid}/task")), "open_files": len(os.listdir(f"/proc/{pid}/fd")),
             "rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1)}
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Subscribers:
@@ -198,9 +193,9 @@ def run_scale(tcp: str, http_address: str, topics: int, channels: int, clients: 
     if daemon_pid:
         proc = _proc(daemon_pid)
         result.threads, result.open_files, result.rss_mb = proc["threads"], proc["open_files"], proc["rss_mb"]
-        before = _cpu_seconds(daemon_pid)
+        before = sum(process_cpu(daemon_pid))
         time.sleep(idle_seconds)
-        result.idle_cpu_percent = round((_cpu_seconds(daemon_pid) - before) / idle_seconds * 100, 2)
+        result.idle_cpu_percent = round((sum(process_cpu(daemon_pid)) - before) / idle_seconds * 100, 2)
     subs.close()
     time.sleep(1)
     started = time.monotonic()
