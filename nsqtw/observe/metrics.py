@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -34,11 +34,6 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 __all__ = ["SLICE_SECONDS", "NSQDCollector", "NSQDMetrics", "run_in_slices", "thread_count"]
-
-#: longest run of snapshot work in one reactor turn before yielding to other events
-
-_T = TypeVar("_T")
-
 
 def thread_count() -> int:
     """Threads of this process, Python's and any other (``/proc``), else the ones Python knows."""

@@ -280,6 +280,7 @@ class V2Parser:
         return left == 0
 
     def _check_mpub_message(self, size: int) -> None:
+        # _take_mpub_run takes only what passes these checks; a change here goes there too
         index = len(self._messages)
         if size <= 0:
             raise fatal("E_BAD_MESSAGE", f"MPUB invalid message({index}) body size {size}")
