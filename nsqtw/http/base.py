@@ -228,8 +228,20 @@ class GoHTTPChannel(HTTPChannel):
         self.transport.pauseProducing()  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:
-        if not self._cut_off:
+        if self._cut_off:
+            return
+        # the answers made while this input is handled (twisted.web writes a response's
+        # head and body separately) leave in one send (nsqtw.net.eager)
+        transport: Any = self.transport
+        cork = getattr(transport, "cork", None)
+        if cork is None:
             super().dataReceived(data)  # type: ignore[no-untyped-call]
+            return
+        cork()
+        try:
+            super().dataReceived(data)  # type: ignore[no-untyped-call]
+        finally:
+            transport.uncork()
 
     def loseConnection(self) -> None:
         """Close; after a cut-off body, first let the client read the answer, as Go does.

@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ServerEndpoint, TCP6ServerEndpoint
+from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 
 from nsqtw.log import Logger
@@ -41,15 +41,15 @@ def listen_backlog() -> int:
     return max(1, min(n, 65535))
 
 
-def server_endpoint(reactor: Any, address: str, eager: bool = False) -> IStreamServerEndpoint:
-    """``eager``: connections send at once when idle (:mod:`nsqtw.net.eager`), for the V2 listener."""
+def server_endpoint(reactor: Any, address: str) -> IStreamServerEndpoint:
+    """Listen on ``host:port`` (IPv4 or IPv6) with connections that send at once when idle.
+
+    Every listener, TCP and HTTP, gets :mod:`nsqtw.net.eager`'s connections:
+    an answer leaves within the reactor turn that made it, in one ``send``,
+    instead of a turn later after two ``epoll_ctl`` calls.
+    """
     host, port = split_host_port(address)
-    backlog = listen_backlog()
-    if eager:
-        return EagerTCPServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
-    if ":" in host:
-        return TCP6ServerEndpoint(reactor, port, backlog=backlog, interface=host)
-    return TCP4ServerEndpoint(reactor, port, backlog=backlog, interface=host or "0.0.0.0")
+    return EagerTCPServerEndpoint(reactor, port, backlog=listen_backlog(), interface=host or "0.0.0.0")
 
 
 def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClientEndpoint:

@@ -143,7 +143,7 @@ class NSQDService(MultiService):
         node_metrics = NSQDMetrics(self.nsqd, reactor, options.metrics_per_client,
                                    self.fsync_latency.histogram)
         self.metrics_page = MetricsPage(node_metrics.collector, node_metrics.prepare)
-        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address, eager=True),
+        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
         from nsqtw.nsqd.http import HTTPAPI
 

@@ -1,8 +1,14 @@
-"""The eager V2 transport's reliance on Twisted's private write buffers, and its fallback."""
+"""The eager transport: its reliance on Twisted's private write buffers, its fallback, corking and closing."""
 
 from __future__ import annotations
 
-from twisted.internet import abstract
+import socket
+from typing import Any
+
+from twisted.internet import abstract, error, main
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.net import eager
@@ -101,3 +107,138 @@ class AcceptTests(SynchronousTestCase):
     def test_anything_else_is_left_alone(self) -> None:
         eager.speed_up_accepts(object())
         eager.speed_up_accepts(None)
+
+
+class _Recorder(Protocol):
+    """Records what the transport reports to its protocol."""
+
+    def __init__(self) -> None:
+        self.lost: list[Failure] = []
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.lost.append(reason)
+
+
+class _CountingSocket:
+    """A connected socket that counts the system calls EagerServer makes on it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.sends: list[bytes] = []
+        self.calls: list[str] = []
+
+    def send(self, data: bytes) -> int:
+        self.sends.append(bytes(data))
+        return self._sock.send(data)
+
+    def setsockopt(self, *args: Any) -> None:
+        self.calls.append("setsockopt")
+        self._sock.setsockopt(*args)
+
+    def shutdown(self, how: int) -> None:
+        self.calls.append("shutdown")
+        self._sock.shutdown(how)
+
+    def close(self) -> None:
+        self.calls.append("close")
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class EagerServerTests(SynchronousTestCase):
+    """EagerServer's corked writes and its close without a writability round, on a real socket pair."""
+
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        listener.close()
+        self.addCleanup(self.peer.close)
+        self.peer.setblocking(False)
+        ours.setblocking(False)
+        self.sock = _CountingSocket(ours)
+        self.protocol = _Recorder()
+        self.server = eager.EagerServer(self.sock, self.protocol, ("127.0.0.1", 1234), None, 1, self.reactor)
+        self.protocol.makeConnection(self.server)
+        self.addCleanup(lambda: self.server.connected and self.server.abortConnection())
+
+    def received(self) -> bytes:
+        try:
+            return self.peer.recv(65536)
+        except BlockingIOError:
+            return b""
+
+    def test_corked_writes_leave_in_one_send(self) -> None:
+        """What is written while corked (a response's head, then its body) is sent once, in order, on uncork."""
+        self.server.cork()
+        self.server.writeSequence([b"HTTP/1.1 200 OK\r\n", b"Content-Length: 2\r\n\r\n"])
+        self.server.write(b"OK")
+        self.assertEqual((self.sock.sends, self.received()), ([], b""))
+        self.server.uncork()
+        self.assertEqual(self.sock.sends, [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK"])
+        self.assertEqual(self.received(), b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+        self.server.write(b"after")  # no longer corked: at once
+        self.assertEqual(self.sock.sends[-1], b"after")
+
+    def test_write_sequence_is_one_send(self) -> None:
+        """writeSequence on an idle connection joins its parts into one send instead of buffering them."""
+        self.server.writeSequence([b"a", b"b", b"c"])
+        self.assertEqual(self.sock.sends, [b"abc"])
+        self.assertEqual(self.reactor.getWriters(), [])
+
+    def test_close_when_idle_skips_the_writability_round(self) -> None:
+        """With nothing queued, loseConnection closes on the next turn: no writer, never synchronously."""
+        self.server.write(b"bye")
+        self.server.loseConnection()
+        self.assertEqual(self.reactor.getWriters(), [])
+        self.assertNotIn(self.server, self.reactor.getReaders())
+        self.assertEqual(self.protocol.lost, [])  # not from within loseConnection
+        self.reactor.advance(0)
+        self.assertEqual(len(self.protocol.lost), 1)
+        self.protocol.lost[0].trap(error.ConnectionDone)
+        self.assertEqual(self.sock.calls[-1:], ["close"])
+        self.assertNotIn("shutdown", self.sock.calls)  # close alone ends it, as Go's Close
+        self.assertEqual(self.received(), b"bye")
+        self.assertEqual(self.peer.recv(10), b"")  # the peer sees the end
+
+    def test_close_flushes_the_cork_first(self) -> None:
+        """Closing while corked sends what was corked before the connection ends."""
+        self.server.cork()
+        self.server.write(b"answer")
+        self.server.loseConnection()
+        self.reactor.advance(0)
+        self.assertEqual(self.received(), b"answer")
+        self.assertEqual(len(self.protocol.lost), 1)
+
+    def test_written_after_close_still_goes_out_first(self) -> None:
+        """Bytes written between loseConnection and the next turn take Twisted's way: sent, then closed."""
+        self.server.loseConnection()
+        self.server.write(b"late")
+        self.reactor.advance(0)
+        self.assertEqual(self.protocol.lost, [])
+        self.assertIn(self.server, self.reactor.getWriters())
+        self.server.doWrite()
+        self.assertEqual(self.received(), b"late")
+
+    def test_close_with_queued_bytes_waits_for_them(self) -> None:
+        """With bytes queued in Twisted's buffer, loseConnection is Twisted's: write them, then close."""
+        self.server.cork()
+        self.server.write(b"x")
+        super(eager.EagerServer, self.server).write(b"queued")  # as if the kernel had refused it
+        self.server.loseConnection()
+        self.assertIn(self.server, self.reactor.getWriters())
+        self.assertEqual(self.server.doWrite(), main.CONNECTION_DONE)
+        self.assertEqual(self.received(), b"queuedx")
+
+    def test_no_delay_is_set_once(self) -> None:
+        """Asking again for TCP_NODELAY (twisted.web's HTTPChannel does) makes no second system call."""
+        self.assertEqual(self.sock.calls.count("setsockopt"), 1)  # by __init__, as Go sets it
+        self.server.setTcpNoDelay(True)
+        self.server.setTcpNoDelay(True)
+        self.assertEqual(self.sock.calls.count("setsockopt"), 1)
+        self.server.setTcpNoDelay(False)
+        self.assertEqual(self.sock.calls.count("setsockopt"), 2)
+        self.assertFalse(self.server.getTcpNoDelay())

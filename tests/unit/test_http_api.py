@@ -716,6 +716,44 @@ class GoHTTPChannelTests(SynchronousTestCase):
         channel.makeConnection(transport)
         return channel, transport
 
+    def test_an_answer_is_written_while_corked_and_sent_once(self) -> None:
+        """Over a transport that corks (nsqtw.net.eager), a request's head and body writes leave together.
+
+        twisted.web writes a response's status line and headers, then its
+        body, in separate writes; the channel corks around the input it
+        handles, so the eager transport sends them as one segment.
+        """
+
+        class Corking(StringTransport):
+            corked = False
+            writes_while_corked = 0
+            uncorks = 0
+
+            def cork(self) -> None:
+                self.corked = True
+
+            def uncork(self) -> None:
+                self.corked = False
+                self.uncorks += 1
+
+            def write(self, data: bytes) -> None:
+                self.writes_while_corked += self.corked
+                super().write(data)
+
+            def writeSequence(self, data: Any) -> None:
+                self.writes_while_corked += self.corked
+                super().writeSequence(data)
+
+        client = Client(self)
+        channel = client.api.site().buildProtocol(None)
+        transport = Corking()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertTrue(transport.value().endswith(b"\r\n\r\nOK"))
+        self.assertGreaterEqual(transport.writes_while_corked, 2)  # head, then body
+        self.assertEqual((transport.corked, transport.uncorks), (False, 1))
+
     def test_headers_up_to_a_mebibyte_are_read(self) -> None:
         """A 200 KB header and 600 headers are fine for Go; twisted's defaults hang up at 16 KiB / 500."""
         channel, transport = self._channel()

@@ -17,9 +17,11 @@ class ListenBacklogTests(SynchronousTestCase):
         with mock.patch("builtins.open", mock.mock_open(read_data="4096\n")):
             self.assertEqual(listen_backlog(), 4096)
             reactor = MemoryReactor()
-            server_endpoint(reactor, "127.0.0.1:0").listen(ServerFactory())
-            server_endpoint(reactor, "[::1]:0").listen(ServerFactory())
-        self.assertEqual([backlog for _, _, backlog, _ in reactor.tcpServers], [4096, 4096])
+            endpoints = [server_endpoint(reactor, "127.0.0.1:0"), server_endpoint(reactor, "[::1]:0")]
+        self.assertEqual([(e.interface, e.backlog) for e in endpoints], [("127.0.0.1", 4096), ("::1", 4096)])
+        # the port an endpoint makes listens with that backlog (tcp.Port hands it to listen())
+        port = endpoints[0]._make_port(ServerFactory())
+        self.assertEqual(port.backlog, 4096)
 
     def test_backlog_capped_and_defaulted(self) -> None:
         """A huge somaxconn is capped at 65535; without /proc the platform's SOMAXCONN is used."""
