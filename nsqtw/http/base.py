@@ -32,6 +32,7 @@ from twisted.web.server import Request, Site
 from nsqtw._go.json import go_json
 from nsqtw._go.path import clean_path
 from nsqtw._go.query import parse_query
+from nsqtw.http.direct import DirectRequest, parse_simple_get
 from nsqtw.log import Logger
 
 __all__ = ["JSON", "TEXT", "APIError", "RawJSON", "BoundedRequest", "GoHTTPAPI", "GoHTTPChannel", "GoSite", "Marshal",
@@ -214,6 +215,9 @@ class GoHTTPChannel(HTTPChannel):
     maxHeaders = MAX_HEADER_BYTES
     _refused = False
     _cut_off = False
+    #: nothing has reached twisted.web's parser on this connection yet: a plain GET of a
+    #: direct route may be answered without it (:meth:`_answer_directly`)
+    _pristine = True
     _closing_call: Any = None
     callLater: Any  # set by HTTPFactory.buildProtocol
 
@@ -234,14 +238,30 @@ class GoHTTPChannel(HTTPChannel):
         # head and body separately) leave in one send (nsqtw.net.eager)
         transport: Any = self.transport
         cork = getattr(transport, "cork", None)
-        if cork is None:
-            super().dataReceived(data)  # type: ignore[no-untyped-call]
-            return
-        cork()
+        if cork is not None:
+            cork()
         try:
-            super().dataReceived(data)  # type: ignore[no-untyped-call]
+            if not self._pristine or not self._answer_directly(data):
+                self._pristine = False
+                super().dataReceived(data)  # type: ignore[no-untyped-call]
         finally:
-            transport.uncork()
+            if cork is not None:
+                transport.uncork()
+
+    def _answer_directly(self, data: bytes) -> bool:
+        """Answer a plain GET of a direct route without twisted.web's Request (:mod:`nsqtw.http.direct`)."""
+        api = getattr(getattr(self, "site", None), "api", None)
+        if not isinstance(api, GoHTTPAPI) or not api.direct_routes or (api.tls_required and not api.tls_enabled):
+            return False  # TLS_REQUIRED is _Root's answer to give
+        simple = parse_simple_get(data, api.direct_routes)
+        if simple is None:
+            return False
+        self.resetTimeout()  # type: ignore[no-untyped-call]
+        request = DirectRequest(self, simple)
+        request.answer(getattr(api, api.direct_routes[simple.target])(request))
+        if not simple.persistent:
+            self.loseConnection()
+        return True
 
     def loseConnection(self) -> None:
         """Close; after a cut-off body, first let the client read the answer, as Go does.

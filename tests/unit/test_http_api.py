@@ -873,3 +873,128 @@ class EncodedClientsTests(SynchronousTestCase):
         self.assertIn(b'"client_id":"a{0}\\"state\\":8000000000000000000,}\\u003c', whole)
         self.assertEqual(client("GET", "/stats?format=json&include_mem=false").body,
                          run_to_end(json_steps(snapshot(client.nsqd, include_mem=False))))
+
+
+class DirectRouteTests(SynchronousTestCase):
+    """A plain GET of a direct route is answered without twisted.web's Request, with the same bytes.
+
+    Every request below is sent twice to a fresh channel: once as it comes
+    (the direct answer where it qualifies) and once with the channel told it
+    has already parsed input (twisted.web's Request, Klein's route). The
+    bytes written, and whether the connection closes, must be the same.
+    """
+
+    VARIANTS = [
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nhost: x\r\nconnection: Keep-Alive Close\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close,keep-alive\r\n\r\n",  # twisted: not "close"
+        b"GET /ping HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n",  # the first counts
+        b"GET /ping HTTP/1.1\r\n\r\n",
+        b"GET /ping HTTP/1.0\r\n\r\n",
+        b"GET /ping HTTP/1.0\r\nConnection: keep-alive\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nX-Empty:\r\nX-Tab:\tv\r\n\r\n",
+        # not plain: twisted.web's way, the same answers
+        b"GET /ping?x=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /ping/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET //ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nno colon\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\n folded: x\r\n\r\n",
+        b"GET /ping HTTP/1.1\nHost: x\n\n",  # twisted.web waits for CRLF: nothing, both ways
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /ping HTTP/2.0\r\nHost: x\r\n\r\n",
+        b"GET  /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nX-Raw: \xff\r\n\r\n",
+        b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+
+    def setUp(self) -> None:
+        from unittest import mock
+
+        # both paths stamp the same Date
+        for where in ("nsqtw.http.direct.datetimeToString", "twisted.web.server.datetimeToString"):
+            patcher = mock.patch(where, return_value=b"Tue, 24 Nov 2026 12:00:00 GMT")
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    def _answer(self, api: Any, data: bytes, direct: bool) -> tuple[bytes, bool, bool]:
+        """What a fresh channel writes for ``data``, whether it closed, and whether it answered directly."""
+        from twisted.internet.task import Clock
+
+        site = api.site(reactor=Clock())
+        channel = site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        if not direct:
+            channel._pristine = False
+        answered = []
+        real = channel._answer_directly
+        channel._answer_directly = lambda d: answered.append(real(d)) or answered[-1]
+        channel.dataReceived(data)
+        return transport.value(), bool(transport.disconnecting), any(answered)
+
+    def _apis(self) -> list[tuple[str, Any]]:
+        from nsqtw.lookupd.http import LookupdHTTPAPI
+        from tests.helpers import make_lookupd
+
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        lookupd, _ = make_lookupd()
+        return [("nsqd", HTTPAPI(nsqd)), ("nsqlookupd", LookupdHTTPAPI(lookupd))]
+
+    def test_both_paths_give_the_same_bytes(self) -> None:
+        for name, api in self._apis():
+            for data in self.VARIANTS:
+                with self.subTest(api=name, request=data):
+                    direct = self._answer(api, data, True)
+                    generic = self._answer(api, data, False)
+                    self.assertEqual(direct[:2], generic[:2])
+
+    def test_the_plain_cases_are_answered_directly(self) -> None:
+        """The first nine variants qualify; the rest go twisted.web's way."""
+        _, api = self._apis()[0]
+        taken = [self._answer(api, data, True)[2] for data in self.VARIANTS]
+        self.assertEqual(taken, [True] * 9 + [False] * (len(self.VARIANTS) - 9))
+
+    def test_an_unhealthy_node_answers_500_directly(self) -> None:
+        """nsqd's NOK text and 500 come the direct way too, the same as twisted.web's."""
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        nsqd.set_health("disk", "failed to write")  # as a failing backend reports it
+        api = HTTPAPI(nsqd)
+        data = self.VARIANTS[0]
+        direct, generic = self._answer(api, data, True), self._answer(api, data, False)
+        self.assertEqual(direct, (generic[0], generic[1], True))
+        self.assertTrue(direct[0].startswith(b"HTTP/1.1 500 Internal Server Error\r\n"), direct[0])
+        self.assertTrue(direct[0].endswith(b"NOK - failed to write"), direct[0])
+
+    def test_keep_alive_answers_one_request_after_another(self) -> None:
+        """On a kept connection every plain request is answered directly; then a non-plain one goes the long way."""
+        from twisted.internet.task import Clock
+
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        channel = HTTPAPI(nsqd).site(reactor=Clock()).buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        for _ in range(3):
+            channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), 3)
+        self.assertTrue(channel._pristine)
+        channel.dataReceived(b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertFalse(channel._pristine)
+        self.assertIn(b'"version":', transport.value())
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")  # twisted.web's now: still answered
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), 5)
+        self.assertFalse(transport.disconnecting)
+
+    def test_tls_required_is_not_skipped(self) -> None:
+        """With --tls-required on plain HTTP, /ping gets _Root's 403 TLS_REQUIRED, never the direct answer."""
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        api = HTTPAPI(nsqd)
+        api.tls_required = True
+        value, _, direct = self._answer(api, self.VARIANTS[0], True)
+        self.assertFalse(direct)
+        self.assertIn(b" 403 ", value.split(b"\r\n", 1)[0])
