@@ -156,10 +156,12 @@ class EagerServer(tcp.Server):
                 self._corked.append(data)
             return
         # Twisted's own buffers (FileDescriptor internals, read here as a subclass):
-        # if anything is queued, or TLS is on, or the connection is closing, append.
+        # if anything is queued, or TLS is on, or the connection is closing, append;
+        # likewise for a pull producer, which Twisted asks for more from doWrite
         if (self.TLS or self._tempDataLen or self.offset != len(self.dataBuffer)
                 or not self.connected or self.disconnecting or self._writeDisconnected
-                or type(data) is not bytes or not data):
+                or type(data) is not bytes or not data
+                or (self.producer is not None and not self.streamingProducer)):
             super().write(data)  # type: ignore[no-untyped-call]
             return
         try:

@@ -242,3 +242,28 @@ class EagerServerTests(SynchronousTestCase):
         self.server.setTcpNoDelay(False)
         self.assertEqual(self.sock.calls.count("setsockopt"), 2)
         self.assertFalse(self.server.getTcpNoDelay())
+
+    def test_a_pull_producer_is_asked_for_more_by_twisted(self) -> None:
+        """With a pull producer registered, writes take Twisted's buffer, so doWrite asks for the next part."""
+        parts = [b"one", b"two"]
+        server = self.server
+
+        class Pull:
+            resumed = 0
+
+            def resumeProducing(self) -> None:
+                self.resumed += 1
+                if parts:
+                    server.write(parts.pop(0))
+
+            def stopProducing(self) -> None:
+                pass
+
+        producer = Pull()
+        server.registerProducer(producer, False)  # Twisted asks for the first part at once
+        self.assertEqual((producer.resumed, self.sock.sends), (1, []))
+        self.assertIn(server, self.reactor.getWriters())
+        server.doWrite()  # sends "one" and, its buffer empty, asks for more
+        server.doWrite()
+        self.assertEqual(producer.resumed, 3)
+        self.assertEqual(self.received(), b"onetwo")
