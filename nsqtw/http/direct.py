@@ -55,9 +55,11 @@ def parse_simple_get(data: bytes, routes: dict[bytes, str]) -> SimpleGet | None:
     if (len(data) > MAX_DIRECT_HEAD or not data.startswith(b"GET /") or not data.endswith(b"\r\n\r\n")
             or not data.isascii()):
         return None
-    lines = data[:-4].split(b"\r\n")
-    if b"\n" in data[:-4].replace(b"\r\n", b"") or b"\r" in data[:-4].replace(b"\r\n", b""):
-        return None  # a bare CR or LF, or a second request behind the first
+    head = data[:-4]
+    unbroken = head.replace(b"\r\n", b"")
+    if b"\n" in unbroken or b"\r" in unbroken:
+        return None  # a bare CR or LF
+    lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or parts[1] not in routes or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
         return None
