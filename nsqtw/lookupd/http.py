@@ -16,7 +16,7 @@ from twisted.internet.defer import ensureDeferred
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
-from nsqtw.http import APIError, GoHTTPAPI
+from nsqtw.http.base import APIError, GoHTTPAPI
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.lookupd import NSQLookupd

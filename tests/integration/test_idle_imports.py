@@ -5,7 +5,8 @@ the heavy optional libraries were loaded (``docs/performance.md``, Memory):
 pyOpenSSL and cryptography only with a TLS option or an auth server,
 prometheus_client only after a ``/metrics`` scrape, treq only with an auth
 server, cramjam only after a snappy client (or a scrape: prometheus_client
-imports snappy).
+imports snappy), and the HTTP stack (twisted.web's server, Klein, werkzeug)
+only once an HTTP connection came in.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from tests.certs import CertFiles, make_certs
 from tests.daemon import TWISTD, Daemon, LookupdDaemon
 
 #: the libraries the probe reports on
-WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam")
+WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam",
+           "twisted.web.server", "klein", "werkzeug")
+#: what serving HTTP imports, at the first connection
+HTTP_STACK = {"twisted.web.server", "klein", "werkzeug"}
 
 PROBE = (
     "import atexit, json, os, sys\n"
@@ -34,8 +38,12 @@ def certs(tmp_path_factory) -> CertFiles:
     return make_certs(str(tmp_path_factory.mktemp("certs")))
 
 
-def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Daemon] = Daemon) -> set[str]:
-    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded."""
+def imported_at_exit(tmp_path, *args: str, scrape: bool = False, ping: bool = False,
+                     daemon: type[Daemon] = Daemon) -> set[str]:
+    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded.
+
+    ``scrape`` and ``ping`` send it a ``GET /metrics`` and a ``GET /ping`` first.
+    """
     path = tmp_path / f"data{len(os.listdir(tmp_path))}"
     path.mkdir()
     d = daemon(str(path), *args, code=PROBE + TWISTD).start()
@@ -43,6 +51,9 @@ def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Da
         if scrape:
             with urllib.request.urlopen(f"http://{d.http_address}/metrics", timeout=10) as r:
                 assert r.status == 200 and b"process_resident_memory_bytes" in r.read()
+        if ping:
+            with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=10) as r:
+                assert (r.status, r.read(), r.headers["Content-Type"]) == (200, b"OK", "text/plain; charset=utf-8")
     finally:
         assert d.stop() == 0
     [line] = [line for line in "".join(d.output).splitlines() if line.startswith("IMPORTED ")]

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw._go.json import go_json
 from nsqtw._go.query import parse_query
-from nsqtw.http import BoundedRequest
+from nsqtw.http.base import BoundedRequest
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.observe.stats import format_text, go_duration, snapshot
 from nsqtw.protocol.wire import encode_command
