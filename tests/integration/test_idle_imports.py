@@ -64,6 +64,12 @@ def test_idle_node_without_tls_loads_none_of_them(tmp_path) -> None:
     assert imported_at_exit(tmp_path) == set()
 
 
+def test_first_http_request_loads_the_http_stack(tmp_path) -> None:
+    """The HTTP listener makes its site at the first connection: the request is answered, and
+    only then are twisted.web's server, Klein and werkzeug loaded (and nothing else watched)."""
+    assert imported_at_exit(tmp_path, ping=True) == HTTP_STACK
+
+
 def test_metrics_scrape_loads_prometheus_not_tls(tmp_path) -> None:
     """/metrics works on such a node; prometheus_client (which imports snappy, so cramjam) comes with it."""
     got = imported_at_exit(tmp_path, scrape=True)
@@ -84,5 +90,11 @@ def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
 
 
 def test_lookupd_loads_no_openssl(tmp_path) -> None:
-    """nsqlookupd has no TLS at all."""
-    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & {"OpenSSL", "cryptography"}
+    """nsqlookupd has no TLS at all; it too loads the HTTP stack only at its first HTTP connection."""
+    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & ({"OpenSSL", "cryptography"} | HTTP_STACK)
+    assert imported_at_exit(tmp_path, ping=True, daemon=LookupdDaemon) == HTTP_STACK
+
+
+def test_lookupd_scrape_loads_prometheus(tmp_path) -> None:
+    """nsqlookupd's /metrics imports prometheus_client at the first scrape, not before."""
+    assert "prometheus_client" in imported_at_exit(tmp_path, scrape=True, daemon=LookupdDaemon)
