@@ -9,6 +9,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import Factory
 
 from nsqtw import version_banner
+from nsqtw.heap import release_free_heap
 from nsqtw.log import Logger
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.protocol import LookupFactory
@@ -54,6 +55,7 @@ class LookupdService(MultiService):
     def startService(self) -> None:
         self.log.info("{banner}", banner=version_banner("nsqlookupd"))
         super().startService()  # type: ignore[no-untyped-call]
+        release_free_heap()  # what start-up freed goes back to the system
 
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())
