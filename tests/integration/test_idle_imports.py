@@ -5,8 +5,8 @@ the heavy optional libraries were loaded (``docs/performance.md``, Memory):
 pyOpenSSL and cryptography only with a TLS option or an auth server,
 prometheus_client only after a ``/metrics`` scrape, treq only with an auth
 server, cramjam only after a snappy client (or a scrape: prometheus_client
-imports snappy), and the HTTP stack (twisted.web's server, Klein, werkzeug)
-only once an HTTP connection came in.
+imports snappy), twisted.web's server only once an HTTP connection came in,
+and Klein and werkzeug only once a request needed routing (``/ping`` does not).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.daemon import TWISTD, Daemon, LookupdDaemon
 #: the libraries the probe reports on
 WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam",
            "twisted.web.server", "klein", "werkzeug")
-#: what serving HTTP imports, at the first connection
+#: what routing HTTP requests imports (a GET /ping needs only twisted.web.server)
 HTTP_STACK = {"twisted.web.server", "klein", "werkzeug"}
 
 PROBE = (
@@ -38,11 +38,11 @@ def certs(tmp_path_factory) -> CertFiles:
     return make_certs(str(tmp_path_factory.mktemp("certs")))
 
 
-def imported_at_exit(tmp_path, *args: str, scrape: bool = False, ping: bool = False,
+def imported_at_exit(tmp_path, *args: str, scrape: bool = False, ping: bool = False, info: bool = False,
                      daemon: type[Daemon] = Daemon) -> set[str]:
     """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded.
 
-    ``scrape`` and ``ping`` send it a ``GET /metrics`` and a ``GET /ping`` first.
+    ``scrape``, ``ping`` and ``info`` send it a ``GET /metrics``, ``/ping`` and ``/info`` first.
     """
     path = tmp_path / f"data{len(os.listdir(tmp_path))}"
     path.mkdir()
@@ -54,6 +54,9 @@ def imported_at_exit(tmp_path, *args: str, scrape: bool = False, ping: bool = Fa
         if ping:
             with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=10) as r:
                 assert (r.status, r.read(), r.headers["Content-Type"]) == (200, b"OK", "text/plain; charset=utf-8")
+        if info:
+            with urllib.request.urlopen(f"http://{d.http_address}/info", timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["version"] == "1.3.0"
     finally:
         assert d.stop() == 0
     [line] = [line for line in "".join(d.output).splitlines() if line.startswith("IMPORTED ")]
@@ -64,10 +67,15 @@ def test_idle_node_without_tls_loads_none_of_them(tmp_path) -> None:
     assert imported_at_exit(tmp_path) == set()
 
 
-def test_first_http_request_loads_the_http_stack(tmp_path) -> None:
-    """The HTTP listener makes its site at the first connection: the request is answered, and
-    only then are twisted.web's server, Klein and werkzeug loaded (and nothing else watched)."""
-    assert imported_at_exit(tmp_path, ping=True) == HTTP_STACK
+def test_ping_loads_twisted_web_only(tmp_path) -> None:
+    """The HTTP listener makes its site at the first connection: /ping is answered with
+    twisted.web's server loaded, and without Klein or werkzeug (a direct route)."""
+    assert imported_at_exit(tmp_path, ping=True) == {"twisted.web.server"}
+
+
+def test_routed_request_loads_klein(tmp_path) -> None:
+    """A request that needs routing (/info) loads Klein and werkzeug, and nothing else watched."""
+    assert imported_at_exit(tmp_path, info=True) == HTTP_STACK
 
 
 def test_metrics_scrape_loads_prometheus_not_tls(tmp_path) -> None:
@@ -92,7 +100,8 @@ def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
 def test_lookupd_loads_no_openssl(tmp_path) -> None:
     """nsqlookupd has no TLS at all; it too loads the HTTP stack only at its first HTTP connection."""
     assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & ({"OpenSSL", "cryptography"} | HTTP_STACK)
-    assert imported_at_exit(tmp_path, ping=True, daemon=LookupdDaemon) == HTTP_STACK
+    assert imported_at_exit(tmp_path, ping=True, daemon=LookupdDaemon) == {"twisted.web.server"}
+    assert imported_at_exit(tmp_path, info=True, daemon=LookupdDaemon) == HTTP_STACK
 
 
 def test_lookupd_scrape_loads_prometheus(tmp_path) -> None:
