@@ -6,7 +6,8 @@ pyOpenSSL and cryptography only with a TLS option or an auth server,
 prometheus_client only after a ``/metrics`` scrape, treq only with an auth
 server, cramjam only after a snappy client (or a scrape: prometheus_client
 imports snappy), twisted.web's server only once an HTTP connection came in,
-and Klein and werkzeug only once a request needed routing (``/ping`` does not).
+and Klein and werkzeug only once a request needed routing (``/ping`` does not);
+automat (Twisted's ``ClientService``) only with an nsqlookupd to register with.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.daemon import TWISTD, Daemon, LookupdDaemon
 
 #: the libraries the probe reports on
 WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam",
-           "twisted.web.server", "klein", "werkzeug")
+           "twisted.web.server", "klein", "werkzeug", "automat")
 #: what routing HTTP requests imports (a GET /ping needs only twisted.web.server)
 HTTP_STACK = {"twisted.web.server", "klein", "werkzeug"}
 
@@ -95,6 +96,11 @@ def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
     """An auth server's 403 can send nsqd to https, so any auth address keeps TLS available."""
     got = imported_at_exit(tmp_path, "--auth-http-address=127.0.0.1:1")
     assert {"OpenSSL", "treq"} <= got
+
+
+def test_lookupd_address_loads_client_service(tmp_path) -> None:
+    """An nsqlookupd address makes nsqd keep a connection with Twisted's ClientService (automat)."""
+    assert imported_at_exit(tmp_path, "--lookupd-tcp-address=127.0.0.1:1") == {"automat"}
 
 
 def test_lookupd_loads_no_openssl(tmp_path) -> None:
