@@ -41,7 +41,7 @@ from nsqtw.admin.client import AdminHTTPClient, UpstreamError
 from nsqtw.admin.cluster import ClusterInfo, Errors, QueryFailed, producer_http_address
 from nsqtw.admin.history import History
 from nsqtw.admin.options import FLAGS, AdminOptions, normalize_base_path
-from nsqtw.http import JSON, APIError, GoHTTPAPI, Marshal
+from nsqtw.http.base import JSON, APIError, GoHTTPAPI, Marshal
 from nsqtw.log import LEVELS, level_number, set_level
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 

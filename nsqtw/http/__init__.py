@@ -1,5 +1,6 @@
-"""The Go-compatible HTTP layer nsqd, nsqlookupd and nsqadmin share (see :mod:`nsqtw.http.base`)."""
+"""The Go-compatible HTTP layer nsqd, nsqlookupd and nsqadmin share (see :mod:`nsqtw.http.base`).
 
-from nsqtw.http.base import JSON, TEXT, APIError, BoundedRequest, GoHTTPAPI, GoSite, Marshal, sniff
-
-__all__ = ["JSON", "TEXT", "APIError", "BoundedRequest", "GoHTTPAPI", "GoSite", "Marshal", "sniff"]
+Nothing is imported here: :mod:`nsqtw.http.metrics` must be importable
+without :mod:`nsqtw.http.base` (twisted.web, Klein), which a daemon loads
+only at its first HTTP connection (``nsqtw.net.lazy``).
+"""

@@ -14,15 +14,20 @@ not read to its end: the request is answered with what was kept and the
 connection closed (:class:`GoHTTPChannel`), as Go's server does. Request
 lines and headers are bounded as Go's net/http bounds them (1 MiB, answered
 431), and a raw non-ASCII request target is accepted as Go accepts it.
+
+Routes are marked with :func:`route` and handed to Klein when the API first
+routes a request (:meth:`GoHTTPAPI.klein_app`): a node whose only HTTP
+request so far is a health check (``/ping``, a direct route) never imports
+Klein and werkzeug, about 4 MB of RSS (``docs/performance.md``, Memory).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from io import BytesIO
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote_to_bytes
 
-from klein import Klein
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
@@ -35,8 +40,11 @@ from nsqtw._go.query import parse_query
 from nsqtw.http.direct import DirectRequest, parse_simple_get
 from nsqtw.log import Logger
 
+if TYPE_CHECKING:
+    from klein import Klein
+
 __all__ = ["JSON", "TEXT", "APIError", "RawJSON", "BoundedRequest", "GoHTTPAPI", "GoHTTPChannel", "GoSite", "Marshal",
-           "sniff"]
+           "route", "sniff"]
 
 JSON = b"application/json; charset=utf-8"
 TEXT = b"text/plain; charset=utf-8"
@@ -335,14 +343,36 @@ class GoSite(Site):
 # --- the API -------------------------------------------------------------------------
 
 
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+#: the attribute :func:`route` marks a handler with: (Klein path, methods)
+_ROUTE_MARK = "_go_http_route"
+
+
+def route(path: str, methods: tuple[str, ...]) -> Callable[[_Handler], _Handler]:
+    """Mark a :class:`GoHTTPAPI` method as the handler of ``path`` (Klein's syntax) for ``methods``.
+
+    :meth:`GoHTTPAPI.klein_app` gives the marked methods to Klein, with
+    httprouter's strictness (no slash merging or fixing), when the API first
+    routes a request.
+    """
+
+    def mark(handler: _Handler) -> _Handler:
+        setattr(handler, _ROUTE_MARK, (path, methods))
+        return handler
+
+    return mark
+
+
 class _Root(Resource):
     """Checks nsqd's TLS requirement and unroutable paths, then hands over to Klein."""
 
     isLeaf = True
 
-    def __init__(self, api: GoHTTPAPI, klein_resource: Any) -> None:
+    def __init__(self, api: GoHTTPAPI, klein_resource: Any = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.api: Any = api  # nsqd's or nsqlookupd's (only nsqd's can require TLS)
+        #: Klein's resource over the API, made at the first request that needs routing
         self.klein_resource = klein_resource
 
     def render(self, request: Any) -> Any:
@@ -365,15 +395,18 @@ class _Root(Resource):
             # httprouter redirects unclean paths (//, /./, /../) to their clean form and
             # registers no HEAD routes (GET routes answer HEAD with 405)
             return api._unrouted(request)
+        if self.klein_resource is None:
+            self.klein_resource = api.klein_resource()
         return self.klein_resource.render(request)
 
 
 class GoHTTPAPI:
     """What nsqd's and nsqlookupd's HTTP APIs share: Go's ``http_api`` and httprouter.
 
-    Subclasses set :attr:`app` (their Klein routes, with :meth:`_route_error`
-    registered for NotFound and MethodNotAllowed) and :attr:`routes` (every
-    route with its methods, for httprouter's redirects, 405s and 404s).
+    Subclasses mark their handlers with :func:`route` (or set :attr:`app`,
+    their Klein routes, with :meth:`_route_error` registered for NotFound and
+    MethodNotAllowed) and set :attr:`routes` (every route with its methods,
+    for httprouter's redirects, 405s and 404s).
     """
 
     app: Klein
@@ -393,8 +426,36 @@ class GoHTTPAPI:
         return 0
 
     def resource(self) -> IResource:
-        root: IResource = _Root(self, self.app.resource())
+        root: IResource = _Root(self)
         return root
+
+    @classmethod
+    def klein_app(cls) -> Klein:
+        """The class's Klein app (:attr:`app`): made from its :func:`route` handlers on first use.
+
+        Klein and werkzeug are imported here, at the first request a direct
+        route does not answer.
+        """
+        app: Klein | None = cls.__dict__.get("app")
+        if app is None:
+            from klein import Klein
+            from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+            app = Klein()
+            app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
+            for handler in list(vars(cls).values()):
+                mark = getattr(handler, _ROUTE_MARK, None)
+                if mark is not None:
+                    path, methods = mark
+                    app.route(path, methods=list(methods), merge_slashes=False, strict_slashes=True)(handler)
+            cls.app = app
+        return app
+
+    def klein_resource(self) -> IResource:
+        """Klein's resource over this API (the class's app bound to it)."""
+        type(self).klein_app()
+        resource: IResource = self.app.resource()
+        return resource
 
     def site(self, **kwargs: Any) -> Site:
         """The factory to listen with: bounds request bodies as they arrive."""

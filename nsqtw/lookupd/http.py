@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from klein import Klein
 from twisted.internet.defer import ensureDeferred
-from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
-from nsqtw.http import APIError, GoHTTPAPI
+from nsqtw.http.base import APIError, GoHTTPAPI, route
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.lookupd.db import Registration
 from nsqtw.lookupd.lookupd import NSQLookupd
@@ -47,20 +45,16 @@ ROUTES: dict[str, tuple[str, ...]] = {
 _Handler = TypeVar("_Handler", bound=Callable[..., Any])
 
 
-def _route(app: Klein, path: str) -> Callable[[_Handler], _Handler]:
-    """Klein's route decorator with httprouter's strictness (no slash merging or fixing)."""
-    route: Callable[[_Handler], _Handler] = app.route(
-        path, methods=list(ROUTES[path]), merge_slashes=False, strict_slashes=True)
-    return route
+def _route(path: str) -> Callable[[_Handler], _Handler]:
+    """:func:`nsqtw.http.base.route` with the methods of :data:`ROUTES`."""
+    return route(path, ROUTES[path])
 
 
 class LookupdHTTPAPI(GoHTTPAPI):
     """nsqlookupd's HTTP API over one :class:`~nsqtw.lookupd.lookupd.NSQLookupd`."""
 
-    app = Klein()
     routes = ROUTES
     direct_routes = {b"/ping": "ping"}
-    app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
     def __init__(self, lookupd: NSQLookupd, metrics: MetricsPage | None = None) -> None:
         self.lookupd = lookupd
@@ -88,22 +82,22 @@ class LookupdHTTPAPI(GoHTTPAPI):
 
     # -- routes -------------------------------------------------------------------------
 
-    @_route(app, "/ping")
+    @_route("/ping")
     def ping(self, request: Any) -> bytes:
         """Go's PlainText answer: ``OK``, sniffed as text, without nsq's content-type header."""
         self._log_request(request, 200)
         return self._write(request, 200, b"OK", b"text/plain; charset=utf-8")
 
-    @_route(app, "/info")
+    @_route("/info")
     def info(self, request: Any) -> Any:
         return self._run(request, lambda _: {"version": NSQD_VERSION})
 
-    @_route(app, "/metrics")
+    @_route("/metrics")
     def metrics(self, request: Any) -> Any:
         """Prometheus text (or OpenMetrics, by ``Accept``); see :mod:`nsqtw.lookupd.metrics`."""
         return ensureDeferred(self._serve_metrics(request, self.metrics_page))
 
-    @_route(app, "/debug")
+    @_route("/debug")
     def debug(self, request: Any) -> Any:
         return self._run(request, self._debug)
 
@@ -126,7 +120,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
                 })
         return dict(sorted(out.items()))
 
-    @_route(app, "/lookup")
+    @_route("/lookup")
     def lookup(self, request: Any) -> Any:
         return self._run(request, self._lookup)
 
@@ -139,14 +133,14 @@ class LookupdHTTPAPI(GoHTTPAPI):
         producers = self.lookupd.active(db.find_producers("topic", topic, ""))
         return {"channels": channels, "producers": [p.peer.json() for p in producers]}
 
-    @_route(app, "/topics")
+    @_route("/topics")
     def topics(self, request: Any) -> Any:
         return self._run(request, self._topics)
 
     def _topics(self, request: Any) -> dict[str, Any]:
         return {"topics": [k.key for k in self.lookupd.db.find_registrations("topic", "*", "")]}
 
-    @_route(app, "/channels")
+    @_route("/channels")
     def channels(self, request: Any) -> Any:
         return self._run(request, self._channels)
 
@@ -155,7 +149,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
         found = self.lookupd.db.find_registrations("channel", topic, "*")
         return {"channels": [k.subkey for k in found]}
 
-    @_route(app, "/nodes")
+    @_route("/nodes")
     def nodes(self, request: Any) -> Any:
         return self._run(request, self._nodes)
 
@@ -186,7 +180,7 @@ class LookupdHTTPAPI(GoHTTPAPI):
             })
         return {"producers": nodes}
 
-    @_route(app, "/topic/create")
+    @_route("/topic/create")
     def topic_create(self, request: Any) -> Any:
         return self._run(request, self._topic_create)
 
@@ -196,11 +190,11 @@ class LookupdHTTPAPI(GoHTTPAPI):
             raise APIError(400, "INVALID_ARG_TOPIC")
         self.lookupd.create_topic(topic)
 
-    @_route(app, "/topic/delete")
+    @_route("/topic/delete")
     def topic_delete(self, request: Any) -> Any:
         return self._run(request, lambda r: self.lookupd.delete_topic(self._arg(r, "topic")))
 
-    @_route(app, "/topic/tombstone")
+    @_route("/topic/tombstone")
     def topic_tombstone(self, request: Any) -> Any:
         return self._run(request, self._topic_tombstone)
 
@@ -209,11 +203,11 @@ class LookupdHTTPAPI(GoHTTPAPI):
         node = self._arg(request, "node")
         self.lookupd.tombstone(topic, node)
 
-    @_route(app, "/channel/create")
+    @_route("/channel/create")
     def channel_create(self, request: Any) -> Any:
         return self._run(request, lambda r: self.lookupd.create_channel(*self._topic_channel(r)))
 
-    @_route(app, "/channel/delete")
+    @_route("/channel/delete")
     def channel_delete(self, request: Any) -> Any:
         return self._run(request, self._channel_delete)
 

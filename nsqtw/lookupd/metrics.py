@@ -7,17 +7,22 @@ keeps the counts as plain data; :class:`LookupdCollector` turns them into
 metric families on the scrape's worker thread (:mod:`nsqtw.http.metrics`).
 A producer counts as nsqlookupd's ``/lookup`` counts it: pinged within
 ``--inactive-producer-timeout`` and, for a topic, not tombstoned.
+
+``prometheus_client`` is imported by the first scrape's ``collect``, not
+with this module: a lookupd that is never scraped never loads it
+(``docs/performance.md``, Memory).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from typing import TYPE_CHECKING, Any
 
 from nsqtw import NSQD_VERSION
 from nsqtw.lookupd.lookupd import NSQLookupd
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 __all__ = ["LookupdCollector", "LookupdMetrics"]
 
@@ -70,6 +75,8 @@ class LookupdCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
         snap = self.snapshot
         if snap is None:
             return

@@ -6,12 +6,14 @@ from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.protocol import Factory
 
 from nsqtw import version_banner
+from nsqtw.heap import release_free_heap
 from nsqtw.log import Logger
-from nsqtw.lookupd.http import LookupdHTTPAPI
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.protocol import LookupFactory
+from nsqtw.net.lazy import FirstConnectionFactory
 from nsqtw.net.listen import ListenerService, exit_cleanly_after_signal, server_endpoint
 
 __all__ = ["LookupdService"]
@@ -32,10 +34,17 @@ class LookupdService(MultiService):
         self.lookupd = NSQLookupd(options, reactor)
         ListenerService("TCP", server_endpoint(reactor, options.tcp_address),  # type: ignore[no-untyped-call]
                         LookupFactory(self.lookupd), self._tcp_bound).setServiceParent(self)
+        # the API (twisted.web, Klein) is imported and made at the first HTTP connection
+        ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
+                        FirstConnectionFactory(self._http_site, "GoSite"), self._http_bound).setServiceParent(self)
+
+    def _http_site(self) -> Factory[Any]:
+        """The HTTP listener's factory, made at its first connection."""
+        from nsqtw.lookupd.http import LookupdHTTPAPI
+
         site = LookupdHTTPAPI(self.lookupd).site()
         site.noisy = False
-        ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
-                        site, self._http_bound).setServiceParent(self)
+        return site
 
     def _tcp_bound(self, port: int) -> None:
         self.lookupd.tcp_port = port
@@ -46,6 +55,7 @@ class LookupdService(MultiService):
     def startService(self) -> None:
         self.log.info("{banner}", banner=version_banner("nsqlookupd"))
         super().startService()  # type: ignore[no-untyped-call]
+        release_free_heap()  # what start-up freed goes back to the system
 
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())

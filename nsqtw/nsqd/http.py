@@ -1,7 +1,9 @@
 """nsqd's HTTP API (v1.3.0) on Klein: same routes, arguments, status codes and bodies.
 
 The Go-compatible plumbing (RespondV1 answers, body bounding, httprouter's
-redirects) is :mod:`nsqtw.http.base`; this module holds only nsqd's routes.
+redirects) is :mod:`nsqtw.http.base`; this module holds only nsqd's routes,
+marked with :func:`~nsqtw.http.base.route` (Klein is imported at the first
+request ``/ping``'s direct route does not answer).
 
 Runtime-changeable settings (``PUT /config/...``) live on the NSQD object as
 ``nsqd.runtime_lookupd_tcp_addresses`` (list of ``host:port``) and
@@ -15,9 +17,7 @@ import socket
 import struct
 from typing import Any
 
-from klein import Klein
 from twisted.internet.defer import Deferred, ensureDeferred
-from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from nsqtw import NSQD_VERSION
 from nsqtw._go.flags import TLS_REQUIRED
@@ -25,7 +25,7 @@ from nsqtw._go.json import go_loads
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError
-from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, sniff
+from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, route, sniff
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import LEVELS
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
@@ -85,10 +85,8 @@ _OK_TYPE = sniff(b"OK")
 class HTTPAPI(GoHTTPAPI):
     """nsqd's HTTP API over one :class:`~nsqtw.core.nsqd.NSQD`."""
 
-    app = Klein()
     routes = ROUTES
     direct_routes = {b"/ping": "ping"}
-    app.handle_errors(NotFound, MethodNotAllowed)(GoHTTPAPI._route_error)
 
     def __init__(self, nsqd: NSQD, tls_enabled: bool = False, metrics: MetricsPage | None = None) -> None:
         self.nsqd = nsqd
@@ -114,7 +112,7 @@ class HTTPAPI(GoHTTPAPI):
 
     # -- /ping and /info ---------------------------------------------------
 
-    @app.route("/ping", methods=["GET"], merge_slashes=False, strict_slashes=True)
+    @route("/ping", ("GET",))
     def ping(self, request: Any) -> bytes:
         """nsqd's PlainText answer: the health text, 500 when unhealthy."""
         health = self.nsqd.health()
@@ -125,7 +123,7 @@ class HTTPAPI(GoHTTPAPI):
         body = health.encode("utf-8", "surrogateescape")
         return self._write(request, code, body, sniff(body))
 
-    @app.route("/info", methods=["GET"], merge_slashes=False, strict_slashes=True)
+    @route("/info", ("GET",))
     def info(self, request: Any) -> Any:
         return self._run(request, self._info)
 
@@ -146,11 +144,11 @@ class HTTPAPI(GoHTTPAPI):
 
     # -- publishing ----------------------------------------------------------
 
-    @app.route("/pub", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/pub", ("POST",))
     def pub(self, request: Any) -> Any:
         return self._run(request, self._pub, logged=False)
 
-    @app.route("/mpub", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/mpub", ("POST",))
     def mpub(self, request: Any) -> Any:
         return self._run(request, self._mpub, logged=False)
 
@@ -296,7 +294,7 @@ class HTTPAPI(GoHTTPAPI):
             raise APIError(404, "TOPIC_NOT_FOUND")
         return topic
 
-    @app.route("/topic/create", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/topic/create", ("POST",))
     def topic_create(self, request: Any) -> Any:
         return self._run(request, self._topic_create)
 
@@ -304,7 +302,7 @@ class HTTPAPI(GoHTTPAPI):
         _, name = self._topic_from_query(request)
         self.nsqd.get_topic(name)
 
-    @app.route("/topic/empty", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/topic/empty", ("POST",))
     def topic_empty(self, request: Any) -> Any:
         return self._run(request, self._topic_empty)
 
@@ -322,7 +320,7 @@ class HTTPAPI(GoHTTPAPI):
             self.log.failure("TOPIC({topic}): empty failed", topic=name)
             raise APIError(500, "INTERNAL_ERROR") from None
 
-    @app.route("/topic/delete", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/topic/delete", ("POST",))
     def topic_delete(self, request: Any) -> Any:
         return self._run(request, self._topic_delete)
 
@@ -341,11 +339,11 @@ class HTTPAPI(GoHTTPAPI):
             # nsqd answers 200 whatever the deletion of the files says
             self.log.failure("TOPIC({topic}): delete failed", topic=name)
 
-    @app.route("/topic/pause", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/topic/pause", ("POST",))
     def topic_pause(self, request: Any) -> Any:
         return self._run(request, self._topic_pause, True)
 
-    @app.route("/topic/unpause", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/topic/unpause", ("POST",))
     def topic_unpause(self, request: Any) -> Any:
         return self._run(request, self._topic_pause, False)
 
@@ -380,7 +378,7 @@ class HTTPAPI(GoHTTPAPI):
             raise APIError(404, "CHANNEL_NOT_FOUND")
         return channel
 
-    @app.route("/channel/create", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/channel/create", ("POST",))
     def channel_create(self, request: Any) -> Any:
         return self._run(request, self._channel_create)
 
@@ -391,7 +389,7 @@ class HTTPAPI(GoHTTPAPI):
         except ExitingError:
             raise APIError(503, "EXITING") from None
 
-    @app.route("/channel/empty", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/channel/empty", ("POST",))
     def channel_empty(self, request: Any) -> Any:
         return self._run(request, self._channel_empty)
 
@@ -404,7 +402,7 @@ class HTTPAPI(GoHTTPAPI):
             self.log.failure("CHANNEL({topic}:{channel}): empty failed", topic=topic.name, channel=name)
             raise APIError(500, "INTERNAL_ERROR") from None
 
-    @app.route("/channel/delete", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/channel/delete", ("POST",))
     def channel_delete(self, request: Any) -> Any:
         return self._run(request, self._channel_delete)
 
@@ -419,11 +417,11 @@ class HTTPAPI(GoHTTPAPI):
         except (OSError, BackendError):
             self.log.failure("CHANNEL({topic}:{channel}): delete failed", topic=topic.name, channel=name)
 
-    @app.route("/channel/pause", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/channel/pause", ("POST",))
     def channel_pause(self, request: Any) -> Any:
         return self._run(request, self._channel_pause, True)
 
-    @app.route("/channel/unpause", methods=["POST"], merge_slashes=False, strict_slashes=True)
+    @route("/channel/unpause", ("POST",))
     def channel_unpause(self, request: Any) -> Any:
         return self._run(request, self._channel_pause, False)
 
@@ -434,7 +432,7 @@ class HTTPAPI(GoHTTPAPI):
 
     # -- stats ---------------------------------------------------------------------
 
-    @app.route("/stats", methods=["GET"], merge_slashes=False, strict_slashes=True)
+    @route("/stats", ("GET",))
     def stats(self, request: Any) -> Any:
         return self._run(request, self._stats)
 
@@ -467,14 +465,14 @@ class HTTPAPI(GoHTTPAPI):
 
     # -- metrics (nsqtw only) ------------------------------------------------------------
 
-    @app.route("/metrics", methods=["GET"], merge_slashes=False, strict_slashes=True)
+    @route("/metrics", ("GET",))
     def metrics(self, request: Any) -> Any:
         """Prometheus text (or OpenMetrics, by ``Accept``); see :mod:`nsqtw.observe.metrics`."""
         return ensureDeferred(self._serve_metrics(request, self.metrics_page))
 
     # -- config ----------------------------------------------------------------------
 
-    @app.route("/config/<opt>", methods=["GET", "PUT"], merge_slashes=False, strict_slashes=True)
+    @route("/config/<opt>", ("GET", "PUT",))
     def config(self, request: Any, opt: str) -> Any:
         return self._run(request, self._config, opt)
 

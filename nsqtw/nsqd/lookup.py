@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IStreamClientEndpoint
@@ -190,6 +189,9 @@ class LookupPeer:
         self.lookup = lookup
         self.address = address
         self.connection: LookupPeerProtocol | None = None
+        # imported here: ClientService brings automat, which a node without nsqlookupd never needs
+        from twisted.application.internet import ClientService, backoffPolicy
+
         self.service = ClientService(
             _LoggedEndpoint(address, endpoint), _PeerFactory(self),
             retryPolicy=backoffPolicy(initialDelay=0.5, maxDelay=PING_INTERVAL, factor=1.5),

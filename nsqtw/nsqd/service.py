@@ -9,12 +9,15 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
+from twisted.internet.protocol import Factory
 
 from nsqtw import version_banner
 from nsqtw.core.nsqd import NSQD
+from nsqtw.heap import release_free_heap
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
+from nsqtw.net.lazy import FirstConnectionFactory
 from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
 from nsqtw.net.tls import build_server_tls, client_trust_root
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
@@ -145,17 +148,16 @@ class NSQDService(MultiService):
         self.metrics_page = MetricsPage(node_metrics.collector, node_metrics.prepare)
         tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
                               V2Factory(self.nsqd, reactor), self._tcp_bound)
-        from nsqtw.nsqd.http import HTTPAPI
-
         tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
-            site = HTTPAPI(self.nsqd, metrics=self.metrics_page).site()
-            site.noisy = False
+            # the API (twisted.web, Klein) is imported and made at the first HTTP connection
+            site = FirstConnectionFactory(self._http_site, "GoSite")
             ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
                             site, self._http_bound).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
             # imported here: twisted.protocols.tls loads pyOpenSSL, which a node without TLS never needs
             from nsqtw.net.https import HTTPSFactory
+            from nsqtw.nsqd.http import HTTPAPI
 
             # nsqd's HTTPS listener: the same API, TLS from the first byte
             secure = HTTPAPI(self.nsqd, tls_enabled=True, metrics=self.metrics_page).site()
@@ -168,6 +170,14 @@ class NSQDService(MultiService):
         # after the listeners: it announces their ports, and stops first
         Lookup(self.nsqd, reactor,  # type: ignore[no-untyped-call]
                lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
+
+    def _http_site(self) -> Factory[Any]:
+        """The HTTP listener's factory, made at its first connection."""
+        from nsqtw.nsqd.http import HTTPAPI
+
+        site = HTTPAPI(self.nsqd, metrics=self.metrics_page).site()
+        site.noisy = False
+        return site
 
     def _lane(self, name: str) -> DiskLane:
         assert self.disk_pool is not None, "queues are made once the service started"
@@ -271,6 +281,8 @@ class NSQDService(MultiService):
         gc.collect()
         for service in self:
             service.startService()
+        # what start-up freed goes back to the system (about 1.3 MB of an idle node's RSS)
+        release_free_heap()
 
     def _start_failed(self, failure: Any) -> None:
         what = "instantiate nsqd" if failure.check(InstantiateError) else "start"

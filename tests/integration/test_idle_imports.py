@@ -5,7 +5,9 @@ the heavy optional libraries were loaded (``docs/performance.md``, Memory):
 pyOpenSSL and cryptography only with a TLS option or an auth server,
 prometheus_client only after a ``/metrics`` scrape, treq only with an auth
 server, cramjam only after a snappy client (or a scrape: prometheus_client
-imports snappy).
+imports snappy), twisted.web's server only once an HTTP connection came in,
+and Klein and werkzeug only once a request needed routing (``/ping`` does not);
+automat (Twisted's ``ClientService``) only with an nsqlookupd to register with.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from tests.certs import CertFiles, make_certs
 from tests.daemon import TWISTD, Daemon, LookupdDaemon
 
 #: the libraries the probe reports on
-WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam")
+WATCHED = ("OpenSSL", "cryptography", "prometheus_client", "treq", "cramjam",
+           "twisted.web.server", "klein", "werkzeug", "automat")
+#: what routing HTTP requests imports (a GET /ping needs only twisted.web.server)
+HTTP_STACK = {"twisted.web.server", "klein", "werkzeug"}
 
 PROBE = (
     "import atexit, json, os, sys\n"
@@ -34,8 +39,12 @@ def certs(tmp_path_factory) -> CertFiles:
     return make_certs(str(tmp_path_factory.mktemp("certs")))
 
 
-def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Daemon] = Daemon) -> set[str]:
-    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded."""
+def imported_at_exit(tmp_path, *args: str, scrape: bool = False, ping: bool = False, info: bool = False,
+                     daemon: type[Daemon] = Daemon) -> set[str]:
+    """Start nsqd (or ``daemon``) with ``args`` under the probe, stop it; the watched libraries it had loaded.
+
+    ``scrape``, ``ping`` and ``info`` send it a ``GET /metrics``, ``/ping`` and ``/info`` first.
+    """
     path = tmp_path / f"data{len(os.listdir(tmp_path))}"
     path.mkdir()
     d = daemon(str(path), *args, code=PROBE + TWISTD).start()
@@ -43,6 +52,12 @@ def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Da
         if scrape:
             with urllib.request.urlopen(f"http://{d.http_address}/metrics", timeout=10) as r:
                 assert r.status == 200 and b"process_resident_memory_bytes" in r.read()
+        if ping:
+            with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=10) as r:
+                assert (r.status, r.read(), r.headers["Content-Type"]) == (200, b"OK", "text/plain; charset=utf-8")
+        if info:
+            with urllib.request.urlopen(f"http://{d.http_address}/info", timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["version"] == "1.3.0"
     finally:
         assert d.stop() == 0
     [line] = [line for line in "".join(d.output).splitlines() if line.startswith("IMPORTED ")]
@@ -51,6 +66,17 @@ def imported_at_exit(tmp_path, *args: str, scrape: bool = False, daemon: type[Da
 
 def test_idle_node_without_tls_loads_none_of_them(tmp_path) -> None:
     assert imported_at_exit(tmp_path) == set()
+
+
+def test_ping_loads_twisted_web_only(tmp_path) -> None:
+    """The HTTP listener makes its site at the first connection: /ping is answered with
+    twisted.web's server loaded, and without Klein or werkzeug (a direct route)."""
+    assert imported_at_exit(tmp_path, ping=True) == {"twisted.web.server"}
+
+
+def test_routed_request_loads_klein(tmp_path) -> None:
+    """A request that needs routing (/info) loads Klein and werkzeug, and nothing else watched."""
+    assert imported_at_exit(tmp_path, info=True) == HTTP_STACK
 
 
 def test_metrics_scrape_loads_prometheus_not_tls(tmp_path) -> None:
@@ -72,6 +98,18 @@ def test_auth_server_loads_openssl_and_treq(tmp_path) -> None:
     assert {"OpenSSL", "treq"} <= got
 
 
+def test_lookupd_address_loads_client_service(tmp_path) -> None:
+    """An nsqlookupd address makes nsqd keep a connection with Twisted's ClientService (automat)."""
+    assert imported_at_exit(tmp_path, "--lookupd-tcp-address=127.0.0.1:1") == {"automat"}
+
+
 def test_lookupd_loads_no_openssl(tmp_path) -> None:
-    """nsqlookupd has no TLS at all."""
-    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & {"OpenSSL", "cryptography"}
+    """nsqlookupd has no TLS at all; it too loads the HTTP stack only at its first HTTP connection."""
+    assert not imported_at_exit(tmp_path, daemon=LookupdDaemon) & ({"OpenSSL", "cryptography"} | HTTP_STACK)
+    assert imported_at_exit(tmp_path, ping=True, daemon=LookupdDaemon) == {"twisted.web.server"}
+    assert imported_at_exit(tmp_path, info=True, daemon=LookupdDaemon) == HTTP_STACK
+
+
+def test_lookupd_scrape_loads_prometheus(tmp_path) -> None:
+    """nsqlookupd's /metrics imports prometheus_client at the first scrape, not before."""
+    assert "prometheus_client" in imported_at_exit(tmp_path, scrape=True, daemon=LookupdDaemon)

@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw._go.json import go_json
 from nsqtw._go.query import parse_query
-from nsqtw.http import BoundedRequest
+from nsqtw.http.base import BoundedRequest
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.observe.stats import format_text, go_duration, snapshot
 from nsqtw.protocol.wire import encode_command
@@ -223,6 +223,20 @@ class PingInfoTests(SynchronousTestCase):
         self.assertEqual(client("POST", "/ping").code, 405)
         self.assertEqual(client("GET", "/info").code, 200)
         self.assertEqual(routed, [b"/ping", b"/info"])
+
+    def test_klein_routes_are_the_route_table(self) -> None:
+        """The handlers marked with route() give Klein exactly the routes of ROUTES, with their methods
+        (GET ones answer HEAD in werkzeug too), for nsqd and nsqlookupd."""
+        from nsqtw.lookupd.http import LookupdHTTPAPI
+        from nsqtw.nsqd.http import HTTPAPI
+
+        for api in (HTTPAPI, LookupdHTTPAPI):
+            app = api.klein_app()
+            self.assertIs(api.klein_app(), app)
+            rules = {rule.rule.replace("<opt>", ":opt"): tuple(sorted(rule.methods - {"HEAD"}))
+                     for rule in app.url_map.iter_rules()}
+            self.assertEqual(rules, {path: tuple(sorted(methods)) for path, methods in api.routes.items()})
+            self.assertTrue(all(not rule.merge_slashes and rule.strict_slashes for rule in app.url_map.iter_rules()))
 
     def test_direct_route_paths_need_no_cleaning(self) -> None:
         """_Root serves direct routes before its escape and clean-path checks: their paths must pass them."""
