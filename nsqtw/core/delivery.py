@@ -128,26 +128,38 @@ class PlainTopicDelivery:
             self._held = True
             return False
         msgs: list[Message] = []
+        records: list[bytes] = []  # after msgs, still encoded, for the channels' backends
         mark = None
         if topic.backend.depth():
-            records, mark = self._read()
-            msgs = topic.decode_all(records)
+            read, mark = self._read()
+            # decoded only as many as some channel's memory has room for: the
+            # rest would only be encoded again for the channels' backends
+            msgs, records = topic.decode_some(read, max(c.room() for c in channels))
             if topic.restored_due:
                 topic.apply_dues(msgs, {})
         memory = topic.memory
-        k = min(TOPIC_BATCH - len(msgs), len(memory))
-        if k == len(memory):
-            msgs.extend(memory)
-            memory.clear()
-        elif k > 0:
+        k = min(TOPIC_BATCH - len(msgs) - len(records), len(memory))
+        if k > 0:
             pop = memory.popleft
-            msgs.extend(pop() for _ in range(k))
-        if not msgs:
+            if records:
+                # behind records no channel's memory has room for: these go to the backends too
+                for _ in range(k):
+                    m = pop()
+                    if m.deadline:  # a DPUB delay: the channel defers it (see Message.deadline)
+                        msgs.append(m)
+                    else:
+                        records.append(m.encode())
+            elif k == len(memory):
+                msgs.extend(memory)
+                memory.clear()
+            else:
+                msgs.extend(pop() for _ in range(k))
+        if not msgs and not records:
             return False
         first, others = channels[0], channels[1:]
         for channel in others:
-            topic.put_to(channel, [m.copy() for m in msgs])
-        topic.put_to(first, msgs)
+            topic.put_to(channel, [m.copy() for m in msgs], records)
+        topic.put_to(first, msgs, records)
         self._after_put(channels, mark)
         return bool(memory) or topic.backend.depth() > 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList
@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.delivery import is_behind
-from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message
+from nsqtw.core.message import MIN_VALID_MSG_LENGTH, MSG_ID_LENGTH, Message, decode_message, record_id
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
@@ -168,6 +168,44 @@ class Topic:
     def decode_all(self, records: list[bytes]) -> list[Message]:
         return [m for m in map(self.decode, records) if m is not None]
 
+    def decode_some(self, records: list[bytes], n: int) -> tuple[list[Message], list[bytes]]:
+        """Records read from the backend: the first ``n`` as Messages, the others left encoded.
+
+        The others are for the channels' backends, whose records are in the
+        same encoding: a channel whose memory is full would only encode them
+        again, and decode them once more when it reads them back. Left
+        encoded are only records :meth:`decode` would take: a bad one is
+        logged and skipped here all the same, and a DPUB message kept across
+        the last stop (its ID in ``restored_due``) is decoded, to wait for
+        its time (:meth:`apply_dues`).
+        """
+        if n >= len(records):
+            return self.decode_all(records), []
+        msgs = self.decode_all(records[:n])
+        rest = records[n:]
+        if min(map(len, rest)) < MIN_VALID_MSG_LENGTH:
+            rest = self._skip_bad(rest)
+        restored = self.restored_due
+        if restored:
+            encoded = []
+            for data in rest:
+                if record_id(data) in restored:
+                    msgs.extend(self.decode_all([data]))
+                else:
+                    encoded.append(data)
+            rest = encoded
+        return msgs, rest
+
+    def _skip_bad(self, records: list[bytes]) -> list[bytes]:
+        """``records`` without those :meth:`decode` refuses (each logged by it)."""
+        good = []
+        for data in records:
+            if len(data) >= MIN_VALID_MSG_LENGTH:
+                good.append(data)
+            else:
+                self.decode(data)
+        return good
+
     def apply_dues(self, msgs: list[Message], dues: Mapping[bytes, float]) -> list[bytes]:
         """Give DPUB messages read back from the queue their due time; returns their ids."""
         restored = self.restored_due
@@ -183,8 +221,8 @@ class Topic:
                     m.deadline = when - now  # the DPUB delay, as Message.deadline says
         return ids
 
-    def put_to(self, channel: Channel, msgs: list[Message]) -> None:
-        """Queue a batch on one channel.
+    def put_to(self, channel: Channel, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
+        """Queue a batch on one channel (``records``: more of it, still encoded, for its backend).
 
         A failing disk does not refuse it (the channel's disk queue keeps the
         records in memory for its retry, and the delivery mode holds further
@@ -192,7 +230,7 @@ class Topic:
         or a record of an invalid size can, and is logged.
         """
         try:
-            channel.put_many(msgs)
+            channel.put_many(msgs, records)
         except (ExitingError, BackendError) as e:
             self.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
                            topic=self.name, channel=channel.name, error=e)
