@@ -127,39 +127,35 @@ class PlainTopicDelivery:
         if wait_while_node_behind(topic, self._release):
             self._held = True
             return False
-        msgs: list[Message] = []
-        records: list[bytes] = []  # after msgs, still encoded, for the channels' backends
+        due: list[Message] = []  # DPUB messages read back after a restart
+        records: list[bytes] = []
+        decoded: list[Message] = []
         mark = None
         if topic.backend.depth():
             read, mark = self._read()
-            # decoded only as many as some channel's memory has room for: the
-            # rest would only be encoded again for the channels' backends
-            msgs, records = topic.decode_some(read, max(c.room() for c in channels))
-            if topic.restored_due:
-                topic.apply_dues(msgs, {})
+            due, records = topic.sort_records(read)
+            if due:
+                topic.apply_dues(due, {})
+            # as many as the emptiest channel memory takes: beyond its room, a channel
+            # puts records in its backend in the encoding they were read in
+            decoded = topic.decode_all(records[:max(c.room() for c in channels)])
         memory = topic.memory
-        k = min(TOPIC_BATCH - len(msgs) - len(records), len(memory))
-        if k > 0:
+        k = min(TOPIC_BATCH - len(due) - len(records), len(memory))
+        tail: list[Message] = []
+        if k == len(memory):
+            tail = list(memory)
+            memory.clear()
+        elif k > 0:
             pop = memory.popleft
-            if records:
-                # behind records no channel's memory has room for: these go to the backends too
-                for _ in range(k):
-                    m = pop()
-                    if m.deadline:  # a DPUB delay: the channel defers it (see Message.deadline)
-                        msgs.append(m)
-                    else:
-                        records.append(m.encode())
-            elif k == len(memory):
-                msgs.extend(memory)
-                memory.clear()
-            else:
-                msgs.extend(pop() for _ in range(k))
-        if not msgs and not records:
+            tail = [pop() for _ in range(k)]
+        if not (due or records or tail):
             return False
-        first, others = channels[0], channels[1:]
-        for channel in others:
-            topic.put_to(channel, [m.copy() for m in msgs], records)
-        topic.put_to(first, msgs, records)
+        batch = _Batch(due, records, decoded, tail)
+        first = channels[0]
+        for channel in channels[1:]:
+            msgs, encoded = batch.for_channel(channel.room())
+            topic.put_to(channel, [m.copy() for m in msgs], encoded)
+        topic.put_to(first, *batch.for_channel(first.room()))
         self._after_put(channels, mark)
         return bool(memory) or topic.backend.depth() > 0
 
@@ -191,6 +187,41 @@ class PlainTopicDelivery:
 
     def delete(self) -> Deferred[object]:
         return succeed(None)
+
+
+class _Batch:
+    """One batch a topic copies to its channels: read back from its backend, then from its memory.
+
+    ``records`` are the backend's records as read (``decoded``: the first
+    of them as Messages, as many as the emptiest channel memory takes),
+    ``due`` DPUB messages read back after a restart, ``tail`` the messages
+    taken from the topic's memory after the records.
+    """
+
+    def __init__(self, due: list[Message], records: list[bytes], decoded: list[Message],
+                 tail: list[Message]) -> None:
+        self.due = due
+        self.records = records
+        self.decoded = decoded
+        self.tail = tail
+        self._tail_split: tuple[list[Message], list[bytes]] | None = None
+
+    def for_channel(self, room: int) -> tuple[list[Message], list[bytes]]:
+        """What a channel whose memory queue has ``room`` takes: Messages, then records for its backend."""
+        records = self.records
+        if room >= len(records):
+            return self.due + self.decoded + self.tail, []
+        # the memory queue is full after the first ``room``: the rest goes to the backend as it is
+        dpub, encoded = self._split_tail()
+        return self.due + self.decoded[:room] + dpub, records[room:] + encoded
+
+    def _split_tail(self) -> tuple[list[Message], list[bytes]]:
+        """The memory messages as they follow records into a backend: encoded once for every channel,
+        but for DPUB ones (the channel defers them, see Message.deadline)."""
+        if self._tail_split is None:
+            tail = self.tail
+            self._tail_split = ([m for m in tail if m.deadline], [m.encode() for m in tail if not m.deadline])
+        return self._tail_split
 
 
 class HandoffLedger:

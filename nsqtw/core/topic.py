@@ -168,33 +168,33 @@ class Topic:
     def decode_all(self, records: list[bytes]) -> list[Message]:
         return [m for m in map(self.decode, records) if m is not None]
 
-    def decode_some(self, records: list[bytes], n: int) -> tuple[list[Message], list[bytes]]:
-        """Records read from the backend: the first ``n`` as Messages, the others left encoded.
+    def sort_records(self, records: list[bytes]) -> tuple[list[Message], list[bytes]]:
+        """Records read from the backend as the channels take them: the few that must be
+        Messages here, and the others, still encoded.
 
-        The others are for the channels' backends, whose records are in the
-        same encoding: a channel whose memory is full would only encode them
-        again, and decode them once more when it reads them back. Left
-        encoded are only records :meth:`decode` would take: a bad one is
-        logged and skipped here all the same, and a DPUB message kept across
-        the last stop (its ID in ``restored_due``) is decoded, to wait for
-        its time (:meth:`apply_dues`).
+        A channel whose memory queue is full puts a record into its backend
+        in the encoding it was read in (the topic's and the channel's are
+        the same), so the topic decodes only as many as some channel has
+        room for. The ones it must decode regardless are DPUB messages kept
+        across the last stop (their ID in ``restored_due``), to wait for
+        their time (:meth:`apply_dues`). A bad record is logged and skipped
+        here, as :meth:`decode` does: the ones returned all decode.
         """
-        if n >= len(records):
-            return self.decode_all(records), []
-        msgs = self.decode_all(records[:n])
-        rest = records[n:]
-        if min(map(len, rest)) < MIN_VALID_MSG_LENGTH:
-            rest = self._skip_bad(rest)
+        if not records:
+            return [], records
+        if min(map(len, records)) < MIN_VALID_MSG_LENGTH:
+            records = self._skip_bad(records)
         restored = self.restored_due
-        if restored:
-            encoded = []
-            for data in rest:
-                if record_id(data) in restored:
-                    msgs.extend(self.decode_all([data]))
-                else:
-                    encoded.append(data)
-            rest = encoded
-        return msgs, rest
+        if not restored:
+            return [], records
+        due: list[Message] = []
+        rest = []
+        for data in records:
+            if record_id(data) in restored:
+                due.append(decode_message(data))
+            else:
+                rest.append(data)
+        return due, rest
 
     def _skip_bad(self, records: list[bytes]) -> list[bytes]:
         """``records`` without those :meth:`decode` refuses (each logged by it)."""

@@ -85,21 +85,24 @@ class RawOverflowTests(SynchronousTestCase):
         self.assertEqual(sorted(consume(nsqd, clock, "c"), key=int), BODIES)
 
     def test_every_channel_gets_every_message(self) -> None:
-        """Two channels, one with an emptier memory queue than the other: each gets all ten, and
-        the records neither has room for are shared, the same bytes in both backends."""
+        """Two channels, one with an emptier memory queue than the other: each gets all ten. Past
+        its own room each takes the very bytes the topic read, even those decoded for the other,
+        and the topic's memory encoded once for both."""
         nsqd, clock = make_nsqd(mem_queue_size=4)
         nsqd.publish("t", list(BODIES))  # four in memory, six in the backend
         topic = nsqd.topics["t"]
+        read = list(topic.backend._records)  # type: ignore[attr-defined]
+        decodes = DecodeCounter(self)
         a, b = topic.get_channel("a"), topic.get_channel("b")
         b.memory.extend(Message(b"%016d" % i + b"old", 1) for i in range(3))  # room for one
         settle(clock)
+        self.assertEqual(decodes.calls, 4)  # as many as a's memory takes
         self.assertEqual((len(a.memory), len(b.memory)), (4, 4))
         self.assertEqual((a.message_count, b.message_count), (10, 10))
-        # a's backend holds only what no memory had room for: the six read less the four decoded
-        # for a's memory, then the topic's four in memory (encoded once); b holds the same bytes
         in_a = list(a.backend._records)  # type: ignore[attr-defined]
         in_b = list(b.backend._records)  # type: ignore[attr-defined]
         self.assertEqual((len(in_a), len(in_b)), (6, 9))
+        self.assertTrue(all(x is y for x, y in zip(in_b[:5], read[1:], strict=True)))
         self.assertTrue(all(x is y for x, y in zip(in_a, in_b[3:], strict=True)))
         self.assertEqual(sorted(consume(nsqd, clock, "a"), key=int), BODIES)
         self.assertEqual(sorted(consume(nsqd, clock, "b")), sorted([b"old"] * 3 + BODIES))
