@@ -133,12 +133,11 @@ class PlainTopicDelivery:
         mark = None
         if topic.backend.depth():
             read, mark = self._read()
-            due, records = topic.sort_records(read)
+            # decoded: as many as the emptiest channel memory takes (beyond its
+            # room, a channel puts records in its backend as they were read)
+            due, decoded, records = topic.split_records(read, max(c.room() for c in channels))
             if due:
                 topic.apply_dues(due, {})
-            # as many as the emptiest channel memory takes: beyond its room, a channel
-            # puts records in its backend in the encoding they were read in
-            decoded = topic.decode_all(records[:max(c.room() for c in channels)])
         memory = topic.memory
         k = min(TOPIC_BATCH - len(due) - len(records), len(memory))
         tail: list[Message] = []
@@ -209,11 +208,12 @@ class _Batch:
     def for_channel(self, room: int) -> tuple[list[Message], list[bytes]]:
         """What a channel whose memory queue has ``room`` takes: Messages, then records for its backend."""
         records = self.records
-        if room >= len(records):
+        k = min(room, len(self.decoded))  # (fewer decoded than the room: the batch is short)
+        if k >= len(records):
             return self.due + self.decoded + self.tail, []
-        # the memory queue is full after the first ``room``: the rest goes to the backend as it is
+        # the memory queue is full after the first ``k``: the rest goes to the backend as it is
         dpub, encoded = self._split_tail()
-        return self.due + self.decoded[:room] + dpub, records[room:] + encoded
+        return self.due + self.decoded[:k] + dpub, records[k:] + encoded
 
     def _split_tail(self) -> tuple[list[Message], list[bytes]]:
         """The memory messages as they follow records into a backend: encoded once for every channel,

@@ -168,33 +168,41 @@ class Topic:
     def decode_all(self, records: list[bytes]) -> list[Message]:
         return [m for m in map(self.decode, records) if m is not None]
 
-    def sort_records(self, records: list[bytes]) -> tuple[list[Message], list[bytes]]:
-        """Records read from the backend as the channels take them: the few that must be
-        Messages here, and the others, still encoded.
+    def split_records(self, records: list[bytes], n: int) -> tuple[list[Message], list[Message], list[bytes]]:
+        """Records read from the backend, for channels whose memory queues take at most ``n`` more.
 
-        A channel whose memory queue is full puts a record into its backend
-        in the encoding it was read in (the topic's and the channel's are
-        the same), so the topic decodes only as many as some channel has
-        room for. The ones it must decode regardless are DPUB messages kept
-        across the last stop (their ID in ``restored_due``), to wait for
-        their time (:meth:`apply_dues`). A bad record is logged and skipped
-        here, as :meth:`decode` does: the ones returned all decode.
+        Returns the DPUB messages among them kept across the last stop
+        (their ID in ``restored_due``), decoded to wait for their time
+        (:meth:`apply_dues`); the first ``n`` of the others decoded; and all
+        those others still encoded. A channel puts what its memory queue
+        has no room for into its backend in the encoding it was read in
+        (the topic's and the channel's are the same): decoding it here
+        would only have it encoded again, and decoded once more when the
+        channel reads it back. A bad record is logged and skipped here, as
+        :meth:`decode` does, wherever it is.
         """
-        if not records:
-            return [], records
-        if min(map(len, records)) < MIN_VALID_MSG_LENGTH:
-            records = self._skip_bad(records)
-        restored = self.restored_due
-        if not restored:
-            return [], records
         due: list[Message] = []
-        rest = []
-        for data in records:
-            if record_id(data) in restored:
-                due.append(decode_message(data))
-            else:
-                rest.append(data)
-        return due, rest
+        restored = self.restored_due
+        if restored:
+            others = []
+            for data in records:
+                if len(data) >= MIN_VALID_MSG_LENGTH and record_id(data) in restored:
+                    due.append(decode_message(data))
+                else:
+                    others.append(data)
+            records = others
+        if n >= len(records):
+            decoded = self.decode_all(records)
+            if len(decoded) < len(records):  # bad ones, each logged by decode
+                records = [data for data in records if len(data) >= MIN_VALID_MSG_LENGTH]
+            return due, decoded, records
+        head, rest = records[:n], records[n:]
+        decoded = self.decode_all(head)
+        if len(decoded) < len(head):
+            head = [data for data in head if len(data) >= MIN_VALID_MSG_LENGTH]
+        if min(map(len, rest)) < MIN_VALID_MSG_LENGTH:
+            rest = self._skip_bad(rest)
+        return due, decoded, head + rest
 
     def _skip_bad(self, records: list[bytes]) -> list[bytes]:
         """``records`` without those :meth:`decode` refuses (each logged by it)."""

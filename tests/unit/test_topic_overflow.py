@@ -155,6 +155,37 @@ class RawOverflowTests(SynchronousTestCase):
         self.assertNotIn(b"short", channel.backend._records)  # type: ignore[attr-defined]
         self.assertEqual(sorted(consume(nsqd, clock, "c"), key=int), BODIES)
 
+    def test_bad_record_among_decoded_ones(self) -> None:
+        """A bad record among those decoded for the emptier channel is logged once and skipped for
+        both channels; the fuller one still gets every good record after its own room."""
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        nsqd, clock = make_nsqd(mem_queue_size=4)
+        nsqd.publish("t", list(BODIES))  # four in memory, six in the backend
+        topic = nsqd.topics["t"]
+        topic.backend._records.insert(1, b"short")  # type: ignore[attr-defined]
+        a, b = topic.get_channel("a"), topic.get_channel("b")
+        b.memory.extend(Message(b"%016d" % i + b"old", 1) for i in range(3))  # room for one
+        settle(clock)
+        errors = [formatEvent(e) for e in events if "decode" in formatEvent(e)]
+        self.assertEqual(errors, ["TOPIC(t): failed to decode message - invalid message buffer size (5)"])
+        self.assertEqual((a.message_count, b.message_count), (10, 10))
+        self.assertEqual(sorted(consume(nsqd, clock, "a"), key=int), BODIES)
+        self.assertEqual(sorted(consume(nsqd, clock, "b")), sorted([b"old"] * 3 + BODIES))
+
+    def test_bad_record_where_the_room_ends(self) -> None:
+        """A bad record skipped among the decoded ones leaves the batch one short of the room:
+        the record after them still reaches the channel."""
+        nsqd, clock = make_nsqd(mem_queue_size=6)
+        topic = nsqd.get_topic("t")
+        records = [Message(b"%016d" % i + body, 1).encode() for i, body in enumerate(BODIES[:6])]
+        topic.backend.put_many(records[:1] + [b"short"] + records[1:])
+        channel = topic.get_channel("c")  # room for six, seven records
+        settle(clock)
+        self.assertEqual((channel.message_count, channel.depth()), (6, 6))
+        self.assertEqual(sorted(consume(nsqd, clock, "c"), key=int), BODIES[:6])
+
     def test_paused_channel(self) -> None:
         """A paused channel takes the records the same way and delivers them once unpaused."""
         nsqd, clock = make_nsqd(mem_queue_size=2)
