@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -95,11 +95,21 @@ class Channel:
     def depth(self) -> int:
         return len(self.memory) + self.backend.depth()
 
-    def put_many(self, msgs: list[Message]) -> None:
-        """Queue messages from the topic (deferred ones wait for their time)."""
+    def room(self) -> int:
+        """How many more messages the memory queue takes before they go to the backend."""
+        size: int = self.delivery.mem_queue_size
+        return max(0, size - len(self.memory))
+
+    def put_many(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
+        """Queue messages from the topic (deferred ones wait for their time).
+
+        ``records`` are more of them, after ``msgs``, still in the backend's
+        encoding: they go to the backend as they are (the topic passes only
+        what the memory queue has no room for, see :meth:`room`).
+        """
         if self.exiting:
             raise ExitingError()
-        self.message_count += len(msgs)
+        self.message_count += len(msgs) + len(records)
         ready = msgs
         if any(m.deadline for m in msgs):  # a DPUB delay (see Message.deadline)
             now = self.clock.seconds()
@@ -109,21 +119,23 @@ class Channel:
                     self.defer_published(m, now)
                 else:
                     ready.append(m)
-        if ready:
-            self._queue(ready)
+        if ready or records:
+            self._queue(ready, records)
 
-    def _queue(self, msgs: list[Message]) -> None:
+    def _queue(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
         memory = self.memory
         room = self.delivery.mem_queue_size - len(memory)
         if room > 0:
             memory.extend(msgs[:room])
             msgs = msgs[room:]
-        if msgs:
+        if msgs or records:
+            encoded = [m.encode() for m in msgs]
+            encoded.extend(records)
             try:
-                self.backend.put_many([m.encode() for m in msgs])
+                self.backend.put_many(encoded)
             except BackendError as e:
                 self.log.error("CHANNEL({topic}:{channel}): failed to write {n} messages to backend - {error}",
-                               topic=self.topic_name, channel=self.name, n=len(msgs), error=e)
+                               topic=self.topic_name, channel=self.name, n=len(encoded), error=e)
                 raise
         self._pump.wake()
 

@@ -127,27 +127,34 @@ class PlainTopicDelivery:
         if wait_while_node_behind(topic, self._release):
             self._held = True
             return False
-        msgs: list[Message] = []
+        due: list[Message] = []  # DPUB messages read back after a restart
+        records: list[bytes] = []
+        decoded: list[Message] = []
         mark = None
         if topic.backend.depth():
-            records, mark = self._read()
-            msgs = topic.decode_all(records)
-            if topic.restored_due:
-                topic.apply_dues(msgs, {})
+            read, mark = self._read()
+            # decoded: as many as the emptiest channel memory takes (beyond its
+            # room, a channel puts records in its backend as they were read)
+            due, decoded, records = topic.split_records(read, max(c.room() for c in channels))
+            if due:
+                topic.apply_dues(due, {})
         memory = topic.memory
-        k = min(TOPIC_BATCH - len(msgs), len(memory))
+        k = min(TOPIC_BATCH - len(due) - len(records), len(memory))
+        tail: list[Message] = []
         if k == len(memory):
-            msgs.extend(memory)
+            tail = list(memory)
             memory.clear()
         elif k > 0:
             pop = memory.popleft
-            msgs.extend(pop() for _ in range(k))
-        if not msgs:
+            tail = [pop() for _ in range(k)]
+        if not (due or records or tail):
             return False
-        first, others = channels[0], channels[1:]
-        for channel in others:
-            topic.put_to(channel, [m.copy() for m in msgs])
-        topic.put_to(first, msgs)
+        batch = _Batch(due, records, decoded, tail)
+        first = channels[0]
+        for channel in channels[1:]:
+            msgs, encoded = batch.for_channel(channel.room())
+            topic.put_to(channel, [m.copy() for m in msgs], encoded)
+        topic.put_to(first, *batch.for_channel(first.room()))
         self._after_put(channels, mark)
         return bool(memory) or topic.backend.depth() > 0
 
@@ -179,6 +186,42 @@ class PlainTopicDelivery:
 
     def delete(self) -> Deferred[object]:
         return succeed(None)
+
+
+class _Batch:
+    """One batch a topic copies to its channels: read back from its backend, then from its memory.
+
+    ``records`` are the backend's records as read (``decoded``: the first
+    of them as Messages, as many as the emptiest channel memory takes),
+    ``due`` DPUB messages read back after a restart, ``tail`` the messages
+    taken from the topic's memory after the records.
+    """
+
+    def __init__(self, due: list[Message], records: list[bytes], decoded: list[Message],
+                 tail: list[Message]) -> None:
+        self.due = due
+        self.records = records
+        self.decoded = decoded
+        self.tail = tail
+        self._tail_split: tuple[list[Message], list[bytes]] | None = None
+
+    def for_channel(self, room: int) -> tuple[list[Message], list[bytes]]:
+        """What a channel whose memory queue has ``room`` takes: Messages, then records for its backend."""
+        records = self.records
+        k = min(room, len(self.decoded))  # (fewer decoded than the room: the batch is short)
+        if k >= len(records):
+            return self.due + self.decoded + self.tail, []
+        # the memory queue is full after the first ``k``: the rest goes to the backend as it is
+        dpub, encoded = self._split_tail()
+        return self.due + self.decoded[:k] + dpub, records[k:] + encoded
+
+    def _split_tail(self) -> tuple[list[Message], list[bytes]]:
+        """The memory messages as they follow records into a backend: encoded once for every channel,
+        but for DPUB ones (the channel defers them, see Message.deadline)."""
+        if self._tail_split is None:
+            tail = self.tail
+            self._tail_split = ([m for m in tail if m.deadline], [m.encode() for m in tail if not m.deadline])
+        return self._tail_split
 
 
 class HandoffLedger:

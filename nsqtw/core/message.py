@@ -95,6 +95,11 @@ def decode_message(data: bytes) -> Message:
     return Message(bytes(data[10:]), timestamp, attempts)
 
 
+def record_id(data: bytes) -> bytes:
+    """The message ID inside nsqd's encoding, without decoding the rest."""
+    return data[10:10 + MSG_ID_LENGTH]
+
+
 def frame(frame_type: int, data: bytes) -> bytes:
     """A response or error frame."""
     return _FRAME_HEADER.pack(len(data) + 4, frame_type) + data

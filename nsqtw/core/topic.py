@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList
@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.delivery import is_behind
-from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message
+from nsqtw.core.message import MIN_VALID_MSG_LENGTH, MSG_ID_LENGTH, Message, decode_message, record_id
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
@@ -168,6 +168,52 @@ class Topic:
     def decode_all(self, records: list[bytes]) -> list[Message]:
         return [m for m in map(self.decode, records) if m is not None]
 
+    def split_records(self, records: list[bytes], n: int) -> tuple[list[Message], list[Message], list[bytes]]:
+        """Records read from the backend, for channels whose memory queues take at most ``n`` more.
+
+        Returns the DPUB messages among them kept across the last stop
+        (their ID in ``restored_due``), decoded to wait for their time
+        (:meth:`apply_dues`); the first ``n`` of the others decoded; and all
+        those others still encoded. A channel puts what its memory queue
+        has no room for into its backend in the encoding it was read in
+        (the topic's and the channel's are the same): decoding it here
+        would only have it encoded again, and decoded once more when the
+        channel reads it back. A bad record is logged and skipped here, as
+        :meth:`decode` does, wherever it is.
+        """
+        due: list[Message] = []
+        restored = self.restored_due
+        if restored:
+            others = []
+            for data in records:
+                if len(data) >= MIN_VALID_MSG_LENGTH and record_id(data) in restored:
+                    due.append(decode_message(data))
+                else:
+                    others.append(data)
+            records = others
+        if n >= len(records):
+            decoded = self.decode_all(records)
+            if len(decoded) < len(records):  # bad ones, each logged by decode
+                records = [data for data in records if len(data) >= MIN_VALID_MSG_LENGTH]
+            return due, decoded, records
+        head, rest = records[:n], records[n:]
+        decoded = self.decode_all(head)
+        if len(decoded) < len(head):
+            head = [data for data in head if len(data) >= MIN_VALID_MSG_LENGTH]
+        if min(map(len, rest)) < MIN_VALID_MSG_LENGTH:
+            rest = self._skip_bad(rest)
+        return due, decoded, head + rest
+
+    def _skip_bad(self, records: list[bytes]) -> list[bytes]:
+        """``records`` without those :meth:`decode` refuses (each logged by it)."""
+        good = []
+        for data in records:
+            if len(data) >= MIN_VALID_MSG_LENGTH:
+                good.append(data)
+            else:
+                self.decode(data)
+        return good
+
     def apply_dues(self, msgs: list[Message], dues: Mapping[bytes, float]) -> list[bytes]:
         """Give DPUB messages read back from the queue their due time; returns their ids."""
         restored = self.restored_due
@@ -183,8 +229,8 @@ class Topic:
                     m.deadline = when - now  # the DPUB delay, as Message.deadline says
         return ids
 
-    def put_to(self, channel: Channel, msgs: list[Message]) -> None:
-        """Queue a batch on one channel.
+    def put_to(self, channel: Channel, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
+        """Queue a batch on one channel (``records``: more of it, still encoded, for its backend).
 
         A failing disk does not refuse it (the channel's disk queue keeps the
         records in memory for its retry, and the delivery mode holds further
@@ -192,7 +238,7 @@ class Topic:
         or a record of an invalid size can, and is logged.
         """
         try:
-            channel.put_many(msgs)
+            channel.put_many(msgs, records)
         except (ExitingError, BackendError) as e:
             self.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
                            topic=self.name, channel=channel.name, error=e)
