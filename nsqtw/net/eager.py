@@ -134,7 +134,7 @@ class EagerServer(tcp.Server):
         super().loseConnection()  # type: ignore[no-untyped-call]
 
     def _close_idle(self) -> None:
-        if not self.connected:  # lost meanwhile (aborted, or the peer reset it)
+        if not self.connected or self._aborting:  # lost or aborted meanwhile: that is reported instead
             return
         if self._tempDataLen or self.offset != len(self.dataBuffer):
             # written after loseConnection: Twisted's doWrite sends it, then closes

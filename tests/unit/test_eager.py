@@ -267,3 +267,13 @@ class EagerServerTests(SynchronousTestCase):
         server.doWrite()
         self.assertEqual(producer.resumed, 3)
         self.assertEqual(self.received(), b"onetwo")
+
+    def test_aborted_before_the_close_turn_is_lost_once(self) -> None:
+        """An abort between loseConnection and the next turn is reported once, as an abort; the turn does nothing."""
+        self.server.loseConnection()
+        self.server.abortConnection()
+        self.reactor.advance(0)  # the pending close finds the connection gone
+        self.assertEqual(len(self.protocol.lost), 1)
+        self.protocol.lost[0].trap(error.ConnectionAborted)
+        self.assertEqual(self.sock.calls[-2:], ["setsockopt", "close"])  # SO_LINGER 0: a reset, as aborts send
+        self.assertEqual(self.sock.calls.count("close"), 1)
