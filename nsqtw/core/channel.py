@@ -124,8 +124,8 @@ class Channel:
 
     def _queue(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
         memory = self.memory
-        room = self.delivery.mem_queue_size - len(memory)
-        if room > 0:
+        room = self.room()
+        if room:
             memory.extend(msgs[:room])
             msgs = msgs[room:]
         if msgs or records:

@@ -191,15 +191,15 @@ class Topic:
                 else:
                     others.append(data)
             records = others
-        if n >= len(records):
-            decoded = self.decode_all(records)
-            if len(decoded) < len(records):  # bad ones, each logged by decode
-                records = [data for data in records if len(data) >= MIN_VALID_MSG_LENGTH]
-            return due, decoded, records
-        head, rest = records[:n], records[n:]
+        if n >= len(records):  # the common case: every channel takes them all decoded
+            head, rest = records, []
+        else:
+            head, rest = records[:n], records[n:]
         decoded = self.decode_all(head)
-        if len(decoded) < len(head):
+        if len(decoded) < len(head):  # bad ones, each logged by decode
             head = [data for data in head if len(data) >= MIN_VALID_MSG_LENGTH]
+        if not rest:
+            return due, decoded, head
         if min(map(len, rest)) < MIN_VALID_MSG_LENGTH:
             rest = self._skip_bad(rest)
         return due, decoded, head + rest
