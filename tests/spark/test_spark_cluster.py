@@ -6,6 +6,7 @@ loses nothing, and picks up a node that appears.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,13 +47,22 @@ def test_nodes_come_and_go(spark: Any, daemon_factory: Any, lookupd_factory: Any
 
     rows: list[tuple[int, bytes, str]] = []
     retried: list[bytes] = []  # delivered again by nsqd (attempts > 1)
+    # The first batch holding messages of all three nodes waits here until b
+    # has been stopped: uncommitted, its messages stay in flight at b, and b
+    # cannot be drained first however slow the machine is.
+    holding, release = threading.Event(), threading.Event()
 
     def sink(df: Any, batch_id: int) -> None:
         time.sleep(0.3)  # a slow sink: messages stay in flight while nodes come and go
-        for r in df.select("body", "nsqd_address", "attempts").collect():
-            rows.append((batch_id, bytes(r.body), r.nsqd_address))
-            if r.attempts > 1:
-                retried.append(bytes(r.body))
+        batch = [(bytes(r.body), r.nsqd_address, r.attempts)
+                 for r in df.select("body", "nsqd_address", "attempts").collect()]
+        for body, address, attempts in batch:
+            rows.append((batch_id, body, address))
+            if attempts > 1:
+                retried.append(body)
+        if not holding.is_set() and len({address for _b, address, _n in batch}) == 3:
+            holding.set()
+            release.wait(TIMEOUT)
 
     df = (spark.readStream.format("nsq").option("lookupd_http_addresses", lookupd.http_address)
           .option("topic", "ev").option("channel", "spark").option("lookupd_poll_interval_ms", "500")
@@ -61,22 +71,17 @@ def test_nodes_come_and_go(spark: Any, daemon_factory: Any, lookupd_factory: Any
          .trigger(processingTime="200 milliseconds").start())
     try:
         # one micro-batch holds messages of all three nodes: they are read side by side
-        def batch_from_all() -> bool:
-            per_batch: dict[int, set[str]] = {}
-            for batch_id, _body, address in list(rows):
-                per_batch.setdefault(batch_id, set()).add(address)
-            return any(len(a) == 3 for a in per_batch.values())
-
-        wait_for(batch_from_all, timeout=TIMEOUT, what="a batch with messages from all three nsqds")
+        wait_for(holding.is_set, timeout=TIMEOUT, what="a batch with messages from all three nsqds")
 
         # b goes away while the query holds some of its messages
         def b_busy() -> bool:
             s = channel_stats(b, "ev", "spark")
             return bool(s) and s["in_flight_count"] > 0 and s["depth"] > 0
 
-        assert b_busy(), "b was drained before it could be stopped"
+        wait_for(b_busy, what="b holding messages in flight and in its queue")
         b_path, b_address = b.data_path, b.tcp_address
         b.stop()  # SIGTERM: nsqd keeps what was in flight, unfinished, on disk
+        release.set()
         wait_for(lambda: len(lookup_topic([lookupd_url], "ev")) == 2, what="b gone from lookupd")
 
         # a node that appears is picked up through lookupd; the query goes on
@@ -94,6 +99,7 @@ def test_nodes_come_and_go(spark: Any, daemon_factory: Any, lookupd_factory: Any
                  what="every message of the four nsqds")
         assert q.isActive and q.exception() is None
     finally:
+        release.set()
         q.stop()
 
     seen = Counter(body for _b, body, _a in rows)
