@@ -240,8 +240,8 @@ class IConsumer(Interface):
     def deliver(messages: list[Message]) -> None:
         """Send these messages (already marked in flight) to the client."""
 
-    def message_finished() -> None:
-        """One of this client's in-flight messages was FINed."""
+    def messages_finished(count: int) -> None:
+        """``count`` of this client's in-flight messages were FINed (a run of FINs, counted once)."""
 
     def message_requeued() -> None:
         """One of this client's in-flight messages was requeued by REQ."""

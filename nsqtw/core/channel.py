@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message
+from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message, decode_messages
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -209,9 +209,16 @@ class Channel:
         try:
             return decode_message(data)
         except ValueError as e:
-            self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
-                           topic=self.topic_name, channel=self.name, error=e)
+            self._bad_record(e)
             return None
+
+    def decode_all(self, records: list[bytes]) -> list[Message]:
+        """Records from the backend as Messages, the bad ones logged and skipped (:meth:`decode`)."""
+        return decode_messages(records, self._bad_record)
+
+    def _bad_record(self, error: ValueError) -> None:
+        self.log.error("CHANNEL({topic}:{channel}): failed to decode message - {error}",
+                       topic=self.topic_name, channel=self.name, error=error)
 
     def defer_restored(self, msg: Message, now: float) -> bool:
         """A message deferred at the last stop waits out its due time again; True if it must wait."""
@@ -255,10 +262,11 @@ class Channel:
                 owned = self._owned.setdefault(client.client_id, {})
                 for m, mid in zip(msgs, ids, strict=True):
                     m.id = mid
-                    owned[mid] = now
                     m.attempts = (m.attempts + 1) & 0xFFFF  # nsqd's uint16 wraps
                     m.client = client
-                    in_flight.push(m, deadline)
+                    m.deadline = deadline
+                owned.update(dict.fromkeys(ids, now))
+                in_flight.push_many(msgs, ids, deadline)
                 if msgs:
                     batch = batches.get(client.client_id)
                     if batch is None:
@@ -341,27 +349,37 @@ class Channel:
         return msg
 
     def finish_many(self, client: IConsumer, msg_ids: list[bytes]) -> list[tuple[bytes, NotInFlightError]]:
-        """FIN: these messages are done with. Returns the ones that could not be, with why."""
+        """FIN: these messages are done with. Returns the ones that could not be, with why.
+
+        A consumer FINs every message it gets, so this runs once per message
+        delivered: the loop does only the per-message dict work and leaves
+        the counting to one call each on the in-flight queue and the client.
+        """
         failed = []
         live = self.in_flight.live
-        remove = self.in_flight.remove
-        e2e = self.e2e
-        now = self.clock.seconds() if e2e is not None else 0.0
         owned = self._owned.get(client.client_id, {})
         disown = owned.pop
+        e2e = self.e2e
+        timestamps: list[int] = []
         for msg_id in msg_ids:
             msg = live.get(msg_id)
             if msg is None or msg.client is not client:
                 why = "ID not in flight" if msg is None else "client does not own message"
                 failed.append((msg_id, NotInFlightError(why)))
                 continue
-            remove(msg_id)
+            del live[msg_id]
             disown(msg_id, None)
             msg.client = None
-            client.message_finished()
             if e2e is not None:
-                e2e.insert(now, msg.timestamp)
-        self.finish_count += len(msg_ids) - len(failed)
+                timestamps.append(msg.timestamp)
+        done = len(msg_ids) - len(failed)
+        self.in_flight.removed(done)
+        client.messages_finished(done)
+        if e2e is not None:
+            now = self.clock.seconds()
+            for timestamp in timestamps:
+                e2e.insert(now, timestamp)
+        self.finish_count += done
         bad = {i for i, _ in failed}
         self.delivery.finished([i for i in msg_ids if i not in bad] if bad else msg_ids)
         self._pump.wake()

@@ -330,15 +330,10 @@ class PlainChannelDelivery:
         channel = self.channel
         out: list[Message] = []
         if channel.backend.depth():
-            due = channel.restored_due
-            now = channel.clock.seconds()
-            for data in channel.backend.read(n):
-                msg = channel.decode(data)
-                if msg is None:
-                    continue
-                if due and channel.defer_restored(msg, now):
-                    continue
-                out.append(msg)
+            out = channel.decode_all(channel.backend.read(n))
+            if channel.restored_due:
+                now = channel.clock.seconds()
+                out = [msg for msg in out if not channel.defer_restored(msg, now)]
         memory = channel.memory
         k = min(n - len(out), len(memory))
         if k > 0:

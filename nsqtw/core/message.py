@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 MSG_ID_LENGTH = 16
@@ -80,8 +81,7 @@ class Message:
 
     def frame(self) -> bytes:
         """The complete MESSAGE frame (size, type, encoded message)."""
-        data = self.data
-        return _MSG_FRAME_HEADER.pack(14 + len(data), FRAME_TYPE_MESSAGE, self.timestamp, self.attempts) + data
+        return frames([self])
 
     def __repr__(self) -> str:
         return f"<Message {self.id.decode('ascii', 'replace')} attempts={self.attempts}>"
@@ -95,9 +95,38 @@ def decode_message(data: bytes) -> Message:
     return Message(bytes(data[10:]), timestamp, attempts)
 
 
+def decode_messages(records: list[bytes], bad: Callable[[ValueError], object]) -> list[Message]:
+    """Parse a run of records read from a disk queue; a bad one is reported to ``bad`` and skipped.
+
+    One length check for the run and one comprehension instead of a call per
+    record: this runs for every message a topic or channel reads back from
+    disk. Only a run with a bad record in it goes one record at a time.
+    """
+    if not records or min(map(len, records)) >= MIN_VALID_MSG_LENGTH:
+        unpack = _HEADER.unpack_from
+        return [Message(data[10:], *unpack(data)) for data in records]
+    out = []
+    for data in records:
+        try:
+            out.append(decode_message(data))
+        except ValueError as e:
+            bad(e)
+    return out
+
+
 def record_id(data: bytes) -> bytes:
     """The message ID inside nsqd's encoding, without decoding the rest."""
     return data[10:10 + MSG_ID_LENGTH]
+
+
+def frames(messages: list[Message]) -> bytes:
+    """The MESSAGE frames of a batch, back to back: one write to a consumer.
+
+    :meth:`Message.frame` inlined, as this runs for every message delivered.
+    """
+    pack = _MSG_FRAME_HEADER.pack
+    return b"".join([pack(14 + len(m.data), FRAME_TYPE_MESSAGE, m.timestamp, m.attempts) + m.data
+                     for m in messages])
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

@@ -48,13 +48,38 @@ class TimeoutQueue:
         else:
             heapq.heappush(self._heap, (when, next(_seq), msg))
 
+    def push_many(self, msgs: list[Message], ids: list[bytes], when: float) -> None:
+        """:meth:`push` for a batch with one deadline, whose ``deadline`` the caller has set.
+
+        A channel puts every batch it hands a client in flight with the same
+        deadline, in order after the ones before: the FIFO takes the batch in
+        one ``extend``.
+        """
+        self.live.update(zip(ids, msgs, strict=True))
+        fifo = self._fifo
+        if not fifo or fifo[-1][0] <= when:
+            fifo.extend(zip(itertools.repeat(when), msgs))
+        else:
+            heap = self._heap
+            for msg in msgs:
+                heapq.heappush(heap, (when, next(_seq), msg))
+
     def remove(self, msg_id: bytes) -> Message | None:
         msg = self.live.pop(msg_id, None)
         if msg is not None:
-            self._stale += 1
-            if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
-                self._compact()
+            self.removed(1)
         return msg
+
+    def removed(self, count: int) -> None:
+        """``count`` messages were taken out of ``live`` by the caller directly.
+
+        A channel finishing a run of FINs pops them from ``live`` in its own
+        loop (it checks each one's owner first) and accounts for them here
+        once, instead of a method call per message.
+        """
+        self._stale += count
+        if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
+            self._compact()
 
     def pop_due(self, now: float) -> list[Message]:
         live = self.live

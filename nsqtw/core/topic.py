@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.delivery import is_behind
-from nsqtw.core.message import MIN_VALID_MSG_LENGTH, MSG_ID_LENGTH, Message, decode_message, record_id
+from nsqtw.core.message import MIN_VALID_MSG_LENGTH, MSG_ID_LENGTH, Message, decode_message, decode_messages, record_id
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
@@ -162,11 +162,15 @@ class Topic:
         try:
             return decode_message(data)
         except ValueError as e:
-            self.log.error("TOPIC({topic}): failed to decode message - {error}", topic=self.name, error=e)
+            self._bad_record(e)
             return None
 
     def decode_all(self, records: list[bytes]) -> list[Message]:
-        return [m for m in map(self.decode, records) if m is not None]
+        """Records from the backend as Messages, the bad ones logged and skipped (:meth:`decode`)."""
+        return decode_messages(records, self._bad_record)
+
+    def _bad_record(self, error: ValueError) -> None:
+        self.log.error("TOPIC({topic}): failed to decode message - {error}", topic=self.name, error=error)
 
     def split_records(self, records: list[bytes], n: int) -> tuple[list[Message], list[Message], list[bytes]]:
         """Records read from the backend, for channels whose memory queues take at most ``n`` more.

@@ -20,7 +20,7 @@ from zope.interface import implementer
 from nsqtw._go.json import go_dumps
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.channel import Channel
-from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame, frames
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer, IStreamCodec
@@ -757,11 +757,11 @@ class V2Protocol(Protocol):
     def deliver(self, messages: list[Message]) -> None:
         self.in_flight_count += len(messages)
         self.message_count += len(messages)
-        self._write(b"".join([m.frame() for m in messages]))
+        self._write(frames(messages))
 
-    def message_finished(self) -> None:
-        self.in_flight_count -= 1
-        self.finish_count += 1
+    def messages_finished(self, count: int) -> None:
+        self.in_flight_count -= count
+        self.finish_count += count
 
     def message_requeued(self) -> None:
         self.in_flight_count -= 1

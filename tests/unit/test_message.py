@@ -7,7 +7,7 @@ import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core.message import FRAME_TYPE_MESSAGE, Message, decode_message
+from nsqtw.core.message import FRAME_TYPE_MESSAGE, Message, decode_message, decode_messages, frames
 from tests.unit.test_protocol_v2 import Consumer, publish
 
 MSG_ID = b"0123456789abcdef"
@@ -36,6 +36,30 @@ class EncodingTests(SynchronousTestCase):
     def test_too_short_a_record_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             decode_message(b"\x00" * 25)
+
+    def test_frames_of_a_batch_are_each_frame_back_to_back(self) -> None:
+        msgs = [Message(MSG_ID + b"x" * i, 1_000 + i, i) for i in range(5)]
+        self.assertEqual(frames(msgs), b"".join(
+            struct.pack(">ii", 26 + i + 4, FRAME_TYPE_MESSAGE) + m.encode() for i, m in enumerate(msgs)))
+        self.assertEqual(frames([]), b"")
+
+    def test_a_run_of_records_decodes_as_each_would(self) -> None:
+        records = [Message(MSG_ID + b"b" * i, 7 + i, i).encode() for i in range(4)]
+        bad: list[ValueError] = []
+        got = decode_messages(records, bad.append)
+        want = [decode_message(r) for r in records]
+        self.assertEqual([(m.data, m.timestamp, m.attempts) for m in got],
+                         [(m.data, m.timestamp, m.attempts) for m in want])
+        self.assertEqual(bad, [])
+        self.assertEqual(decode_messages([], bad.append), [])
+
+    def test_a_bad_record_in_a_run_is_reported_and_skipped(self) -> None:
+        """Only the short record goes: the good ones on either side of it are decoded in order."""
+        good = [Message(MSG_ID + b"%d" % i, i).encode() for i in range(3)]
+        bad: list[ValueError] = []
+        got = decode_messages([good[0], b"\x00" * 25, good[1], b"", good[2]], bad.append)
+        self.assertEqual([m.body for m in got], [b"0", b"1", b"2"])
+        self.assertEqual([str(e) for e in bad], ["invalid message buffer size (25)", "invalid message buffer size (0)"])
 
     def test_copy_keeps_data_timestamp_and_delay(self) -> None:
         m = Message(MSG_ID + b"b", 5, 0, 2.5)

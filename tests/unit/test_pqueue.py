@@ -82,3 +82,38 @@ class TimeoutQueueTests(SynchronousTestCase):
                     del model[k]
             self.assertEqual(len(q), len(model))
             self.assertEqual(q.next_deadline(), min(model.values()) if model else None)
+
+    def test_batches_match_a_reference_model(self) -> None:
+        """push_many (a channel's delivered batch) and caller-side removals (a run of FINs,
+        counted with removed()) agree with a plain dict, out-of-order batches included,
+        and the stale entries they leave stay bounded."""
+        rng = random.Random(11)
+        q = TimeoutQueue()
+        model: dict[bytes, float] = {}
+        msgs = [msg(i) for i in range(400)]
+        now = 0.0
+        for _ in range(4000):
+            op = rng.random()
+            if op < 0.4:
+                batch = [m for m in rng.sample(msgs, rng.randint(1, 20)) if m.id not in model]
+                when = now + rng.choice([10.0, 10.0, rng.uniform(0, 20)])
+                for m in batch:
+                    m.deadline = when
+                    model[m.id] = when
+                q.push_many(batch, [m.id for m in batch], when)
+            elif op < 0.8:
+                gone = [i for i in {m.id for m in rng.sample(msgs, 30)} if i in q.live]
+                for i in gone:
+                    del q.live[i]
+                    del model[i]
+                q.removed(len(gone))
+            else:
+                now += rng.uniform(0, 3)
+                due = sorted(x.id for x in q.pop_due(now))
+                expected = sorted(k for k, w in model.items() if w <= now)
+                self.assertEqual(due, expected)
+                for k in expected:
+                    del model[k]
+            self.assertEqual(len(q), len(model))
+            self.assertEqual(q.next_deadline(), min(model.values()) if model else None)
+            self.assertLessEqual(len(q._fifo) + len(q._heap), 3 * max(len(model), _COMPACT_MIN) + 20)

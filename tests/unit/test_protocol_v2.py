@@ -653,18 +653,19 @@ class DeliveryFailureTests(SynchronousTestCase):
         """A frame that cannot be built fails that client's write only: the other client gets its
         messages, and the failed ones stay timed, time out and are delivered again."""
         from nsqtw.core.message import Message
+        from nsqtw.protocol import v2
 
         nsqd, clock = make_nsqd(msg_timeout=10.0)
         first = Consumer(nsqd, clock, "t", "c", rdy=0)
         second = Consumer(nsqd, clock, "t", "c", rdy=0)
-        real_frame = Message.frame
+        real_frames = v2.frames
 
-        def frame(msg: Message) -> bytes:
-            if msg.body == b"poison" and msg.attempts == 1:
+        def frames(msgs: list[Message]) -> bytes:
+            if any(msg.body == b"poison" and msg.attempts == 1 for msg in msgs):
                 raise RuntimeError("injected")
-            return real_frame(msg)
+            return real_frames(msgs)
 
-        self.patch(Message, "frame", frame)
+        self.patch(v2, "frames", frames)
         first.send(b"RDY 5\n")
         second.send(b"RDY 5\n")
         # one delivery turn serves both: whoever takes the poison fails its write, the other is served

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -11,7 +12,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core import topic as topic_module
-from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message, record_id
+from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message, decode_messages, record_id
 from nsqtw.core.nsqd import NSQD
 from nsqtw.core.topic import Topic
 from nsqtw.protocol.wire import encode_command
@@ -55,15 +56,20 @@ def consume(nsqd: NSQD, clock: Clock, channel: str, rdy: int = 100) -> list[byte
 
 
 class DecodeCounter:
-    """decode_message as the topic calls it, counted."""
+    """The records the topic decodes, one at a time or in runs, counted."""
 
     def __init__(self, test: SynchronousTestCase) -> None:
         self.calls = 0
         test.patch(topic_module, "decode_message", self)
+        test.patch(topic_module, "decode_messages", self.run)
 
     def __call__(self, data: bytes) -> Message:
         self.calls += 1
         return decode_message(data)
+
+    def run(self, records: list[bytes], bad: Callable[[ValueError], object]) -> list[Message]:
+        self.calls += len(records)
+        return decode_messages(records, bad)
 
 
 class RawOverflowTests(SynchronousTestCase):
