@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -98,13 +100,13 @@ def decode_message(data: bytes) -> Message:
 def decode_messages(records: list[bytes], bad: Callable[[ValueError], object]) -> list[Message]:
     """Parse a run of records read from a disk queue; a bad one is reported to ``bad`` and skipped.
 
-    One length check for the run and one comprehension instead of a call per
-    record: this runs for every message a topic or channel reads back from
-    disk. Only a run with a bad record in it goes one record at a time.
+    This runs for every message a topic or channel reads back from disk: a
+    run of good records is decoded in one go (:func:`_decode_run`); only a
+    run with a bad record in it goes one record at a time.
     """
-    if not records or min(map(len, records)) >= MIN_VALID_MSG_LENGTH:
-        unpack = _HEADER.unpack_from
-        return [Message(data[10:], *unpack(data)) for data in records]
+    run = _decode_run(records)
+    if run is not None:
+        return run
     out = []
     for data in records:
         try:
@@ -112,6 +114,14 @@ def decode_messages(records: list[bytes], bad: Callable[[ValueError], object]) -
         except ValueError as e:
             bad(e)
     return out
+
+
+def _decode_run(records: list[bytes]) -> list[Message] | None:
+    """Every record decoded, or None when one is too short: one length check, one comprehension."""
+    if records and min(map(len, records)) < MIN_VALID_MSG_LENGTH:
+        return None
+    unpack = _HEADER.unpack_from
+    return [Message(data[10:], *unpack(data)) for data in records]
 
 
 def record_id(data: bytes) -> bytes:
@@ -127,6 +137,35 @@ def frames(messages: list[Message]) -> bytes:
     pack = _MSG_FRAME_HEADER.pack
     return b"".join([pack(14 + len(m.data), FRAME_TYPE_MESSAGE, m.timestamp, m.attempts) + m.data
                      for m in messages])
+
+
+#: the pure-Python definitions, kept whichever are in use (tests compare the two)
+PURE = {"frames": frames, "decode_run": _decode_run}
+
+
+def _load_speedups() -> Any:
+    """The compiled ``_nsqtw_speedups`` bound to :class:`Message`, or None.
+
+    setup.py builds it where a C compiler is found; without it, or with
+    ``NSQTW_NO_SPEEDUPS`` set in the environment, the definitions above are
+    used. Both give the same bytes and messages (tests/unit/test_message.py).
+    """
+    if os.environ.get("NSQTW_NO_SPEEDUPS"):
+        return None
+    try:
+        speedups = importlib.import_module("_nsqtw_speedups")
+    except ImportError:
+        return None
+    speedups.bind(Message)
+    return speedups
+
+
+_speedups = _load_speedups()
+#: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
+SPEEDUPS = _speedups is not None
+if _speedups is not None:
+    frames = _speedups.frames  # noqa: F811 -- the compiled version of the same function
+    _decode_run = _speedups.decode_messages
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

@@ -32,23 +32,37 @@ def _copy_checkout(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("editable", [True, False], ids=["editable", "regular"])
-def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool) -> None:
+@pytest.mark.parametrize(("editable", "compiler"), [(True, True), (False, True), (False, False)],
+                         ids=["editable", "regular", "no-compiler"])
+def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool, compiler: bool) -> None:
     """After the install, ``twistd nsqtw|nsqtw-lookupd|nsqtw-admin --help`` and ``nsqtw tail -h`` answer,
-    and the admin's pages ship."""
+    and the admin's pages ship. The compiled speed-ups are built with the package where a C
+    compiler works; where it fails (``CC=false``) the install still succeeds without them."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout to copy")
     project = _copy_checkout(tmp_path / "project")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NSQTW_NO_SPEEDUPS")}
+    if not compiler:
+        env["CC"] = "false"
     install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
     install += ["-e", str(project)] if editable else [str(project)]
     done = subprocess.run(install, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    built = sorted(p.name for p in (project if editable else venv).rglob("_nsqtw_speedups*.so"))
+    if compiler and shutil.which("cc"):
+        assert built, done.stdout + done.stderr
+        where = subprocess.run(
+            [python, "-c", "import _nsqtw_speedups as s; from nsqtw.core import message as m; "
+                           "print(m.SPEEDUPS, s.__file__)"],
+            env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout
+        assert where.startswith(f"True {project if editable else venv}"), where
+    elif not compiler:
+        assert built == [], built
     for plugin, first_line in (("nsqtw", "Usage: twistd nsqtw [flags]"),
                                ("nsqtw-lookupd", "Usage: twistd nsqtw-lookupd [flags]"),
                                ("nsqtw-admin", "Usage: twistd nsqtw-admin [flags]")):

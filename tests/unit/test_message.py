@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
+import os
+import random
 import struct
 import sys
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw.core import message
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, Message, decode_message, decode_messages, frames
 from tests.unit.test_protocol_v2 import Consumer, publish
 
@@ -66,6 +72,72 @@ class EncodingTests(SynchronousTestCase):
         c = m.copy()
         self.assertIs(c.data, m.data)
         self.assertEqual((c.timestamp, c.attempts, c.deadline), (5, 0, 2.5))
+
+
+class SpeedupsTests(SynchronousTestCase):
+    """The compiled _nsqtw_speedups (where setup.py could build it) and message.py's own
+    definitions give the same frames and messages; each implementation in use is checked."""
+
+    def implementations(self) -> list[tuple[str, Any, Any]]:
+        impls = [("pure", message.PURE["frames"], message.PURE["decode_run"])]
+        if message.SPEEDUPS:
+            impls.append(("compiled", message.frames, message._decode_run))
+        return impls
+
+    def test_the_module_uses_the_compiled_ones_when_built(self) -> None:
+        try:
+            importlib.import_module("_nsqtw_speedups")
+        except ImportError:
+            built = False
+        else:
+            built = not os.environ.get("NSQTW_NO_SPEEDUPS")
+        self.assertEqual(message.SPEEDUPS, built)
+        self.assertEqual(message.frames is message.PURE["frames"], not built)
+
+    def test_frames_agree(self) -> None:
+        rng = random.Random(3)
+        msgs = [Message(bytes(rng.getrandbits(8) for _ in range(16 + rng.randrange(300))),
+                        rng.choice([0, 1, -1, 2**63 - 1, -2**63, rng.getrandbits(62)]),
+                        rng.choice([0, 1, 0xFFFF, rng.randrange(0x10000)])) for _ in range(200)]
+        want = b"".join(struct.pack(">iiqH", 14 + len(m.data), FRAME_TYPE_MESSAGE, m.timestamp, m.attempts) + m.data
+                        for m in msgs)
+        for name, frames_, _ in self.implementations():
+            with self.subTest(name):
+                self.assertEqual(frames_(msgs), want)
+                self.assertEqual(frames_([]), b"")
+                self.assertEqual(frames_(msgs[:1]), msgs[0].frame())
+
+    def test_frames_refuse_what_struct_refuses(self) -> None:
+        for name, frames_, _ in self.implementations():
+            for bad in (Message(MSG_ID, 1, 0x10000), Message(MSG_ID, 2**63, 0), Message(MSG_ID, 1, -1)):
+                with self.subTest(name, bad=bad), self.assertRaises((struct.error, OverflowError)):
+                    frames_([Message(MSG_ID, 1, 1), bad])
+
+    def test_decoded_runs_agree(self) -> None:
+        rng = random.Random(5)
+        records = [struct.pack(">qH", rng.getrandbits(63) * rng.choice([1, -1]), rng.randrange(0x10000))
+                   + bytes(rng.getrandbits(8) for _ in range(16 + rng.randrange(100))) for _ in range(200)]
+        records.append(struct.pack(">qH", 7, 1) + MSG_ID)  # the shortest valid record: an empty body
+        for name, _, decode_run in self.implementations():
+            with self.subTest(name):
+                got = decode_run(records)
+                self.assertEqual([(type(m), m.data, m.timestamp, m.attempts, m.client, m.deadline) for m in got],
+                                 [(Message, r[10:], *struct.unpack(">qH", r[:10]), None, 0.0) for r in records])
+                self.assertFalse(any(_id_is_set(m) for m in got))
+                self.assertEqual(got[0].id, records[0][10:26])
+                self.assertEqual(decode_run([]), [])
+                self.assertIsNone(decode_run(records[:3] + [b"\x00" * 25] + records[3:]))
+
+    def test_decoded_messages_are_ordinary_messages(self) -> None:
+        """Copied, framed, collected: nothing tells a compiled-decoded message from another."""
+        for name, _, decode_run in self.implementations():
+            with self.subTest(name):
+                (m,) = decode_run([Message(MSG_ID + b"body", 9, 2).encode()])
+                self.assertEqual(m.copy().encode(), m.encode())
+                m.client = m  # a cycle the collector must be able to see through the slots
+                self.assertIn(m, gc.get_referents(m))
+                m.client = None
+                self.assertEqual(sys.getsizeof(m), sys.getsizeof(Message(MSG_ID, 0)))
 
 
 class MemoryTests(SynchronousTestCase):
