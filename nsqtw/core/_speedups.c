@@ -6,6 +6,10 @@
  *   decode_messages(records)  disk records as Message objects, or None when
  *                             one is too short (the caller then takes the
  *                             pure-Python path, which logs and skips it)
+ *   message_ids(messages)     each message's ID, sliced out of its data
+ *   start_flight(messages, ids, client, deadline)
+ *                             a batch handed to a client: ID, attempts + 1,
+ *                             client and deadline set on each message
  *
  * message.py imports this module when it is built and falls back to its own
  * definitions when it is not (or NSQTW_NO_SPEEDUPS is set): the two give
@@ -28,7 +32,7 @@
 #define FRAME_TYPE_MESSAGE 2
 
 static PyTypeObject *message_type = NULL;         /* the bound Message class */
-static Py_ssize_t off_data, off_timestamp, off_attempts, off_client, off_deadline;
+static Py_ssize_t off_data, off_id, off_timestamp, off_attempts, off_client, off_deadline;
 static PyObject *zero_deadline = NULL;            /* 0.0, shared as the interpreter shares the constant */
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
@@ -63,7 +67,8 @@ bind(PyObject *module, PyObject *cls)
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)cls;
-    if (slot_offset(type, "data", &off_data) < 0 || slot_offset(type, "timestamp", &off_timestamp) < 0
+    if (slot_offset(type, "data", &off_data) < 0 || slot_offset(type, "id", &off_id) < 0
+            || slot_offset(type, "timestamp", &off_timestamp) < 0
             || slot_offset(type, "attempts", &off_attempts) < 0 || slot_offset(type, "client", &off_client) < 0
             || slot_offset(type, "deadline", &off_deadline) < 0)
         return NULL;
@@ -246,7 +251,131 @@ decode_messages(PyObject *module, PyObject *records)
     return out;
 }
 
+static int
+check_message(PyObject *m)
+{
+    if (Py_TYPE(m) != message_type) {
+        PyErr_Format(PyExc_TypeError, "expected a Message, not %.100s", Py_TYPE(m)->tp_name);
+        return -1;
+    }
+    PyObject *data = SLOT(m, off_data);
+    if (data == NULL || !PyBytes_Check(data) || PyBytes_GET_SIZE(data) < MSG_ID_LENGTH) {
+        PyErr_SetString(PyExc_ValueError, "a Message's data must be bytes of at least 16");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+message_ids(PyObject *module, PyObject *messages)
+{
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+        return NULL;
+    }
+    if (!PyList_Check(messages)) {
+        PyErr_SetString(PyExc_TypeError, "message_ids() takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    PyObject *ids = PyList_New(n);
+    if (ids == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* only allocations below, and bytes objects run no Python code: the list stays as it is */
+        PyObject *m = PyList_GET_ITEM(messages, i);
+        if (check_message(m) < 0) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+        PyObject *id = PyBytes_FromStringAndSize(PyBytes_AS_STRING(SLOT(m, off_data)), MSG_ID_LENGTH);
+        if (id == NULL) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+        PyList_SET_ITEM(ids, i, id);
+    }
+    return ids;
+}
+
+static PyObject *
+start_flight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "start_flight(messages, ids, client, deadline)");
+        return NULL;
+    }
+    PyObject *messages = args[0], *ids = args[1], *client = args[2], *deadline = args[3];
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+        return NULL;
+    }
+    if (!PyList_Check(messages) || !PyList_Check(ids) || PyList_GET_SIZE(messages) != PyList_GET_SIZE(ids)) {
+        PyErr_SetString(PyExc_ValueError, "start_flight() takes two lists of one length");
+        return NULL;
+    }
+    /* Check everything first, so that a bad batch changes no message. */
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(messages, i);
+        if (check_message(m) < 0)
+            return NULL;
+        PyObject *attempts = SLOT(m, off_attempts);
+        if (attempts == NULL || !PyLong_Check(attempts)) {
+            PyErr_SetString(PyExc_TypeError, "Message.attempts must be int");
+            return NULL;
+        }
+    }
+    /* Hold the batch: dropping a message's previous field values may run a
+       finalizer, which could change the lists. */
+    PyObject *held = PyList_GetSlice(messages, 0, n);
+    PyObject *held_ids = PyList_GetSlice(ids, 0, n);
+    if (held == NULL || held_ids == NULL) {
+        Py_XDECREF(held);
+        Py_XDECREF(held_ids);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(held, i);
+        long attempts = PyLong_AsLong(SLOT(m, off_attempts));
+        if (attempts == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* huge: Python's & 0xFFFF keeps the low bits */
+            PyObject *mask = PyLong_FromLong(0xFFFF), *one = PyLong_FromLong(1), *next = NULL, *low = NULL;
+            if (mask != NULL && one != NULL && (next = PyNumber_Add(SLOT(m, off_attempts), one)) != NULL)
+                low = PyNumber_And(next, mask);
+            Py_XDECREF(mask);
+            Py_XDECREF(one);
+            Py_XDECREF(next);
+            if (low == NULL)
+                goto fail;
+            Py_SETREF(SLOT(m, off_attempts), low);
+        } else {
+            PyObject *low = PyLong_FromLong((long)(((unsigned long)attempts + 1UL) & 0xFFFFUL));
+            if (low == NULL)
+                goto fail;
+            Py_SETREF(SLOT(m, off_attempts), low);
+        }
+        PyObject *id = PyList_GET_ITEM(held_ids, i);
+        Py_INCREF(id);
+        Py_XSETREF(SLOT(m, off_id), id);
+        Py_INCREF(client);
+        Py_XSETREF(SLOT(m, off_client), client);
+        Py_INCREF(deadline);
+        Py_XSETREF(SLOT(m, off_deadline), deadline);
+    }
+    Py_DECREF(held);
+    Py_DECREF(held_ids);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(held);
+    Py_DECREF(held_ids);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"message_ids", message_ids, METH_O, "message_ids(messages) -> list of each message's ID."},
+    {"start_flight", (PyCFunction)(void (*)(void))start_flight, METH_FASTCALL,
+     "start_flight(messages, ids, client, deadline): set each message's ID, attempts + 1, client, deadline."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},
     {"frames", frames, METH_O, "frames(messages) -> bytes: the MESSAGE frames of a batch."},
     {"decode_messages", decode_messages, METH_O,

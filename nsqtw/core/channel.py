@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import MSG_ID_LENGTH, Message, decode_message, decode_messages
+from nsqtw.core.message import Message, decode_message, decode_messages, message_ids, start_flight
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -253,18 +253,14 @@ class Channel:
                     break
                 taken = len(msgs)
                 # each message's ID is sliced out of its data here, once (see Message)
-                ids = [m.data[:MSG_ID_LENGTH] for m in msgs]
+                ids = message_ids(msgs)
                 if not self._all_new(ids):
                     msgs, ids = self._drop_duplicates(msgs, ids)
                 if client.sample_rate:
                     msgs, ids = _sample(msgs, ids, client.sample_rate)
                 deadline = now + client.msg_timeout
                 owned = self._owned.setdefault(client.client_id, {})
-                for m, mid in zip(msgs, ids, strict=True):
-                    m.id = mid
-                    m.attempts = (m.attempts + 1) & 0xFFFF  # nsqd's uint16 wraps
-                    m.client = client
-                    m.deadline = deadline
+                start_flight(msgs, ids, client, deadline)
                 owned.update(dict.fromkeys(ids, now))
                 in_flight.push_many(msgs, ids, deadline)
                 if msgs:

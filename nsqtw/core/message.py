@@ -139,8 +139,26 @@ def frames(messages: list[Message]) -> bytes:
                      for m in messages])
 
 
+def message_ids(messages: list[Message]) -> list[bytes]:
+    """Each message's ID, sliced out of its data: a channel does it once per delivery."""
+    return [m.data[:MSG_ID_LENGTH] for m in messages]
+
+
+def start_flight(messages: list[Message], ids: list[bytes], client: Any, deadline: float) -> None:
+    """A batch handed to ``client``: each message's ID set, attempts + 1, client and deadline.
+
+    nsqd counts an attempt as it sends a message, and its uint16 wraps.
+    """
+    for m, mid in zip(messages, ids, strict=True):
+        m.id = mid
+        m.attempts = (m.attempts + 1) & 0xFFFF
+        m.client = client
+        m.deadline = deadline
+
+
 #: the pure-Python definitions, kept whichever are in use (tests compare the two)
-PURE = {"frames": frames, "decode_run": _decode_run}
+PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_ids": message_ids,
+                        "start_flight": start_flight}
 
 
 def _load_speedups() -> Any:
@@ -164,8 +182,10 @@ _speedups = _load_speedups()
 #: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
 SPEEDUPS = _speedups is not None
 if _speedups is not None:
-    frames = _speedups.frames  # noqa: F811 -- the compiled version of the same function
+    frames = _speedups.frames  # noqa: F811 -- the compiled versions of the same functions
     _decode_run = _speedups.decode_messages
+    message_ids = _speedups.message_ids
+    start_flight = _speedups.start_flight
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

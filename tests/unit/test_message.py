@@ -84,6 +84,43 @@ class SpeedupsTests(SynchronousTestCase):
             impls.append(("compiled", message.frames, message._decode_run))
         return impls
 
+    def flight_implementations(self) -> list[tuple[str, Any, Any]]:
+        impls = [("pure", message.PURE["message_ids"], message.PURE["start_flight"])]
+        if message.SPEEDUPS:
+            impls.append(("compiled", message.message_ids, message.start_flight))
+        return impls
+
+    def test_a_batch_put_in_flight_agrees(self) -> None:
+        """IDs sliced from the data; attempts counted with nsqd's uint16 wrap; client and
+        deadline set on every message; the same in both implementations."""
+        client = object()
+        for name, message_ids, start_flight in self.flight_implementations():
+            with self.subTest(name):
+                msgs = [Message(b"%016d" % i + b"body%d" % i, i, a) for i, a in enumerate([0, 1, 0xFFFE, 0xFFFF, 7])]
+                ids = message_ids(msgs)
+                self.assertEqual(ids, [b"%016d" % i for i in range(5)])
+                self.assertFalse(any(_id_is_set(m) for m in msgs))
+                start_flight(msgs, ids, client, 12.5)
+                self.assertEqual([(m.id, m.attempts, m.client, m.deadline) for m in msgs],
+                                 [(i, a, client, 12.5) for i, a in zip(ids, [1, 2, 0xFFFF, 0, 8], strict=True)])
+                self.assertTrue(all(m.id is i for m, i in zip(msgs, ids, strict=True)))
+                self.assertEqual(message_ids([]), [])
+                start_flight([], [], client, 1.0)
+
+    def test_a_bad_batch_is_refused(self) -> None:
+        for name, message_ids, start_flight in self.flight_implementations():
+            with self.subTest(name):
+                short = Message(b"short", 1)
+                with self.assertRaises((ValueError, TypeError)):
+                    start_flight([Message(MSG_ID, 1)], [], None, 1.0)
+                if name == "compiled":  # checked before any message is changed
+                    ok = Message(MSG_ID, 1, 3)
+                    with self.assertRaises(ValueError):
+                        start_flight([ok, short], [MSG_ID, b"short"], None, 1.0)
+                    self.assertEqual((ok.attempts, ok.client), (3, None))
+                    with self.assertRaises(ValueError):
+                        message_ids([ok, short])
+
     def test_the_module_uses_the_compiled_ones_when_built(self) -> None:
         try:
             importlib.import_module("_nsqtw_speedups")
