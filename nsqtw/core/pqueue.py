@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from typing import Any
 
 from nsqtw.core.message import Message
 
@@ -21,18 +22,28 @@ class TimeoutQueue:
     Most deadlines arrive in order (every client of a channel usually has the
     same msg_timeout), so they go to a FIFO, which costs an append and a
     popleft; only an out-of-order deadline (a shorter timeout, a REQ delay)
-    pays for the heap. Removing from the middle of either is O(n); instead an
-    entry is left in place and recognised as stale when it surfaces (the
-    message is no longer in ``live`` under that deadline). When stale entries
-    pile up both are rebuilt from the live ones, so memory stays proportional
-    to them.
+    pays for the heap. The FIFO holds batches: a channel puts a whole
+    delivered batch in flight with one deadline (:meth:`push_many`), and a
+    batch all of whose messages are gone is dropped from the front with one
+    set operation in C (``isdisjoint``) instead of a check per message. A
+    single :meth:`push` (a deferred message, a TOUCH) is an entry of its own,
+    ``(deadline, message, id)``, no bigger than a message's entry used to be.
+
+    Removing from the middle of either is O(n); instead an entry is left in
+    place and recognised as stale when it surfaces (the message is no longer
+    in ``live`` under that deadline). A batch that still has an ID in
+    ``live`` only because that message was put in flight again later can
+    make :meth:`next_deadline` early, never late: :meth:`pop_due` checks
+    each message exactly. When stale entries pile up both are rebuilt from
+    the live ones, so memory stays proportional to them.
     """
 
     __slots__ = ("live", "_fifo", "_heap", "_stale")
 
     def __init__(self) -> None:
         self.live: dict[bytes, Message] = {}
-        self._fifo: deque[tuple[float, Message]] = deque()
+        #: in deadline order: (deadline, messages, their IDs) for a batch, (deadline, message, ID) for one
+        self._fifo: deque[tuple[float, Any, Any]] = deque()
         self._heap: list[tuple[float, int, Message]] = []
         self._stale = 0
 
@@ -44,21 +55,16 @@ class TimeoutQueue:
         self.live[msg.id] = msg
         fifo = self._fifo
         if not fifo or fifo[-1][0] <= when:
-            fifo.append((when, msg))
+            fifo.append((when, msg, msg.id))
         else:
             heapq.heappush(self._heap, (when, next(_seq), msg))
 
     def push_many(self, msgs: list[Message], ids: list[bytes], when: float) -> None:
-        """:meth:`push` for a batch with one deadline, whose ``deadline`` the caller has set.
-
-        A channel puts every batch it hands a client in flight with the same
-        deadline, in order after the ones before: the FIFO takes the batch in
-        one ``extend``.
-        """
+        """:meth:`push` for a batch with one deadline, whose ``deadline`` the caller has set."""
         self.live.update(zip(ids, msgs, strict=True))
         fifo = self._fifo
         if not fifo or fifo[-1][0] <= when:
-            fifo.extend(zip(itertools.repeat(when), msgs))
+            fifo.append((when, list(msgs), list(ids)))  # copies: the caller's lists may grow
         else:
             heap = self._heap
             for msg in msgs:
@@ -79,19 +85,24 @@ class TimeoutQueue:
         """
         self._stale += count
         if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
-            self._compact()
+            self._trim_fifo()  # usually enough: FINs mostly come in delivery order
+            if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
+                self._compact()
 
     def pop_due(self, now: float) -> list[Message]:
         live = self.live
         due = []
         fifo = self._fifo
         while fifo and fifo[0][0] <= now:
-            when, msg = fifo.popleft()
-            if live.get(msg.id) is msg and msg.deadline == when:
-                del live[msg.id]
-                due.append(msg)
-            else:
-                self._stale -= 1
+            when, msgs, ids = fifo.popleft()
+            if type(ids) is bytes:
+                msgs, ids = (msgs,), (ids,)
+            for msg, msg_id in zip(msgs, ids, strict=True):
+                if live.get(msg_id) is msg and msg.deadline == when:
+                    del live[msg_id]
+                    due.append(msg)
+                else:
+                    self._stale -= 1
         heap = self._heap
         while heap and heap[0][0] <= now:
             when, _, msg = heapq.heappop(heap)
@@ -103,14 +114,9 @@ class TimeoutQueue:
         return due
 
     def next_deadline(self) -> float | None:
+        """The earliest deadline (possibly early, see the class docstring), or None."""
+        self._trim_fifo()
         live = self.live
-        fifo = self._fifo
-        while fifo:
-            when, msg = fifo[0]
-            if live.get(msg.id) is msg and msg.deadline == when:
-                break
-            fifo.popleft()
-            self._stale -= 1
         heap = self._heap
         while heap:
             when, _, msg = heap[0]
@@ -118,6 +124,7 @@ class TimeoutQueue:
                 break
             heapq.heappop(heap)
             self._stale -= 1
+        fifo = self._fifo
         if fifo:
             return min(fifo[0][0], heap[0][0]) if heap else fifo[0][0]
         return heap[0][0] if heap else None
@@ -130,9 +137,39 @@ class TimeoutQueue:
         self._stale = 0
         return msgs
 
+    def _trim_fifo(self) -> None:
+        """Drop the batches at the front none of whose IDs is in flight any more."""
+        fifo = self._fifo
+        live = self.live
+        keys = live.keys()
+        while fifo:
+            when, msgs, ids = fifo[0]
+            if type(ids) is bytes:
+                if live.get(ids) is msgs and msgs.deadline == when:
+                    return
+                self._stale -= 1
+            elif keys.isdisjoint(ids):
+                self._stale -= len(ids)
+            else:
+                return
+            fifo.popleft()
+
+    def _entries(self) -> int:
+        """Entries held, stale ones included (what compaction keeps bounded)."""
+        return sum(1 if type(ids) is bytes else len(ids) for _, _, ids in self._fifo) + len(self._heap)
+
     def _compact(self) -> None:
         live = self.live
-        self._fifo = deque(e for e in self._fifo if live.get(e[1].id) is e[1] and e[1].deadline == e[0])
+        fifo: deque[tuple[float, Any, Any]] = deque()
+        for when, msgs, ids in self._fifo:
+            if type(ids) is bytes:
+                if live.get(ids) is msgs and msgs.deadline == when:
+                    fifo.append((when, msgs, ids))
+                continue
+            keep = [(m, i) for m, i in zip(msgs, ids, strict=True) if live.get(i) is m and m.deadline == when]
+            if keep:
+                fifo.append((when, [m for m, _ in keep], [i for _, i in keep]))
+        self._fifo = fifo
         self._heap = [e for e in self._heap if live.get(e[2].id) is e[2] and e[2].deadline == e[0]]
         heapq.heapify(self._heap)
         self._stale = 0
