@@ -10,6 +10,8 @@
  *   start_flight(messages, ids, client, deadline)
  *                             a batch handed to a client: ID, attempts + 1,
  *                             client and deadline set on each message
+ *   fin_run(buffer, pos)      the IDs of the run of plain ``FIN <id>\n``
+ *                             lines at ``pos`` (nsqtw/protocol/wire.py)
  *
  * message.py imports this module when it is built and falls back to its own
  * definitions when it is not (or NSQTW_NO_SPEEDUPS is set): the two give
@@ -372,7 +374,61 @@ fail:
     return NULL;
 }
 
+#define FIN_LINE 21  /* "FIN " + 16-byte ID + "\n" */
+
+/* One plain FIN line at p: "FIN ", 15 bytes that are neither space nor newline, one that is
+   neither space, CR nor newline, then a newline (wire.py's _FIN_RUN, line by line). */
+static int
+plain_fin(const unsigned char *p)
+{
+    if (p[0] != 'F' || p[1] != 'I' || p[2] != 'N' || p[3] != ' ' || p[20] != '\n')
+        return 0;
+    for (int i = 4; i < 19; i++)
+        if (p[i] == ' ' || p[i] == '\n')
+            return 0;
+    return p[19] != ' ' && p[19] != '\r' && p[19] != '\n';
+}
+
+static PyObject *
+fin_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "fin_run(buffer, pos)");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (pos < 0 || pos > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos out of range");
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)view.buf;
+    Py_ssize_t n = 0;
+    while (view.len - pos - n * FIN_LINE >= FIN_LINE && plain_fin(base + pos + n * FIN_LINE))
+        n++;
+    PyObject *ids = PyList_New(n);
+    if (ids != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *id = PyBytes_FromStringAndSize((const char *)base + pos + i * FIN_LINE + 4, MSG_ID_LENGTH);
+            if (id == NULL) {
+                Py_CLEAR(ids);
+                break;
+            }
+            PyList_SET_ITEM(ids, i, id);
+        }
+    }
+    PyBuffer_Release(&view);
+    return ids;
+}
+
 static PyMethodDef methods[] = {
+    {"fin_run", (PyCFunction)(void (*)(void))fin_run, METH_FASTCALL,
+     "fin_run(buffer, pos) -> the IDs of the plain FIN lines at pos."},
     {"message_ids", message_ids, METH_O, "message_ids(messages) -> list of each message's ID."},
     {"start_flight", (PyCFunction)(void (*)(void))start_flight, METH_FASTCALL,
      "start_flight(messages, ids, client, deadline): set each message's ID, attempts + 1, client, deadline."},

@@ -161,25 +161,27 @@ PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_id
                         "start_flight": start_flight}
 
 
-def _load_speedups() -> Any:
-    """The compiled ``_nsqtw_speedups`` bound to :class:`Message`, or None.
+def _load_speedups() -> tuple[Any, str]:
+    """The compiled ``_nsqtw_speedups`` bound to :class:`Message` (or None), and a line saying so.
 
     setup.py builds it where a C compiler is found; without it, or with
     ``NSQTW_NO_SPEEDUPS`` set in the environment, the definitions above are
     used. Both give the same bytes and messages (tests/unit/test_message.py).
     """
     if os.environ.get("NSQTW_NO_SPEEDUPS"):
-        return None
+        return None, "compiled speed-ups: off (NSQTW_NO_SPEEDUPS is set), using the pure-Python path"
     try:
         speedups = importlib.import_module("_nsqtw_speedups")
     except ImportError:
-        return None
+        return None, ("compiled speed-ups: not built (install with a C compiler and Python's headers "
+                      "to build them), using the pure-Python path")
     speedups.bind(Message)
-    return speedups
+    return speedups, "compiled speed-ups: in use"
 
 
-_speedups = _load_speedups()
-#: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
+_speedups, SPEEDUPS_NOTE = _load_speedups()
+#: whether the compiled speed-ups are in use (the daemons log ``SPEEDUPS_NOTE`` at start-up;
+#: ``nsqtw-bench compare`` prints it)
 SPEEDUPS = _speedups is not None
 if _speedups is not None:
     frames = _speedups.frames  # noqa: F811 -- the compiled versions of the same functions

@@ -61,6 +61,8 @@ class TimeoutQueue:
 
     def push_many(self, msgs: list[Message], ids: list[bytes], when: float) -> None:
         """:meth:`push` for a batch with one deadline, whose ``deadline`` the caller has set."""
+        if not msgs:
+            return  # (sampling can leave a client's batch empty)
         self.live.update(zip(ids, msgs, strict=True))
         fifo = self._fifo
         if not fifo or fifo[-1][0] <= when:

@@ -284,6 +284,13 @@ def machine() -> str:
             f"load average at the start {load}, {time.strftime('%Y-%m-%d %H:%M %Z')}")
 
 
+def speedups() -> str:
+    """Whether the nsqtw daemons this run starts use the compiled speed-ups (asked of their interpreter)."""
+    asked = subprocess.run([sys.executable, "-c", "from nsqtw.core.message import SPEEDUPS; print(SPEEDUPS)"],
+                           capture_output=True, text=True)
+    return {"True": "yes", "False": "no"}.get(asked.stdout.strip(), "unknown")
+
+
 def render(table: Table, daemons: list[str], clients: list[str], runs: int) -> str:
     """The Markdown table of medians: one row per measure and client."""
     go, ours = daemons
@@ -343,7 +350,7 @@ def main(argv: list[str]) -> int:
     daemons = {"Go": go_cmd, "nsqtw": nsqtw_command()}
     header = machine()
     print(f"# {header}\n# daemons: {' '.join(go_cmd)} | {' '.join(nsqtw_command())}; "
-          f"flags: {' '.join(ns.daemon_flag) or '(defaults)'}", flush=True)
+          f"flags: {' '.join(ns.daemon_flag) or '(defaults)'}; nsqtw's compiled speed-ups: {speedups()}", flush=True)
     table = compare(daemons, ns.daemon_flag, clients, ns.runs, ns.measures.split(","),
                     lambda line: print(line, file=sys.stderr, flush=True))
     print(render(table, list(daemons), clients.names(), ns.runs))

@@ -12,11 +12,12 @@ def daemon_factory(tmp_path) -> Iterator:
     """Start nsqtw daemons on loopback port 0; all are stopped at the end."""
     started: list[Daemon] = []
 
-    def start(*args: str, data_path: str | None = None, **kw: object) -> Daemon:
+    def start(*args: str, data_path: str | None = None, env: dict[str, str] | None = None,
+              **kw: object) -> Daemon:
         path = data_path or str(tmp_path / f"data{len(started)}")
         import os
         os.makedirs(path, exist_ok=True)
-        d = Daemon(path, *args)
+        d = Daemon(path, *args, env=env)
         started.append(d)
         return d.start(**kw)  # type: ignore[arg-type]
 

@@ -202,6 +202,9 @@ def test_compare_measures_every_figure_on_both_daemons() -> None:
     # each load was run once per daemon, each with the daemon's CPU per message
     assert len(re.findall(r"^run 1/1 (Go|nsqtw) .* µs/msg$", log, re.M)) == 10, log
     assert "--max-msg-size=2000000" in table  # the flags both daemons got are in the header
+    # and whether nsqtw ran its compiled speed-ups, as this interpreter would
+    from nsqtw.core.message import SPEEDUPS
+    assert f"nsqtw's compiled speed-ups: {'yes' if SPEEDUPS else 'no'}" in table
 
 
 @pytest.mark.skipif(not os.access(os.path.join(GO_BIN, "nsqd"), os.X_OK),
