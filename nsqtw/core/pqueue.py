@@ -16,6 +16,11 @@ _COMPACT_MIN = 1024
 _seq = itertools.count()
 
 
+def _current(live: dict[bytes, Message], msg: Message, msg_id: bytes, when: float) -> bool:
+    """Whether an entry is its message's current one: still in ``live``, under this deadline."""
+    return live.get(msg_id) is msg and msg.deadline == when
+
+
 class TimeoutQueue:
     """Messages ordered by a deadline, with lazy removal.
 
@@ -93,14 +98,14 @@ class TimeoutQueue:
 
     def pop_due(self, now: float) -> list[Message]:
         live = self.live
-        due = []
+        due: list[Message] = []
         fifo = self._fifo
         while fifo and fifo[0][0] <= now:
             when, msgs, ids = fifo.popleft()
             if type(ids) is bytes:
                 msgs, ids = (msgs,), (ids,)
             for msg, msg_id in zip(msgs, ids, strict=True):
-                if live.get(msg_id) is msg and msg.deadline == when:
+                if _current(live, msg, msg_id, when):
                     del live[msg_id]
                     due.append(msg)
                 else:
@@ -108,7 +113,7 @@ class TimeoutQueue:
         heap = self._heap
         while heap and heap[0][0] <= now:
             when, _, msg = heapq.heappop(heap)
-            if live.get(msg.id) is msg and msg.deadline == when:
+            if _current(live, msg, msg.id, when):
                 del live[msg.id]
                 due.append(msg)
             else:
@@ -122,7 +127,7 @@ class TimeoutQueue:
         heap = self._heap
         while heap:
             when, _, msg = heap[0]
-            if live.get(msg.id) is msg and msg.deadline == when:
+            if _current(live, msg, msg.id, when):
                 break
             heapq.heappop(heap)
             self._stale -= 1
@@ -147,7 +152,7 @@ class TimeoutQueue:
         while fifo:
             when, msgs, ids = fifo[0]
             if type(ids) is bytes:
-                if live.get(ids) is msgs and msgs.deadline == when:
+                if _current(live, msgs, ids, when):
                     return
                 self._stale -= 1
             elif keys.isdisjoint(ids):
@@ -165,13 +170,13 @@ class TimeoutQueue:
         fifo: deque[tuple[float, Any, Any]] = deque()
         for when, msgs, ids in self._fifo:
             if type(ids) is bytes:
-                if live.get(ids) is msgs and msgs.deadline == when:
+                if _current(live, msgs, ids, when):
                     fifo.append((when, msgs, ids))
                 continue
-            keep = [(m, i) for m, i in zip(msgs, ids, strict=True) if live.get(i) is m and m.deadline == when]
+            keep = [(m, i) for m, i in zip(msgs, ids, strict=True) if _current(live, m, i, when)]
             if keep:
                 fifo.append((when, [m for m, _ in keep], [i for _, i in keep]))
         self._fifo = fifo
-        self._heap = [e for e in self._heap if live.get(e[2].id) is e[2] and e[2].deadline == e[0]]
+        self._heap = [e for e in self._heap if _current(live, e[2], e[2].id, e[0])]
         heapq.heapify(self._heap)
         self._stale = 0
