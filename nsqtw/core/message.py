@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
+
+from nsqtw.speedups import COMPILED, NOTE
 
 MSG_ID_LENGTH = 16
 #: timestamp (8) + attempts (2) + id (16): the smallest valid encoded message.
@@ -161,33 +161,16 @@ PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_id
                         "start_flight": start_flight}
 
 
-def _load_speedups() -> tuple[Any, str]:
-    """The compiled ``_nsqtw_speedups`` bound to :class:`Message` (or None), and a line saying so.
-
-    setup.py builds it where a C compiler is found; without it, or with
-    ``NSQTW_NO_SPEEDUPS`` set in the environment, the definitions above are
-    used. Both give the same bytes and messages (tests/unit/test_message.py).
-    """
-    if os.environ.get("NSQTW_NO_SPEEDUPS"):
-        return None, "compiled speed-ups: off (NSQTW_NO_SPEEDUPS is set), using the pure-Python path"
-    try:
-        speedups = importlib.import_module("_nsqtw_speedups")
-    except ImportError:
-        return None, ("compiled speed-ups: not built (install with a C compiler and Python's headers "
-                      "to build them), using the pure-Python path")
-    speedups.bind(Message)
-    return speedups, "compiled speed-ups: in use"
-
-
-_speedups, SPEEDUPS_NOTE = _load_speedups()
-#: whether the compiled speed-ups are in use (the daemons log ``SPEEDUPS_NOTE`` at start-up;
-#: ``nsqtw-bench compare`` prints it)
-SPEEDUPS = _speedups is not None
-if _speedups is not None:
-    frames = _speedups.frames  # noqa: F811 -- the compiled versions of the same functions
-    _decode_run = _speedups.decode_messages
-    message_ids = _speedups.message_ids
-    start_flight = _speedups.start_flight
+#: the line the daemons log at start-up: whether the compiled twins run (nsqtw.speedups)
+SPEEDUPS_NOTE = NOTE
+#: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
+SPEEDUPS = COMPILED is not None
+if COMPILED is not None:
+    COMPILED.bind(Message)  # where Message keeps its slots, for the C functions to fill them
+    frames = COMPILED.frames  # noqa: F811 -- the compiled versions of the same functions
+    _decode_run = COMPILED.decode_messages
+    message_ids = COMPILED.message_ids
+    start_flight = COMPILED.start_flight
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from nsqtw.errors import NSQError, fatal
+from nsqtw.speedups import COMPILED
 
 MAGIC_V2 = b"  V2"
 #: nsqd reads commands through a 16 KiB buffer; a longer line ends the connection.
@@ -195,15 +196,9 @@ class V2Parser:
         """
         if self._state != _LINE:
             return []
-        buf = self._buf
-        pos = self._pos
-        run = _FIN_RUN.match(buf, pos)
-        if run is None:
-            return []
-        end = run.end()
-        lines = bytes(buf[pos:end])
-        self._pos = end
-        return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
+        ids = fin_run(self._buf, self._pos)
+        self._pos += _FIN_LINE * len(ids)
+        return ids
 
     def _compact(self) -> None:
         if self._pos:
@@ -301,6 +296,23 @@ _FIN_LINE = 21
 #: a run of ``FIN <id>\n`` lines whose 16-byte ID nsqd would take as one argument: no
 #: space or newline in it, and not ending in the ``\r`` of a ``\r\n`` line end
 _FIN_RUN = re.compile(rb"(?:FIN [^ \n]{15}[^ \r\n]\n)+")
+
+
+def fin_run(buf: bytes | bytearray, pos: int) -> list[bytes]:
+    """The IDs of the run of plain FIN lines at ``pos``: found by one regular
+    expression, sliced from one copy of it (a compiled twin in nsqtw.speedups)."""
+    run = _FIN_RUN.match(buf, pos)
+    if run is None:
+        return []
+    end = run.end()
+    lines = bytes(buf[pos:end])
+    return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
+
+
+#: the pure-Python definition, kept whichever is in use (tests compare the two)
+PURE_FIN_RUN = fin_run
+if COMPILED is not None:
+    fin_run = COMPILED.fin_run
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:

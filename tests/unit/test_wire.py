@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw.core import message
 from nsqtw.errors import NSQError
+from nsqtw.protocol import wire
 from nsqtw.protocol.wire import MAX_LINE_LENGTH, Command, LineTooLong, V2Parser, encode_command, encode_mpub
 
 MAX_MSG = 1024
@@ -101,6 +104,23 @@ class FinRunTests(SynchronousTestCase):
             assert cmd is not None
             self.assertEqual(cmd.name, b"FIN")
             self.assertNotEqual([len(a) for a in cmd.args], [16], line)
+
+    def test_compiled_and_pure_runs_agree(self) -> None:
+        """fin_run as used (compiled where built) takes exactly the lines the regular expression
+        of the pure one takes, over random mixes of plain and odd FIN lines, from any position."""
+        rng = random.Random(9)
+        pieces = [b"FIN 0123456789abcdef\n", b"FIN 0123456 89abcdef\n", b"FIN 0123456789abcde\r\n",
+                  b"FIN 0123456789abcd\r\n\n", b"FIN \xff\x00\t23456789abcdef\n", b"FIN 0123456789abcdef",
+                  b"FIN 0123456789abcde\n\n", b"RDY 1\n", b"FIN", b"\n"]
+        implementations = {wire.PURE_FIN_RUN, wire.fin_run}
+        for _ in range(2000):
+            data = bytearray(b"".join(rng.choice(pieces) for _ in range(rng.randrange(6))))
+            pos = rng.randrange(len(data) + 1)
+            got = {impl: impl(data, pos) for impl in implementations}
+            self.assertEqual(len(set(map(tuple, got.values()))), 1, (bytes(data), pos, got))
+        self.assertEqual(wire.fin_run(bytearray(b"xFIN 0123456789abcdef\n"), 1), [b"0123456789abcdef"])
+        self.assertEqual(wire.fin_run(b"", 0), [])
+        self.assertEqual(wire.fin_run is wire.PURE_FIN_RUN, not message.SPEEDUPS)
 
     def test_not_inside_a_body(self) -> None:
         """Bytes that look like a FIN inside a PUB body are body bytes."""
