@@ -79,6 +79,21 @@ bind(PyObject *module, PyObject *cls)
     Py_RETURN_NONE;
 }
 
+/* The check every function below starts with: Message is bound, and ``arg`` is a list. */
+static int
+bound_list(const char *fn, PyObject *arg)
+{
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+        return -1;
+    }
+    if (!PyList_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a list", fn);
+        return -1;
+    }
+    return 0;
+}
+
 static inline void
 put_be32(unsigned char *p, uint32_t v)
 {
@@ -156,14 +171,8 @@ read_message(PyObject *m, part *out)
 static PyObject *
 frames(PyObject *module, PyObject *messages)
 {
-    if (message_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+    if (bound_list("frames", messages) < 0)
         return NULL;
-    }
-    if (!PyList_Check(messages)) {
-        PyErr_SetString(PyExc_TypeError, "frames() takes a list");
-        return NULL;
-    }
     /* Nothing below runs Python code, so the list cannot change under us. */
     Py_ssize_t n = PyList_GET_SIZE(messages);
     part *parts = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(part));
@@ -205,14 +214,8 @@ frames(PyObject *module, PyObject *messages)
 static PyObject *
 decode_messages(PyObject *module, PyObject *records)
 {
-    if (message_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+    if (bound_list("decode_messages", records) < 0)
         return NULL;
-    }
-    if (!PyList_Check(records)) {
-        PyErr_SetString(PyExc_TypeError, "decode_messages() takes a list");
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(records);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
@@ -271,14 +274,8 @@ check_message(PyObject *m)
 static PyObject *
 message_ids(PyObject *module, PyObject *messages)
 {
-    if (message_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+    if (bound_list("message_ids", messages) < 0)
         return NULL;
-    }
-    if (!PyList_Check(messages)) {
-        PyErr_SetString(PyExc_TypeError, "message_ids() takes a list");
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(messages);
     PyObject *ids = PyList_New(n);
     if (ids == NULL)
@@ -308,11 +305,9 @@ start_flight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *messages = args[0], *ids = args[1], *client = args[2], *deadline = args[3];
-    if (message_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind(Message) first");
+    if (bound_list("start_flight", messages) < 0 || bound_list("start_flight", ids) < 0)
         return NULL;
-    }
-    if (!PyList_Check(messages) || !PyList_Check(ids) || PyList_GET_SIZE(messages) != PyList_GET_SIZE(ids)) {
+    if (PyList_GET_SIZE(messages) != PyList_GET_SIZE(ids)) {
         PyErr_SetString(PyExc_ValueError, "start_flight() takes two lists of one length");
         return NULL;
     }
