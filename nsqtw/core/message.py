@@ -6,7 +6,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from nsqtw.speedups import COMPILED, NOTE
+from nsqtw.speedups import COMPILED
 
 MSG_ID_LENGTH = 16
 #: timestamp (8) + attempts (2) + id (16): the smallest valid encoded message.
@@ -161,8 +161,6 @@ PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_id
                         "start_flight": start_flight}
 
 
-#: the line the daemons log at start-up: whether the compiled twins run (nsqtw.speedups)
-SPEEDUPS_NOTE = NOTE
 #: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
 SPEEDUPS = COMPILED is not None
 if COMPILED is not None:

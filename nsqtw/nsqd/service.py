@@ -11,8 +11,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.protocol import Factory
 
-from nsqtw import version_banner
-from nsqtw.core.message import SPEEDUPS_NOTE
+from nsqtw import speedups, version_banner
 from nsqtw.core.nsqd import NSQD
 from nsqtw.heap import release_free_heap
 from nsqtw.http.metrics import MetricsPage
@@ -239,7 +238,7 @@ class NSQDService(MultiService):
         Service.startService(self)
         self.log.info("{banner}", banner=version_banner("nsqd"))
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
-        self.log.info("{speedups}", speedups=SPEEDUPS_NOTE)
+        self.log.info("{speedups}", speedups=speedups.NOTE)
         # queued messages are long-lived; keep them out of the young generations
         gc.set_threshold(50000, 20, 100)
         d = ensureDeferred(self._start())

@@ -15,6 +15,14 @@ def msg(i: int) -> Message:
 
 
 class TimeoutQueueTests(SynchronousTestCase):
+    def assert_pops_due(self, q: TimeoutQueue, model: dict[bytes, float], now: float) -> None:
+        """pop_due(now) gives exactly the model's messages due by ``now``, which leave the model."""
+        due = sorted(x.id for x in q.pop_due(now))
+        expected = sorted(k for k, w in model.items() if w <= now)
+        self.assertEqual(due, expected)
+        for k in expected:
+            del model[k]
+
     def assert_next_deadline(self, q: TimeoutQueue, model: dict[bytes, float], now: float) -> None:
         """None when nothing is in flight; otherwise never later than the earliest deadline,
         and early only to a deadline some stale entry still has, which passes with no message due."""
@@ -91,11 +99,7 @@ class TimeoutQueueTests(SynchronousTestCase):
                 self.assertEqual(q.remove(m.id) is not None, model.pop(m.id, None) is not None)
             else:
                 now += rng.uniform(0, 3)
-                due = sorted(x.id for x in q.pop_due(now))
-                expected = sorted(k for k, w in model.items() if w <= now)
-                self.assertEqual(due, expected)
-                for k in expected:
-                    del model[k]
+                self.assert_pops_due(q, model, now)
             self.assertEqual(len(q), len(model))
             self.assert_next_deadline(q, model, now)
 
@@ -125,11 +129,7 @@ class TimeoutQueueTests(SynchronousTestCase):
                 q.removed(len(gone))
             else:
                 now += rng.uniform(0, 3)
-                due = sorted(x.id for x in q.pop_due(now))
-                expected = sorted(k for k, w in model.items() if w <= now)
-                self.assertEqual(due, expected)
-                for k in expected:
-                    del model[k]
+                self.assert_pops_due(q, model, now)
             self.assertEqual(len(q), len(model))
             self.assert_next_deadline(q, model, now)
             self.assertLessEqual(q._entries(), 3 * max(len(model), _COMPACT_MIN) + 20)
