@@ -18,6 +18,11 @@ difference: Twisted's own legacy lines logged *during* a read or write (an
 "Unhandled Error" caught by ``_doReadOrWrite``) are labelled ``-`` instead
 of the connection's prefix. Any other reactor, or an ``EPollReactor``
 without the attributes this relies on, is left as it is.
+
+The same poll step waits through a :class:`~nsqtw.net.busypoll.BusyPoll`,
+which spins briefly before sleeping while traffic is brisk; its limit is 0
+(a plain ``epoll_wait``) unless the daemon sets one (``busy_poll``: nsqd's
+``--busy-poll``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from typing import Any
 
 from twisted.python import log as legacy_log
 
-__all__ = ["direct_dispatch"]
+from nsqtw.net.busypoll import BusyPoll
+
+__all__ = ["busy_poll", "direct_dispatch"]
 
 
 def direct_dispatch(reactor: Any) -> bool:
@@ -40,15 +47,15 @@ def direct_dispatch(reactor: Any) -> bool:
         return False
     target: Any = reactor  # typed loosely: this reaches into Twisted's private attributes
     try:
-        poll = target._poller.poll
         selectables: dict[int, Any] = target._selectables
         do_read_or_write = target._doReadOrWrite
+        poll = BusyPoll(target._poller.poll, 0.0)
     except AttributeError:
         return False
 
     def do_poll(timeout: float | None) -> None:
         try:
-            events = poll(-1 if timeout is None else timeout, len(selectables))
+            events = poll(timeout, len(selectables))
         except OSError as e:
             if e.errno == errno.EINTR:
                 return
@@ -66,7 +73,21 @@ def direct_dispatch(reactor: Any) -> bool:
                 _log_escaped(selectable)
 
     target.doIteration = do_poll
-    target._nsqtw_direct_dispatch = True
+    target._nsqtw_direct_dispatch = poll
+    return True
+
+
+def busy_poll(reactor: Any, limit: float) -> bool:
+    """Let ``reactor``'s poll step spin up to ``limit`` seconds before it sleeps (0: never).
+
+    Installs the direct poll step first if no listener has yet. False when
+    the reactor is not one this works on (its waits are left as they are).
+    """
+    direct_dispatch(reactor)
+    poll = getattr(reactor, "_nsqtw_direct_dispatch", None)
+    if not isinstance(poll, BusyPoll):
+        return False
+    poll.limit = limit
     return True
 
 

@@ -35,6 +35,7 @@ from nsqtw._go.flags import (
 )
 from nsqtw._go.strconv import quote as _quote
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN
+from nsqtw.net.busypoll import DEFAULT_LIMIT as DEFAULT_BUSY_POLL
 
 __all__ = [
     "FLAGS",
@@ -144,6 +145,7 @@ class NSQDOptions:
     disk_threads: int = 4
     max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN
     metrics_per_client: bool = False
+    busy_poll: float = DEFAULT_BUSY_POLL
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -493,10 +495,23 @@ FLAGS: tuple[Flag, ...] = (
         " (see docs/metrics.md).",
         _A,
     ),
+    _flag(
+        "busy-poll",
+        "duration",
+        "nsqtw only: while events arrive less than this far apart, the reactor looks for the"
+        " next one this long before it sleeps, as Go's scheduler spins, which roughly doubles"
+        " one-connection round trips at the cost of a busy CPU while traffic is brisk; 0 turns"
+        " it off, at most 10ms (see docs/performance.md).",
+        _A,
+    ),
 )
 
+#: the longest ``--busy-poll`` accepted: a spin is CPU spent for latency, worth it only when short
+MAX_BUSY_POLL = 0.01
+
 #: flags nsqtw adds to nsqd's
-NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client"})
+NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
+                         "busy-poll"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -511,6 +526,8 @@ def _validate(opts: NSQDOptions) -> None:
         raise OptionsError(f"--node-id must be in [0,1024), got {opts.node_id}")
     if not 1 <= opts.disk_threads <= 256:
         raise OptionsError(f"--disk-threads must be in [1,256], got {opts.disk_threads}")
+    if not 0 <= opts.busy_poll <= MAX_BUSY_POLL:
+        raise OptionsError(f"--busy-poll must be in [0,10ms], got {format_duration(opts.busy_poll)}")
     if opts.max_unwritten_bytes < opts.max_msg_size:
         raise OptionsError(f"--max-unwritten-bytes ({opts.max_unwritten_bytes}) must be at least"
                            f" --max-msg-size ({opts.max_msg_size})")

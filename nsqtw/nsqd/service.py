@@ -12,11 +12,13 @@ from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.protocol import Factory
 
 from nsqtw import speedups, version_banner
+from nsqtw._go.duration import format_duration
 from nsqtw.core.nsqd import NSQD
 from nsqtw.heap import release_free_heap
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
+from nsqtw.net.dispatch import busy_poll
 from nsqtw.net.lazy import FirstConnectionFactory
 from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
 from nsqtw.net.tls import build_server_tls, client_trust_root
@@ -239,6 +241,9 @@ class NSQDService(MultiService):
         self.log.info("{banner}", banner=version_banner("nsqd"))
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
         self.log.info("{speedups}", speedups=speedups.NOTE)
+        if busy_poll(self.reactor, self.options.busy_poll) and self.options.busy_poll > 0:
+            self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
+                          limit=format_duration(self.options.busy_poll))
         # queued messages are long-lived; keep them out of the young generations
         gc.set_threshold(50000, 20, 100)
         d = ensureDeferred(self._start())

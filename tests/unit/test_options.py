@@ -125,8 +125,9 @@ class DefaultsTests(SynchronousTestCase):
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
-                          "max_unwritten_bytes", "metrics_per_client"})
+                          "max_unwritten_bytes", "metrics_per_client", "busy_poll"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertEqual(NSQDOptions().busy_poll, 0.0002)
         self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
         self.assertEqual(NSQDOptions().max_unwritten_bytes, 256 * 1024 * 1024)
@@ -169,7 +170,7 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
         self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
-                                               "metrics-per-client"})
+                                               "metrics-per-client", "busy-poll"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -202,6 +203,17 @@ class FlagTableTests(SynchronousTestCase):
         for bad in ("0", "257"):
             with self.assertRaises(OptionsError):
                 parse_args([f"--disk-threads={bad}"])
+
+    def test_busy_poll_flag(self) -> None:
+        """--busy-poll is a Go duration from 0 (off) to 10ms, TOML key busy_poll."""
+        self.assertEqual(parse_args(["--busy-poll=50us"]).busy_poll, 50e-6)
+        self.assertEqual(parse_args(["-busy-poll", "0"]).busy_poll, 0.0)
+        self.assertEqual(parse_args(["--busy-poll=10ms"]).busy_poll, 0.01)
+        self.assertEqual(FLAGS_BY_NAME["busy-poll"].toml_key, "busy_poll")
+        for bad in ("11ms", "-1us", "1s"):
+            with self.assertRaises(OptionsError, msg=bad) as cm:
+                parse_args([f"--busy-poll={bad}"])
+            self.assertIn("--busy-poll", str(cm.exception))
 
     def test_durable_delivery_flag(self) -> None:
         """--durable-delivery is a bool flag (bare means true) with TOML key durable_delivery."""

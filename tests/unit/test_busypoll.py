@@ -1,0 +1,189 @@
+"""nsqtw.net.busypoll: when the reactor's wait spins before it sleeps, and for how long."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.net.busypoll import DEFAULT_LIMIT, BusyPoll
+from nsqtw.net.dispatch import busy_poll
+
+epollreactor = pytest.importorskip("twisted.internet.epollreactor")
+
+US = 1e-6
+LIMIT = 200 * US
+#: what one non-blocking poll costs on the scripted clock
+STEP = 1 * US
+
+
+class ScriptedEpoll:
+    """An epoll whose events arrive at given times, on a clock it advances itself.
+
+    ``poll(0)`` takes :data:`STEP`; a blocking poll sleeps until the next
+    arrival or its timeout. Every call is recorded as (timeout, found).
+    """
+
+    def __init__(self, arrivals: list[float]) -> None:
+        self.now = 0.0
+        self.arrivals = sorted(arrivals)
+        self.calls: list[tuple[float, bool]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def poll(self, timeout: float, maxevents: int) -> list[tuple[int, int]]:
+        if timeout == 0:
+            self.now += STEP
+            found = bool(self.arrivals) and self.arrivals[0] <= self.now
+        elif self.arrivals and (timeout < 0 or self.arrivals[0] <= self.now + timeout):
+            self.now = max(self.now, self.arrivals[0])
+            found = True
+        else:
+            assert timeout >= 0, "blocked forever with nothing to come"
+            self.now += timeout
+            found = False
+        self.calls.append((timeout, found))
+        if found:
+            self.arrivals.pop(0)
+            return [(7, 1)]
+        return []
+
+    def work(self, seconds: float) -> None:
+        """The reactor handles what it got (time passes outside poll)."""
+        self.now += seconds
+
+
+def make(arrivals: list[float], limit: float = LIMIT) -> tuple[ScriptedEpoll, BusyPoll]:
+    ep = ScriptedEpoll(arrivals)
+    return ep, BusyPoll(ep.poll, limit, clock=ep.clock)
+
+
+def blocking_calls(ep: ScriptedEpoll) -> list[float]:
+    return [t for t, _ in ep.calls if t != 0]
+
+
+class BusyPollTests(SynchronousTestCase):
+    def test_limit_zero_is_a_plain_wait(self) -> None:
+        ep, poll = make([50 * US, 60 * US], limit=0)
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        self.assertEqual(poll(1.0, 8), [(7, 1)])
+        self.assertEqual(ep.calls, [(-1, True), (1.0, True)])
+        self.assertFalse(poll.spinning)
+
+    def test_a_zero_timeout_never_spins(self) -> None:
+        ep, poll = make([10 * US, 1.0])
+        poll(None, 8)  # a short gap: spinning from now on
+        self.assertTrue(poll.spinning)
+        self.assertEqual(poll(0, 8), [])
+        self.assertEqual(ep.calls[-1], (0, False))
+        self.assertEqual(len(ep.calls), 2)
+
+    def test_a_short_gap_makes_the_next_wait_spin_and_find_its_event_without_sleeping(self) -> None:
+        ep, poll = make([50 * US, 50 * US + 30 * US + 10 * US])
+        self.assertEqual(poll(None, 8), [(7, 1)])  # slept 50 µs: a short gap
+        self.assertEqual(blocking_calls(ep), [-1])
+        self.assertTrue(poll.spinning)
+        ep.work(10 * US)
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        self.assertEqual(blocking_calls(ep), [-1], "the second event was found by spinning")
+        self.assertTrue(poll.spinning)
+
+    def test_a_long_gap_means_no_spin(self) -> None:
+        ep, poll = make([5e-3, 5e-3 + 2e-3])
+        poll(None, 8)
+        self.assertFalse(poll.spinning)
+        poll(None, 8)
+        self.assertEqual(ep.calls, [(-1, True), (-1, True)])
+
+    def test_a_spin_that_finds_nothing_costs_at_most_the_limit_then_sleeps_without_spinning(self) -> None:
+        ep, poll = make([10 * US, 10e-3, 30e-3])
+        poll(None, 8)
+        self.assertTrue(poll.spinning)
+        spun_from = ep.now
+        self.assertEqual(poll(None, 8), [(7, 1)])  # the traffic paused: nothing within the spin
+        spins = [t for t, _ in ep.calls[1:] if t == 0]
+        self.assertLessEqual(len(spins) * STEP, LIMIT + STEP)
+        self.assertGreaterEqual(len(spins) * STEP, LIMIT)
+        self.assertEqual(blocking_calls(ep), [-1, -1])
+        self.assertEqual(ep.now, 10e-3)
+        self.assertFalse(poll.spinning)
+        self.assertGreater(ep.now - spun_from, LIMIT)
+        before = len(ep.calls)
+        poll(None, 8)  # idle now: straight to sleep
+        self.assertEqual(ep.calls[before:], [(-1, True)])
+
+    def test_a_spin_never_passes_the_next_timer(self) -> None:
+        ep, poll = make([10 * US, 1.0])
+        poll(None, 8)
+        start = ep.now
+        self.assertEqual(poll(50 * US, 8), [])  # a timer is due in 50 µs
+        self.assertLessEqual(ep.now - start, 50 * US + STEP)
+        self.assertEqual(blocking_calls(ep), [-1], "the timer's wait was all spin")
+        self.assertTrue(poll.spinning, "a timer cut the spin short: no sign the traffic stopped")
+
+    def test_after_a_whole_spin_the_sleep_keeps_to_the_timeout(self) -> None:
+        ep, poll = make([10 * US, 5.0])
+        poll(None, 8)
+        start = ep.now
+        self.assertEqual(poll(1e-3, 8), [])  # nothing within the timer's 1 ms
+        self.assertLessEqual(abs(ep.now - start - 1e-3), 2 * STEP)
+        timeout = blocking_calls(ep)[-1]
+        self.assertLessEqual(abs(timeout - (1e-3 - LIMIT)), 2 * STEP)
+
+    def test_a_busy_stream_never_sleeps(self) -> None:
+        arrivals = [i * 40 * US for i in range(1, 1001)]
+        ep, poll = make(arrivals)
+        for _ in range(1000):
+            self.assertEqual(poll(None, 8), [(7, 1)])
+            ep.work(5 * US)
+        self.assertEqual(blocking_calls(ep), [-1], "only the first wait slept")
+
+    def test_default_limit(self) -> None:
+        self.assertEqual(DEFAULT_LIMIT, 0.0002)
+
+
+class InstallTests(SynchronousTestCase):
+    def test_sets_the_limit_of_the_epoll_reactors_poll_step(self) -> None:
+        reactor: Any = epollreactor.EPollReactor()
+        self.addCleanup(reactor._poller.close)
+        self.assertTrue(busy_poll(reactor, 100 * US))
+        self.assertIsInstance(reactor._nsqtw_direct_dispatch, BusyPoll)
+        self.assertEqual(reactor._nsqtw_direct_dispatch.limit, 100 * US)
+        self.assertTrue(busy_poll(reactor, 0.0))
+        self.assertEqual(reactor._nsqtw_direct_dispatch.limit, 0.0)
+
+    def test_other_reactors_are_left_alone(self) -> None:
+        self.assertFalse(busy_poll(Clock(), LIMIT))
+
+    def test_a_spinning_reactor_still_reads_its_sockets(self) -> None:
+        from twisted.internet.abstract import FileDescriptor
+
+        reactor: Any = epollreactor.EPollReactor()
+        self.addCleanup(reactor._poller.close)
+        busy_poll(reactor, LIMIT)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        a.setblocking(False)
+        got: list[bytes] = []
+
+        class Reader(FileDescriptor):
+            def fileno(self) -> int:
+                return a.fileno()
+
+            def doRead(self) -> None:
+                got.append(a.recv(100))
+
+        reactor.addReader(Reader(reactor))
+        poll = reactor._nsqtw_direct_dispatch
+        poll.spinning = True
+        b.sendall(b"one")
+        reactor.doIteration(None)
+        self.assertEqual(got, [b"one"])
+        reactor.doIteration(0.001)  # spins, then sleeps out the timeout: nothing to read
+        self.assertEqual(got, [b"one"])
+        self.assertFalse(poll.spinning)
