@@ -337,6 +337,9 @@ def main(argv: list[str]) -> int:
                         help="which figures, comma-separated: " + ", ".join(m.key for m in MEASURES))
     parser.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
                         help="a flag both daemons get, e.g. --daemon-flag=--mem-queue-size=0 (repeatable)")
+    parser.add_argument("--nsqtw-flag", action="append", default=[], metavar="FLAG",
+                        help="a flag only nsqtw gets, one Go nsqd does not have, e.g. --nsqtw-flag=--busy-poll=0"
+                             " for an A/B of that feature (repeatable)")
     parser.add_argument("--memory-messages", type=int, default=MEMORY_MESSAGES,
                         help="messages held for the memory figure")
     parser.add_argument("--json", action="store_true", help="print every figure of every run as JSON too")
@@ -347,9 +350,9 @@ def main(argv: list[str]) -> int:
         go_cmd[0] = os.path.abspath(go_cmd[0])
     bench_dir = ns.go_bench_dir if ns.go_bench_dir is not None else os.path.dirname(go_cmd[0])
     clients = Clients(bench_dir, ns.runfor, ns.size, ns.batch_size, ns.latency_rate, ns.memory_messages)
-    daemons = {"Go": go_cmd, "nsqtw": nsqtw_command()}
+    daemons = {"Go": go_cmd, "nsqtw": [*nsqtw_command(), *ns.nsqtw_flag]}
     header = machine()
-    print(f"# {header}\n# daemons: {' '.join(go_cmd)} | {' '.join(nsqtw_command())}; "
+    print(f"# {header}\n# daemons: {' '.join(go_cmd)} | {' '.join(daemons['nsqtw'])}; "
           f"flags: {' '.join(ns.daemon_flag) or '(defaults)'}; nsqtw's compiled speed-ups: {speedups()}", flush=True)
     table = compare(daemons, ns.daemon_flag, clients, ns.runs, ns.measures.split(","),
                     lambda line: print(line, file=sys.stderr, flush=True))

@@ -188,7 +188,7 @@ def test_compare_measures_every_figure_on_both_daemons() -> None:
 
     stand_in = " ".join(shlex.quote(a) for a in nsqtw_command())
     table, log = _compare(stand_in, "--go-bench-dir=", "--daemon-flag=--max-msg-size=2000000",
-                          "--memory-messages=20000")
+                          "--memory-messages=20000", "--nsqtw-flag=--busy-poll=0")
     rows = {m["label"]: m for m in ROW.finditer(table)}
     assert set(rows) == {"MPUB write", "read, RDY 2500", "one-message round trips (MPUB of 1)",
                          "PUB from one connection", "e2e latency p99", "RSS at idle, just started",
@@ -202,6 +202,9 @@ def test_compare_measures_every_figure_on_both_daemons() -> None:
     # each load was run once per daemon, each with the daemon's CPU per message
     assert len(re.findall(r"^run 1/1 (Go|nsqtw) .* µs/msg$", log, re.M)) == 10, log
     assert "--max-msg-size=2000000" in table  # the flags both daemons got are in the header
+    # a flag only for nsqtw (an A/B of its own features) goes to nsqtw's command line alone
+    go_line, ours_line = re.search(r"daemons: (.*) \| (.*); flags:", table).groups()  # type: ignore[union-attr]
+    assert ours_line.endswith(" --busy-poll=0") and "--busy-poll" not in go_line, table
     # and whether nsqtw ran its compiled speed-ups, as this interpreter would
     from nsqtw.core.message import SPEEDUPS
     assert f"nsqtw's compiled speed-ups: {'yes' if SPEEDUPS else 'no'}" in table
