@@ -63,9 +63,27 @@ class GUIDFactory:
             count -= take
         return values
 
+    def new_value(self) -> int:
+        """One fresh ID as its value: :meth:`new_values` of one, without the range.
+
+        A one-message PUB (or MPUB of one) asks for one ID per command; this
+        is the same rule (the next sequence number, a borrowed millisecond
+        once the sequence runs out) at a third of the cost.
+        """
+        now_ms = int(self._clock.seconds() * 1000) - EPOCH_MS
+        if now_ms > self._last_ms:
+            self._last_ms = now_ms
+            self._sequence = 0
+        seq = self._sequence
+        if seq > _SEQUENCE_MASK:
+            self._last_ms += 1
+            seq = 0
+        self._sequence = seq + 1
+        return (self._last_ms << (NODE_BITS + SEQUENCE_BITS)) | self._node | seq
+
     def new_ids(self, count: int) -> list[bytes]:
         """``count`` fresh IDs (see :meth:`new_values`)."""
         return [b"%016x" % v for v in self.new_values(count)]
 
     def new_id(self) -> bytes:
-        return self.new_ids(1)[0]
+        return b"%016x" % self.new_value()

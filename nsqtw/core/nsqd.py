@@ -296,9 +296,12 @@ class NSQD:
         """
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
-        values = self.guid.new_values(len(bodies))
         # each message's data is its ID (formatted from its value) then its body, in one step
-        msgs = [Message(b"%016x%b" % (v, b), now_ns, 0, defer) for v, b in zip(values, bodies, strict=True)]
+        if len(bodies) == 1:  # PUB, DPUB, an MPUB of one: no range, zip and comprehension for one
+            msgs = [Message(b"%016x%b" % (self.guid.new_value(), bodies[0]), now_ns, 0, defer)]
+        else:
+            values = self.guid.new_values(len(bodies))
+            msgs = [Message(b"%016x%b" % (v, b), now_ns, 0, defer) for v, b in zip(values, bodies, strict=True)]
         return topic.put_messages(msgs)
 
     # -- shutdown ---------------------------------------------------------

@@ -148,7 +148,7 @@ class Topic:
                     memory.pop()
                 raise
         self.message_count += len(msgs)
-        self.message_bytes += sum(len(m.data) for m in msgs) - MSG_ID_LENGTH * len(msgs)
+        self.message_bytes += sum([len(m.data) for m in msgs]) - MSG_ID_LENGTH * len(msgs)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
         if rest and delivery.wait_for_write:

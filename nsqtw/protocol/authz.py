@@ -28,14 +28,12 @@ class ClientAuth:
 
     def __init__(self, authorizer: IAuthorizer | None, clock: IReactorTime) -> None:
         self.authorizer = authorizer
+        #: whether clients must AUTH (``auth_required`` in the IDENTIFY answer); a plain
+        #: attribute, not a property: every publish asks
+        self.required = authorizer is not None
         self.clock = clock
         self.secret = ""
         self.state: AuthState | None = None
-
-    @property
-    def required(self) -> bool:
-        """Whether clients must AUTH (``auth_required`` in the IDENTIFY answer)."""
-        return self.authorizer is not None
 
     def has_authorizations(self) -> bool:
         return self.state is not None and bool(self.state.authorizations)

@@ -43,6 +43,8 @@ STATE_CLOSING = 4
 TLS_HANDSHAKE_TIMEOUT = 5.0
 #: the reactor time one client's input may take before others are served (see _process)
 SLICE_SECONDS = 0.002
+#: how many topic names one connection remembers as checked (see V2Protocol._topic_name)
+KNOWN_TOPICS = 64
 
 _OK = frame(FRAME_TYPE_RESPONSE, b"OK")
 _HEARTBEAT = frame(FRAME_TYPE_RESPONSE, b"_heartbeat_")
@@ -115,6 +117,8 @@ class V2Protocol(Protocol):
     _heartbeat_call: IDelayedCall | None = None
     _read_deadline: IDelayedCall | None = None
     _command_at = 0.0
+    #: topic arguments of publishes already found valid, and the names they stand for
+    _known_topics: dict[bytes, str] | None = None
 
     def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
         o = nsqd.options
@@ -380,22 +384,36 @@ class V2Protocol(Protocol):
             # nsqd's MPUB repeats the code inside its description
             if len(args) < 1:
                 raise fatal("E_INVALID", "MPUB insufficient number of parameters")
-            if not is_valid_topic_name(_text(args[0])):
-                raise fatal("E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(args[0])} is not valid")
+            topic = self._topic_name(b"E_BAD_TOPIC MPUB", args[0])
             if self.auth.required:
                 # nsqd checks MPUB's authorization before reading its body
-                self._authorize("MPUB", _text(args[0]), "", None)
+                self._authorize("MPUB", topic, "", None)
         elif name == b"DPUB":
             self._topic_arg(b"DPUB", args, 2)
             self._dpub_timeout(args[1])
 
     def _topic_arg(self, cmd: bytes, args: list[bytes], count: int) -> str:
-        c = cmd.decode()
         if len(args) < count:
-            raise fatal("E_INVALID", f"{c} insufficient number of parameters")
-        topic = _text(args[0])
-        if not is_valid_topic_name(topic):
-            raise fatal("E_BAD_TOPIC", f"{c} topic name {go_quote(args[0])} is not valid")
+            raise fatal("E_INVALID", f"{cmd.decode()} insufficient number of parameters")
+        return self._topic_name(cmd, args[0])
+
+    def _topic_name(self, cmd: bytes, raw: bytes) -> str:
+        """A publish's topic argument as a valid name, or nsqd's E_BAD_TOPIC.
+
+        A publisher names the same few topics command after command: the
+        names this connection already checked are remembered (at most
+        :data:`KNOWN_TOPICS` of them), so their check is one lookup.
+        """
+        known = self._known_topics
+        topic = known.get(raw) if known is not None else None
+        if topic is None:
+            topic = _text(raw)
+            if not is_valid_topic_name(topic):
+                raise fatal("E_BAD_TOPIC", f"{cmd.decode()} topic name {go_quote(raw)} is not valid")
+            if known is None:
+                known = self._known_topics = {}
+            if len(known) < KNOWN_TOPICS:
+                known[raw] = topic
         return topic
 
     def _dpub_timeout(self, raw: bytes) -> float:
@@ -419,9 +437,9 @@ class V2Protocol(Protocol):
         elif name == b"RDY":
             self._rdy(cmd.args)
         elif name == b"PUB":
-            self._publish(b"PUB", _text(cmd.args[0]), [cmd.body or b""])
+            self._publish(b"PUB", self._topic_name(name, cmd.args[0]), [cmd.body or b""])
         elif name == b"MPUB":
-            self._publish(b"MPUB", _text(cmd.args[0]), cmd.messages or [])
+            self._publish(b"MPUB", self._topic_name(name, cmd.args[0]), cmd.messages or [])
         elif name == b"REQ":
             self._req(cmd.args)
         elif name == b"TOUCH":
@@ -714,9 +732,8 @@ class V2Protocol(Protocol):
         self._write(_CLOSE_WAIT)
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
-        c = cmd.decode()
         if self.auth.required and not self._authorize(
-                c, topic, "", lambda: self._publish(cmd, topic, bodies, defer)):
+                cmd.decode(), topic, "", lambda: self._publish(cmd, topic, bodies, defer)):
             return
         try:
             room = self.nsqd.wait_for_room(topic)
@@ -727,6 +744,7 @@ class V2Protocol(Protocol):
                 return
             written = self.nsqd.publish(topic, bodies, defer)
         except (ExitingError, BackendError) as e:
+            c = cmd.decode()
             raise fatal(f"E_{c}_FAILED", f"{c} failed {e}") from None
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
         if written is None:
@@ -734,7 +752,7 @@ class V2Protocol(Protocol):
             return
         # Some went to disk: answer once written, like nsqd. Until then this
         # publisher is paused, which is our backpressure on fast publishers.
-        self._block_until(written, lambda result: self._published(result, c))
+        self._block_until(written, lambda result: self._published(result, cmd.decode()))
 
     def _publish_when_room(self, result: Any, cmd: bytes, topic: str, bodies: list[bytes], defer: float) -> None:
         if isinstance(result, Failure):

@@ -129,6 +129,12 @@ class V2Parser:
                 self._name = name
                 self._args = params[1:]
                 self._check_header(name, self._args)
+                if name == b"PUB" or name == b"MPUB":
+                    bodies = self._take_whole_publish(name)
+                    if bodies is not None:
+                        if name == b"PUB":
+                            return Command(name, self._args, body=bodies[0])
+                        return Command(name, self._args, messages=bodies)
                 self._state = _SIZE
             elif state == _MPUB_SIZE and self._take_mpub_run():
                 messages, self._messages = self._messages, []
@@ -238,6 +244,41 @@ class V2Parser:
         self._mpub_total = 4
         self._state = _MPUB_SIZE
 
+    def _take_whole_publish(self, name: bytes) -> list[bytes] | None:
+        """The bodies of a PUB or MPUB whose line was just read, when all of it has arrived
+        and is valid: taken in one go. None leaves it to the generic path, untouched.
+
+        A publisher's command usually arrives whole; the generic state
+        machine would take it in three (PUB) or four (MPUB) trips round
+        :meth:`next_command`. Only input that every check of the generic
+        path passes is taken here (an MPUB's count and messages within its
+        declared size, as :meth:`_take_mpub_run` takes them); anything else
+        goes the generic way, which gives nsqd's errors and waits for more.
+        """
+        buf = self._buf
+        pos = self._pos
+        have = len(buf) - pos - 4
+        if have < 0:
+            return None
+        (size,) = _INT32.unpack_from(buf, pos)
+        if name == b"PUB":
+            if size <= 0 or size > self.max_msg_size or have < size:
+                return None
+            self._pos = pos + 4 + size
+            return [bytes(buf[pos + 4:pos + 4 + size])]
+        if size < 4 or size > self.max_body_size or have < size:
+            return None
+        (count,) = _INT32.unpack_from(buf, pos + 4)
+        if count <= 0 or count > (self.max_body_size - 4) // 5:
+            return None
+        messages: list[bytes] = []
+        used, left, _ = _split_mpub(bytes(buf[pos + 8:pos + 4 + size]), count, 4, self.max_msg_size,
+                                    self.max_body_size, messages)
+        if left:
+            return None
+        self._pos = pos + 8 + used
+        return messages
+
     def _take_mpub_run(self) -> bool:
         """Take the MPUB messages already buffered whole, in one tight loop; True when
         that was the last one.
@@ -252,23 +293,8 @@ class V2Parser:
         # one copy of what has arrived of the declared body, sliced from (a bytearray
         # slice is a copy too); messages past the declared size go the generic way
         data = bytes(self._buf[base:base + max(0, self._mpub_declared - self._mpub_total)])
-        end = len(data)
-        pos = 0
-        left = self._mpub_left
-        total = self._mpub_total
-        max_msg = self.max_msg_size
-        max_body = self.max_body_size
-        append = self._messages.append
-        unpack = _INT32.unpack_from
-        while left and end - pos >= 4:
-            (size,) = unpack(data, pos)
-            start = pos + 4
-            if size <= 0 or size > max_msg or total + 4 + size > max_body or end - start < size:
-                break
-            append(data[start:start + size])
-            pos = start + size
-            total += 4 + size
-            left -= 1
+        pos, left, total = _split_mpub(data, self._mpub_left, self._mpub_total, self.max_msg_size,
+                                       self.max_body_size, self._messages)
         self._pos = base + pos
         self._mpub_left = left
         self._mpub_total = total
@@ -289,6 +315,31 @@ class V2Parser:
             raise fatal("E_BAD_BODY", f"MPUB body too big {self._mpub_total} > {self.max_body_size}")
         self._need = size
         self._state = _MPUB_BODY
+
+
+def _split_mpub(data: bytes, left: int, total: int, max_msg: int, max_body: int,
+                out: list[bytes]) -> tuple[int, int, int]:
+    """Append to ``out`` up to ``left`` MPUB messages lying whole in ``data``, each valid.
+
+    ``total`` is the MPUB's size so far (count and earlier messages); a
+    message stops the run if its size is out of range, would take the MPUB
+    past ``max_body``, or has not fully arrived. Returns the bytes used,
+    the messages still to take and the new total.
+    """
+    end = len(data)
+    pos = 0
+    append = out.append
+    unpack = _INT32.unpack_from
+    while left and end - pos >= 4:
+        (size,) = unpack(data, pos)
+        start = pos + 4
+        if size <= 0 or size > max_msg or total + 4 + size > max_body or end - start < size:
+            break
+        append(data[start:start + size])
+        pos = start + size
+        total += 4 + size
+        left -= 1
+    return pos, left, total
 
 
 #: ``FIN `` + a 16-byte message ID + newline

@@ -32,6 +32,23 @@ class GUIDTests(SynchronousTestCase):
         values = list(self.guid.new_values(5000))  # across a borrowed millisecond too
         self.assertEqual([b"%016x" % v for v in values], twin.new_ids(5000))
 
+    def test_one_value_at_a_time_is_the_same_as_batches_of_one(self) -> None:
+        """new_value (a PUB's ID) follows new_values' rule exactly: sequence, borrowed
+        millisecond, clock standing still or stepping back, mixed with batches."""
+        twin = GUIDFactory(7, self.clock)
+        singles: list[int] = []
+        batched: list[int] = []
+        for step, n in [(0.0, 4095), (0.0, 3), (0.0, 2), (-2.0, 5), (0.0001, 1), (3.0, 4200)]:
+            self.clock.advance(step)
+            singles.extend(self.guid.new_value() for _ in range(n))
+            batched.extend(v for _ in range(n) for v in twin.new_values(1))
+            singles.extend(self.guid.new_values(7))  # a batch in between
+            batched.extend(twin.new_values(7))
+        self.assertEqual(singles, batched)
+        self.assertEqual(len(set(singles)), len(singles))
+        self.assertEqual(singles, sorted(singles))
+        self.assertEqual(self.guid.new_id(), b"%016x" % twin.new_value())
+
     def test_unique_and_increasing_across_batches_and_a_full_millisecond(self) -> None:
         """Past 4,096 IDs in one millisecond the next one is borrowed, within a batch too."""
         got: list[bytes] = []

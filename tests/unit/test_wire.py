@@ -73,6 +73,76 @@ class ChunkingTests(SynchronousTestCase):
         self.assertTrue(parser.in_command())
 
 
+def outcome(data: bytes, chunk: int) -> list[object]:
+    """The commands ``data`` parses to, fed ``chunk`` bytes at a time, then the error that ended it."""
+    parser = V2Parser(MAX_MSG, MAX_BODY)
+    out: list[object] = []
+    for i in range(0, len(data), chunk):
+        parser.feed(data[i:i + chunk])
+        try:
+            while (cmd := parser.next_command()) is not None:
+                out.append(cmd)
+        except NSQError as e:
+            return [*out, str(e)]
+    return [*out, ("left", parser.buffered(), parser.in_command())]
+
+
+def _mpub(declared: int, count: int, sizes: list[int], extra: bytes = b"") -> bytes:
+    return (b"MPUB t\n" + struct.pack(">ii", declared, count)
+            + b"".join(struct.pack(">i", n) + b"m" * max(n, 0) for n in sizes) + extra)
+
+
+class WholePublishTests(SynchronousTestCase):
+    """A PUB or MPUB that arrives whole is taken in one go; the outcome is the generic path's."""
+
+    CASES = [
+        encode_command(b"PUB", b"t", body=b"x"),
+        encode_command(b"PUB", b"t", body=b"x" * MAX_MSG),
+        b"PUB t\n" + struct.pack(">i", MAX_MSG + 1) + b"x" * (MAX_MSG + 1),
+        b"PUB t\n" + struct.pack(">i", 0),
+        b"PUB t\n" + struct.pack(">i", -1) + b"xx",
+        b"PUB t\n" + struct.pack(">i", 5) + b"abc",  # not all there yet
+        encode_mpub(b"t", [b"a"]),
+        encode_mpub(b"t", [b"a", b"bb", b"ccc"]),
+        encode_mpub(b"t", [b"x" * MAX_MSG] * 3),
+        _mpub(100, 1, [3], b"NOP\n"),  # declared more than the message takes: the rest is commands
+        _mpub(8, 2, [3, 3]),  # messages past the declared size: followed, as nsqd does
+        _mpub(3, 1, [3]),  # declared smaller than the count itself
+        _mpub(16, 0, [3]),
+        _mpub(16, -1, [3]),
+        _mpub(16, MAX_BODY, [3]),
+        _mpub(16, 2, [3, 0]),
+        _mpub(16, 1, [MAX_MSG + 1]),
+        _mpub(MAX_BODY, 4, [MAX_MSG] * 4),  # past --max-body-size by the messages themselves
+        _mpub(MAX_BODY + 1, 1, [1]),
+        _mpub(0, 1, [1]),
+        _mpub(40, 2, [3]),  # the second message not there yet
+    ]
+
+    def test_same_outcome_whole_and_byte_by_byte(self) -> None:
+        for case in self.CASES:
+            for then in (b"", b"NOP\n", encode_command(b"PUB", b"t", body=b"next")):
+                data = b"  V2" + case + then
+                whole = outcome(data, len(data))
+                self.assertEqual(whole, outcome(data, 1), case)
+                self.assertEqual(whole, outcome(data, 7), case)
+
+    def test_a_whole_publish_is_taken_without_the_state_machine(self) -> None:
+        """A valid, complete PUB or MPUB leaves the parser at a line boundary after one call."""
+        for data, want in [(encode_command(b"PUB", b"t", body=b"hi"), Command(b"PUB", [b"t"], body=b"hi")),
+                           (encode_mpub(b"t", [b"a", b"b"]), Command(b"MPUB", [b"t"], messages=[b"a", b"b"]))]:
+            parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+            parser.feed(data)
+            taken: list[list[bytes] | None] = []
+            real = parser._take_whole_publish
+            parser._take_whole_publish = lambda name, real=real, taken=taken: taken.append(  # type: ignore[method-assign]
+                real(name)) or taken[-1]
+            self.assertEqual(parser.next_command(), want)
+            self.assertEqual(len(taken), 1)
+            self.assertIsNotNone(taken[0])
+            self.assertFalse(parser.in_command())
+
+
 class FinRunTests(SynchronousTestCase):
     def parser(self, data: bytes) -> V2Parser:
         parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
