@@ -447,7 +447,7 @@ class V2Protocol(Protocol):
         elif name == b"NOP":
             pass
         elif name == b"DPUB":
-            self._publish(b"DPUB", _text(cmd.args[0]), [cmd.body or b""],
+            self._publish(b"DPUB", self._topic_name(name, cmd.args[0]), [cmd.body or b""],
                           self._dpub_timeout(cmd.args[1]))
         elif name == b"SUB":
             self._sub(cmd.args)

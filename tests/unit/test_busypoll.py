@@ -92,6 +92,20 @@ class BusyPollTests(SynchronousTestCase):
         self.assertEqual(blocking_calls(ep), [-1], "the second event was found by spinning")
         self.assertTrue(poll.spinning)
 
+    def test_no_spin_after_long_work(self) -> None:
+        """Events close together, but each brings more than the limit of work (a throughput
+        load): the reactor sleeps between them, leaving the CPU to its clients."""
+        ep, poll = make([10 * US, 10 * US + 300 * US + 20 * US, 10 * US + 2 * (300 + 20) * US])
+        poll(None, 8)
+        self.assertTrue(poll.spinning)
+        ep.work(300 * US)
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        self.assertEqual(blocking_calls(ep), [-1, -1], "slept: no spin after 300 µs of work")
+        self.assertTrue(poll.spinning, "the gap itself was short")
+        ep.work(150 * US)  # less work than the limit: the next wait spins again
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        self.assertEqual(blocking_calls(ep), [-1, -1])
+
     def test_a_long_gap_means_no_spin(self) -> None:
         ep, poll = make([5e-3, 5e-3 + 2e-3])
         poll(None, 8)
