@@ -498,8 +498,8 @@ FLAGS: tuple[Flag, ...] = (
     _flag(
         "busy-poll",
         "duration",
-        "nsqtw only: while events arrive less than this far apart, the reactor looks for the"
-        " next one this long before it sleeps, as Go's scheduler spins, which roughly doubles"
+        "nsqtw only: while events arrive, and are handled, in less than this, the reactor looks"
+        " for the next one this long before it sleeps, as Go's scheduler spins, which roughly doubles"
         " one-connection round trips at the cost of a busy CPU while traffic is brisk; 0 turns"
         " it off, at most 10ms (see docs/performance.md).",
         _A,
