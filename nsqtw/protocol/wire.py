@@ -237,6 +237,8 @@ class V2Parser:
         self._state = _BODY
 
     def _check_count(self, count: int) -> None:
+        # _take_whole_publish takes only what passes these checks and _check_size's; a change
+        # here or there goes into it too
         # each message takes at least 5 bytes (size + one byte of body)
         if count <= 0 or count > (self.max_body_size - 4) // 5:
             raise fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
