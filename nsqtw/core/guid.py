@@ -31,6 +31,17 @@ class GUIDFactory:
         self._last_ms = -1
         self._sequence = 0
 
+    def _catch_up(self) -> None:
+        """Start a fresh sequence when the clock has passed the millisecond last used.
+
+        A clock standing still or stepping back keeps the last millisecond
+        (and a borrowed one stays borrowed), so IDs never go backwards.
+        """
+        now_ms = int(self._clock.seconds() * 1000) - EPOCH_MS
+        if now_ms > self._last_ms:
+            self._last_ms = now_ms
+            self._sequence = 0
+
     def new_values(self, count: int) -> Sequence[int]:
         """``count`` fresh IDs as 64-bit values (``b"%016x" % value`` is the ID).
 
@@ -41,10 +52,7 @@ class GUIDFactory:
         no Python work per message here, and the publisher formats each
         one straight into the message's data.
         """
-        now_ms = int(self._clock.seconds() * 1000) - EPOCH_MS
-        if now_ms > self._last_ms:
-            self._last_ms = now_ms
-            self._sequence = 0
+        self._catch_up()
         node = self._node
         seq = self._sequence
         if seq + count <= _SEQUENCE_MASK + 1:
@@ -70,10 +78,7 @@ class GUIDFactory:
         is the same rule (the next sequence number, a borrowed millisecond
         once the sequence runs out) at a third of the cost.
         """
-        now_ms = int(self._clock.seconds() * 1000) - EPOCH_MS
-        if now_ms > self._last_ms:
-            self._last_ms = now_ms
-            self._sequence = 0
+        self._catch_up()
         seq = self._sequence
         if seq > _SEQUENCE_MASK:
             self._last_ms += 1
