@@ -12,6 +12,12 @@
  *                             client and deadline set on each message
  *   fin_run(buffer, pos)      the IDs of the run of plain ``FIN <id>\n``
  *                             lines at ``pos`` (nsqtw/protocol/wire.py)
+ *   split_records(buffer, max_records, min_size, max_size)
+ *                             the whole, valid disk-queue records at the
+ *                             start of a segment read (nsqtw/storage/segments.py)
+ *   frame_records(batch, start, room, min_size, max_size)
+ *                             records as a segment holds them, as many as fit
+ *                             (nsqtw/storage/segments.py)
  *
  * message.py imports this module when it is built and falls back to its own
  * definitions when it is not (or NSQTW_NO_SPEEDUPS is set): the two give
@@ -115,6 +121,12 @@ get_be64(const unsigned char *p)
     for (int i = 0; i < 8; i++)
         v = (v << 8) | p[i];
     return v;
+}
+
+static inline uint32_t
+get_be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
 typedef struct {
@@ -421,12 +433,121 @@ fin_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return ids;
 }
 
+static PyObject *
+split_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "split_records(buffer, max_records, min_size, max_size)");
+        return NULL;
+    }
+    Py_ssize_t max_records = PyLong_AsSsize_t(args[1]);
+    if (max_records == -1 && PyErr_Occurred())
+        return NULL;
+    long long min_size = PyLong_AsLongLong(args[2]);
+    if (min_size == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_size = PyLong_AsLongLong(args[3]);
+    if (max_size == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *base = (const unsigned char *)view.buf;
+    /* count first, so the list is made at its size */
+    Py_ssize_t n = 0, off = 0;
+    while (n < max_records && view.len - off >= 4) {
+        long long size = (long long)(int32_t)get_be32(base + off);
+        if (size < min_size || size > max_size || view.len - off - 4 < size)
+            break;
+        off += 4 + (Py_ssize_t)size;
+        n++;
+    }
+    PyObject *out = PyList_New(n);
+    if (out != NULL) {
+        off = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t size = (Py_ssize_t)(int32_t)get_be32(base + off);
+            PyObject *data = PyBytes_FromStringAndSize((const char *)base + off + 4, size);
+            if (data == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i, data);
+            off += 4 + size;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (out == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, off);
+}
+
+static PyObject *
+frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "frame_records(batch, start, room, min_size, max_size)");
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "frame_records: expected a list, not %.100s", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    PyObject *batch = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    long long room = PyLong_AsLongLong(args[2]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    long long min_size = PyLong_AsLongLong(args[3]);
+    if (min_size == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_size = PyLong_AsLongLong(args[4]);
+    if (max_size == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    if (start < 0)
+        start = 0;
+    /* measure first; nothing below runs Python code, so the list stays as measured */
+    Py_ssize_t i = start;
+    long long used = 0;
+    for (; i < n; i++) {
+        PyObject *data = PyList_GET_ITEM(batch, i);
+        if (!PyBytes_Check(data)) {
+            PyErr_Format(PyExc_TypeError, "frame_records: a record must be bytes, not %.100s",
+                         Py_TYPE(data)->tp_name);
+            return NULL;
+        }
+        long long size = (long long)PyBytes_GET_SIZE(data);
+        if (size < min_size || size > max_size || (i > start && used + 4 + size > room))
+            break;
+        used += 4 + size;
+    }
+    PyObject *framed = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)used);
+    if (framed == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(framed);
+    for (Py_ssize_t j = start; j < i; j++) {
+        PyObject *data = PyList_GET_ITEM(batch, j);
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        put_be32(p, (uint32_t)size);
+        memcpy(p + 4, PyBytes_AS_STRING(data), (size_t)size);
+        p += 4 + size;
+    }
+    return Py_BuildValue("(Nn)", framed, i - start);
+}
+
 static PyMethodDef methods[] = {
     {"fin_run", (PyCFunction)(void (*)(void))fin_run, METH_FASTCALL,
      "fin_run(buffer, pos) -> the IDs of the plain FIN lines at pos."},
     {"message_ids", message_ids, METH_O, "message_ids(messages) -> list of each message's ID."},
     {"start_flight", (PyCFunction)(void (*)(void))start_flight, METH_FASTCALL,
      "start_flight(messages, ids, client, deadline): set each message's ID, attempts + 1, client, deadline."},
+    {"split_records", (PyCFunction)(void (*)(void))split_records, METH_FASTCALL,
+     "split_records(buffer, max_records, min_size, max_size) -> (records, bytes they take)."},
+    {"frame_records", (PyCFunction)(void (*)(void))frame_records, METH_FASTCALL,
+     "frame_records(batch, start, room, min_size, max_size) -> (framed records, how many)."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},
     {"frames", frames, METH_O, "frames(messages) -> bytes: the MESSAGE frames of a batch."},
     {"decode_messages", decode_messages, METH_O,

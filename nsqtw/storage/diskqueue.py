@@ -12,10 +12,14 @@ Two halves:
   only on the queue's own one-thread executor and touches only bytes and
   files; what it wants logged travels back with each result.
 * :class:`DiskQueue` lives on the reactor thread.  ``put`` only appends to a
-  pending list (one disk write per reactor turn); ``read`` pops from a
-  read-ahead buffer the disk thread refills in chunks.  The read position on
-  disk only moves past records ``read`` has returned, so buffered records
-  survive a restart.
+  pending list (one disk write per reactor turn); ``read`` slices records
+  from a read-ahead buffer the disk thread refills in chunks of up to 4,096
+  records or 1 MiB. Smaller chunks left a reader at 400,000 messages/s
+  waiting for the refill (its disk thread is also writing the copies a topic
+  hands over); bigger ones hold the GIL longer on the disk thread while
+  it splits them (docs/performance.md, "Reading back from disk"). The read
+  position on disk only moves past records ``read`` has returned, so
+  buffered records survive a restart.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor, IDurableBackendQueue
 from nsqtw.log import Logger
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
-from nsqtw.storage.segments import Consumption, DiskState, OpResult, ReadRecord
+from nsqtw.storage.segments import Consumption, DiskState, OpResult, ReadChunk
 from nsqtw.storage.sync import SyncSchedule
 
 __all__ = ["DiskQueue"]
@@ -67,7 +71,7 @@ class DiskQueue:
         clock: IReactorTime,
         executor: IDiskExecutor | None = None,
         *,
-        read_ahead_records: int = 1024,
+        read_ahead_records: int = 4096,
         read_ahead_bytes: int = 1 << 20,
         retry_interval: float = 1.0,
         flush_interval: float = FLUSH_INTERVAL,
@@ -127,7 +131,10 @@ class DiskQueue:
         self.write_errors = 0
 
         # reading
-        self._buffer: deque[ReadRecord] = deque()
+        #: read ahead: chunks of records, each [file_num, position of its next record,
+        #: its records, index of the next]; none is ever empty
+        self._buffer: deque[list[Any]] = deque()
+        self._buffer_count = 0
         self._buffer_bytes = 0
         self._refilling = False
         self._disk_more = False
@@ -218,17 +225,46 @@ class DiskQueue:
             else:
                 d.errback(BackendError(error))
 
-    def read(self, max_count: int) -> list[bytes]:
-        out: list[bytes] = []
-        if self._closed:
-            return out  # the read position is already persisted; don't hand out more
+    def _take(self, max_count: int) -> list[tuple[int, int, list[bytes]]]:
+        """Up to ``max_count`` records from the read-ahead, as runs of one segment:
+        (file_num, position just past the run, its records).
+
+        A whole chunk's records are sliced out at once, not moved one by one:
+        this runs for every message a consumer reads back from disk.
+        """
+        runs: list[tuple[int, int, list[bytes]]] = []
         buffer = self._buffer
-        while buffer and len(out) < max_count:
-            data, num, pos = buffer.popleft()
-            out.append(data)
-            self._buffer_bytes -= len(data)
-            self._consumed_pos = (num, pos)
+        want = max_count
+        while buffer and want > 0:
+            chunk = buffer[0]
+            num, pos, data, i = chunk
+            if i == 0 and len(data) <= want:
+                run = data
+                buffer.popleft()
+            else:
+                run = data[i:i + want]
+                chunk[3] = i + len(run)
+                if chunk[3] == len(data):
+                    buffer.popleft()
+            nbytes = sum(map(len, run))
+            pos += 4 * len(run) + nbytes
+            chunk[1] = pos
+            self._buffer_bytes -= nbytes
+            want -= len(run)
+            runs.append((num, pos, run))
+        self._buffer_count -= max_count - want
+        return runs
+
+    def read(self, max_count: int) -> list[bytes]:
+        if self._closed:
+            return []  # the read position is already persisted; don't hand out more
+        runs = self._take(max_count)
+        if len(runs) == 1:
+            out = runs[0][2]
+        else:
+            out = [d for run in runs for d in run[2]]
         if out:
+            self._consumed_pos = runs[-1][:2]
             self._consumed_count += len(out)
             self._depth -= len(out)
             self._sync_schedule.mark(self)
@@ -251,11 +287,11 @@ class DiskQueue:
         out: list[tuple[bytes, int, int]] = []
         if self._closed:
             return out
-        buffer = self._buffer
-        while buffer and len(out) < max_count:
-            rec = buffer.popleft()
-            out.append(rec)
-            self._buffer_bytes -= len(rec[0])
+        for num, end, run in self._take(max_count):
+            pos = end - 4 * len(run) - sum(map(len, run))
+            for data in run:
+                pos += 4 + len(data)
+                out.append((data, num, pos))
         if out:
             self._read_total += len(out)
             self._read_last = (out[-1][1], out[-1][2])
@@ -431,6 +467,7 @@ class DiskQueue:
         self._shrink_backlog(self._backlog_bytes)
         self._release_written()
         self._buffer.clear()
+        self._buffer_count = 0
         self._buffer_bytes = 0
         self._consumed_count = 0
         self._consumed_pos = None
@@ -535,7 +572,7 @@ class DiskQueue:
     # -- reading ---------------------------------------------------------------
 
     def _buffer_low(self) -> bool:
-        return (len(self._buffer) < self._read_ahead_records // 2 + 1
+        return (self._buffer_count < self._read_ahead_records // 2 + 1
                 and self._buffer_bytes < self._read_ahead_bytes // 2 + 1)
 
     def _maybe_refill(self) -> None:
@@ -549,18 +586,19 @@ class DiskQueue:
         d.addCallback(self._refill_done, epoch)
         d.addErrback(self._refill_failed)
 
-    def _refill_done(self, records: list[ReadRecord], epoch: int) -> None:
+    def _refill_done(self, chunks: list[ReadChunk], epoch: int) -> None:
         self._refilling = False
         if epoch != self._epoch or self._closed:
             return
-        if records:
-            self._buffer.extend(records)
-            self._buffer_bytes += sum(len(r[0]) for r in records)
-            if self._want_readable:
-                self._schedule_notify()
+        for num, pos, data in chunks:
+            self._buffer.append([num, pos, data, 0])
+            self._buffer_count += len(data)
+            self._buffer_bytes += sum(map(len, data))
+        if chunks and self._want_readable:
+            self._schedule_notify()
         # go again unless that made no progress and nothing new was consumed
         # (records held back behind an unread error wait for read())
-        if records or self._consumed_pos is not None:
+        if chunks or self._consumed_pos is not None:
             self._maybe_refill()
 
     def _refill_failed(self, failure: Failure) -> None:

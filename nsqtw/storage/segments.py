@@ -15,16 +15,18 @@ import os
 import random
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from twisted.logger import LogLevel
 
 from nsqtw.core.message import MIN_VALID_MSG_LENGTH
+from nsqtw.speedups import COMPILED
 from nsqtw.storage.atomic import atomic_write, fsync_dir
 
-__all__ = ["Consumption", "DiskState", "OpResult", "ReadRecord", "nsqd_msg_size_limits"]
+__all__ = ["PURE_FRAME_RECORDS", "PURE_SPLIT_RECORDS", "Consumption", "DiskState", "OpResult", "ReadChunk",
+           "frame_records", "nsqd_msg_size_limits", "split_records"]
 
 
 _SIZE = struct.Struct(">i")
@@ -35,13 +37,72 @@ _LogEvent = tuple[LogLevel, str, dict[str, Any]]
 #: (count, file_num, pos): records consumed since the last disk operation,
 #: and the position just past the last of them
 Consumption = tuple[int, int, int]
-#: a record read ahead, with the position just past it
-ReadRecord = tuple[bytes, int, int]
+#: records read ahead from one segment: (file_num, position of the first, their data)
+ReadChunk = tuple[int, int, list[bytes]]
 
 
 def nsqd_msg_size_limits(max_msg_size: int) -> tuple[int, int]:
     """The (min, max) record sizes nsqd gives go-diskqueue for ``--max-msg-size``."""
     return MIN_VALID_MSG_LENGTH, max_msg_size + MIN_VALID_MSG_LENGTH
+
+
+def split_records(buf: bytes, max_records: int, min_size: int, max_size: int) -> tuple[list[bytes], int]:
+    """The whole, valid records at the start of ``buf`` (at most ``max_records``): their data and the bytes they take.
+
+    Stops before the first record that ``buf`` cuts short or whose size is
+    outside ``[min_size, max_size]``; what is wrong with that one matters only
+    when it comes first, and :meth:`DiskState._read_records` then looks at it
+    itself. This is the loop a disk thread runs for every record it reads
+    back, holding the GIL the reactor's thread waits for: it has a compiled
+    twin in nsqtw.speedups, which gives the same results
+    (tests/unit/test_segments.py).
+    """
+    out: list[bytes] = []
+    off = 0
+    end = len(buf)
+    unpack = _SIZE.unpack_from
+    while len(out) < max_records and end - off >= 4:
+        (size,) = unpack(buf, off)
+        if size < min_size or size > max_size or end - off - 4 < size:
+            break
+        off += 4
+        out.append(buf[off:off + size])
+        off += size
+    return out, off
+
+
+def frame_records(batch: list[bytes], start: int, room: int, min_size: int, max_size: int,
+                  ) -> tuple[bytes, int]:
+    """``batch[start:]`` framed as segment records, ``[int32 size][data]`` back to back, and how many.
+
+    Takes the first record whatever its size (the caller has rolled to a
+    fresh segment if it must) and then as many as fit in ``room`` bytes;
+    stops before a record whose size is outside ``[min_size, max_size]``
+    (the caller reports it). Like :func:`split_records`, a loop per record
+    on a disk thread, with a compiled twin (tests/unit/test_segments.py).
+    """
+    parts: list[bytes] = []
+    pack = _SIZE.pack
+    used = 0
+    i, n = start, len(batch)
+    while i < n:
+        data = batch[i]
+        size = len(data)
+        if size < min_size or size > max_size or (i > start and used + 4 + size > room):
+            break
+        parts.append(pack(size))
+        parts.append(data)
+        used += 4 + size
+        i += 1
+    return b"".join(parts), i - start
+
+
+#: the pure-Python definitions, kept whichever are in use (tests compare the two)
+PURE_SPLIT_RECORDS = split_records
+PURE_FRAME_RECORDS = frame_records
+if COMPILED is not None:
+    split_records = COMPILED.split_records
+    frame_records = COMPILED.frame_records
 
 
 class _ReadError(Exception):
@@ -362,38 +423,28 @@ class DiskState:
 
     # -- writing -----------------------------------------------------------
 
-    def write_batch(self, batch: Sequence[bytes]) -> tuple[int, str | None]:
+    def write_batch(self, batch: list[bytes]) -> tuple[int, str | None]:
         """Append records, rolling segments as go-diskqueue v1.1 does.
 
         Each segment touched gets one write call.  Returns how many leading
         records are on disk and, if the rest failed, why.
         """
         written = 0
-        parts: list[bytes] = []
-        chunk_count = chunk_bytes = 0
+        n = len(batch)
         try:
-            for data in batch:
-                size = len(data)
+            while written < n:
+                size = len(batch[written])
                 if size < self.min_msg_size or size > self.max_msg_size:
                     raise ValueError(f"invalid message write size ({size}) minMsgSize={self.min_msg_size}"
                                      f" maxMsgSize={self.max_msg_size}")
-                total = 4 + size
-                pos = self.write_pos + chunk_bytes
                 # roll *before* a record that would pass the limit, unless the
                 # segment is empty (a record bigger than a segment gets its own)
-                if pos > 0 and pos + total > self.max_bytes_per_file:
-                    if parts:
-                        self._write_chunk(parts, chunk_count, chunk_bytes)
-                        written += chunk_count
-                        parts, chunk_count, chunk_bytes = [], 0, 0
+                if self.write_pos > 0 and self.write_pos + 4 + size > self.max_bytes_per_file:
                     self._roll()
-                parts.append(_SIZE.pack(size))
-                parts.append(data)
-                chunk_count += 1
-                chunk_bytes += total
-            if parts:
-                self._write_chunk(parts, chunk_count, chunk_bytes)
-                written += chunk_count
+                framed, count = frame_records(batch, written, self.max_bytes_per_file - self.write_pos,
+                                              self.min_msg_size, self.max_msg_size)
+                self._write_chunk(framed, count)
+                written += count
             if self.durable and self._wfd is not None:
                 synced, written = written, 0  # none counts until the fsync succeeds
                 self._fsync_written()
@@ -420,7 +471,7 @@ class DiskState:
             self._truncate_on_open = False
             raise
 
-    def _write_chunk(self, parts: list[bytes], count: int, nbytes: int) -> None:
+    def _write_chunk(self, framed: bytes, count: int) -> None:
         if self._wfd is None:
             path = self.file_name(self.write_file_num)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -437,7 +488,7 @@ class DiskState:
             if self.durable:
                 fsync_dir(self.data_path)  # the new segment's name must survive power loss too
             self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
-        view = memoryview(b"".join(parts))
+        view = memoryview(framed)
         try:
             while view:
                 view = view[self.write_fn(self._wfd, view):]
@@ -445,7 +496,7 @@ class DiskState:
             self._close_write()
             self._truncate_on_open = True
             raise
-        self.write_pos += nbytes
+        self.write_pos += len(framed)
         self.depth += count
         self.count += count
 
@@ -552,25 +603,30 @@ class DiskState:
             self.cursor_file_num += 1
             self.cursor_pos = 0
 
-    def read_chunk(self, max_records: int, max_bytes: int) -> list[ReadRecord]:
+    def read_chunk(self, max_records: int, max_bytes: int) -> list[ReadChunk]:
         """Read ahead from the cursor: up to ``max_records`` records or about ``max_bytes``."""
-        out: list[ReadRecord] = []
-        nbytes = 0
-        while len(out) < max_records and nbytes < max_bytes:
+        out: list[ReadChunk] = []
+        count = nbytes = 0
+        while count < max_records and nbytes < max_bytes:
             self._normalize_cursor()
             if not self._has_more():
                 break
             try:
-                nbytes += self._read_records(max_records - len(out), max_bytes - nbytes, out)
+                got, size = self._read_records(max_records - count, max_bytes - nbytes)
             except _ReadError as e:
                 if out or (self.read_file_num, self.read_pos) != (self.cursor_file_num, self.cursor_pos):
                     # deal with it once everything before it has been consumed,
                     # as go-diskqueue does (it reads one record at a time)
                     break
                 self._handle_read_error(str(e))
+                continue
+            out.append(got)
+            count += len(got[2])
+            nbytes += size
         return out
 
-    def _read_records(self, max_records: int, max_bytes: int, out: list[ReadRecord]) -> int:
+    def _read_records(self, max_records: int, max_bytes: int) -> tuple[ReadChunk, int]:
+        """At least one record from the cursor's segment (or _ReadError), and the bytes they take there."""
         num, pos = self.cursor_file_num, self.cursor_pos
         path = self.file_name(num)
         if self._rfd_num != num or self._rfd is None:
@@ -590,39 +646,26 @@ class DiskState:
             buf = os.pread(fd, max(min(end - pos, max_bytes), 4), pos)
         except OSError as e:
             raise _ReadError(str(e)) from e
-        off = count = 0
-        while count < max_records and off < max_bytes:
-            remaining = len(buf) - off
-            if remaining == 0 and count:
-                break
-            if remaining < 4:
-                if count:
-                    break
-                raise _ReadError("EOF" if remaining == 0 else "unexpected EOF")
-            (size,) = _SIZE.unpack_from(buf, off)
+        data, off = split_records(buf, max_records, self.min_msg_size, self.max_msg_size)
+        if not data:
+            # the first record is not whole and valid in what was read: find out why
+            if len(buf) < 4:
+                raise _ReadError("EOF" if not buf else "unexpected EOF")
+            (size,) = _SIZE.unpack_from(buf, 0)
             if size < self.min_msg_size or size > self.max_msg_size:
-                if count:
-                    break
                 # no reasonable guarantee where the next record would begin
                 raise _ReadError(f"invalid message read size ({size})")
-            total = 4 + size
-            if remaining < total:
-                if count:
-                    break
-                try:
-                    rec = os.pread(fd, total, pos)
-                except OSError as e:
-                    raise _ReadError(str(e)) from e
-                if len(rec) < total:
-                    raise _ReadError("unexpected EOF")
-                data = rec[4:]
-            else:
-                data = buf[off + 4:off + total]
-            off += total
-            count += 1
-            out.append((data, num, pos + off))
+            # bigger than the read: read it whole
+            off = 4 + size
+            try:
+                rec = os.pread(fd, off, pos)
+            except OSError as e:
+                raise _ReadError(str(e)) from e
+            if len(rec) < off:
+                raise _ReadError("unexpected EOF")
+            data = [rec[4:]]
         self.cursor_pos = pos + off
-        return off
+        return (num, pos, data), off
 
     def _handle_read_error(self, error: str) -> None:
         """Rename the unreadable segment to ``.bad`` and jump to the next one."""
@@ -666,7 +709,7 @@ class DiskState:
         self.count = 0
         self.need_sync = True
 
-    def close(self, batch: Sequence[bytes]) -> tuple[int, str | None]:
+    def close(self, batch: list[bytes]) -> tuple[int, str | None]:
         """Write what is pending, then fsync, persist metadata and close the files."""
         result = self.write_batch(batch)
         self._apply_consumption(None)

@@ -250,7 +250,7 @@ class ReadTests(DiskQueueTestBase):
         q = self.open(max_bytes=50, read_ahead_records=3)
         q.put_many(rec(i) for i in range(40))
         self.clock.advance(0)
-        self.assertLessEqual(len(q._buffer), 3)
+        self.assertLessEqual(q._buffer_count, 3)
         out = []
         for _ in range(40):
             out.extend(q.read(1))
@@ -286,7 +286,7 @@ class ReadTests(DiskQueueTestBase):
         q = self.open()
         q.put_many(rec(i) for i in range(10))
         self.clock.advance(0)
-        self.assertEqual(len(q._buffer), 10)
+        self.assertEqual(q._buffer_count, 10)
         q.read(2)
         q = self.reopen(q)
         self.assertEqual(self.meta(), b"8\n0,14\n0,70\n")

@@ -1,0 +1,87 @@
+"""The per-record loops a disk thread runs: splitting a segment read into records, framing records to write.
+
+Both have compiled twins (nsqtw/_speedups.c); whichever is in use must give
+exactly what the pure-Python definition gives, including where each stops.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nsqtw.core import message
+from nsqtw.storage.segments import PURE_FRAME_RECORDS, PURE_SPLIT_RECORDS, frame_records, split_records
+
+MIN, MAX = 4, 40
+
+
+def record(data: bytes) -> bytes:
+    return struct.pack(">i", len(data)) + data
+
+
+class SplitRecordsTests(SynchronousTestCase):
+    def test_whole_records_and_where_they_end(self) -> None:
+        buf = record(b"aaaa") + record(b"bbbbbb") + record(b"cccc")[:6]
+        self.assertEqual(split_records(buf, 10, MIN, MAX), ([b"aaaa", b"bbbbbb"], 18))
+        self.assertEqual(split_records(buf, 1, MIN, MAX), ([b"aaaa"], 8))
+        self.assertEqual(split_records(buf, 0, MIN, MAX), ([], 0))
+
+    def test_stops_before_a_bad_size_or_a_short_header(self) -> None:
+        """A size below the minimum, above the maximum or negative ends the run; so do 1-3 bytes left over."""
+        good = record(b"aaaa")
+        for bad in (struct.pack(">i", 3) + b"xxx", struct.pack(">i", 41) + b"x" * 41,
+                    struct.pack(">i", -5) + b"xxxxx", b"\x00", b"\x00\x00\x00"):
+            self.assertEqual(split_records(good + bad + good, 10, MIN, MAX), ([b"aaaa"], 8), bad)
+            self.assertEqual(split_records(bad + good, 10, MIN, MAX), ([], 0), bad)
+        self.assertEqual(split_records(b"", 10, MIN, MAX), ([], 0))
+
+    def test_compiled_and_pure_agree(self) -> None:
+        """Random runs of good and bad records, cut anywhere, with any limit: the same records, the same end."""
+        rng = random.Random(17)
+        implementations = [PURE_SPLIT_RECORDS, split_records]
+        for _ in range(3000):
+            parts = []
+            for _ in range(rng.randrange(8)):
+                size = rng.choice([rng.randrange(MIN, MAX + 1), rng.randrange(MIN, MAX + 1), 0, 3, 41, -1, 2**31 - 1])
+                parts.append(struct.pack(">i", size) + bytes(rng.randrange(256) for _ in range(max(0, min(size, 50)))))
+            buf = b"".join(parts)
+            buf = buf[:rng.randrange(len(buf) + 1)]
+            limit = rng.randrange(10)
+            got = [impl(buf, limit, MIN, MAX) for impl in implementations]
+            self.assertEqual(got[0], got[1], (buf, limit))
+        self.assertEqual(split_records is PURE_SPLIT_RECORDS, not message.SPEEDUPS)
+
+
+class FrameRecordsTests(SynchronousTestCase):
+    def test_frames_as_many_as_fit(self) -> None:
+        batch = [b"aaaa", b"bbbbbb", b"cccc"]
+        self.assertEqual(frame_records(batch, 0, 100, MIN, MAX), (b"".join(map(record, batch)), 3))
+        self.assertEqual(frame_records(batch, 0, 18, MIN, MAX), (record(b"aaaa") + record(b"bbbbbb"), 2))
+        self.assertEqual(frame_records(batch, 1, 18, MIN, MAX), (record(b"bbbbbb") + record(b"cccc"), 2))
+        self.assertEqual(frame_records(batch, 3, 18, MIN, MAX), (b"", 0))
+
+    def test_the_first_record_is_taken_whatever_the_room(self) -> None:
+        """The caller rolls to a fresh segment first when it must: a record bigger than a segment gets its own."""
+        self.assertEqual(frame_records([b"x" * 30, b"aaaa"], 0, 5, MIN, MAX), (record(b"x" * 30), 1))
+
+    def test_stops_before_a_bad_size(self) -> None:
+        batch = [b"aaaa", b"abc", b"bbbb"]
+        self.assertEqual(frame_records(batch, 0, 100, MIN, MAX), (record(b"aaaa"), 1))
+        self.assertEqual(frame_records(batch, 1, 100, MIN, MAX), (b"", 0))
+        self.assertEqual(frame_records([b"x" * 41], 0, 100, MIN, MAX), (b"", 0))
+
+    def test_compiled_and_pure_agree_and_split_undoes_them(self) -> None:
+        rng = random.Random(23)
+        implementations = [PURE_FRAME_RECORDS, frame_records]
+        for _ in range(3000):
+            batch = [bytes(rng.randrange(256) for _ in range(rng.choice([rng.randrange(MIN, MAX + 1)] * 5 + [2, 45])))
+                     for _ in range(rng.randrange(8))]
+            start = rng.randrange(len(batch) + 1)
+            room = rng.randrange(120)
+            got = [impl(batch, start, room, MIN, MAX) for impl in implementations]
+            self.assertEqual(got[0], got[1], (batch, start, room))
+            framed, count = got[0]
+            self.assertEqual(split_records(framed, 100, MIN, MAX), (batch[start:start + count], len(framed)))
+        self.assertEqual(frame_records is PURE_FRAME_RECORDS, not message.SPEEDUPS)
