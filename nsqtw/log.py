@@ -243,7 +243,9 @@ class BufferedLogWriter(io.TextIOBase):
       from another thread, or when the reactor is not running (start-up,
       shut-down); and at exit (``atexit``).
 
-    Lines go out in the order they were written.
+    Lines go out in the order they were written. When stderr cannot take
+    them (a closed pipe, a vanished terminal, a full disk) they are dropped
+    and the daemon goes on: Go nsqd's logger ignores such errors too.
     """
 
     limit = 64 * 1024
@@ -262,6 +264,8 @@ class BufferedLogWriter(io.TextIOBase):
         self._call: Any = None
         self._call_soon = False
         self._lock = threading.Lock()
+        #: flushes whose lines could not be written (the stream raised) and were dropped
+        self.lost_writes = 0
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -334,9 +338,16 @@ class BufferedLogWriter(io.TextIOBase):
             text = "".join(self._lines)
             self._lines.clear()
             self._size = 0
-        if text:
-            self._stream.write(text)
-        self._stream.flush()
+        try:
+            if text:
+                self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):
+            # stderr is gone (its reader closed the pipe, the terminal went away)
+            # or full: these lines are lost, and saying so could only come back
+            # here. Raising instead made Twisted log the failure, whose line
+            # scheduled the next failing flush: the daemon spun on it.
+            self.lost_writes += 1
 
 
 _INFO = _RANK[LogLevel.info]

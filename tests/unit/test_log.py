@@ -198,6 +198,33 @@ class BufferedLogWriterTests(SynchronousTestCase):
         writer.flush_now()  # atexit
         self.assertEqual(stream.getvalue(), "NSQ: stopped\nMain loop terminated.\nafter\n")
 
+    def test_a_stream_that_fails_loses_lines_and_nothing_else(self) -> None:
+        """A closed pipe on stderr: the flush drops the lines, raises nothing (Twisted would log that,
+        and its line would schedule the next failing flush), schedules nothing; a stream that
+        works again gets the lines written after."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = self._writer()
+        broken = [True]
+        write = stream.write
+
+        def failing(text: str) -> int:
+            if broken[0]:
+                raise BrokenPipeError(32, "Broken pipe")
+            return write(text)
+
+        stream.write = failing  # type: ignore[method-assign]
+        writer.write_line("lost\n", LogLevel.error)
+        clock.advance(0)
+        writer.write("also lost\n")
+        writer.flush_now()
+        self.assertEqual((stream.getvalue(), writer.lost_writes), ("", 2))
+        self.assertEqual(clock.getDelayedCalls(), [])
+        broken[0] = False
+        writer.write_line("back\n", LogLevel.warn)
+        clock.advance(0)
+        self.assertEqual(stream.getvalue(), "back\n")
+
     def test_from_another_thread_at_once(self) -> None:
         import threading
 
