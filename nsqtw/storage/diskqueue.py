@@ -175,12 +175,16 @@ class DiskQueue:
     def put_many(self, records: Iterable[bytes]) -> None:
         self._check_writable()
         records = list(records)
-        for data in records:
-            self._check_size(data)
+        if not records:
+            return
+        sizes = list(map(len, records))  # the sizes in C, not a check per record in Python
+        if min(sizes) < self._min_msg_size or max(sizes) > self._max_msg_size:
+            for data in records:
+                self._check_size(data)  # raises for the first bad one
         self._pending.extend(records)
         self._depth += len(records)
         self._put_seq += len(records)
-        self._grow_backlog(sum(map(len, records)))
+        self._grow_backlog(sum(sizes))
         self._schedule_flush()
 
     def written(self) -> Deferred[None]:
