@@ -1,6 +1,7 @@
 /*
- * _nsqtw_speedups: optional compiled versions of two functions of
- * nsqtw/core/message.py that run for every message a consumer reads.
+ * _nsqtw_speedups: optional compiled versions of the functions of
+ * nsqtw/core/message.py, nsqtw/protocol/wire.py and nsqtw/storage/segments.py
+ * that run for every message a consumer reads or a disk queue holds.
  *
  *   frames(messages)          the MESSAGE frames of a batch, back to back
  *   decode_messages(records)  disk records as Message objects, or None when
@@ -19,9 +20,10 @@
  *                             records as a segment holds them, as many as fit
  *                             (nsqtw/storage/segments.py)
  *
- * message.py imports this module when it is built and falls back to its own
+ * Those modules use this one when it is built and fall back to their own
  * definitions when it is not (or NSQTW_NO_SPEEDUPS is set): the two give
- * the same results, which tests/unit/test_message.py checks for both.
+ * the same results, which tests/unit/test_message.py, test_wire.py and
+ * test_segments.py check for both.
  *
  * Message is a Python class with __slots__; bind(Message) looks up where
  * each slot lives in the object once, so these functions read and fill the

@@ -2,11 +2,13 @@
 
 setup.py builds the extension where a C compiler and Python's headers are
 found, and skips it where not. The modules with compiled twins of their
-per-message functions (:mod:`nsqtw.core.message`, :mod:`nsqtw.protocol.wire`)
+per-message functions (:mod:`nsqtw.core.message`, :mod:`nsqtw.protocol.wire`,
+and :mod:`nsqtw.storage.segments` for its per-record loops on the disk threads)
 use them when this module found the extension and keep their own Python
 definitions otherwise; ``NSQTW_NO_SPEEDUPS`` in the environment chooses the
 Python ones on purpose. Both give the same results (tests/unit/test_message.py,
-tests/unit/test_wire.py, tests/integration/test_speedups_live.py).
+tests/unit/test_wire.py, tests/unit/test_segments.py,
+tests/integration/test_speedups_live.py).
 """
 
 from __future__ import annotations
