@@ -292,6 +292,24 @@ class ReadTests(DiskQueueTestBase):
         self.assertEqual(self.meta(), b"8\n0,14\n0,70\n")
         self.assertEqual(self.read_all(q), [rec(i) for i in range(2, 10)])
 
+    def test_read_ahead_grows_only_once_read(self) -> None:
+        """A queue nobody reads (a topic without channels, a channel without consumers) reads
+        1,024 records ahead, as before the read-ahead grew; reads take it up to 4,096."""
+        q = self.open()
+        q.put_many(rec(i % 10) for i in range(10_000))
+        self.clock.advance(0)
+        self.assertEqual(q._buffer_count, 1024)
+        q = self.reopen(q)
+        self.clock.advance(0)
+        self.assertEqual(q._buffer_count, 1024)
+        sizes = []
+        for _ in range(6):
+            self.assertEqual(len(q.read(100)), 100)
+            sizes.append(q._buffer_count)
+        self.assertGreater(max(sizes), 1024)
+        self.assertLessEqual(max(sizes), 4096)
+        self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(600, 10_000)])
+
     def test_fully_read_segments_deleted(self) -> None:
         """A segment is deleted once every record in it has been returned by read()."""
         q = self.open(max_bytes=21)  # 3 records per segment
