@@ -20,9 +20,9 @@ Two halves:
   it splits them (docs/performance.md, "Reading back from disk"). A queue
   reads 1,024 ahead until reads take records out of it, then twice as many
   at each read up to the 4,096: a topic without channels or a channel
-  without consumers, thousands of them on a node, hold no more than before. The read
-  position on disk only moves past records ``read`` has returned, so
-  buffered records survive a restart.
+  without consumers, thousands of them on a node, hold no more than before.
+  The read position on disk only moves past records ``read`` has returned,
+  so buffered records survive a restart.
 """
 
 from __future__ import annotations
@@ -264,6 +264,9 @@ class DiskQueue:
             self._buffer_bytes -= nbytes
             want -= len(run)
             runs.append((num, pos, run))
+        if runs and self._ahead < self._read_ahead_records:
+            # someone reads this queue: read further ahead (see the module's docstring)
+            self._ahead = min(2 * self._ahead, self._read_ahead_records)
         self._buffer_count -= max_count - want
         return runs
 
@@ -276,8 +279,6 @@ class DiskQueue:
         else:
             out = [d for run in runs for d in run[2]]
         if out:
-            if self._ahead < self._read_ahead_records:
-                self._ahead = min(2 * self._ahead, self._read_ahead_records)
             self._consumed_pos = runs[-1][:2]
             self._consumed_count += len(out)
             self._depth -= len(out)
@@ -307,8 +308,6 @@ class DiskQueue:
                 pos += 4 + len(data)
                 out.append((data, num, pos))
         if out:
-            if self._ahead < self._read_ahead_records:
-                self._ahead = min(2 * self._ahead, self._read_ahead_records)
             self._read_total += len(out)
             self._read_last = (out[-1][1], out[-1][2])
             self._depth -= len(out)
