@@ -94,9 +94,17 @@ def test_nodes_come_and_go(spark: Any, daemon_factory: Any, lookupd_factory: Any
         assert q.isActive and q.exception() is None
 
         # b comes back with its data: what it had in flight is delivered now
-        node(data_path=b_path, tcp=b_address)
-        wait_for(lambda: expected <= {body for _b, body, _a in list(rows)}, timeout=TIMEOUT,
-                 what="every message of the four nsqds")
+        back = node(data_path=b_path, tcp=b_address)
+
+        # b wrote what it had in flight after its queue when it stopped, so
+        # every body can be seen before those come again: wait for b to be
+        # drained and acknowledged too, not only for every body to be seen.
+        def b_done() -> bool:
+            s = channel_stats(back, "ev", "spark")
+            return bool(s) and s["depth"] == 0 and s["in_flight_count"] == 0 and s["deferred_count"] == 0
+
+        wait_for(lambda: expected <= {body for _b, body, _a in list(rows)} and b_done(), timeout=TIMEOUT,
+                 what="every message of the four nsqds, and b drained and acknowledged")
         assert q.isActive and q.exception() is None
     finally:
         release.set()
