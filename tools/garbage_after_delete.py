@@ -36,7 +36,8 @@ _sig.signal(_sig.SIGUSR1, lambda *a: _r.callFromThread(_report))
 def main() -> None:
     topics = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     channels = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    d = Daemon(tempfile.mkdtemp(), code=PROBE + TWISTD).start(timeout=60)
+    data = tempfile.TemporaryDirectory()
+    d = Daemon(data.name, code=PROBE + TWISTD).start(timeout=60)
 
     def post(path: str) -> None:
         request = urllib.request.Request(f"http://{d.http_address}{path}", data=b"", method="POST")
@@ -62,6 +63,7 @@ def main() -> None:
         probe("all deleted")
     finally:
         d.stop()
+        data.cleanup()
 
 
 if __name__ == "__main__":

@@ -38,9 +38,12 @@ def post(http: str, path: str) -> None:
 
 def main() -> None:
     channels = int(os.environ.get("CHANNELS", "100"))
-    data = tempfile.mkdtemp(prefix="nsqtw-idle-backlog-")
-    cmd = [*nsqtw_command(), f"--data-path={data}", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-           "--mem-queue-size=100"]
+    with tempfile.TemporaryDirectory(prefix="nsqtw-idle-backlog-") as data:
+        measure(channels, [*nsqtw_command(), f"--data-path={data}", "--tcp-address=127.0.0.1:0",
+                           "--http-address=127.0.0.1:0", "--mem-queue-size=100"], data)
+
+
+def measure(channels: int, cmd: list[str], data: str) -> None:
     proc, tcp, http = start_listening(cmd, data)
     try:
         post(http, "/topic/create?topic=t")

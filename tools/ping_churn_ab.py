@@ -39,12 +39,13 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     for n in range(rounds):
         for label, code in (("through Klein", THROUGH_KLEIN + TWISTD), ("direct", TWISTD)):
-            d = Daemon(tempfile.mkdtemp(), code=code).start(timeout=60)
-            try:
-                time.sleep(1)
-                print(f"round {n + 1} {label:<14} {rate(d, cycles)} cycles/s", flush=True)
-            finally:
-                d.stop()
+            with tempfile.TemporaryDirectory() as data:
+                d = Daemon(data, code=code).start(timeout=60)
+                try:
+                    time.sleep(1)
+                    print(f"round {n + 1} {label:<14} {rate(d, cycles)} cycles/s", flush=True)
+                finally:
+                    d.stop()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -130,12 +131,15 @@ class Session:
         return Figure(value, cpu * 1e6 / messages if messages else None, messages)
 
     def stop(self) -> None:
+        """Stop the daemon and remove its data: a whole compare writes gigabytes, session by session."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        finally:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 class Clients:
