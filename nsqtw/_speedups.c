@@ -11,6 +11,9 @@
  *   start_flight(messages, ids, client, deadline)
  *                             a batch handed to a client: ID, attempts + 1,
  *                             client and deadline set on each message
+ *   end_flight(live, owned, client, ids, timestamps)
+ *                             a run of FINs: each message out of the in-flight
+ *                             and per-client dicts, its client cleared
  *   fin_run(buffer, pos)      the IDs of the run of plain ``FIN <id>\n``
  *                             lines at ``pos`` (nsqtw/protocol/wire.py)
  *   split_records(buffer, max_records, min_size, max_size)
@@ -383,6 +386,87 @@ fail:
     return NULL;
 }
 
+/* Why a FIN fails, as nsqd words it (nsqtw/core/message.py's end_flight). */
+static PyObject *not_in_flight = NULL, *not_owned = NULL;
+
+static PyObject *
+end_flight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "end_flight(live, owned, client, ids, timestamps)");
+        return NULL;
+    }
+    PyObject *live = args[0], *owned = args[1], *client = args[2], *ids = args[3], *timestamps = args[4];
+    if (bound_list("end_flight", ids) < 0)
+        return NULL;
+    if (!PyDict_Check(live) || !PyDict_Check(owned)) {
+        PyErr_SetString(PyExc_TypeError, "end_flight() takes two dicts");
+        return NULL;
+    }
+    if (timestamps != Py_None && !PyList_Check(timestamps)) {
+        PyErr_SetString(PyExc_TypeError, "end_flight() takes a list of timestamps or None");
+        return NULL;
+    }
+    PyObject *failed = PyList_New(0);
+    if (failed == NULL)
+        return NULL;
+    /* Hold the IDs: removing a message from the dicts may run a finalizer,
+       which could change the caller's list. */
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    PyObject *held = PyList_GetSlice(ids, 0, n);
+    if (held == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id = PyList_GET_ITEM(held, i);
+        PyObject *msg = PyDict_GetItemWithError(live, id);  /* borrowed */
+        if (msg == NULL && PyErr_Occurred())
+            goto fail;
+        if (msg == NULL || Py_TYPE(msg) != message_type || SLOT(msg, off_client) != client) {
+            if (msg != NULL && Py_TYPE(msg) != message_type) {
+                PyErr_Format(PyExc_TypeError, "expected a Message, not %.100s", Py_TYPE(msg)->tp_name);
+                goto fail;
+            }
+            PyObject *entry = PyTuple_Pack(2, id, msg == NULL ? not_in_flight : not_owned);
+            if (entry == NULL || PyList_Append(failed, entry) < 0) {
+                Py_XDECREF(entry);
+                goto fail;
+            }
+            Py_DECREF(entry);
+            continue;
+        }
+        Py_INCREF(msg);  /* live held the last reference, perhaps */
+        if (PyDict_DelItem(live, id) < 0) {
+            Py_DECREF(msg);
+            goto fail;
+        }
+        if (PyDict_DelItem(owned, id) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                Py_DECREF(msg);
+                goto fail;
+            }
+            PyErr_Clear();
+        }
+        Py_INCREF(Py_None);
+        Py_XSETREF(SLOT(msg, off_client), Py_None);
+        if (timestamps != Py_None) {
+            PyObject *ts = SLOT(msg, off_timestamp);
+            if (ts == NULL || PyList_Append(timestamps, ts) < 0) {
+                if (ts == NULL)
+                    PyErr_SetString(PyExc_AttributeError, "timestamp");
+                Py_DECREF(msg);
+                goto fail;
+            }
+        }
+        Py_DECREF(msg);
+    }
+    Py_DECREF(held);
+    return failed;
+fail:
+    Py_XDECREF(held);
+    Py_DECREF(failed);
+    return NULL;
+}
+
 #define FIN_LINE 21  /* "FIN " + 16-byte ID + "\n" */
 
 /* One plain FIN line at p: "FIN ", 15 bytes that are neither space nor newline, one that is
@@ -550,6 +634,8 @@ static PyMethodDef methods[] = {
      "split_records(buffer, max_records, min_size, max_size) -> (records, bytes they take)."},
     {"frame_records", (PyCFunction)(void (*)(void))frame_records, METH_FASTCALL,
      "frame_records(batch, start, room, min_size, max_size) -> (framed records, how many)."},
+    {"end_flight", (PyCFunction)(void (*)(void))end_flight, METH_FASTCALL,
+     "end_flight(live, owned, client, ids, timestamps) -> [(id, why)] of the FINs that failed."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},
     {"frames", frames, METH_O, "frames(messages) -> bytes: the MESSAGE frames of a batch."},
     {"decode_messages", decode_messages, METH_O,
@@ -566,7 +652,9 @@ PyMODINIT_FUNC
 PyInit__nsqtw_speedups(void)
 {
     zero_deadline = PyFloat_FromDouble(0.0);
-    if (zero_deadline == NULL)
+    not_in_flight = PyUnicode_InternFromString("ID not in flight");
+    not_owned = PyUnicode_InternFromString("client does not own message");
+    if (zero_deadline == NULL || not_in_flight == NULL || not_owned == NULL)
         return NULL;
     return PyModule_Create(&module_def);
 }

@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import Message, decode_message, decode_messages, message_ids, start_flight
+from nsqtw.core.message import Message, decode_message, decode_messages, end_flight, message_ids, start_flight
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -348,30 +348,19 @@ class Channel:
         """FIN: these messages are done with. Returns the ones that could not be, with why.
 
         A consumer FINs every message it gets, so this runs once per message
-        delivered: the loop does only the per-message dict work and leaves
-        the counting to one call each on the in-flight queue and the client.
+        delivered: :func:`end_flight` (compiled when the speed-ups are built)
+        does the per-message dict work, and the counting is one call each on
+        the in-flight queue and the client.
         """
-        failed = []
-        live = self.in_flight.live
-        owned = self._owned.get(client.client_id, {})
-        disown = owned.pop
         e2e = self.e2e
-        timestamps: list[int] = []
-        for msg_id in msg_ids:
-            msg = live.get(msg_id)
-            if msg is None or msg.client is not client:
-                why = "ID not in flight" if msg is None else "client does not own message"
-                failed.append((msg_id, NotInFlightError(why)))
-                continue
-            del live[msg_id]
-            disown(msg_id, None)
-            msg.client = None
-            if e2e is not None:
-                timestamps.append(msg.timestamp)
+        timestamps: list[int] | None = [] if e2e is not None else None
+        failed = [(msg_id, NotInFlightError(why)) for msg_id, why in
+                  end_flight(self.in_flight.live, self._owned.get(client.client_id, {}), client, msg_ids,
+                             timestamps)]
         done = len(msg_ids) - len(failed)
         self.in_flight.removed(done)
         client.messages_finished(done)
-        if e2e is not None:
+        if e2e is not None and timestamps is not None:
             now = self.clock.seconds()
             for timestamp in timestamps:
                 e2e.insert(now, timestamp)

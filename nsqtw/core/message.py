@@ -156,9 +156,34 @@ def start_flight(messages: list[Message], ids: list[bytes], client: Any, deadlin
         m.deadline = deadline
 
 
+def end_flight(live: dict[bytes, Message], owned: dict[bytes, float], client: Any, ids: list[bytes],
+               timestamps: list[int] | None) -> list[tuple[bytes, str]]:
+    """A run of FINs from ``client``: each message out of ``live`` and ``owned``, its client cleared.
+
+    The finished messages' timestamps are appended to ``timestamps`` unless
+    it is None (for the end-to-end latency). Returns the IDs that could not
+    be finished, each with nsqd's reason. A consumer FINs every message it
+    gets, so this runs once per message delivered; the counting is left to
+    the caller, once per run.
+    """
+    failed = []
+    disown = owned.pop
+    for msg_id in ids:
+        msg = live.get(msg_id)
+        if msg is None or msg.client is not client:
+            failed.append((msg_id, "ID not in flight" if msg is None else "client does not own message"))
+            continue
+        del live[msg_id]
+        disown(msg_id, None)
+        msg.client = None
+        if timestamps is not None:
+            timestamps.append(msg.timestamp)
+    return failed
+
+
 #: the pure-Python definitions, kept whichever are in use (tests compare the two)
 PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_ids": message_ids,
-                        "start_flight": start_flight}
+                        "start_flight": start_flight, "end_flight": end_flight}
 
 
 #: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
@@ -169,6 +194,7 @@ if COMPILED is not None:
     _decode_run = COMPILED.decode_messages
     message_ids = COMPILED.message_ids
     start_flight = COMPILED.start_flight
+    end_flight = COMPILED.end_flight
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

@@ -145,7 +145,14 @@ class TimeoutQueue:
         return msgs
 
     def _trim_fifo(self) -> None:
-        """Drop the batches at the front none of whose IDs is in flight any more."""
+        """Drop the batches at the front none of whose IDs is in flight any more.
+
+        FINs mostly come in delivery order, so a batch at the front whose
+        last message is still in flight is told at once; ``isdisjoint``
+        alone would look up every ID already finished before it found that
+        one, at each delivery (about 10% of the reactor's time under
+        ``bench_reader``).
+        """
         fifo = self._fifo
         live = self.live
         keys = live.keys()
@@ -155,7 +162,7 @@ class TimeoutQueue:
                 if _current(live, msgs, ids, when):
                     return
                 self._stale -= 1
-            elif keys.isdisjoint(ids):
+            elif ids[-1] not in live and keys.isdisjoint(ids):
                 self._stale -= len(ids)
             else:
                 return
