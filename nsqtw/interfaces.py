@@ -119,7 +119,11 @@ class IDiskExecutor(Interface):
     """Runs functions one at a time, in submission order, off the reactor thread."""
 
     def submit(fn: Callable[..., T], *args: object) -> Deferred[T]:
-        """Run ``fn(*args)``; the Deferred fires on the reactor thread with its result."""
+        """Run ``fn(*args)``; the Deferred fires on the reactor thread with its result.
+
+        A ``Reply`` (nsqtw/storage/executor.py) returned by ``fn`` fires the
+        Deferred with its value, then its ``after()`` runs before the next job.
+        """
 
     def stop() -> None:
         """Stop accepting work; jobs already queued still run."""

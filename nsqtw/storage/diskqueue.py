@@ -412,8 +412,12 @@ class DiskQueue:
 
     # -- plumbing --------------------------------------------------------------
 
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        """Run ``fn`` on the disk thread, telling it what ``read`` has consumed so far."""
+    def _submit(self, fn: Callable[..., Any], *args: Any, read: bool = False) -> Deferred[Any]:
+        """Run ``fn`` on the disk thread, telling it what ``read`` has consumed so far.
+
+        ``read``: a read-ahead, whose records come back before the work it
+        makes due (``DiskState.run_read``).
+        """
         consumption: Consumption | None = None
         if self._consumed_pos is not None:
             consumption = (self._consumed_count, *self._consumed_pos)
@@ -421,7 +425,9 @@ class DiskQueue:
             self._consumed_pos = None
             self._dirty = True
         epoch = self._epoch
-        d = self._executor.submit(self._disk.run, consumption, fn, *args)
+        # a Reply from run_read reaches the Deferred as its value (IDiskExecutor.submit)
+        d = cast("Deferred[OpResult]", self._executor.submit(self._disk.run_read if read else self._disk.run,
+                                                             consumption, fn, *args))
         d.addCallback(self._after_op, epoch)
         return d
 
@@ -597,7 +603,7 @@ class DiskQueue:
             return
         self._refilling = True
         epoch = self._epoch
-        d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes)
+        d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes, read=True)
         d.addCallback(self._refill_done, epoch)
         d.addErrback(self._refill_failed)
 

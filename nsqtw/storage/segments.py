@@ -24,6 +24,7 @@ from twisted.logger import LogLevel
 from nsqtw.core.message import MIN_VALID_MSG_LENGTH
 from nsqtw.speedups import COMPILED
 from nsqtw.storage.atomic import atomic_write, fsync_dir
+from nsqtw.storage.executor import Reply
 
 __all__ = ["PURE_FRAME_RECORDS", "PURE_SPLIT_RECORDS", "Consumption", "DiskState", "OpResult", "ReadChunk",
            "frame_records", "nsqd_msg_size_limits", "split_records"]
@@ -167,6 +168,8 @@ class DiskState:
     _corruption: str | None = None
     _set_aside: int = 0
     _sync_error: str | None = None
+    #: segments read to their end, to remove (see :meth:`run_read`)
+    _removable: list[int] = field(default_factory=list)
     #: an fsync of the write segment failed and none has worked since
     _segment_unsynced: bool = False
 
@@ -182,19 +185,48 @@ class DiskState:
 
     def run(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any) -> OpResult:
         """Apply what the reactor consumed, run ``fn``, sync if due, report back."""
-        self._events = []
-        self._depth_delta = 0
-        self._corruption = None
-        self._sync_error = None
         self._apply_consumption(consumption)
         value = fn(*args)
+        self._remove_consumed()
         if self.count >= max(self.sync_every, 1):
             self.need_sync = True
         if self.need_sync:
             self._sync()
+        return self._result(value)
+
+    def run_read(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any,
+                 ) -> OpResult | Reply[OpResult]:
+        """:meth:`run` for a read-ahead: the records go back before the work the read made due.
+
+        The reactor waits for a read-ahead while a backlog drains; the
+        segments consumed (an unlink of 100 MB can take 100 ms) and the
+        sync that reads count towards (go-diskqueue syncs every
+        ``sync_every`` reads as well as writes: an fsync and a metadata
+        write) are done right after the reply, before the queue's next
+        operation, and reported by that operation.
+        """
+        self._apply_consumption(consumption)
+        value = fn(*args)
+        if self.count >= max(self.sync_every, 1):
+            self.need_sync = True
+        result = self._result(value)
+        if self.need_sync or self._removable:
+            return Reply(result, self._after_read)
+        return result
+
+    def _after_read(self) -> None:
+        self._remove_consumed()
+        if self.need_sync:
+            self._sync()
+
+    def _result(self, value: Any) -> OpResult:
+        """The operation's outputs, handed over and reset for the next one."""
+        events, self._events = self._events, []
+        depth_delta, self._depth_delta = self._depth_delta, 0
+        corruption, self._corruption = self._corruption, None
         set_aside, self._set_aside = self._set_aside, 0
-        return OpResult(value, self._events, self._depth_delta, self._corruption, self._has_more(), set_aside,
-                        self._sync_error)
+        sync_error, self._sync_error = self._sync_error, None
+        return OpResult(value, events, depth_delta, corruption, self._has_more(), set_aside, sync_error)
 
     def _log(self, level: LogLevel, fmt: str, **kw: Any) -> None:
         self._events.append((level, fmt, kw))
@@ -525,7 +557,7 @@ class DiskState:
         self.cursor_file_num, self.cursor_pos = max((self.cursor_file_num, self.cursor_pos), (num, pos))
 
     def _normalize_consumed(self, old: int) -> None:
-        """Step the read position past fully-read finished segments and delete them."""
+        """Step the read position past fully-read finished segments, to be removed (:meth:`_remove_consumed`)."""
         while self.read_file_num < self.write_file_num:
             size = self._segment_size(self.read_file_num)
             if size is None or self.read_pos < size:
@@ -536,8 +568,13 @@ class DiskState:
         if self.read_file_num != old:
             # sync every time we start reading from a new file
             self.need_sync = True
-            for num in range(old, self.read_file_num):
-                self._remove_segment(num)
+            self._removable.extend(range(old, self.read_file_num))
+
+    def _remove_consumed(self) -> None:
+        """Remove the segments read to their end (:meth:`run` does it at once, :meth:`run_read` after)."""
+        removable, self._removable = self._removable, []
+        for num in removable:
+            self._remove_segment(num)
 
     def _check_tail_corruption(self) -> None:
         """At the tail the depth must be 0 and the positions equal; fix them if not."""

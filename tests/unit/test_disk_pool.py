@@ -13,7 +13,7 @@ from zope.interface.verify import verifyObject
 
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor
-from nsqtw.storage.executor import DiskPool
+from nsqtw.storage.executor import DiskPool, Reply, SynchronousDiskExecutor
 
 
 class ThreadCalls:
@@ -122,6 +122,43 @@ class DiskPoolTests(SynchronousTestCase):
         self.assertEqual(len(failures), 1)
         self.assertTrue(failures[0].check(ZeroDivisionError))
         self.assertEqual(results, ["next"])
+
+    def test_a_reply_comes_back_before_the_work_after_it(self) -> None:
+        """A job's Reply fires its Deferred with the value while ``after`` still runs on the
+        disk thread; the lane's next job waits for ``after``; an ``after`` that raises is
+        logged and the lane goes on."""
+        lane = self.pool(2).lane("q")
+        go_on = threading.Event()
+        order: list[str] = []
+        results: list[object] = []
+
+        def after() -> None:
+            go_on.wait(10)
+            order.append("after")
+
+        lane.submit(lambda: Reply("read", after)).addCallback(results.append)
+        lane.submit(lambda: order.append("next") or "next").addCallback(results.append)
+        self.reactor.run_until(lambda: bool(results))
+        self.assertEqual((results, order), (["read"], []))  # the value is back; after() is still waiting
+        go_on.set()
+        self.reactor.run_until(lambda: len(results) == 2)
+        self.assertEqual(order, ["after", "next"])
+
+        def broken() -> None:
+            raise OSError("after failed")
+
+        lane.submit(lambda: Reply(1, broken)).addCallback(results.append)
+        lane.submit(lambda: "still").addCallback(results.append)
+        self.reactor.run_until(lambda: len(results) == 4)
+        self.assertEqual(results[2:], [1, "still"])
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
+
+    def test_the_test_executor_keeps_the_same_order(self) -> None:
+        """SynchronousDiskExecutor: the Reply's value, with ``after`` already run (it runs
+        everything at once, in the order a disk thread would)."""
+        order: list[str] = []
+        d = SynchronousDiskExecutor().submit(lambda: Reply("v", lambda: order.append("after")))
+        self.assertEqual((self.successResultOf(d), order), ("v", ["after"]))
 
     def test_stopped_lane_refuses_new_jobs(self) -> None:
         """After stop() a lane answers new jobs with BackendError("exiting")."""

@@ -21,7 +21,7 @@ from zope.interface.verify import verifyObject
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue
 from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.executor import SynchronousDiskExecutor, ThreadPoolDiskExecutor
+from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
 from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
@@ -542,6 +542,51 @@ class SyncTests(DiskQueueTestBase):
         self.clock.advance(0)
         self.assertEqual(self.hooks.fsyncs, 2)
         self.assertEqual(self.meta(), b"1\n0,0\n1,0\n")
+
+    def test_a_read_ahead_comes_back_before_the_work_it_made_due(self) -> None:
+        """A read-ahead that finishes a segment and makes a sync due replies first: the
+        segment is removed and the metadata persisted after the reply, before the next
+        operation, which reports how that sync went (a real disk takes milliseconds for
+        each, and a reader waits for the read-ahead)."""
+        q = self.open(max_bytes=10, sync_every=1)
+        q.put_many([b"aaaaaa", b"bbbbbb", b"cccccc"])  # a segment each
+        self.clock.advance(0)
+        state = q._disk  # driven directly: the reactor's side has read one record
+        fsyncs = self.hooks.fsyncs
+        reply = state.run_read((1, 1, 0), state.read_chunk, 10, 1 << 20)
+        assert isinstance(reply, Reply)
+        self.assertEqual(reply.value.value, [])  # the read-ahead already held the rest
+        self.assertIsNone(reply.value.sync_error)  # no sync has run yet
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+        self.assertEqual(self.hooks.fsyncs, fsyncs)
+        reply.after()
+        self.assertNotIn("t.diskqueue.000000.dat", self.listing())
+        self.assertGreater(self.hooks.fsyncs, fsyncs)
+        self.assertEqual(self.meta(), b"2\n1,0\n2,10\n")
+        self.assertEqual(state.run(None, lambda: None).sync_error, "")
+
+    def test_a_sync_after_a_read_that_fails_is_reported(self) -> None:
+        """An fsync failing after a read-ahead's reply makes the queue unhealthy at its next
+        operation (here the --sync-timeout tick); records stay readable."""
+        failing = [False]
+        base = self.hooks.fsync
+
+        def fsync(fd: int) -> None:
+            if failing[0]:
+                raise OSError(errno.EIO, "Input/output error")
+            base(fd)
+
+        self.hooks.fsync = fsync  # type: ignore[method-assign]
+        q = self.open(sync_every=1)
+        q.put_many([b"a", b"b", b"c"])
+        self.clock.advance(0)
+        self.assertIsNone(q.health())
+        failing[0] = True
+        self.assertEqual(q.read(1), [b"a"])  # the next read-ahead's sync fails after it replies
+        self.clock.advance(2.0)
+        self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
+        self.assertTrue(self.logged("failed to sync"))
+        self.assertEqual(self.read_all(q), [b"b", b"c"])
 
     def test_failed_fsync_is_unhealthy_until_a_sync_works(self) -> None:
         """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it at
