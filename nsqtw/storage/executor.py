@@ -56,6 +56,10 @@ def _late_failure(failure: Failure) -> None:
     _log.failure("disk work after a reply failed", failure)
 
 
+def _call_now(f: Callable[..., object], *args: object) -> None:
+    f(*args)
+
+
 def _run_job(job: _Job, call_from_thread: Callable[..., None]) -> None:
     """Disk thread: run one job and hand its result (or failure) back to the reactor."""
     d, fn, args = job
@@ -133,15 +137,10 @@ class SynchronousDiskExecutor:
         if self.stopped:
             return defer.fail(BackendError("exiting"))
         self.submitted += 1
-        d = defer.maybeDeferred(fn, *args)
-        result = d.result if d.called else None
-        if type(result) is Reply:
-            # the same order as on a disk thread: the reply, then the work after it
-            d = defer.succeed(result.value)
-            try:
-                result.after()
-            except BaseException:
-                _late_failure(Failure())
+        d: Deferred[T] = Deferred()
+        # a disk thread's own job runner, with the calls back made at once: a
+        # Reply's value, then the work after it, in the same order
+        _run_job((d, fn, args), _call_now)
         return d
 
     def stop(self) -> None:

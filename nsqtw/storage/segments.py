@@ -185,13 +185,8 @@ class DiskState:
 
     def run(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any) -> OpResult:
         """Apply what the reactor consumed, run ``fn``, sync if due, report back."""
-        self._apply_consumption(consumption)
-        value = fn(*args)
-        self._remove_consumed()
-        if self.count >= max(self.sync_every, 1):
-            self.need_sync = True
-        if self.need_sync:
-            self._sync()
+        value = self._operate(consumption, fn, args)
+        self._catch_up()
         return self._result(value)
 
     def run_read(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any,
@@ -205,16 +200,21 @@ class DiskState:
         write) are done right after the reply, before the queue's next
         operation, and reported by that operation.
         """
+        result = self._result(self._operate(consumption, fn, args))
+        if self.need_sync or self._removable:
+            return Reply(result, self._catch_up)
+        return result
+
+    def _operate(self, consumption: Consumption | None, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """What both frames do first: apply the consumption, run ``fn``, see whether a sync is due."""
         self._apply_consumption(consumption)
         value = fn(*args)
         if self.count >= max(self.sync_every, 1):
             self.need_sync = True
-        result = self._result(value)
-        if self.need_sync or self._removable:
-            return Reply(result, self._after_read)
-        return result
+        return value
 
-    def _after_read(self) -> None:
+    def _catch_up(self) -> None:
+        """Remove the segments read to their end and sync if due (:meth:`run` at once, :meth:`run_read` after)."""
         self._remove_consumed()
         if self.need_sync:
             self._sync()
@@ -571,7 +571,7 @@ class DiskState:
             self._removable.extend(range(old, self.read_file_num))
 
     def _remove_consumed(self) -> None:
-        """Remove the segments read to their end (:meth:`run` does it at once, :meth:`run_read` after)."""
+        """Remove the segments read to their end."""
         removable, self._removable = self._removable, []
         for num in removable:
             self._remove_segment(num)

@@ -33,6 +33,7 @@ class FileHooks:
         self.fsyncs = 0
         self.fail: OSError | None = None
         self.fail_after: int | None = None  # let this many more writes succeed, then fail
+        self.fsync_fails = False  # a failing fsync (EIO)
 
     def write(self, fd: int, data: Any) -> int:
         if self.fail_after is not None:
@@ -45,6 +46,8 @@ class FileHooks:
         return os.write(fd, data)
 
     def fsync(self, fd: int) -> None:
+        if self.fsync_fails:
+            raise OSError(errno.EIO, "Input/output error")
         self.fsyncs += 1
 
 
@@ -568,20 +571,11 @@ class SyncTests(DiskQueueTestBase):
     def test_a_sync_after_a_read_that_fails_is_reported(self) -> None:
         """An fsync failing after a read-ahead's reply makes the queue unhealthy at its next
         operation (here the --sync-timeout tick); records stay readable."""
-        failing = [False]
-        base = self.hooks.fsync
-
-        def fsync(fd: int) -> None:
-            if failing[0]:
-                raise OSError(errno.EIO, "Input/output error")
-            base(fd)
-
-        self.hooks.fsync = fsync  # type: ignore[method-assign]
         q = self.open(sync_every=1)
         q.put_many([b"a", b"b", b"c"])
         self.clock.advance(0)
         self.assertIsNone(q.health())
-        failing[0] = True
+        self.hooks.fsync_fails = True
         self.assertEqual(q.read(1), [b"a"])  # the next read-ahead's sync fails after it replies
         self.clock.advance(2.0)
         self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
@@ -592,15 +586,7 @@ class SyncTests(DiskQueueTestBase):
         """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it at
         once), the sync is tried again at each --sync-timeout tick, and health is OK once one works;
         the records stay readable meanwhile (the page cache holds them)."""
-        fail = [True]
-        base = self.hooks.fsync
-
-        def fsync(fd: int) -> None:
-            if fail[0]:
-                raise OSError(errno.EIO, "Input/output error")
-            base(fd)
-
-        self.hooks.fsync = fsync  # type: ignore[method-assign]
+        self.hooks.fsync_fails = True
         heard: list[str | None] = []
         q = self.open(sync_every=1)
         q.watch_health(lambda _, error: heard.append(error))
@@ -610,7 +596,7 @@ class SyncTests(DiskQueueTestBase):
         self.assertEqual(heard, [q.health()])
         self.clock.advance(2.0)  # the retry fails too: nothing new to hear
         self.assertEqual(len(heard), 1)
-        fail[0] = False
+        self.hooks.fsync_fails = False
         self.clock.advance(2.0)
         self.assertIsNone(q.health())
         self.assertEqual(heard[-1], None)
