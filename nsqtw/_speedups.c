@@ -19,6 +19,9 @@
  *   split_records(buffer, max_records, min_size, max_size)
  *                             the whole, valid disk-queue records at the
  *                             start of a segment read (nsqtw/storage/segments.py)
+ *   encode_new(timestamp, values, bodies)
+ *                             nsqd's encoding of freshly published messages,
+ *                             straight from their ID values and bodies
  *   frame_records(batch, start, room, min_size, max_size)
  *                             records as a segment holds them, as many as fit
  *                             (nsqtw/storage/segments.py)
@@ -624,6 +627,75 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(Nn)", framed, i - start);
 }
 
+/* nsqd's encoding of fresh messages (attempts 0) from their ID values and bodies. */
+static PyObject *
+encode_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_new(timestamp, values, bodies)");
+        return NULL;
+    }
+    long long timestamp = PyLong_AsLongLong(args[0]);
+    if (timestamp == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *bodies = PySequence_Fast(args[2], "encode_new: bodies must be a sequence");
+    if (bodies == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(bodies);
+    PyObject *values = PyObject_GetIter(args[1]);
+    PyObject *out = values == NULL ? NULL : PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* ``out`` is filled in order and nobody else holds it: a collection that runs
+           in an allocation here never sees an unset item it would follow */
+        PyObject *body = PySequence_Fast_GET_ITEM(bodies, i);
+        if (!PyBytes_Check(body)) {
+            PyErr_Format(PyExc_TypeError, "encode_new: a body must be bytes, not %.100s",
+                         Py_TYPE(body)->tp_name);
+            goto fail;
+        }
+        PyObject *value = PyIter_Next(values);
+        if (value == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "encode_new: fewer values than bodies");
+            goto fail;
+        }
+        unsigned long long v = PyLong_AsUnsignedLongLong(value);
+        Py_DECREF(value);
+        if (v == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        Py_ssize_t size = PyBytes_GET_SIZE(body);
+        PyObject *record = PyBytes_FromStringAndSize(NULL, MIN_VALID_MSG_LENGTH + size);
+        if (record == NULL)
+            goto fail;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(record);
+        put_be64(p, (uint64_t)timestamp);
+        p[8] = 0;
+        p[9] = 0;
+        for (int d = 0; d < MSG_ID_LENGTH; d++)
+            p[HEADER_LENGTH + d] = (unsigned char)hex[(v >> (4 * (MSG_ID_LENGTH - 1 - d))) & 0xf];
+        memcpy(p + MIN_VALID_MSG_LENGTH, PyBytes_AS_STRING(body), (size_t)size);
+        PyList_SET_ITEM(out, i, record);
+    }
+    PyObject *extra = PyIter_Next(values);
+    if (extra != NULL || PyErr_Occurred()) {
+        Py_XDECREF(extra);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "encode_new: more values than bodies");
+        goto fail;
+    }
+    Py_DECREF(values);
+    Py_DECREF(bodies);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(values);
+    Py_DECREF(bodies);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"fin_run", (PyCFunction)(void (*)(void))fin_run, METH_FASTCALL,
      "fin_run(buffer, pos) -> the IDs of the plain FIN lines at pos."},
@@ -636,6 +708,8 @@ static PyMethodDef methods[] = {
      "frame_records(batch, start, room, min_size, max_size) -> (framed records, how many)."},
     {"end_flight", (PyCFunction)(void (*)(void))end_flight, METH_FASTCALL,
      "end_flight(live, owned, client, ids, timestamps) -> [(id, why)] of the FINs that failed."},
+    {"encode_new", (PyCFunction)(void (*)(void))encode_new, METH_FASTCALL,
+     "encode_new(timestamp, values, bodies) -> nsqd's encoding of each fresh message."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},
     {"frames", frames, METH_O, "frames(messages) -> bytes: the MESSAGE frames of a batch."},
     {"decode_messages", decode_messages, METH_O,

@@ -143,8 +143,12 @@ class ITopicDelivery(Interface):
     def distribute() -> bool:
         """Copy one batch to every channel; True when more is waiting (another turn)."""
 
-    def published(msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
-        """``msgs`` went to the backend; returns what their publisher waits on (``written`` or later)."""
+    def published(delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
+        """Some of a publish went to the backend; returns what its publisher waits on (``written`` or later).
+
+        ``delayed``: those of them with a DPUB delay (``Message.deadline``),
+        which a record has no field for; usually none.
+        """
 
     def deferred_due() -> dict[bytes, float]:
         """Due times of DPUB messages in the topic's queue, to keep across a restart."""

@@ -162,7 +162,7 @@ class PlainTopicDelivery:
         self._held = False
         self.topic.wake()
 
-    def published(self, msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
+    def published(self, delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
         return written
 
     def deferred_due(self) -> dict[bytes, float]:

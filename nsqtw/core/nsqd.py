@@ -14,7 +14,6 @@ from nsqtw.core.channel import Channel
 from nsqtw.core.delivery import BufferedDelivery
 from nsqtw.core.guid import GUIDFactory
 from nsqtw.core.memory import EphemeralBackend, MemoryBackend
-from nsqtw.core.message import Message
 from nsqtw.core.topic import Topic
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN, UnwrittenBytes
 from nsqtw.errors import ExitingError
@@ -296,13 +295,9 @@ class NSQD:
         """
         topic = self.get_topic(topic_name)
         now_ns = int(self.clock.seconds() * 1e9)
-        # each message's data is its ID (formatted from its value) then its body, in one step
-        if len(bodies) == 1:  # PUB, DPUB, an MPUB of one: no range, zip and comprehension for one
-            msgs = [Message(b"%016x%b" % (self.guid.new_value(), bodies[0]), now_ns, 0, defer)]
-        else:
-            values = self.guid.new_values(len(bodies))
-            msgs = [Message(b"%016x%b" % (v, b), now_ns, 0, defer) for v, b in zip(values, bodies, strict=True)]
-        return topic.put_messages(msgs)
+        # PUB, DPUB, an MPUB of one: one value, without the range
+        values = (self.guid.new_value(),) if len(bodies) == 1 else self.guid.new_values(len(bodies))
+        return topic.publish(values, bodies, now_ns, defer)
 
     # -- shutdown ---------------------------------------------------------
 

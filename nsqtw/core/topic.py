@@ -11,7 +11,14 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.delivery import is_behind
-from nsqtw.core.message import MIN_VALID_MSG_LENGTH, MSG_ID_LENGTH, Message, decode_message, decode_messages, record_id
+from nsqtw.core.message import (
+    MIN_VALID_MSG_LENGTH,
+    Message,
+    decode_message,
+    decode_messages,
+    encode_new,
+    record_id,
+)
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
@@ -119,40 +126,64 @@ class Topic:
         else:
             self._watch_room()
 
-    def put_messages(self, msgs: list[Message]) -> Deferred[None] | None:
-        """Queue published messages; raises ExitingError or BackendError.
+    def publish(self, values: Sequence[int], bodies: list[bytes], timestamp: int,
+                delay: float = 0.0) -> Deferred[None] | None:
+        """Queue freshly published messages: their ID values (``b"%016x" % value``),
+        bodies, timestamp and DPUB delay. Raises ExitingError or BackendError.
 
         Returns None when the publisher can be answered now: the messages
         are in memory, or handed to the disk thread. Returns what to wait
         on when the delivery mode says the publisher must wait for the write
         (``--sync-every=1``, ``--durable-delivery``). A disk slower than the
         publishers slows them through :meth:`has_room`, asked before this.
+
+        Messages past ``--mem-queue-size`` go to the backend as records made
+        straight from their IDs and bodies (:func:`encode_new`), never as
+        :class:`Message` objects: a topic without channels, or any topic
+        with ``--mem-queue-size=0``, writes every message so, and building
+        and then encoding a Message was two thirds of the reactor's work in
+        an MPUB (docs/performance.md, "Publishing to disk"). A DPUB delay
+        has no place in a record, so delayed messages are built and handed
+        to the delivery mode (``--durable-delivery`` journals their due
+        times).
         """
         if self.exiting:
             raise ExitingError()
         memory = self.memory
         delivery = self.delivery
+        n = len(bodies)
         room = delivery.mem_queue_size - len(memory)
-        rest = msgs
-        if room > 0:
-            memory.extend(msgs[:room])
-            rest = msgs[room:]
-        if rest:
+        records: list[bytes] = []
+        delayed: list[Message] = []
+        if room >= n and n == 1:  # PUB, DPUB, an MPUB of one: no zip and comprehension for one
+            memory.append(Message(b"%016x%b" % (values[0], bodies[0]), timestamp, 0, delay))
+        elif room >= n:
+            memory.extend([Message(b"%016x%b" % (v, b), timestamp, 0, delay)
+                           for v, b in zip(values, bodies, strict=True)])
+        else:
+            room = max(room, 0)
+            if delay:
+                delayed = [Message(b"%016x%b" % (v, b), timestamp, 0, delay)
+                           for v, b in zip(values[room:], bodies[room:], strict=True)]
+                records = [m.encode() for m in delayed]
+            else:
+                records = encode_new(timestamp, values[room:], bodies[room:])
             try:
-                self.backend.put_many([m.encode() for m in rest])
+                self.backend.put_many(records)
             except BackendError as e:
+                # nothing went to memory yet: nsqd accepts a batch whole or not at all
                 self.log.error("TOPIC({topic}): failed to write message to backend - {error}",
                                topic=self.name, error=e)
-                # what went to memory stays: nsqd accepts a batch whole or not at all
-                for _ in range(len(msgs) - len(rest)):
-                    memory.pop()
                 raise
-        self.message_count += len(msgs)
-        self.message_bytes += sum([len(m.data) for m in msgs]) - MSG_ID_LENGTH * len(msgs)
+            if room:
+                memory.extend([Message(b"%016x%b" % (v, b), timestamp, 0, delay)
+                               for v, b in zip(values[:room], bodies[:room], strict=True)])
+        self.message_count += n
+        self.message_bytes += sum(map(len, bodies))
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
-        if rest and delivery.wait_for_write:
-            return delivery.published(rest, self.backend.written())
+        if records and delivery.wait_for_write:
+            return delivery.published(delayed, self.backend.written())
         return None
 
     # -- helpers for the delivery modes -------------------------------------

@@ -75,11 +75,11 @@ class DurableTopicDelivery:
         self._backend = durable_backend(topic.backend)
         self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
 
-    def published(self, msgs: list[Message], written: Deferred[None]) -> Deferred[None]:
-        if msgs[0].deadline:  # a DPUB delay (see Message.deadline)
+    def published(self, delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
+        if delayed:  # DPUB delays (see Message.deadline)
             journal = self.journal
             now = self.topic.clock.seconds()
-            for m in msgs:
+            for m in delayed:
                 journal.due(m.id, now + m.deadline)
             written.addCallback(lambda _: journal.synced())
         return written

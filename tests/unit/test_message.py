@@ -153,6 +153,27 @@ class SpeedupsTests(SynchronousTestCase):
                 self.assertEqual((list(live), msgs[4].client), ([ids[1]], None))
                 self.assertEqual(end_flight(live, owned, me, [], []), [])
 
+    def test_fresh_records_agree(self) -> None:
+        """Records made straight from ID values and bodies are what building each Message and
+        encoding it gives (header with attempts 0, 16 hex digits, body), from a range or a
+        list of values, in both implementations; values and bodies must pair up."""
+        impls = [("pure", message.PURE["encode_new"])]
+        if message.SPEEDUPS:
+            impls.append(("compiled", message.encode_new))
+        bodies = [b"", b"x", b"\x00" * 300, b"body"]
+        for name, encode_new in impls:
+            for timestamp in (0, -1, 1795341386123456789):
+                for values in (range(7, 11), [0, 2**64 - 1, 0xABCDEF, 1 << 63]):
+                    with self.subTest(name, timestamp=timestamp, values=values):
+                        expected = [Message(b"%016x%b" % (v, b), timestamp).encode()
+                                    for v, b in zip(values, bodies, strict=True)]
+                        self.assertEqual(encode_new(timestamp, values, bodies), expected)
+                        self.assertEqual([message.decode_message(r).body for r in expected], bodies)
+            with self.subTest(name, case="unpaired"):
+                self.assertEqual(encode_new(5, (), []), [])
+                self.assertRaises(ValueError, encode_new, 5, (1, 2), [b"a"])
+                self.assertRaises(ValueError, encode_new, 5, (1,), [b"a", b"b"])
+
     def test_the_module_uses_the_compiled_ones_when_built(self) -> None:
         try:
             importlib.import_module("_nsqtw_speedups")

@@ -10,9 +10,10 @@ import tempfile
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, decode_message
 from nsqtw.core.nsqd import NSQD
-from nsqtw.protocol.wire import encode_command
+from nsqtw.errors import BackendError
+from nsqtw.protocol.wire import encode_command, encode_mpub
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.segments import nsqd_msg_size_limits
@@ -61,7 +62,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.executor: SynchronousDiskExecutor = SynchronousDiskExecutor()
 
     def build(self, **overrides: object) -> None:
-        options = make_options(mem_queue_size=0, **overrides)
+        options = make_options(**{"mem_queue_size": 0, **overrides})
 
         def backend(name: str) -> DiskQueue:
             lo, hi = nsqd_msg_size_limits(options.max_msg_size)
@@ -155,6 +156,50 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
         self.assertLess(backend.backlog_bytes(), 2 << 20)  # only the MPUB taken after the wait
+
+    def test_an_mpub_past_the_memory_queue_is_split_between_memory_and_disk(self) -> None:
+        """The messages that fit in --mem-queue-size stay in memory as messages; the rest go
+        to the disk queue as records made straight from IDs and bodies: the same IDs in
+        order, the publish's timestamp, attempts 0, and the topic's counts cover all."""
+        self.build(mem_queue_size=2)
+        p, t = connect(self.nsqd, self.clock)
+        bodies = [b"m%d" % i for i in range(5)]
+        p.dataReceived(encode_mpub(b"t", bodies))
+        self.settle()
+        self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
+        topic = self.nsqd.topics["t"]
+        self.assertEqual([m.body for m in topic.memory], bodies[:2])
+        self.assertEqual([m.attempts for m in topic.memory], [0, 0])
+        self.clock.advance(1)  # the flush
+        records = topic.backend.read(10)
+        on_disk = [decode_message(r) for r in records]
+        self.assertEqual([m.body for m in on_disk], bodies[2:])
+        self.assertEqual({(m.timestamp, m.attempts) for m in on_disk},
+                         {(topic.memory[0].timestamp, 0)})
+        ids = [m.id for m in topic.memory] + [m.id for m in on_disk]
+        self.assertEqual([int(i, 16) for i in ids], list(range(int(ids[0], 16), int(ids[0], 16) + 5)))
+        self.assertEqual((topic.message_count, topic.message_bytes), (5, 10))
+
+    def test_a_publish_the_backend_refuses_leaves_nothing_behind(self) -> None:
+        """A batch is taken whole or not at all: when the backend refuses the part past
+        the memory queue, E_MPUB_FAILED, and neither memory nor the counts took any of it."""
+        self.build(mem_queue_size=2)
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"first"))
+        self.settle()
+        topic = self.nsqd.topics["t"]
+
+        def refuse(records: object) -> None:
+            raise BackendError("exiting")
+
+        topic.backend.put_many = refuse  # type: ignore[method-assign]
+        p.dataReceived(encode_mpub(b"t", [b"a", b"b", b"c"]))
+        self.settle()
+        [(ftype, data)] = take_frames(t)[1:]
+        self.assertEqual((ftype, data), (FRAME_TYPE_ERROR, b"E_MPUB_FAILED MPUB failed exiting"))
+        self.assertEqual([m.body for m in topic.memory], [b"first"])
+        self.assertEqual((topic.message_count, topic.message_bytes), (1, 5))
+        self.flushLoggedErrors()
 
     def test_disk_full_then_recovered(self) -> None:
         """ENOSPC with --sync-every=1: E_PUB_FAILED (the write failed) and NOK health; the records stay
