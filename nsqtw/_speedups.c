@@ -16,6 +16,9 @@
  *                             and per-client dicts, its client cleared
  *   fin_run(buffer, pos)      the IDs of the run of plain ``FIN <id>\n``
  *                             lines at ``pos`` (nsqtw/protocol/wire.py)
+ *   split_mpub(data, left, total, max_msg, max_body, out)
+ *                             the MPUB messages lying whole and valid at the
+ *                             start of ``data`` (nsqtw/protocol/wire.py)
  *   split_records(buffer, max_records, min_size, max_size)
  *                             the whole, valid disk-queue records at the
  *                             start of a segment read (nsqtw/storage/segments.py)
@@ -696,6 +699,53 @@ fail:
     return NULL;
 }
 
+/* The MPUB messages lying whole and valid at the start of ``data`` (nsqtw/protocol/wire.py). */
+static PyObject *
+split_mpub(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "split_mpub(data, left, total, max_msg, max_body, out)");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[0]) || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "split_mpub: data must be bytes and out a list");
+        return NULL;
+    }
+    long long left = PyLong_AsLongLong(args[1]);
+    if (left == -1 && PyErr_Occurred())
+        return NULL;
+    long long total = PyLong_AsLongLong(args[2]);
+    if (total == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_msg = PyLong_AsLongLong(args[3]);
+    if (max_msg == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_body = PyLong_AsLongLong(args[4]);
+    if (max_body == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *data = args[0], *out = args[5];
+    /* ``data`` is immutable and held by the caller: appending may run a collection, never change it */
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data), pos = 0;
+    while (left > 0 && end - pos >= 4) {
+        long long size = (long long)(int32_t)get_be32(buf + pos);
+        Py_ssize_t start = pos + 4;
+        if (size <= 0 || size > max_msg || total + 4 + size > max_body || (long long)(end - start) < size)
+            break;
+        PyObject *msg = PyBytes_FromStringAndSize((const char *)buf + start, (Py_ssize_t)size);
+        if (msg == NULL)
+            return NULL;
+        int failed = PyList_Append(out, msg);
+        Py_DECREF(msg);
+        if (failed < 0)
+            return NULL;
+        pos = start + (Py_ssize_t)size;
+        total += 4 + size;
+        left -= 1;
+    }
+    return Py_BuildValue("(nLL)", pos, left, total);
+}
+
 static PyMethodDef methods[] = {
     {"fin_run", (PyCFunction)(void (*)(void))fin_run, METH_FASTCALL,
      "fin_run(buffer, pos) -> the IDs of the plain FIN lines at pos."},
@@ -708,6 +758,8 @@ static PyMethodDef methods[] = {
      "frame_records(batch, start, room, min_size, max_size) -> (framed records, how many)."},
     {"end_flight", (PyCFunction)(void (*)(void))end_flight, METH_FASTCALL,
      "end_flight(live, owned, client, ids, timestamps) -> [(id, why)] of the FINs that failed."},
+    {"split_mpub", (PyCFunction)(void (*)(void))split_mpub, METH_FASTCALL,
+     "split_mpub(data, left, total, max_msg, max_body, out) -> (bytes used, messages left, new total)."},
     {"encode_new", (PyCFunction)(void (*)(void))encode_new, METH_FASTCALL,
      "encode_new(timestamp, values, bodies) -> nsqd's encoding of each fresh message."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},

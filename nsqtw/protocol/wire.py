@@ -362,10 +362,12 @@ def fin_run(buf: bytes | bytearray, pos: int) -> list[bytes]:
     return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
 
 
-#: the pure-Python definition, kept whichever is in use (tests compare the two)
+#: the pure-Python definitions, kept whichever are in use (tests compare the two)
 PURE_FIN_RUN = fin_run
+PURE_SPLIT_MPUB = _split_mpub
 if COMPILED is not None:
     fin_run = COMPILED.fin_run
+    _split_mpub = COMPILED.split_mpub
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:
