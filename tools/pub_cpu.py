@@ -1,6 +1,6 @@
 """CPU of the publish path per command, in-process (no sockets, no disk threads).
 
-Usage: PYTHONPATH=TREE python tools/pub_cpu.py   (N and REPS in the environment)
+Usage: PYTHONPATH=TREE python tools/pub_cpu.py   (N, REPS and DISK in the environment)
 
 A V2 connection is fed ``N`` (default 100,000) one-message commands of 200
 B, each as its own read, as a publisher waiting for every ``OK`` sends
@@ -10,6 +10,12 @@ them: ``MPUB`` of one (what ``bench_writer -batch-size=1`` sends) and
 collector runs with the thresholds the daemon sets. Prints the best of
 ``REPS`` (default 5) runs, process CPU per command: a steadier A/B than a
 live run on a shared two-core machine (docs/performance.md).
+
+``DISK=1``: the topic keeps nothing in memory (``--mem-queue-size=0``) and
+writes to a real disk queue in a scratch directory, whose jobs run at once
+on the calling thread (``SynchronousDiskExecutor``); the flush timer is
+advanced every 125 commands, as 25,000 commands a second would see it. The
+write system calls count too.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import dataclasses
 import gc
 import os
 import struct
+import tempfile
 import time
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -26,24 +34,38 @@ from twisted.internet.testing import StringTransport
 from nsqtw.core.nsqd import NSQD
 from nsqtw.nsqd.options import defaults
 from nsqtw.protocol.v2 import V2Factory
+from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.executor import SynchronousDiskExecutor
+from nsqtw.storage.segments import nsqd_msg_size_limits
 
 BODY = b"x" * 200
 MPUB_OF_ONE = b"MPUB rt\n" + struct.pack(">iii", 4 + 4 + len(BODY), 1, len(BODY)) + BODY
 PUB = b"PUB rt\n" + struct.pack(">i", len(BODY)) + BODY
 
 
-def run(command: bytes, n: int) -> float:
+def run(command: bytes, n: int, data_path: str | None = None) -> float:
     clock = Clock()
     clock.advance(1795341386.0)
-    nsqd = NSQD(dataclasses.replace(defaults(), mem_queue_size=2 * n), clock)
+    options = dataclasses.replace(defaults(), mem_queue_size=0 if data_path else 2 * n)
+    backend: Any = None
+    if data_path is not None:
+        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+
+        def backend(name: str) -> DiskQueue:
+            return DiskQueue(name, data_path, options.max_bytes_per_file, lo, hi, options.sync_every,
+                             options.sync_timeout, clock, SynchronousDiskExecutor())
+
+    nsqd = NSQD(options, clock, backend)
     proto = V2Factory(nsqd, clock).buildProtocol(None)
     transport = StringTransport()
     proto.makeConnection(transport)
     proto.dataReceived(b"  V2")
     feed = proto.dataReceived
     started = time.process_time()
-    for _ in range(n):
+    for i in range(n):
         feed(command)
+        if data_path is not None and i % 125 == 124:
+            clock.advance(0.005)  # the disk queue's flush timer
     spent = time.process_time() - started
     answers = transport.value()
     if answers.count(b"OK") != n:
@@ -55,9 +77,13 @@ def main() -> None:
     gc.set_threshold(50000, 20, 100)  # as the daemon sets it (NSQDService.startService)
     n = int(os.environ.get("N", "100000"))
     reps = int(os.environ.get("REPS", "5"))
+    disk = bool(os.environ.get("DISK"))
     for name, command in (("MPUB of one", MPUB_OF_ONE), ("PUB", PUB)):
-        best = min(run(command, n) for _ in range(reps))
-        print(f"{name}: {best:.2f} µs CPU a command")
+        spent = []
+        for _ in range(reps):
+            with tempfile.TemporaryDirectory() as d:
+                spent.append(run(command, n, d if disk else None))
+        print(f"{name}{' to disk' if disk else ''}: {min(spent):.2f} µs CPU a command")
 
 
 if __name__ == "__main__":
