@@ -140,6 +140,18 @@ get_be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* ``count`` integer arguments, ``args[first]`` on, as long long; -1 with the error set if one is not. */
+static int
+long_args(PyObject *const *args, Py_ssize_t first, Py_ssize_t count, long long *out)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        out[i] = PyLong_AsLongLong(args[first + i]);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject *data;         /* borrowed from the message, which the list keeps alive */
     int64_t timestamp;
@@ -535,12 +547,10 @@ split_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t max_records = PyLong_AsSsize_t(args[1]);
     if (max_records == -1 && PyErr_Occurred())
         return NULL;
-    long long min_size = PyLong_AsLongLong(args[2]);
-    if (min_size == -1 && PyErr_Occurred())
+    long long sizes[2];
+    if (long_args(args, 2, 2, sizes) < 0)
         return NULL;
-    long long max_size = PyLong_AsLongLong(args[3]);
-    if (max_size == -1 && PyErr_Occurred())
-        return NULL;
+    long long min_size = sizes[0], max_size = sizes[1];
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -589,15 +599,10 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred())
         return NULL;
-    long long room = PyLong_AsLongLong(args[2]);
-    if (room == -1 && PyErr_Occurred())
+    long long limits[3];
+    if (long_args(args, 2, 3, limits) < 0)
         return NULL;
-    long long min_size = PyLong_AsLongLong(args[3]);
-    if (min_size == -1 && PyErr_Occurred())
-        return NULL;
-    long long max_size = PyLong_AsLongLong(args[4]);
-    if (max_size == -1 && PyErr_Occurred())
-        return NULL;
+    long long room = limits[0], min_size = limits[1], max_size = limits[2];
     Py_ssize_t n = PyList_GET_SIZE(batch);
     if (start < 0)
         start = 0;
@@ -711,18 +716,10 @@ split_mpub(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "split_mpub: data must be bytes and out a list");
         return NULL;
     }
-    long long left = PyLong_AsLongLong(args[1]);
-    if (left == -1 && PyErr_Occurred())
+    long long counts[4];
+    if (long_args(args, 1, 4, counts) < 0)
         return NULL;
-    long long total = PyLong_AsLongLong(args[2]);
-    if (total == -1 && PyErr_Occurred())
-        return NULL;
-    long long max_msg = PyLong_AsLongLong(args[3]);
-    if (max_msg == -1 && PyErr_Occurred())
-        return NULL;
-    long long max_body = PyLong_AsLongLong(args[4]);
-    if (max_body == -1 && PyErr_Occurred())
-        return NULL;
+    long long left = counts[0], total = counts[1], max_msg = counts[2], max_body = counts[3];
     PyObject *data = args[0], *out = args[5];
     /* ``data`` is immutable and held by the caller: appending may run a collection, never change it */
     const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
