@@ -124,6 +124,16 @@ def _decode_run(records: list[bytes]) -> list[Message] | None:
     return [Message(data[10:], *unpack(data)) for data in records]
 
 
+def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float = 0.0,
+                 ) -> list[Message]:
+    """Freshly published messages from their ID values (``b"%016x" % value``) and bodies.
+
+    Each message's data is its ID then its body, formatted in one step.
+    ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
+    """
+    return [Message(b"%016x%b" % (v, b), timestamp, 0, delay) for v, b in zip(values, bodies, strict=True)]
+
+
 def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -> list[bytes]:
     """nsqd's encoding of freshly published messages, made straight from their ID values and bodies.
 

@@ -17,6 +17,7 @@ from nsqtw.core.message import (
     decode_message,
     decode_messages,
     encode_new,
+    new_messages,
     record_id,
 )
 from nsqtw.core.pump import Pump
@@ -158,13 +159,11 @@ class Topic:
         if room >= n and n == 1:  # PUB, DPUB, an MPUB of one: no zip and comprehension for one
             memory.append(Message(b"%016x%b" % (values[0], bodies[0]), timestamp, 0, delay))
         elif room >= n:
-            memory.extend([Message(b"%016x%b" % (v, b), timestamp, 0, delay)
-                           for v, b in zip(values, bodies, strict=True)])
+            memory.extend(new_messages(values, bodies, timestamp, delay))
         else:
             room = max(room, 0)
             if delay:
-                delayed = [Message(b"%016x%b" % (v, b), timestamp, 0, delay)
-                           for v, b in zip(values[room:], bodies[room:], strict=True)]
+                delayed = new_messages(values[room:], bodies[room:], timestamp, delay)
                 records = [m.encode() for m in delayed]
             else:
                 records = encode_new(timestamp, values[room:], bodies[room:])
@@ -176,8 +175,7 @@ class Topic:
                                topic=self.name, error=e)
                 raise
             if room:
-                memory.extend([Message(b"%016x%b" % (v, b), timestamp, 0, delay)
-                               for v, b in zip(values[:room], bodies[:room], strict=True)])
+                memory.extend(new_messages(values[:room], bodies[:room], timestamp, delay))
         self.message_count += n
         self.message_bytes += sum(map(len, bodies))
         if self.channels:  # else nothing to do until get_channel() wakes the pump
