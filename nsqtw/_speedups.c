@@ -22,6 +22,9 @@
  *   split_records(buffer, max_records, min_size, max_size)
  *                             the whole, valid disk-queue records at the
  *                             start of a segment read (nsqtw/storage/segments.py)
+ *   take_publish(buffer, pos, known, max_msg, max_body)
+ *                             a whole, valid PUB or MPUB at ``pos`` whose topic
+ *                             the connection already checked (nsqtw/protocol/wire.py)
  *   encode_new(timestamp, values, bodies)
  *                             nsqd's encoding of freshly published messages,
  *                             straight from their ID values and bodies
@@ -49,6 +52,7 @@
 #define HEADER_LENGTH 10                          /* timestamp (8) + attempts (2) */
 #define MIN_VALID_MSG_LENGTH (HEADER_LENGTH + MSG_ID_LENGTH)
 #define FRAME_TYPE_MESSAGE 2
+#define TOPIC_SEARCH 65                           /* a topic name (at most 64 bytes) and its newline */
 
 static PyTypeObject *message_type = NULL;         /* the bound Message class */
 static Py_ssize_t off_data, off_id, off_timestamp, off_attempts, off_client, off_deadline;
@@ -406,6 +410,7 @@ fail:
 
 /* Why a FIN fails, as nsqd words it (nsqtw/core/message.py's end_flight). */
 static PyObject *not_in_flight = NULL, *not_owned = NULL;
+static PyObject *pub_name = NULL, *mpub_name = NULL;    /* take_publish's command names */
 
 static PyObject *
 end_flight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -704,6 +709,147 @@ fail:
     return NULL;
 }
 
+/* The loop of split_mpub and take_publish: append to ``out`` up to ``*left`` MPUB messages
+   lying whole and valid in ``buf[0:end]``; the bytes used, or -1 with an exception set.
+   ``buf`` must not change meanwhile (immutable bytes, or an exported buffer). */
+static Py_ssize_t
+take_messages(const unsigned char *buf, Py_ssize_t end, long long *left, long long *total,
+              long long max_msg, long long max_body, PyObject *out)
+{
+    Py_ssize_t pos = 0;
+    while (*left > 0 && end - pos >= 4) {
+        long long size = (long long)(int32_t)get_be32(buf + pos);
+        Py_ssize_t start = pos + 4;
+        if (size <= 0 || size > max_msg || *total + 4 + size > max_body || (long long)(end - start) < size)
+            break;
+        PyObject *msg = PyBytes_FromStringAndSize((const char *)buf + start, (Py_ssize_t)size);
+        if (msg == NULL)
+            return -1;
+        int failed = PyList_Append(out, msg);
+        Py_DECREF(msg);
+        if (failed < 0)
+            return -1;
+        pos = start + (Py_ssize_t)size;
+        *total += 4 + size;
+        *left -= 1;
+    }
+    return pos;
+}
+
+/* A whole, valid ``PUB <topic>\n`` or ``MPUB <topic>\n`` at ``pos`` of a connection's
+   buffer, its topic one the connection already checked (nsqtw/protocol/wire.py):
+   (position past it, name, topic, bodies), or None. */
+static PyObject *
+take_publish(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "take_publish(buffer, pos, known, max_msg, max_body)");
+        return NULL;
+    }
+    if (!PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "take_publish: known must be a dict");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    long long limits[2];
+    if (long_args(args, 3, 2, limits) < 0)
+        return NULL;
+    long long max_msg = limits[0], max_body = limits[1];
+    Py_buffer view;
+    /* while exported the buffer cannot be resized, so nothing run meanwhile can change it */
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *result = NULL, *bodies = NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t end = view.len;
+    if (pos < 0 || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "pos out of range");
+        goto done;
+    }
+    int mpub;
+    Py_ssize_t start;
+    if (end - pos >= 4 && memcmp(buf + pos, "PUB ", 4) == 0) {
+        mpub = 0;
+        start = pos + 4;
+    } else if (end - pos >= 5 && memcmp(buf + pos, "MPUB ", 5) == 0) {
+        mpub = 1;
+        start = pos + 5;
+    } else {
+        goto none;
+    }
+    Py_ssize_t limit = end - start < TOPIC_SEARCH ? end - start : TOPIC_SEARCH;
+    const unsigned char *nl = memchr(buf + start, '\n', (size_t)limit);
+    if (nl == NULL)
+        goto none;
+    Py_ssize_t line_end = nl - buf;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf + start, line_end - start);
+    if (raw == NULL)
+        goto done;
+    PyObject *topic = PyDict_GetItemWithError(args[2], raw);  /* borrowed */
+    Py_DECREF(raw);
+    if (topic == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        goto none;
+    }
+    Py_INCREF(topic);  /* the dict is the caller's: keep the name alive whatever happens to it */
+    Py_ssize_t body_at = line_end + 5;
+    if (end - (line_end + 1) < 4) {
+        Py_DECREF(topic);
+        goto none;
+    }
+    long long size = (long long)(int32_t)get_be32(buf + line_end + 1);
+    Py_ssize_t past;
+    if (!mpub) {
+        if (size <= 0 || size > max_msg || (long long)(end - body_at) < size) {
+            Py_DECREF(topic);
+            goto none;
+        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)buf + body_at, (Py_ssize_t)size);
+        bodies = body == NULL ? NULL : PyList_New(1);
+        if (bodies == NULL) {
+            Py_XDECREF(body);
+            Py_DECREF(topic);
+            goto done;
+        }
+        PyList_SET_ITEM(bodies, 0, body);
+        past = body_at + (Py_ssize_t)size;
+    } else {
+        if (size < 4 || size > max_body || (long long)(end - body_at) < size) {
+            Py_DECREF(topic);
+            goto none;
+        }
+        long long left = (long long)(int32_t)get_be32(buf + body_at), total = 4;
+        if (left <= 0 || left > (max_body - 4) / 5 || (bodies = PyList_New(0)) == NULL) {
+            Py_DECREF(topic);
+            if (bodies == NULL && PyErr_Occurred())
+                goto done;
+            goto none;
+        }
+        Py_ssize_t used = take_messages(buf + body_at + 4, (Py_ssize_t)size - 4, &left, &total,
+                                        max_msg, max_body, bodies);
+        if (used < 0 || left > 0) {
+            Py_DECREF(topic);
+            Py_CLEAR(bodies);
+            if (used < 0)
+                goto done;
+            goto none;
+        }
+        past = body_at + 4 + used;
+    }
+    result = Py_BuildValue("(nONN)", past, mpub ? mpub_name : pub_name, topic, bodies);
+    bodies = NULL;  /* stolen by Py_BuildValue, even when it fails */
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(bodies);
+    return result;
+}
+
 /* The MPUB messages lying whole and valid at the start of ``data`` (nsqtw/protocol/wire.py). */
 static PyObject *
 split_mpub(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -722,24 +868,10 @@ split_mpub(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long long left = counts[0], total = counts[1], max_msg = counts[2], max_body = counts[3];
     PyObject *data = args[0], *out = args[5];
     /* ``data`` is immutable and held by the caller: appending may run a collection, never change it */
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t end = PyBytes_GET_SIZE(data), pos = 0;
-    while (left > 0 && end - pos >= 4) {
-        long long size = (long long)(int32_t)get_be32(buf + pos);
-        Py_ssize_t start = pos + 4;
-        if (size <= 0 || size > max_msg || total + 4 + size > max_body || (long long)(end - start) < size)
-            break;
-        PyObject *msg = PyBytes_FromStringAndSize((const char *)buf + start, (Py_ssize_t)size);
-        if (msg == NULL)
-            return NULL;
-        int failed = PyList_Append(out, msg);
-        Py_DECREF(msg);
-        if (failed < 0)
-            return NULL;
-        pos = start + (Py_ssize_t)size;
-        total += 4 + size;
-        left -= 1;
-    }
+    Py_ssize_t pos = take_messages((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
+                                   &left, &total, max_msg, max_body, out);
+    if (pos < 0)
+        return NULL;
     return Py_BuildValue("(nLL)", pos, left, total);
 }
 
@@ -757,6 +889,8 @@ static PyMethodDef methods[] = {
      "end_flight(live, owned, client, ids, timestamps) -> [(id, why)] of the FINs that failed."},
     {"split_mpub", (PyCFunction)(void (*)(void))split_mpub, METH_FASTCALL,
      "split_mpub(data, left, total, max_msg, max_body, out) -> (bytes used, messages left, new total)."},
+    {"take_publish", (PyCFunction)(void (*)(void))take_publish, METH_FASTCALL,
+     "take_publish(buffer, pos, known, max_msg, max_body) -> (pos past it, name, topic, bodies) or None."},
     {"encode_new", (PyCFunction)(void (*)(void))encode_new, METH_FASTCALL,
      "encode_new(timestamp, values, bodies) -> nsqd's encoding of each fresh message."},
     {"bind", bind, METH_O, "bind(Message): learn where Message keeps its slots."},
@@ -777,7 +911,10 @@ PyInit__nsqtw_speedups(void)
     zero_deadline = PyFloat_FromDouble(0.0);
     not_in_flight = PyUnicode_InternFromString("ID not in flight");
     not_owned = PyUnicode_InternFromString("client does not own message");
-    if (zero_deadline == NULL || not_in_flight == NULL || not_owned == NULL)
+    pub_name = PyBytes_FromString("PUB");
+    mpub_name = PyBytes_FromString("MPUB");
+    if (zero_deadline == NULL || not_in_flight == NULL || not_owned == NULL || pub_name == NULL
+            || mpub_name == NULL)
         return NULL;
     return PyModule_Create(&module_def);
 }

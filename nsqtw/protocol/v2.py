@@ -294,6 +294,19 @@ class V2Protocol(Protocol):
                     self._restart_read_deadline()
                     self._fin_many(ids)
                     continue
+            known = self._known_topics
+            if known is not None and not self._need_tls and not self.auth.required:
+                # a publisher's next PUB/MPUB to a topic it published to before, taken whole
+                found = parser.take_publish(known)
+                if found is not None:
+                    self._restart_read_deadline()
+                    try:
+                        self._publish(*found)
+                    except NSQError as e:
+                        self._send_error(e)
+                    if self._decoder is None and not parser.buffered():
+                        return  # the usual case: the read held this one command
+                    continue
             try:
                 cmd = parser.next_command()
             except NSQError as e:

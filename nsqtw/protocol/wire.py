@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from nsqtw.errors import NSQError, fatal
+from nsqtw.names import MAX_NAME_LENGTH
 from nsqtw.speedups import COMPILED
 
 MAGIC_V2 = b"  V2"
@@ -193,6 +194,29 @@ class V2Parser:
         self._pos = 0
         self._messages = []
 
+    def take_publish(self, known: dict[bytes, str]) -> tuple[bytes, str, list[bytes]] | None:
+        """The next command when it is a whole, valid PUB or MPUB of a topic in ``known``:
+        (name, topic, bodies). None leaves the input to :meth:`next_command`, untouched.
+
+        ``known`` maps topic arguments the connection already checked to
+        their names. A publisher sends the same command for the same topic
+        again and again, so taking it here, in one step, skips the generic
+        line parse, the header check and the Command. Only what the generic
+        path would take the same way is taken (:func:`take_publish`).
+        """
+        if self._state != _LINE:
+            return None
+        found = take_publish(self._buf, self._pos, known, self.max_msg_size, self.max_body_size)
+        if found is None:
+            return None
+        pos, name, topic, bodies = found
+        if pos == len(self._buf):
+            self._buf.clear()  # the usual case: the read held this one command
+            self._pos = 0
+        else:
+            self._pos = pos
+        return name, topic, bodies
+
     def take_fins(self) -> list[bytes]:
         """Message IDs of the plain ``FIN <16-byte id>\n`` lines at the head of the input.
 
@@ -344,6 +368,53 @@ def _split_mpub(data: bytes, left: int, total: int, max_msg: int, max_body: int,
     return pos, left, total
 
 
+#: the longest topic argument a publish line can have that ``known`` may hold, with its newline
+_TOPIC_SEARCH = MAX_NAME_LENGTH + 1
+
+
+def take_publish(buf: bytearray, pos: int, known: dict[bytes, str], max_msg: int,
+                 max_body: int) -> tuple[int, bytes, str, list[bytes]] | None:
+    """A whole, valid ``PUB <topic>\n`` or ``MPUB <topic>\n`` at ``pos`` whose topic
+    argument is a key of ``known``: (position past it, name, topic, bodies); else None.
+
+    The checks are those of :meth:`V2Parser._take_whole_publish`; a topic
+    argument in ``known`` passed the header check already, and holds no
+    space or ``\r`` (a line the generic parse would split or trim differently
+    is never a key). A compiled twin is in nsqtw.speedups.
+    """
+    if buf.startswith(b"PUB ", pos):
+        name = b"PUB"
+        start = pos + 4
+    elif buf.startswith(b"MPUB ", pos):
+        name = b"MPUB"
+        start = pos + 5
+    else:
+        return None
+    nl = buf.find(b"\n", start, start + _TOPIC_SEARCH)
+    if nl < 0:
+        return None
+    topic = known.get(bytes(buf[start:nl]))
+    end = len(buf)
+    if topic is None or end - nl - 1 < 4:
+        return None
+    (size,) = _INT32.unpack_from(buf, nl + 1)
+    body_at = nl + 5
+    if name == b"PUB":
+        if size <= 0 or size > max_msg or end - body_at < size:
+            return None
+        return body_at + size, name, topic, [bytes(buf[body_at:body_at + size])]
+    if size < 4 or size > max_body or end - body_at < size:
+        return None
+    (count,) = _INT32.unpack_from(buf, body_at)
+    if count <= 0 or count > (max_body - 4) // 5:
+        return None
+    bodies: list[bytes] = []
+    used, left, _ = _split_mpub(bytes(buf[body_at + 4:body_at + size]), count, 4, max_msg, max_body, bodies)
+    if left:
+        return None
+    return body_at + 4 + used, name, topic, bodies
+
+
 #: ``FIN `` + a 16-byte message ID + newline
 _FIN_LINE = 21
 #: a run of ``FIN <id>\n`` lines whose 16-byte ID nsqd would take as one argument: no
@@ -365,9 +436,11 @@ def fin_run(buf: bytes | bytearray, pos: int) -> list[bytes]:
 #: the pure-Python definitions, kept whichever are in use (tests compare the two)
 PURE_FIN_RUN = fin_run
 PURE_SPLIT_MPUB = _split_mpub
+PURE_TAKE_PUBLISH = take_publish
 if COMPILED is not None:
     fin_run = COMPILED.fin_run
     _split_mpub = COMPILED.split_mpub
+    take_publish = COMPILED.take_publish
 
 
 def encode_command(name: bytes, *args: bytes, body: bytes | None = None) -> bytes:

@@ -514,12 +514,12 @@ class DiskQueue:
         waits on (``written()``: ``--sync-every=1``, backpressure).
         """
         self._sync_schedule.mark(self)  # the write must be synced within --sync-timeout
-        if self._flushing or self._retry_call is not None:
-            return
+        call = self._flush_call
+        if self._flushing or self._retry_call is not None or (call is not None and not self._written_waiters):
+            return  # the flush under way, the retry or the one already timed takes these records too
         delay = 0.0
         if not self._written_waiters:
             delay = max(0.0, self._last_flush + self._flush_interval - self._clock.seconds())
-        call = self._flush_call
         if call is None:
             self._flush_call = self._clock.callLater(delay, self._flush)
         elif delay == 0.0 and call.getTime() > self._clock.seconds():

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
 from nsqtw.protocol.wire import encode_command, encode_mpub
-from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, reference, take_frames
+from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, read_frames, reference, take_frames
 
 
 def settle(clock, turns: int = 5) -> None:
@@ -607,6 +607,61 @@ class StatsTests(SynchronousTestCase):
         self.assertEqual(p.pub_counts, {"a": 1, "b": 2})
         self.assertEqual(nsqd.topics["b"].message_bytes, 2)
         self.assertEqual(struct.unpack(">i", t.value()[:4])[0], 6)
+
+
+class FastPublishTests(SynchronousTestCase):
+    """A publisher's repeated PUB/MPUB goes through V2Parser.take_publish: same answers, same messages."""
+
+    STREAM = [encode_command(b"PUB", b"t", body=b"a"),
+              encode_command(b"PUB", b"t", body=b"b") + encode_mpub(b"t", [b"c", b"d"])
+              + encode_command(b"PUB", b"u", body=b"e") + encode_command(b"PUB", b"u", body=b"f"),
+              encode_command(b"PUB", b"t", body=b"g")[:9],  # cut off in its size
+              encode_command(b"PUB", b"t", body=b"g")[9:] + b"NOP\n" + encode_mpub(b"u", [b"h"]),
+              b"PUB t\n" + struct.pack(">i", 0)]  # E_BAD_MESSAGE, fatal
+
+    def run_stream(self, fast: bool) -> tuple[bytes, dict[str, list[bytes]], dict[str, int], int]:
+        nsqd, clock = make_nsqd()
+        proto, transport = connect(nsqd, clock)
+        taken = []
+        real = proto.parser.take_publish
+
+        def take_publish(known: dict[bytes, str]) -> object:
+            found = real(known) if fast else None
+            if found is not None:
+                taken.append(found)
+            return found
+
+        proto.parser.take_publish = take_publish  # type: ignore[method-assign]
+        for data in self.STREAM:
+            proto.dataReceived(data)
+            settle(clock)
+        bodies = {name: [m.body for m in topic.memory] for name, topic in nsqd.topics.items()}
+        return transport.value(), bodies, dict(proto.pub_counts), len(taken)
+
+    def test_same_answers_and_messages_as_the_generic_path(self) -> None:
+        """Every command after a topic's first publish is taken whole, with the generic path's
+        outcome: the OKs, the messages in order, the counts, the fatal error at the end."""
+        answers, bodies, counts, taken = self.run_stream(fast=True)
+        self.assertEqual((answers, bodies, counts), self.run_stream(fast=False)[:3])
+        # PUB t b, MPUB t, PUB u f and MPUB u; PUB t g arrived cut off, so the generic path took it
+        self.assertEqual(taken, 4)
+        self.assertEqual(bodies, {"t": [b"a", b"b", b"c", b"d", b"g"], "u": [b"e", b"f", b"h"]})
+        self.assertEqual(counts, {"t": 5, "u": 3})
+        frames = read_frames(answers)
+        self.assertEqual(frames[:-1], [(FRAME_TYPE_RESPONSE, b"OK")] * 7)
+        self.assertEqual(frames[-1], (FRAME_TYPE_ERROR, b"E_BAD_MESSAGE PUB invalid message body size 0"))
+
+    def test_tls_required_keeps_the_generic_checks(self) -> None:
+        """While TLS is required but not yet on, a PUB to a known topic is refused as nsqd refuses it."""
+        nsqd, clock = make_nsqd()
+        proto, transport = connect(nsqd, clock)
+        proto.dataReceived(encode_command(b"PUB", b"t", body=b"a"))
+        transport.clear()
+        proto._need_tls = True
+        proto.dataReceived(encode_command(b"PUB", b"t", body=b"b"))
+        self.assertEqual(take_frames(transport),
+                         [(FRAME_TYPE_ERROR, b"E_INVALID cannot PUB in current state (TLS required)")])
+        self.assertEqual([m.body for m in nsqd.topics["t"].memory], [b"a"])
 
 
 class AdminTests(SynchronousTestCase):

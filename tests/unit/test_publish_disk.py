@@ -201,6 +201,31 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual((topic.message_count, topic.message_bytes), (1, 5))
         self.flushLoggedErrors()
 
+    def test_a_pub_the_backend_refuses_leaves_nothing_behind(self) -> None:
+        """A PUB past the memory queue goes to the backend alone (``put``); refused, it is
+        E_PUB_FAILED, and the topic counts nothing of it."""
+        self.build(mem_queue_size=1)
+        p, t = connect(self.nsqd, self.clock)
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"first"))
+        self.settle()
+        topic = self.nsqd.topics["t"]
+        put = []
+        topic.backend.put = put.append  # type: ignore[method-assign]
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"second"))
+        self.settle()
+        self.assertEqual([r[26:] for r in put], [b"second"])
+
+        def refuse(record: object) -> None:
+            raise BackendError("exiting")
+
+        topic.backend.put = refuse  # type: ignore[method-assign]
+        p.dataReceived(encode_command(b"PUB", b"t", body=b"third"))
+        self.settle()
+        self.assertEqual(take_frames(t)[2:], [(FRAME_TYPE_ERROR, b"E_PUB_FAILED PUB failed exiting")])
+        self.assertEqual([m.body for m in topic.memory], [b"first"])
+        self.assertEqual((topic.message_count, topic.message_bytes), (2, 11))
+        self.flushLoggedErrors()
+
     def test_disk_full_then_recovered(self) -> None:
         """ENOSPC with --sync-every=1: E_PUB_FAILED (the write failed) and NOK health; the records stay
         queued for the retry; space back: the retry writes them, PUB works, nothing lost."""

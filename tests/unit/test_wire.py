@@ -170,6 +170,105 @@ class WholePublishTests(SynchronousTestCase):
         self.assertEqual(wire._split_mpub is wire.PURE_SPLIT_MPUB, not message.SPEEDUPS)
 
 
+def fast_outcome(data: bytes, chunk: int, known: dict[bytes, str]) -> tuple[list[object], int]:
+    """:func:`outcome`, with :meth:`V2Parser.take_publish` asked first at every step, as
+    the protocol asks it; its results as the Commands the generic path gives. Also how
+    many commands it took."""
+    parser = V2Parser(MAX_MSG, MAX_BODY)
+    out: list[object] = []
+    taken = 0
+    for i in range(0, len(data), chunk):
+        parser.feed(data[i:i + chunk])
+        try:
+            while True:
+                found = parser.take_publish(known)
+                if found is not None:
+                    name, topic, bodies = found
+                    arg = next(raw for raw, t in known.items() if t == topic)
+                    out.append(Command(name, [arg], body=bodies[0]) if name == b"PUB"
+                               else Command(name, [arg], messages=bodies))
+                    taken += 1
+                    continue
+                cmd = parser.next_command()
+                if cmd is None:
+                    break
+                out.append(cmd)
+        except NSQError as e:
+            return [*out, str(e)], taken
+    return [*out, ("left", parser.buffered(), parser.in_command())], taken
+
+
+class TakePublishTests(SynchronousTestCase):
+    """A publisher's PUB or MPUB of a topic it already named, taken in one step: the outcome is
+    the generic path's."""
+
+    KNOWN = {b"t": "t", b"x" * 64: "x" * 64}
+    ODD = [
+        b"PUB t \n" + struct.pack(">i", 1) + b"a",  # an empty second argument
+        b"PUB t extra\n" + struct.pack(">i", 1) + b"a",  # more arguments than nsqd reads
+        b"PUB t\r\n" + struct.pack(">i", 1) + b"a",
+        b"PUB  t\n" + struct.pack(">i", 1) + b"a",
+        b"PUB u\n" + struct.pack(">i", 1) + b"a",  # a valid name this connection never checked
+        b"PUB \n" + struct.pack(">i", 1) + b"a",
+        b"MPUB\tt\n" + struct.pack(">i", 1) + b"a",
+        b"PUB\n",
+        encode_command(b"PUB", b"x" * 64, body=b"long name"),
+        encode_command(b"PUB", b"x" * 65, body=b"too long"),
+        encode_mpub(b"x" * 64, [b"a", b"b"]),
+        encode_command(b"DPUB", b"t", b"10", body=b"later"),
+        b"PUB t\n\x00\x00",  # its size not all there yet
+        b"MPUB t\n" + struct.pack(">ii", 9, 1),
+    ]
+
+    def test_same_outcome_as_the_generic_path(self) -> None:
+        """Whole, byte by byte and in 7-byte pieces: the same commands and the same error as
+        next_command() alone, and the fast path took every valid whole one."""
+        for case in WholePublishTests.CASES + self.ODD:
+            for then in (b"", b"NOP\n", encode_command(b"PUB", b"t", body=b"next"),
+                         encode_mpub(b"t", [b"m1", b"m2"])):
+                data = b"  V2" + case + then
+                want = outcome(data, len(data))
+                for chunk in (len(data), 1, 7):
+                    got, _ = fast_outcome(data, chunk, self.KNOWN)
+                    self.assertEqual(got, want, (case, then, chunk))
+
+    def test_whole_publishes_are_taken_in_one_step(self) -> None:
+        """Back-to-back PUBs and MPUBs of known topics arriving whole are all taken by it; the
+        input ends empty and at a line boundary."""
+        data = (b"  V2" + encode_command(b"PUB", b"t", body=b"a") + encode_mpub(b"t", [b"b", b"c"])
+                + encode_command(b"PUB", b"x" * 64, body=b"d"))
+        got, taken = fast_outcome(data, len(data), self.KNOWN)
+        self.assertEqual(taken, 2)  # next_command() reads the magic, and the PUB right after it
+        self.assertEqual(got, outcome(data, len(data)))
+        self.assertEqual(got[-1], ("left", 0, False))
+        parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+        parser.feed(b"PUB u\n" + struct.pack(">i", 1) + b"a")
+        self.assertIsNone(parser.take_publish(self.KNOWN))  # unknown topic: left untouched
+        self.assertEqual(parser.buffered(), 11)
+        self.assertEqual(parser.next_command(), Command(b"PUB", [b"u"], body=b"a"))
+
+    def test_compiled_and_pure_agree(self) -> None:
+        """take_publish as used (compiled where built) and the pure one: the same answer for
+        random streams of valid, invalid and cut-off publishes at random positions."""
+        rng = random.Random(17)
+        pieces = [encode_command(b"PUB", b"t", body=b"hi"), encode_mpub(b"t", [b"a", b"bb"]),
+                  encode_mpub(b"x" * 64, [b"z" * 300]), b"PUB t\n" + struct.pack(">i", MAX_MSG + 1),
+                  b"PUB t\n" + struct.pack(">i", 0), b"MPUB t\n" + struct.pack(">ii", 3, 1),
+                  b"MPUB t\n" + struct.pack(">ii", 12, 0), b"MPUB t\n" + struct.pack(">ii", MAX_BODY + 1, 1),
+                  _mpub(8, 2, [3, 3]), _mpub(16, 2, [3, -1]), b"NOP\n", b"PUB u\n", b"PUB t\r\n", b"FIN x\n"]
+        implementations = {wire.PURE_TAKE_PUBLISH, wire.take_publish}
+        for _ in range(2000):
+            data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 4)))
+            data = data[:rng.randrange(len(data) + 1)] if rng.random() < 0.4 else data
+            buf = bytearray(b"junk" + data)
+            pos = rng.choice([0, 4, 4, 4, rng.randrange(len(buf) + 1)])
+            got = {impl: impl(buf, pos, self.KNOWN, MAX_MSG, MAX_BODY) for impl in implementations}
+            self.assertEqual(len(set(map(repr, got.values()))), 1, (bytes(buf), pos, got))
+        self.assertEqual(wire.take_publish(bytearray(encode_mpub(b"t", [b"a", b"b"])), 0, self.KNOWN, MAX_MSG,
+                                           MAX_BODY), (25, b"MPUB", "t", [b"a", b"b"]))
+        self.assertEqual(wire.take_publish is wire.PURE_TAKE_PUBLISH, not message.SPEEDUPS)
+
+
 class FinRunTests(SynchronousTestCase):
     def parser(self, data: bytes) -> V2Parser:
         parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
