@@ -74,6 +74,40 @@ class EncodingTests(SynchronousTestCase):
         self.assertEqual((c.timestamp, c.attempts, c.deadline), (5, 0, 2.5))
 
 
+class SpeedupsLoadTests(SynchronousTestCase):
+    """nsqtw.speedups uses a build of the extension only if it has every function nsqtw uses."""
+
+    def test_an_older_build_is_not_used(self) -> None:
+        """A module lacking one of the functions (another install's older build, first on the
+        path) is not used at all, and the start-up line says why."""
+        from nsqtw import speedups
+
+        fake = type(sys)("_nsqtw_old_speedups")
+        fake.__file__ = "/elsewhere/_nsqtw_old_speedups.so"
+        for name in speedups.FUNCTIONS:
+            if name != "take_publish":
+                setattr(fake, name, len)
+        sys.modules[fake.__name__] = fake
+        self.addCleanup(sys.modules.pop, fake.__name__)
+        found, note = speedups._load(fake.__name__)
+        self.assertIsNone(found)
+        self.assertIn("/elsewhere/_nsqtw_old_speedups.so", note)
+        self.assertIn("lacks take_publish", note)
+        fake.take_publish = len
+        self.assertEqual(speedups._load(fake.__name__), (fake, "compiled speed-ups: in use"))
+
+    def test_every_function_used_is_listed(self) -> None:
+        """FUNCTIONS names every ``COMPILED.<name>`` the package reads (so the check above is whole)."""
+        import re
+        from pathlib import Path
+
+        from nsqtw import speedups
+
+        root = Path(speedups.__file__).parent
+        used = {m for path in root.rglob("*.py") for m in re.findall(r"COMPILED\.(\w+)", path.read_text())}
+        self.assertEqual(used, set(speedups.FUNCTIONS))
+
+
 class SpeedupsTests(SynchronousTestCase):
     """The compiled _nsqtw_speedups (where setup.py could build it) and message.py's own
     definitions give the same frames and messages; each implementation in use is checked."""
