@@ -82,6 +82,7 @@ class SpeedupsLoadTests(SynchronousTestCase):
         path) is not used at all, and the start-up line says why."""
         from nsqtw import speedups
 
+        self.patch(os, "environ", {k: v for k, v in os.environ.items() if k != "NSQTW_NO_SPEEDUPS"})
         fake = type(sys)("_nsqtw_old_speedups")
         fake.__file__ = "/elsewhere/_nsqtw_old_speedups.so"
         for name in speedups.FUNCTIONS:
