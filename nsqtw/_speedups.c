@@ -505,6 +505,25 @@ plain_fin(const unsigned char *p)
     return p[19] != ' ' && p[19] != '\r' && p[19] != '\n';
 }
 
+/* ``args[0]`` as a buffer and ``args[1]`` as a position within it: 0, or -1 with an
+   exception set (and nothing to release). While exported, a bytearray cannot be
+   resized, so nothing run meanwhile (a collection, say) can change what ``view`` sees. */
+static int
+buffer_at(PyObject *const *args, Py_buffer *view, Py_ssize_t *pos)
+{
+    *pos = PyLong_AsSsize_t(args[1]);
+    if (*pos == -1 && PyErr_Occurred())
+        return -1;
+    if (PyObject_GetBuffer(args[0], view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (*pos < 0 || *pos > view->len) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "pos out of range");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 fin_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -512,17 +531,10 @@ fin_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "fin_run(buffer, pos)");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    Py_ssize_t pos;
+    if (buffer_at(args, &view, &pos) < 0)
         return NULL;
-    if (pos < 0 || pos > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "pos out of range");
-        return NULL;
-    }
     const unsigned char *base = (const unsigned char *)view.buf;
     Py_ssize_t n = 0;
     while (view.len - pos - n * FIN_LINE >= FIN_LINE && plain_fin(base + pos + n * FIN_LINE))
@@ -750,24 +762,17 @@ take_publish(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "take_publish: known must be a dict");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
     long long limits[2];
     if (long_args(args, 3, 2, limits) < 0)
         return NULL;
     long long max_msg = limits[0], max_body = limits[1];
     Py_buffer view;
-    /* while exported the buffer cannot be resized, so nothing run meanwhile can change it */
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    Py_ssize_t pos;
+    if (buffer_at(args, &view, &pos) < 0)
         return NULL;
-    PyObject *result = NULL, *bodies = NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     Py_ssize_t end = view.len;
-    if (pos < 0 || pos > end) {
-        PyErr_SetString(PyExc_ValueError, "pos out of range");
-        goto done;
-    }
+    PyObject *topic = NULL, *bodies = NULL, *result = NULL;
     int mpub;
     Py_ssize_t start;
     if (end - pos >= 4 && memcmp(buf + pos, "PUB ", 4) == 0) {
@@ -783,11 +788,25 @@ take_publish(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *nl = memchr(buf + start, '\n', (size_t)limit);
     if (nl == NULL)
         goto none;
-    Py_ssize_t line_end = nl - buf;
+    /* the checks of wire.py's _whole_publish_body, on the size at ``at``, before anything is made */
+    Py_ssize_t line_end = nl - buf, at = line_end + 1, body_at = at + 4;
+    if (end - at < 4)
+        goto none;
+    long long size = (long long)(int32_t)get_be32(buf + at), count = 1;
+    if (!mpub) {
+        if (size <= 0 || size > max_msg || (long long)(end - body_at) < size)
+            goto none;
+    } else {
+        if (size < 4 || size > max_body || (long long)(end - body_at) < size)
+            goto none;
+        count = (long long)(int32_t)get_be32(buf + body_at);
+        if (count <= 0 || count > (max_body - 4) / 5)
+            goto none;
+    }
     PyObject *raw = PyBytes_FromStringAndSize((const char *)buf + start, line_end - start);
     if (raw == NULL)
         goto done;
-    PyObject *topic = PyDict_GetItemWithError(args[2], raw);  /* borrowed */
+    topic = PyDict_GetItemWithError(args[2], raw);  /* borrowed */
     Py_DECREF(raw);
     if (topic == NULL) {
         if (PyErr_Occurred())
@@ -795,57 +814,34 @@ take_publish(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto none;
     }
     Py_INCREF(topic);  /* the dict is the caller's: keep the name alive whatever happens to it */
-    Py_ssize_t body_at = line_end + 5;
-    if (end - (line_end + 1) < 4) {
-        Py_DECREF(topic);
-        goto none;
-    }
-    long long size = (long long)(int32_t)get_be32(buf + line_end + 1);
     Py_ssize_t past;
     if (!mpub) {
-        if (size <= 0 || size > max_msg || (long long)(end - body_at) < size) {
-            Py_DECREF(topic);
-            goto none;
-        }
-        PyObject *body = PyBytes_FromStringAndSize((const char *)buf + body_at, (Py_ssize_t)size);
-        bodies = body == NULL ? NULL : PyList_New(1);
-        if (bodies == NULL) {
-            Py_XDECREF(body);
-            Py_DECREF(topic);
+        if ((bodies = PyList_New(1)) == NULL)
             goto done;
-        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)buf + body_at, (Py_ssize_t)size);
+        if (body == NULL)
+            goto done;
         PyList_SET_ITEM(bodies, 0, body);
         past = body_at + (Py_ssize_t)size;
     } else {
-        if (size < 4 || size > max_body || (long long)(end - body_at) < size) {
-            Py_DECREF(topic);
-            goto none;
-        }
-        long long left = (long long)(int32_t)get_be32(buf + body_at), total = 4;
-        if (left <= 0 || left > (max_body - 4) / 5 || (bodies = PyList_New(0)) == NULL) {
-            Py_DECREF(topic);
-            if (bodies == NULL && PyErr_Occurred())
-                goto done;
-            goto none;
-        }
-        Py_ssize_t used = take_messages(buf + body_at + 4, (Py_ssize_t)size - 4, &left, &total,
+        if ((bodies = PyList_New(0)) == NULL)
+            goto done;
+        long long total = 4;
+        Py_ssize_t used = take_messages(buf + body_at + 4, (Py_ssize_t)size - 4, &count, &total,
                                         max_msg, max_body, bodies);
-        if (used < 0 || left > 0) {
-            Py_DECREF(topic);
-            Py_CLEAR(bodies);
-            if (used < 0)
-                goto done;
+        if (used < 0)
+            goto done;
+        if (count > 0)
             goto none;
-        }
         past = body_at + 4 + used;
     }
-    result = Py_BuildValue("(nONN)", past, mpub ? mpub_name : pub_name, topic, bodies);
-    bodies = NULL;  /* stolen by Py_BuildValue, even when it fails */
+    result = Py_BuildValue("(nOOO)", past, mpub ? mpub_name : pub_name, topic, bodies);
     goto done;
 none:
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&view);
+    Py_XDECREF(topic);
     Py_XDECREF(bodies);
     return result;
 }

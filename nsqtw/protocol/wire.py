@@ -261,8 +261,8 @@ class V2Parser:
         self._state = _BODY
 
     def _check_count(self, count: int) -> None:
-        # _take_whole_publish takes only what passes these checks and _check_size's; a change
-        # here or there goes into it too
+        # _whole_publish_body (and take_publish's compiled twin) takes only what passes these
+        # checks and _check_size's; a change here or there goes into them too
         # each message takes at least 5 bytes (size + one byte of body)
         if count <= 0 or count > (self.max_body_size - 4) // 5:
             raise fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
@@ -281,29 +281,12 @@ class V2Parser:
         declared size, as :meth:`_take_mpub_run` takes them); anything else
         goes the generic way, which gives nsqd's errors and waits for more.
         """
-        buf = self._buf
-        pos = self._pos
-        have = len(buf) - pos - 4
-        if have < 0:
+        found = _whole_publish_body(self._buf, self._pos, name == b"MPUB", self.max_msg_size,
+                                    self.max_body_size)
+        if found is None:
             return None
-        (size,) = _INT32.unpack_from(buf, pos)
-        if name == b"PUB":
-            if size <= 0 or size > self.max_msg_size or have < size:
-                return None
-            self._pos = pos + 4 + size
-            return [bytes(buf[pos + 4:pos + 4 + size])]
-        if size < 4 or size > self.max_body_size or have < size:
-            return None
-        (count,) = _INT32.unpack_from(buf, pos + 4)
-        if count <= 0 or count > (self.max_body_size - 4) // 5:
-            return None
-        messages: list[bytes] = []
-        used, left, _ = _split_mpub(bytes(buf[pos + 8:pos + 4 + size]), count, 4, self.max_msg_size,
-                                    self.max_body_size, messages)
-        if left:
-            return None
-        self._pos = pos + 8 + used
-        return messages
+        self._pos, bodies = found
+        return bodies
 
     def _take_mpub_run(self) -> bool:
         """Take the MPUB messages already buffered whole, in one tight loop; True when
@@ -377,7 +360,7 @@ def take_publish(buf: bytearray, pos: int, known: dict[bytes, str], max_msg: int
     """A whole, valid ``PUB <topic>\n`` or ``MPUB <topic>\n`` at ``pos`` whose topic
     argument is a key of ``known``: (position past it, name, topic, bodies); else None.
 
-    The checks are those of :meth:`V2Parser._take_whole_publish`; a topic
+    The body's checks are :func:`_whole_publish_body`'s; a topic
     argument in ``known`` passed the header check already, and holds no
     space or ``\r`` (a line the generic parse would split or trim differently
     is never a key). A compiled twin is in nsqtw.speedups.
@@ -394,25 +377,38 @@ def take_publish(buf: bytearray, pos: int, known: dict[bytes, str], max_msg: int
     if nl < 0:
         return None
     topic = known.get(bytes(buf[start:nl]))
-    end = len(buf)
-    if topic is None or end - nl - 1 < 4:
+    if topic is None:
         return None
-    (size,) = _INT32.unpack_from(buf, nl + 1)
-    body_at = nl + 5
-    if name == b"PUB":
-        if size <= 0 or size > max_msg or end - body_at < size:
+    found = _whole_publish_body(buf, nl + 1, name == b"MPUB", max_msg, max_body)
+    if found is None:
+        return None
+    past, bodies = found
+    return past, name, topic, bodies
+
+
+def _whole_publish_body(buf: bytearray, at: int, mpub: bool, max_msg: int,
+                        max_body: int) -> tuple[int, list[bytes]] | None:
+    """The bodies of a PUB (or MPUB) whose size starts at ``at``, when all of it has
+    arrived and passes every check of the generic path: (position past it, bodies);
+    else None (:meth:`V2Parser._take_whole_publish`, :func:`take_publish`)."""
+    have = len(buf) - at - 4
+    if have < 0:
+        return None
+    (size,) = _INT32.unpack_from(buf, at)
+    if not mpub:
+        if size <= 0 or size > max_msg or have < size:
             return None
-        return body_at + size, name, topic, [bytes(buf[body_at:body_at + size])]
-    if size < 4 or size > max_body or end - body_at < size:
+        return at + 4 + size, [bytes(buf[at + 4:at + 4 + size])]
+    if size < 4 or size > max_body or have < size:
         return None
-    (count,) = _INT32.unpack_from(buf, body_at)
+    (count,) = _INT32.unpack_from(buf, at + 4)
     if count <= 0 or count > (max_body - 4) // 5:
         return None
     bodies: list[bytes] = []
-    used, left, _ = _split_mpub(bytes(buf[body_at + 4:body_at + size]), count, 4, max_msg, max_body, bodies)
+    used, left, _ = _split_mpub(bytes(buf[at + 8:at + 4 + size]), count, 4, max_msg, max_body, bodies)
     if left:
         return None
-    return body_at + 4 + used, name, topic, bodies
+    return at + 8 + used, bodies
 
 
 #: ``FIN `` + a 16-byte message ID + newline

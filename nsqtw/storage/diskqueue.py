@@ -514,16 +514,17 @@ class DiskQueue:
         waits on (``written()``: ``--sync-every=1``, backpressure).
         """
         self._sync_schedule.mark(self)  # the write must be synced within --sync-timeout
+        if self._flushing or self._retry_call is not None:
+            return  # the flush under way or the retry takes these records too
         call = self._flush_call
-        if self._flushing or self._retry_call is not None or (call is not None and not self._written_waiters):
-            return  # the flush under way, the retry or the one already timed takes these records too
-        delay = 0.0
-        if not self._written_waiters:
+        if self._written_waiters:  # somebody waits for the write: flush on the next turn
+            if call is None:
+                self._flush_call = self._clock.callLater(0, self._flush)
+            elif call.getTime() > self._clock.seconds():
+                call.reset(0)
+        elif call is None:  # else the flush already timed takes these records too
             delay = max(0.0, self._last_flush + self._flush_interval - self._clock.seconds())
-        if call is None:
             self._flush_call = self._clock.callLater(delay, self._flush)
-        elif delay == 0.0 and call.getTime() > self._clock.seconds():
-            call.reset(0)
 
     def _flush(self) -> None:
         """Hand everything pending to the disk thread as one batch (one flush at a time)."""
