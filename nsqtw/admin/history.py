@@ -3,9 +3,12 @@
 nsqadmin draws history only through graphite; nsqtw-admin keeps a small
 window in memory instead: every ``--history-interval`` it asks every node
 for its stats (without clients) and records, per topic and per
-topic/channel and for the whole cluster, the depth (a topic's and the
-cluster's include their channels') and the message count summed over the
-nodes. Rates are the message count's growth per second
+topic/channel and for the whole cluster, summed over the nodes: the depth
+(a topic's is its own queue, what is not yet copied to its channels, as
+nsqd's and nsqadmin's topic depth; the cluster's is every topic's), the
+backlog (what waits in the channels: a topic's channels' depths, the
+cluster's every channel's, a channel's its own depth), the in-flight count
+and the message count. Rates are the message count's growth per second
 between two polls. Memory is bounded: ``window / interval`` points per
 series, at most :data:`MAX_SERIES` series, and series of topics or channels
 that are gone are dropped at the next poll.
@@ -31,12 +34,13 @@ MAX_SERIES = 20_000
 
 @dataclass(frozen=True)
 class Point:
-    """One poll: when, the depth summed over the nodes, and their message count."""
+    """One poll, summed over the nodes: when, depth, message count, in flight and channel backlog."""
 
     ts: float
     depth: int
     messages: int
     in_flight: int = 0
+    backlog: int = 0
 
 
 @dataclass
@@ -55,8 +59,8 @@ class Series:
                 # a node restart makes the count go down: no rate across it
                 grown = p.messages - previous.messages
                 rate = round(grown / (p.ts - previous.ts), 3) if grown >= 0 else None
-            out.append({"ts": round(p.ts, 3), "depth": p.depth, "in_flight": p.in_flight,
-                        "messages": p.messages, "rate": rate})
+            out.append({"ts": round(p.ts, 3), "depth": p.depth, "backlog": p.backlog,
+                        "in_flight": p.in_flight, "messages": p.messages, "rate": rate})
             previous = p
         return out
 
@@ -122,31 +126,33 @@ class History:
 
     def record(self, now: float, entries: Sequence[dict[str, Any]]) -> None:
         """Add one poll's totals; forget series that are no longer in the cluster."""
-        totals: dict[tuple[str, str], list[int]] = {CLUSTER: [0, 0, 0]}
+        # per series: depth, messages, in flight, backlog
+        totals: dict[tuple[str, str], list[int]] = {CLUSTER: [0, 0, 0, 0]}
+        cluster = totals[CLUSTER]
         for t in entries:
             name = t["topic_name"]
-            # a topic's depth here is its backlog: its own queue plus its channels'
-            tt = totals.setdefault((name, ""), [0, 0, 0])
-            tt[0] += t["depth"] + sum(c["depth"] for c in t["channels"] or ())
-            tt[1] += t["message_count"]
-            totals[CLUSTER][0] += t["depth"]
-            totals[CLUSTER][1] += t["message_count"]
+            tt = totals.setdefault((name, ""), [0, 0, 0, 0])
+            for row in (tt, cluster):
+                row[0] += t["depth"]
+                row[1] += t["message_count"]
             for c in t["channels"] or ():
-                ct = totals.setdefault((name, c["channel_name"]), [0, 0, 0])
+                ct = totals.setdefault((name, c["channel_name"]), [0, 0, 0, 0])
                 ct[0] += c["depth"]
                 ct[1] += c["message_count"]
-                ct[2] += c["in_flight_count"]
-                totals[CLUSTER][0] += c["depth"]
-                totals[CLUSTER][2] += c["in_flight_count"]
+                ct[3] += c["depth"]
+                for row in (ct, tt, cluster):
+                    row[2] += c["in_flight_count"]
+                for row in (tt, cluster):
+                    row[3] += c["depth"]
         for key in [k for k in self.series if k not in totals]:
             del self.series[key]
-        for key, (depth, messages, in_flight) in totals.items():
+        for key, (depth, messages, in_flight, backlog) in totals.items():
             series = self.series.get(key)
             if series is None:
                 if len(self.series) >= MAX_SERIES:
                     continue
                 series = self.series[key] = Series(deque(maxlen=self.size))
-            series.points.append(Point(now, depth, messages, in_flight))
+            series.points.append(Point(now, depth, messages, in_flight, backlog))
 
     def get(self, topic: str = "", channel: str = "") -> list[dict[str, Any]]:
         series = self.series.get((topic, channel))

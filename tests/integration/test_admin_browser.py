@@ -15,6 +15,7 @@ machine) the module is skipped with the apt-get line to run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -78,6 +79,47 @@ def _wait(check: Callable[[], Any], timeout: float = 20, what: str = "condition"
     raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
+def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[Client]:
+    """The scenario every page is looked at in, on nodes A and B (each ``(tcp, http)``), left still.
+
+    orders on both nodes with billing on both and audit (paused) on B, 7 and 5 messages;
+    logs on B, tombstoned on the lookupd. On A a consumer of billing holds 2 messages in flight
+    (for 10 minutes); on B one took 3 of billing's, requeued one, deferred one for 10 minutes
+    and let the third time out, then stopped (RDY 0). Nothing changes for minutes after.
+    """
+    for _, node in (a, b):
+        http("POST", f"http://{node}/topic/create?topic=orders")
+        http("POST", f"http://{node}/channel/create?topic=orders&channel=billing")
+    http("POST", f"http://{b[1]}/channel/create?topic=orders&channel=audit")
+    http("POST", f"http://{b[1]}/channel/pause?topic=orders&channel=audit")
+    http("POST", f"http://{b[1]}/topic/create?topic=logs")
+    pub(a[0], "orders", *[b"a%d" % i for i in range(7)])
+    pub(b[0], "orders", *[b"b%d" % i for i in range(5)])
+    pub(b[0], "logs", b"l0")
+    consumer = Client(a[0])
+    consumer.identify(client_id="browser-test", hostname="tester", user_agent="browser-test/1.0",
+                      feature_negotiation=True, msg_timeout=600_000)
+    consumer.sub("orders", "billing", rdy=2)
+    consumer.messages(2, timeout=10)
+    worker = Client(b[0])
+    worker.identify(client_id="worker-b", hostname="worker2", user_agent="pynsq/0.9",
+                    feature_negotiation=True, msg_timeout=1000)
+    worker.sub("orders", "billing", rdy=3)
+    taken = worker.messages(3, timeout=10)
+    worker.cmd("RDY", 0)
+    worker.send(b"REQ " + taken[0].id + b" 0\n")
+    worker.send(b"REQ " + taken[1].id + b" 600000\n")
+    _wait(lambda: get_json(f"http://{lookupd_http}/lookup?topic=logs")["producers"]
+          and len(get_json(f"http://{lookupd_http}/lookup?topic=orders")["producers"]) == 2
+          and "audit" in get_json(f"http://{lookupd_http}/channels?topic=orders")["channels"],
+          what="lookupd registrations")
+    http("POST", f"http://{lookupd_http}/topic/tombstone?topic=logs&node=127.0.0.1:{b[1].rsplit(':', 1)[1]}")
+    # the third message times out after the worker's 1s msg_timeout
+    _wait(lambda: _channel(get_json(f"http://{b[1]}/stats?format=json"), "orders", "billing")["timeout_count"] == 1,
+          what="the timed-out message")
+    return [consumer, worker]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("admin-browser")
@@ -92,27 +134,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return str(root / name)
 
     try:
-        lookupd = start(LookupdDaemon(folder("lookupd")))
+        lookupd = start(LookupdDaemon(folder("lookupd"), "--tombstone-lifetime=1h"))
         a, b = (start(Daemon(folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
                              "--broadcast-address=127.0.0.1")) for n in ("a", "b"))
         admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
                                   "--history-interval=1s", "--http-client-request-timeout=1s"))
         c = Cluster(lookupd, a, b, admin)
-        for node in (a, b):
-            http("POST", f"http://{node.http_address}/topic/create?topic=orders")
-            http("POST", f"http://{node.http_address}/channel/create?topic=orders&channel=billing")
-        http("POST", f"http://{b.http_address}/channel/create?topic=orders&channel=audit")
-        pub(a.tcp_address, "orders", *[b"a%d" % i for i in range(7)])
-        pub(b.tcp_address, "orders", *[b"b%d" % i for i in range(5)])
-        consumer = Client(a.tcp_address)
-        consumer.identify(client_id="browser-test", hostname="tester", user_agent="browser-test/1.0",
-                          feature_negotiation=True)
-        consumer.sub("orders", "billing", rdy=2)
-        consumer.messages(2, timeout=10)
-        c.clients.append(consumer)
-        _wait(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic=orders")["producers"]) == 2
-              and "audit" in get_json(f"http://{lookupd.http_address}/channels?topic=orders")["channels"],
-              what="lookupd registrations")
+        c.clients = populate(lookupd.http_address, (a.tcp_address, a.http_address),
+                             (b.tcp_address, b.http_address))
         yield c
         for client in c.clients:
             client.close()
@@ -168,40 +197,84 @@ def _traffic(c: Cluster, seconds: float) -> None:
         time.sleep(0.05)
 
 
+def _depths(c: Cluster, topic: str = "") -> tuple[int, int]:
+    """(topic depth, channel backlog) over both nodes: the topics' own queues, their channels'."""
+    topics = [t for n in (c.a, c.b) for t in c.stats(n)["topics"] if not topic or t["topic_name"] == topic]
+    return sum(t["depth"] for t in topics), sum(ch["depth"] for t in topics for ch in t["channels"])
+
+
+def _chart_title(driver: Any, field: str) -> str:
+    return _text(driver, f'#charts [data-chart="{field}"] .chart-title')
+
+
 def test_topics_page_lists_topics_and_charts_the_cluster(browser: Any, cluster: Cluster) -> None:
-    """/topics lists every topic and charts the cluster's rate and depth from the admin's own polling."""
+    """/topics lists every topic and charts the cluster's rate, topic depth and channel backlog, each named."""
     _traffic(cluster, 4.0)
     _open(browser, cluster, "/topics")
     _wait(lambda: (_open(browser, cluster, "/topics"),
                    browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="rate"] polyline'))[1],
           what="the rate chart")
     assert _text(browser, '#topics tr[data-topic="orders"] a') == "orders"
-    total_depth = sum(t["depth"] + sum(ch["depth"] for ch in t["channels"])
-                      for n in (cluster.a, cluster.b) for t in cluster.stats(n)["topics"])
+    depth, backlog = _depths(cluster)
+    assert backlog > depth  # the two are told apart: each chart shows its own
     _wait(lambda: (_open(browser, cluster, "/topics"),
-                   _number(browser, '[data-field="depth-last"]') == total_depth)[1],
-          what="the depth chart")
+                   (_number(browser, '[data-field="depth-last"]'),
+                    _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
+          what="the depth and backlog charts")
+    assert (_chart_title(browser, "rate"), _chart_title(browser, "depth"), _chart_title(browser, "backlog")) == \
+        ("topic message rate", "topic depth", "channel backlog")
+    assert "not yet copied to channels" in _text(browser, '#charts [data-chart="depth"] .about')
     assert browser.find_elements(By.CSS_SELECTOR, '#charts svg polyline')
     _shot(browser, "topics")
 
 
+def _hostname(c: Cluster, node: Daemon) -> str:
+    """The node's hostname as the lookupd has it (nsqadmin's pages show it)."""
+    producers = get_json(f"http://{c.lookupd.http_address}/nodes")["producers"]
+    return next(str(p["hostname"]) for p in producers if p["http_port"] == node.http[1])
+
+
 def test_topic_page_matches_every_node_stats(browser: Any, cluster: Cluster) -> None:
-    """/topics/orders shows each node's row and each channel's cluster totals as the nodes' /stats say."""
+    """/topics/orders: each node as ``hostname:port (address)`` with its numbers, a Total row, every
+    channel's sums, and headline and charts that name topic depth and channel backlog apart."""
     _open(browser, cluster, "/topics/orders")
     stats = {n.http_address: cluster.stats(n) for n in (cluster.a, cluster.b)}
-    for address, s in stats.items():
-        topic = next(t for t in s["topics"] if t["topic_name"] == "orders")
-        row = f'#nodes tr[data-node="{address}"]'
+    for node in (cluster.a, cluster.b):
+        topic = next(t for t in stats[node.http_address]["topics"] if t["topic_name"] == "orders")
+        row = f'#nodes tr[data-node="{node.http_address}"]'
+        assert _text(browser, f'{row} td[data-field="node"]') == \
+            f"{_hostname(cluster, node)}:{node.http[1]} ({node.http_address})"
         assert _number(browser, f'{row} td[data-field="message_count"]') == topic["message_count"]
         assert _number(browser, f'{row} td[data-field="channels"]') == len(topic["channels"])
+        assert _text(browser, f'{row} td[data-field="memory_disk"]') == \
+            f"{topic['depth'] - topic['backend_depth']} + {topic['backend_depth']}"
+    topics = [t for s in stats.values() for t in s["topics"] if t["topic_name"] == "orders"]
+    total = "#nodes tr[data-total]"
+    assert _text(browser, f"{total} td") == "Total:"
+    assert _number(browser, f'{total} td[data-field="depth"]') == sum(t["depth"] for t in topics)
+    assert _number(browser, f'{total} td[data-field="message_count"]') == sum(t["message_count"] for t in topics)
+    assert _number(browser, f'{total} td[data-field="channels"]') == 2
     for channel in ("billing", "audit"):
         per_node = [_channel(s, "orders", channel) for s in stats.values()
                     if any(ch["channel_name"] == channel for t in s["topics"] for ch in t["channels"])]
         row = f'#channels tr[data-channel="{channel}"]'
-        for field in ("depth", "in_flight_count", "message_count", "client_count"):
+        for field in ("depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count",
+                      "message_count", "client_count"):
             assert _number(browser, f'{row} td[data-field="{field}"]') == sum(c[field] for c in per_node), field
-    assert _number(browser, '#totals [data-field="message_count"]') == sum(
-        t["message_count"] for s in stats.values() for t in s["topics"] if t["topic_name"] == "orders")
+    assert _number(browser, '#channels tr[data-channel="billing"] td[data-field="deferred_count"]') == 1
+    assert _number(browser, '#channels tr[data-channel="billing"] td[data-field="timeout_count"]') >= 1
+    assert "paused" in _text(browser, '#channels tr[data-channel="audit"] td')
+    assert _number(browser, '#totals [data-field="message_count"]') == sum(t["message_count"] for t in topics)
+    depth, backlog = _depths(cluster, "orders")
+    assert _number(browser, '#totals [data-field="depth"]') == depth
+    assert _number(browser, '#totals [data-field="backlog"]') == backlog
+    assert "topic depth" in _text(browser, "#totals") and "channel backlog" in _text(browser, "#totals")
+    # the charts say which depth they draw, and draw the numbers the headline shows
+    _wait(lambda: (_open(browser, cluster, "/topics/orders"),
+                   (_number(browser, '[data-field="depth-last"]'),
+                    _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
+          what="the topic's charts")
+    assert (_chart_title(browser, "depth"), _chart_title(browser, "backlog")) == ("topic depth", "channel backlog")
     _shot(browser, "topic")
 
 
@@ -214,8 +287,20 @@ def test_channel_page_shows_every_client(browser: Any, cluster: Cluster) -> None
     assert "browser-test/1.0" in _text(browser, f'{row} td[data-field="user_agent"]')
     assert _number(browser, f'{row} td[data-field="ready_count"]') == client["ready_count"] == 2
     assert _number(browser, f'{row} td[data-field="in_flight_count"]') == client["in_flight_count"] == 2
-    depth = billing["depth"] + _channel(cluster.stats(cluster.b), "orders", "billing")["depth"]
-    assert _number(browser, '#totals [data-field="depth"]') == depth
+    per_node = [billing, _channel(cluster.stats(cluster.b), "orders", "billing")]
+    assert _number(browser, '#totals [data-field="depth"]') == sum(c["depth"] for c in per_node)
+    for field in ("depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count",
+                  "message_count", "client_count"):
+        assert _number(browser, f'#nodes tr[data-total] td[data-field="{field}"]') == \
+            sum(c[field] for c in per_node), field
+    # every client, named as nsqadmin names it: hostname:port (client id)
+    worker = per_node[1]["clients"][0]
+    row = f'#clients tr[data-client="{worker["remote_address"]}"]'
+    assert _text(browser, f'{row} td[data-field="client_host"]') == \
+        f"worker2:{worker['remote_address'].rsplit(':', 1)[1]} (worker-b)"
+    assert _text(browser, f'{row} td[data-field="node"]') == cluster.b.http_address
+    assert _number(browser, f'{row} td[data-field="requeue_count"]') == worker["requeue_count"] == 2
+    assert _text(browser, '#charts [data-chart="depth"] .chart-title') == "channel depth"
     _wait(lambda: (_open(browser, cluster, "/topics/orders/billing"),
                    browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="in_flight"] polyline'))[1],
           what="the channel's history chart")
@@ -229,6 +314,13 @@ def test_nodes_and_node_pages(browser: Any, cluster: Cluster) -> None:
         row = f'#nodes tr[data-node="{node.http_address}"]'
         assert _number(browser, f'{row} td[data-field="tcp_port"]') == node.tcp[1]
         assert "orders" in _text(browser, f'{row} td[data-field="topics"]')
+    # logs is tombstoned for B on the lookupd: marked, not hidden
+    assert browser.find_elements(
+        By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.b.http_address}"] s[data-tombstoned="logs"]')
+    assert not browser.find_elements(
+        By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.a.http_address}"] [data-tombstoned]')
+    count, *names = _text(browser, f'#nodes tr[data-node="{cluster.b.http_address}"] td[data-field="topics"]').split()
+    assert (count, sorted(names)) == ("2", ["logs", "orders"])
     _shot(browser, "nodes")
     _open(browser, cluster, f"/nodes/{cluster.a.http_address}")
     stats = cluster.stats(cluster.a)
@@ -238,11 +330,46 @@ def test_nodes_and_node_pages(browser: Any, cluster: Cluster) -> None:
     _shot(browser, "node")
 
 
+def test_node_page_shows_clients_counts_and_tombstones(browser: Any, cluster: Cluster) -> None:
+    """/nodes/<B>: as nsqadmin's node page, each channel's deferred, requeued and timed-out counts, each
+    client with its fields, paused channels, and the topic the lookupd holds a tombstone for marked."""
+    _open(browser, cluster, f"/nodes/{cluster.b.http_address}")
+    assert _text(browser, "#node-name") == f"{_hostname(cluster, cluster.b)}:{cluster.b.http[1]} " \
+        f"({cluster.b.http_address})"
+    stats = cluster.stats(cluster.b)
+    billing = _channel(stats, "orders", "billing")
+    row = '#node-topics tr[data-channel="orders/billing"]'
+    for field in ("depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count",
+                  "message_count", "client_count"):
+        assert _number(browser, f'{row} td[data-field="{field}"]') == billing[field], field
+    assert (billing["deferred_count"], billing["requeue_count"], billing["timeout_count"]) == (1, 2, 1)
+    assert "paused" in _text(browser, '#node-topics tr[data-channel="orders/audit"] td')
+    (client,) = billing["clients"]
+    crow = f'#node-topics tbody[data-topic="orders"] tr[data-client="{client["remote_address"]}"]'
+    assert _text(browser, f'{crow} td[data-field="client_host"]') == \
+        f"worker2:{client['remote_address'].rsplit(':', 1)[1]} (worker-b)"
+    assert _text(browser, f'{crow} td[data-field="user_agent"]').startswith("pynsq/0.9")
+    for field in ("in_flight_count", "ready_count", "finish_count", "requeue_count", "message_count"):
+        assert _number(browser, f'{crow} td[data-field="{field}"]') == client[field], field
+    assert re.fullmatch(r"(\d+h)?(\d+m)?\d+s", _text(browser, f'{crow} td[data-field="connected"]'))
+    # logs: tombstoned on the lookupd, still on the node; orders: not
+    assert browser.find_elements(By.CSS_SELECTOR, '#node-topics tbody[data-topic="logs"] s[data-tombstoned="logs"]')
+    assert "tombstoned" in _text(browser, '#node-topics tbody[data-topic="logs"] tr.topic')
+    assert not browser.find_elements(By.CSS_SELECTOR, '#node-topics tbody[data-topic="orders"] [data-tombstoned]')
+    assert browser.find_elements(
+        By.CSS_SELECTOR, f'#node-topics tbody[data-topic="orders"] button[data-tombstone="{cluster.b.http_address}"]')
+    _shot(browser, "node-b")
+
+
 def test_lookup_and_counter_pages(browser: Any, cluster: Cluster) -> None:
     """/lookup shows which nodes produce each topic; /counter shows the running total of messages."""
     _open(browser, cluster, "/lookup")
     producers = _text(browser, '#producers tr[data-topic="orders"]')
     assert cluster.a.http_address in producers and cluster.b.http_address in producers
+    assert _text(browser, f'#lookupds tr[data-lookupd="{cluster.lookupd.http_address}"]') == \
+        cluster.lookupd.http_address
+    assert browser.find_elements(
+        By.CSS_SELECTOR, f'#producers tr[data-topic="logs"] s[data-tombstoned="{cluster.b.http_address}"]')
     _shot(browser, "lookup")
     _open(browser, cluster, "/counter")
     total = sum(ch["message_count"] for n in (cluster.a, cluster.b)

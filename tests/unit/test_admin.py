@@ -149,6 +149,18 @@ class HistoryTests(SynchronousTestCase):
             h.record(ts, [_node("a:1", "h", _raw_topic(0, [_raw_channel("c", count)]))])
         self.assertEqual([p["rate"] for p in h.get("t", "c")], [None, 10.0, 20.0, None])
 
+    def test_topic_depth_and_channel_backlog_are_apart(self) -> None:
+        """A topic's depth is its own queue (the topic page's headline); its channels' depths are its backlog."""
+        h, _, _ = self._history()
+        h.record(0, [_node("a:1", "h", _raw_topic(2, [_raw_channel("x", 5), _raw_channel("y", 7)])),
+                     _node("b:1", "h", _raw_topic(3, [_raw_channel("x", 11)]))])
+        (topic,) = h.get("t")
+        self.assertEqual((topic["depth"], topic["backlog"], topic["in_flight"]), (5, 23, 3))
+        (x,) = h.get("t", "x")
+        self.assertEqual((x["depth"], x["backlog"], x["in_flight"], x["messages"]), (16, 16, 2, 16))
+        (cluster,) = h.get()
+        self.assertEqual((cluster["depth"], cluster["backlog"], cluster["messages"]), (5, 23, 10))
+
     def test_window_is_bounded_and_gone_series_dropped(self) -> None:
         """At most window/interval + 1 points; a channel no longer reported loses its series."""
         h, _, _ = self._history(interval=1.0, window=3.0)

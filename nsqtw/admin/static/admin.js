@@ -19,11 +19,11 @@
   function url(path) { return BASE + path; }
   function enc(s) { return encodeURIComponent(s); }
   function duration(ns) {
+    // as Go prints a duration cut to whole seconds: 41s, 2m41s, 26h3m4s
     let s = Math.max(0, Math.floor((ns || 0) / 1e9));
-    const d = Math.floor(s / 86400); s -= d * 86400;
     const h = Math.floor(s / 3600); s -= h * 3600;
     const m = Math.floor(s / 60); s -= m * 60;
-    return (d ? d + "d " : "") + (d || h ? h + "h " : "") + (d || h || m ? m + "m " : "") + s + "s";
+    return (h ? h + "h" : "") + (h || m ? m + "m" : "") + s + "s";
   }
 
   class HTTPError extends Error {
@@ -53,12 +53,17 @@
 
   // --- charts (SVG, from /api/history) ------------------------------------------------------
 
-  function chart(title, points, field, unit) {
+  // Each chart is named by what it measures: "topic depth" is what waits in the topics' own
+  // queues (not yet copied to channels), "channel backlog" what waits in their channels.
+  function chart(title, points, field, unit, about) {
     const values = points.map((p) => p[field]).filter((v) => v != null);
     const w = 320, h = 80, pad = 4;
+    const head = `<figure class="chart" data-chart="${esc(field)}"><figcaption>` +
+      `<span class="chart-title">${esc(title)}</span>`;
+    const foot = (about ? `<p class="about">${esc(about)}</p>` : "") + `</figure>`;
     if (values.length < 2) {
-      return `<figure class="chart" data-chart="${esc(field)}"><figcaption>${esc(title)}</figcaption>` +
-        `<div class="nodata">collecting… (a point every ${esc(S.history_interval)}s)</div></figure>`;
+      return head + `</figcaption><div class="nodata">collecting… (a point every ${esc(S.history_interval)}s)</div>` +
+        foot;
     }
     const max = Math.max(...values, 1);
     const pts = [];
@@ -70,26 +75,36 @@
       pts.push(`${x.toFixed(1)},${y.toFixed(1)}`);
     });
     const last = values[values.length - 1];
-    return `<figure class="chart" data-chart="${esc(field)}"><figcaption>${esc(title)}: ` +
-      `<b data-field="${esc(field)}-last">${num(Math.round(last * 100) / 100)}</b> ${esc(unit)} ` +
+    return head + `: <b data-field="${esc(field)}-last">${num(Math.round(last * 100) / 100)}</b> ${esc(unit)} ` +
       `<small>(max ${num(Math.round(max * 100) / 100)})</small></figcaption>` +
       `<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(title)}">` +
-      `<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="${pts.join(" ")}"/></svg></figure>`;
+      `<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="${pts.join(" ")}"/></svg>` + foot;
   }
 
   async function charts(topic, channel) {
     if (!S.history_interval) { return ""; }
     let q = "";
     if (topic) { q = `?topic=${enc(topic)}` + (channel ? `&channel=${enc(channel)}` : ""); }
+    let h;
     try {
-      const h = await api(`/api/history${q}`);
-      return `<section class="charts" id="charts">` +
-        chart("message rate", h.points, "rate", "msg/s") +
-        chart("depth", h.points, "depth", "messages") +
-        (channel ? chart("in flight", h.points, "in_flight", "messages") : "") + `</section>`;
+      h = await api(`/api/history${q}`);
     } catch (e) {
       return "";
     }
+    const p = h.points;
+    let figures;
+    if (channel) {
+      figures = chart("channel message rate", p, "rate", "msg/s", `messages into channel ${channel} per second`) +
+        chart("channel depth", p, "depth", "messages", `messages waiting in channel ${channel} (memory + disk)`) +
+        chart("in flight", p, "in_flight", "messages", "messages sent to clients, not yet finished");
+    } else {
+      const where = topic ? `topic ${topic}` : "every topic";
+      figures = chart("topic message rate", p, "rate", "msg/s", `messages published to ${where} per second`) +
+        chart("topic depth", p, "depth", "messages", `messages in the queue of ${where}, not yet copied to channels`) +
+        chart("channel backlog", p, "backlog", "messages",
+              `messages waiting in the channels of ${where} (the sum of their depths)`);
+    }
+    return `<section class="charts" id="charts">${figures}</section>`;
   }
 
   function graphite(target) {
@@ -175,9 +190,83 @@
         '<tr><td class="empty">no topics</td></tr>'}</tbody></table>`;
   }
 
-  function depthCells(s) {
-    return `<td data-field="depth">${num(s.depth)}</td><td data-field="memory_depth">${num(s.memory_depth)}</td>` +
-      `<td data-field="backend_depth">${num(s.backend_depth)}</td>`;
+  // --- the cells the topic, channel and node pages share (named as nsqadmin names them) -------------
+
+  // a node as nsqadmin writes it: "hostname:httpport (address:httpport)"
+  function nodeHost(hostname, node) {
+    if (!hostname) { return node; }
+    return `${hostname}:${String(node).split(":").pop()} (${node})`;
+  }
+
+  // a consumer as nsqadmin writes it: "hostname:port (client id)"
+  function clientHost(c) {
+    const port = String(c.remote_address || "").split(":").pop();
+    return `${c.hostname || ""}${port ? ":" + port : ""}` +
+      (c.client_id && c.client_id !== c.hostname ? ` (${c.client_id})` : "");
+  }
+
+  function memDisk(s) {
+    return `<td data-field="memory_disk"><span data-field="memory_depth">${num(s.memory_depth)}</span> + ` +
+      `<span data-field="backend_depth">${num(s.backend_depth)}</span></td>`;
+  }
+
+  const TOPIC_HEAD = "<th>Depth</th><th>Memory + Disk</th><th>Messages</th><th>Channels</th>";
+
+  function topicCells(t, channels) {
+    return `<td data-field="depth">${num(t.depth)}</td>${memDisk(t)}` +
+      `<td data-field="message_count">${num(t.message_count)}</td><td data-field="channels">${num(channels)}</td>`;
+  }
+
+  const CHANNEL_HEAD = "<th>Depth</th><th>Memory + Disk</th><th>In-Flight</th><th>Deferred</th><th>Requeued</th>" +
+    "<th>Timed Out</th><th>Messages</th><th>Connections</th>";
+
+  function channelCells(c) {
+    return `<td data-field="depth">${num(c.depth)}</td>${memDisk(c)}` +
+      `<td data-field="in_flight_count">${num(c.in_flight_count)}</td>` +
+      `<td data-field="deferred_count">${num(c.deferred_count)}</td>` +
+      `<td data-field="requeue_count">${num(c.requeue_count)}</td>` +
+      `<td data-field="timeout_count">${num(c.timeout_count)}</td>` +
+      `<td data-field="message_count">${num(c.message_count)}</td>` +
+      `<td data-field="client_count">${num(c.client_count)}</td>`;
+  }
+
+  function clientHead(withNode) {
+    return "<th>Client Host</th><th>User-Agent</th><th>Attributes</th>" + (withNode ? "<th>NSQd Host</th>" : "") +
+      "<th>In-Flight</th><th>Ready Count</th><th>Finished</th><th>Requeued</th><th>Messages</th>" +
+      "<th>Connected</th><th>Address</th>";
+  }
+
+  function clientAttributes(c) {
+    const out = [];
+    if (c.tls) { out.push(esc(`TLS ${c.tls_version || ""}`.trim())); }
+    if (c.snappy) { out.push("snappy"); }
+    if (c.deflate) { out.push("deflate"); }
+    if (c.sample_rate) { out.push(`sampled ${esc(c.sample_rate)}%`); }
+    if (c.authed) {
+      const who = esc(c.auth_identity || "authed");
+      out.push(c.auth_identity_url ? `<a href="${esc(c.auth_identity_url)}">${who}</a>` : who);
+    }
+    return out.map((a) => `<span class="badge">${a}</span>`).join(" ");
+  }
+
+  function clientRow(c, withNode) {
+    return `<tr class="client" data-client="${esc(c.remote_address)}">` +
+      `<td data-field="client_host">${esc(clientHost(c))}</td>` +
+      `<td data-field="user_agent">${esc(c.user_agent || "")} <small>${esc(c.version)}</small></td>` +
+      `<td data-field="attributes">${clientAttributes(c)}</td>` +
+      (withNode ? `<td data-field="node">${link(`/nodes/${enc(c.node)}`, c.node)}</td>` : "") +
+      `<td data-field="in_flight_count">${num(c.in_flight_count)}</td>` +
+      `<td data-field="ready_count">${num(c.ready_count)}</td>` +
+      `<td data-field="finish_count">${num(c.finish_count)}</td>` +
+      `<td data-field="requeue_count">${num(c.requeue_count)}</td>` +
+      `<td data-field="message_count">${num(c.message_count)}</td>` +
+      `<td data-field="connected">${duration(c.connected)}</td>` +
+      `<td data-field="remote_address">${esc(c.remote_address)}</td></tr>`;
+  }
+
+  // the sum of the channels' depths: what waits in a topic's channels
+  function backlog(channels) {
+    return (channels || []).reduce((sum, c) => sum + (c.depth || 0), 0);
   }
 
   async function topicView(main, topic) {
@@ -193,40 +282,40 @@
     }
     if (!data.nodes) { main.innerHTML = notFound(`Topic ${topic}`); return; }
     document.title = `${topic} - nsqtw-admin`;
+    const tombstones = S.is_admin && S.nsqlookupd && S.nsqlookupd.length;
     const nodes = (data.nodes || []).map((n) =>
-      `<tr data-node="${esc(n.node)}"><td>${link(`/nodes/${enc(n.node)}`, n.node)} ${badge(n.paused, "paused")}</td>` +
-      depthCells(n) + `<td data-field="message_count">${num(n.message_count)}</td>` +
-      `<td data-field="channels">${(n.channels || []).length}</td>` +
-      (S.is_admin && S.nsqlookupd && S.nsqlookupd.length ?
-        `<td><button class="small" data-tombstone="${esc(n.node)}">Tombstone</button></td>` : "<td></td>") +
+      `<tr data-node="${esc(n.node)}"><td data-field="node">` +
+      `${link(`/nodes/${enc(n.node)}`, nodeHost(n.hostname, n.node))} ${badge(n.paused, "paused")}</td>` +
+      topicCells(n, (n.channels || []).length) +
+      (tombstones ? `<td><button class="small" data-tombstone="${esc(n.node)}" data-topic="${esc(topic)}">` +
+        `Tombstone</button></td>` : "<td></td>") +
       `</tr>`).join("");
+    const total = `<tr class="total" data-total><td>Total:</td>` + topicCells(data, (data.channels || []).length) +
+      `<td></td></tr>`;
     const channels = (data.channels || []).slice().sort((a, b) => a.channel_name < b.channel_name ? -1 : 1)
       .map((c) =>
         `<tr data-channel="${esc(c.channel_name)}"><td>${link(`/topics/${enc(topic)}/${enc(c.channel_name)}`, c.channel_name)}` +
-        ` ${badge(c.paused, "paused")}</td>` + depthCells(c) +
-        `<td data-field="in_flight_count">${num(c.in_flight_count)}</td>` +
-        `<td data-field="deferred_count">${num(c.deferred_count)}</td>` +
-        `<td data-field="requeue_count">${num(c.requeue_count)}</td>` +
-        `<td data-field="timeout_count">${num(c.timeout_count)}</td>` +
-        `<td data-field="message_count">${num(c.message_count)}</td>` +
-        `<td data-field="client_count">${num(c.client_count)}</td></tr>`).join("");
+        ` ${badge(c.paused, "paused")}</td>` + channelCells(c) + `</tr>`).join("");
     main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ${esc(topic)}</nav>` +
       `<h1>Topic <span id="topic-name">${esc(topic)}</span> ${badge(data.paused, "paused")}</h1>` +
       warning(data.message) + `<div id="flash" class="alert" hidden></div>` +
       actions([{id: data.paused ? "unpause" : "pause", label: data.paused ? "Unpause topic" : "Pause topic"},
                {id: "empty", label: "Empty topic", danger: true},
                {id: "delete", label: "Delete topic", danger: true}]) +
-      `<section class="totals" id="totals"><div><b data-field="depth">${num(data.depth)}</b> depth</div>` +
+      `<section class="totals" id="totals">` +
+      `<div title="messages in the topic's own queue, not yet copied to its channels">` +
+      `<b data-field="depth">${num(data.depth)}</b> topic depth</div>` +
+      `<div title="messages waiting in the topic's channels (the sum of their depths)">` +
+      `<b data-field="backlog">${num(backlog(data.channels))}</b> channel backlog</div>` +
       `<div><b data-field="message_count">${num(data.message_count)}</b> messages</div>` +
       `<div><b data-field="channels">${(data.channels || []).length}</b> channels</div>` +
       `<div><b data-field="nodes">${(data.nodes || []).length}</b> nodes</div></section>` +
       (await charts(topic, "")) +
       graphite(`nonNegativeDerivative(sumSeries(${statsdKey("counter", `topic.${topic}.message_count`)}))`) +
-      `<h2>Nodes</h2><table id="nodes"><thead><tr><th>Node</th><th>Depth</th><th>Memory</th><th>Backend</th>` +
-      `<th>Messages</th><th>Channels</th><th></th></tr></thead><tbody>${nodes}</tbody></table>` +
-      `<h2>Channels</h2><table id="channels"><thead><tr><th>Channel</th><th>Depth</th><th>Memory</th><th>Backend</th>` +
-      `<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th><th>Messages</th><th>Clients</th>` +
-      `</tr></thead><tbody>${channels || '<tr><td class="empty" colspan="10">no channels</td></tr>'}</tbody></table>`;
+      `<h2>Topic message queue</h2><table id="nodes"><thead><tr><th>NSQd Host</th>${TOPIC_HEAD}<th></th>` +
+      `</tr></thead><tbody>${nodes}${total}</tbody></table>` +
+      `<h2>Channel message queues</h2><table id="channels"><thead><tr><th>Channel</th>${CHANNEL_HEAD}` +
+      `</tr></thead><tbody>${channels || '<tr><td class="empty" colspan="9">no channels</td></tr>'}</tbody></table>`;
     const path = `/api/topics/${enc(topic)}`;
     bindActions(main, {
       pause: () => act(`Pause topic ${topic} on every node?`, "POST", path, {action: "pause"}),
@@ -234,9 +323,16 @@
       empty: () => act(`Empty topic ${topic}: drop every message it holds?`, "POST", path, {action: "empty"}),
       delete: () => act(`Delete topic ${topic} and all its channels?`, "DELETE", path, null, "/topics"),
     });
-    main.querySelectorAll("button[data-tombstone]").forEach((btn) => btn.addEventListener("click", () =>
-      act(`Tombstone ${btn.dataset.tombstone} for topic ${topic} (lookupd stops listing it, the node deletes the topic)?`,
-          "DELETE", `/api/nodes/${enc(btn.dataset.tombstone)}`, {topic: topic})));
+    bindTombstones(main);
+  }
+
+  function bindTombstones(root) {
+    root.querySelectorAll("button[data-tombstone]").forEach((btn) => {
+      const topic = btn.dataset.topic;
+      btn.addEventListener("click", () =>
+        act(`Tombstone ${btn.dataset.tombstone} for topic ${topic} (lookupd stops listing it, the node deletes the topic)?`,
+            "DELETE", `/api/nodes/${enc(btn.dataset.tombstone)}`, {topic: topic}));
+    });
   }
 
   async function channelView(main, topic, channel) {
@@ -253,27 +349,11 @@
     if (!data.channel_name) { main.innerHTML = notFound(`Channel ${topic}/${channel}`); return; }
     document.title = `${topic}/${channel} - nsqtw-admin`;
     const nodes = (data.nodes || []).map((n) =>
-      `<tr data-node="${esc(n.node)}"><td>${link(`/nodes/${enc(n.node)}`, n.node)} ${badge(n.paused, "paused")}</td>` +
-      depthCells(n) + `<td data-field="in_flight_count">${num(n.in_flight_count)}</td>` +
-      `<td data-field="deferred_count">${num(n.deferred_count)}</td>` +
-      `<td data-field="requeue_count">${num(n.requeue_count)}</td>` +
-      `<td data-field="timeout_count">${num(n.timeout_count)}</td>` +
-      `<td data-field="message_count">${num(n.message_count)}</td>` +
-      `<td data-field="client_count">${num(n.client_count)}</td></tr>`).join("");
-    const clients = (data.clients || []).map((c) =>
-      `<tr data-client="${esc(c.remote_address)}"><td>${esc(c.node)}</td>` +
-      `<td>${esc(c.client_id)}<br><small>${esc(c.hostname)}</small></td>` +
-      `<td data-field="remote_address">${esc(c.remote_address)}</td>` +
-      `<td data-field="user_agent">${esc(c.user_agent || "")}<br><small>${esc(c.version)}</small></td>` +
-      `<td data-field="ready_count">${num(c.ready_count)}</td>` +
-      `<td data-field="in_flight_count">${num(c.in_flight_count)}</td>` +
-      `<td data-field="message_count">${num(c.message_count)}</td>` +
-      `<td data-field="finish_count">${num(c.finish_count)}</td>` +
-      `<td data-field="requeue_count">${num(c.requeue_count)}</td>` +
-      `<td data-field="flags">${[c.tls ? "TLS " + (c.tls_version || "") : "", c.snappy ? "snappy" : "",
-        c.deflate ? "deflate" : "", c.sample_rate ? `sample ${c.sample_rate}%` : "",
-        c.authed ? `auth ${c.auth_identity}` : ""].filter(Boolean).map(esc).join(", ")}</td>` +
-      `<td data-field="connected">${duration(c.connected)}</td></tr>`).join("");
+      `<tr data-node="${esc(n.node)}"><td data-field="node">` +
+      `${link(`/nodes/${enc(n.node)}`, nodeHost(n.hostname, n.node))} ${badge(n.paused, "paused")}</td>` +
+      channelCells(n) + `</tr>`).join("");
+    const total = `<tr class="total" data-total><td>Total:</td>${channelCells(data)}</tr>`;
+    const clients = (data.clients || []).map((c) => clientRow(c, true)).join("");
     main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ` +
       `${link(`/topics/${enc(topic)}`, topic)} / ${esc(channel)}</nav>` +
       `<h1>Channel <span id="channel-name">${esc(channel)}</span> ${badge(data.paused, "paused")}</h1>` +
@@ -281,18 +361,18 @@
       actions([{id: data.paused ? "unpause" : "pause", label: data.paused ? "Unpause channel" : "Pause channel"},
                {id: "empty", label: "Empty channel", danger: true},
                {id: "delete", label: "Delete channel", danger: true}]) +
-      `<section class="totals" id="totals"><div><b data-field="depth">${num(data.depth)}</b> depth</div>` +
+      `<section class="totals" id="totals">` +
+      `<div title="messages waiting in the channel on every node (memory + disk)">` +
+      `<b data-field="depth">${num(data.depth)}</b> channel depth</div>` +
       `<div><b data-field="in_flight_count">${num(data.in_flight_count)}</b> in flight</div>` +
+      `<div><b data-field="deferred_count">${num(data.deferred_count)}</b> deferred</div>` +
       `<div><b data-field="message_count">${num(data.message_count)}</b> messages</div>` +
       `<div><b data-field="client_count">${num(data.client_count)}</b> clients</div></section>` +
       (await charts(topic, channel)) +
       graphite(`nonNegativeDerivative(sumSeries(${statsdKey("counter", `topic.${topic}.channel.${channel}.message_count`)}))`) +
-      `<h2>Nodes</h2><table id="nodes"><thead><tr><th>Node</th><th>Depth</th><th>Memory</th><th>Backend</th>` +
-      `<th>In flight</th><th>Deferred</th><th>Requeued</th><th>Timed out</th><th>Messages</th><th>Clients</th>` +
-      `</tr></thead><tbody>${nodes}</tbody></table>` +
-      `<h2>Clients</h2><table id="clients"><thead><tr><th>Node</th><th>Client</th><th>Address</th>` +
-      `<th>User agent / protocol</th><th>RDY</th><th>In flight</th><th>Messages</th><th>Finished</th>` +
-      `<th>Requeued</th><th>TLS / compression</th><th>Connected</th></tr></thead>` +
+      `<h2>Channel</h2><table id="nodes"><thead><tr><th>NSQd Host</th>${CHANNEL_HEAD}</tr></thead>` +
+      `<tbody>${nodes}${total}</tbody></table>` +
+      `<h2>Client connections</h2><table id="clients"><thead><tr>${clientHead(true)}</tr></thead>` +
       `<tbody>${clients || '<tr><td class="empty" colspan="11">no clients</td></tr>'}</tbody></table>`;
     const path = `/api/topics/${enc(topic)}/${enc(channel)}`;
     bindActions(main, {
@@ -303,55 +383,76 @@
     });
   }
 
+  // a topic name, struck out and marked when the lookupds hold a tombstone for it on this node
+  function topicName(t, tombstoned) {
+    const name = link(`/topics/${enc(t)}`, t, tombstoned ? 'class="tombstoned" title="tombstoned on nsqlookupd"' : "");
+    return tombstoned ? `<s data-tombstoned="${esc(t)}">${name}</s>` : name;
+  }
+
   async function nodesView(main) {
     const data = await api("/api/nodes");
     document.title = "Nodes - nsqtw-admin";
     const lookupds = (S.nsqlookupd || []).length;
     const rows = (data.nodes || []).map((n) => {
       const http = `${n.broadcast_address}:${n.http_port}`;
-      const topics = (n.topics || []).map((t) => t.tombstoned ? `<s title="tombstoned">${esc(t.topic)}</s>` :
-        link(`/topics/${enc(t.topic)}`, t.topic)).join(", ");
-      return `<tr data-node="${esc(http)}"><td>${link(`/nodes/${enc(http)}`, n.hostname)}</td>` +
-        `<td>${esc(n.broadcast_address)}</td><td data-field="tcp_port">${esc(n.tcp_port)}</td>` +
+      const topics = (n.topics || []).map((t) => topicName(t.topic, t.tombstoned)).join(" ");
+      const conns = n.remote_addresses || [];
+      return `<tr data-node="${esc(http)}"><td data-field="hostname">${link(`/nodes/${enc(http)}`, n.hostname)}</td>` +
+        `<td data-field="broadcast_address">${link(`/nodes/${enc(http)}`, n.broadcast_address)}</td>` +
+        `<td data-field="tcp_port">${esc(n.tcp_port)}</td>` +
         `<td data-field="http_port">${esc(n.http_port)}</td>` +
-        `<td>${esc(n.version)} ${badge(n.out_of_date, "out of date")}</td>` +
-        (lookupds ? `<td>${(n.remote_addresses || []).map(esc).join("<br>")}` +
-          `${badge((n.remote_addresses || []).length !== lookupds, "not on every lookupd")}</td>` : "") +
-        `<td data-field="topics">${topics}</td></tr>`;
+        `<td data-field="version">${esc(n.version)} ${badge(n.out_of_date, "out of date")}</td>` +
+        (lookupds ? `<td data-field="lookupd_conns"><b>${conns.length}</b> <small>${conns.map(esc).join("<br>")}</small>` +
+          `${badge(conns.length !== lookupds, "not on every lookupd")}</td>` : "") +
+        `<td data-field="topics"><b>${(n.topics || []).length}</b> ${topics}</td></tr>`;
     }).join("");
-    main.innerHTML = `<h1>Nodes</h1>${warning(data.message)}<table id="nodes"><thead><tr><th>Hostname</th>` +
-      `<th>Broadcast address</th><th>TCP port</th><th>HTTP port</th><th>Version</th>` +
-      (lookupds ? "<th>Lookupd connections</th>" : "") + `<th>Topics</th></tr></thead><tbody>${rows ||
+    main.innerHTML = `<h1>Nodes (<span data-field="node_count">${(data.nodes || []).length}</span>)</h1>` +
+      `${warning(data.message)}<table id="nodes"><thead><tr><th>Hostname</th>` +
+      `<th>Broadcast Address</th><th>TCP Port</th><th>HTTP Port</th><th>Version</th>` +
+      (lookupds ? "<th>Lookupd Conns.</th>" : "") + `<th>Topics</th></tr></thead><tbody>${rows ||
         '<tr><td class="empty" colspan="7">no nodes</td></tr>'}</tbody></table>`;
   }
 
   async function nodeView(main, node) {
-    let data;
+    let data, producers;
     try {
-      data = await api(`/api/nodes/${enc(node)}`);
+      [data, producers] = await Promise.all([
+        api(`/api/nodes/${enc(node)}`), api("/api/nodes").catch(() => ({nodes: []}))]);
     } catch (e) {
       if (e.status === 404) { main.innerHTML = notFound(`Node ${node}`); return; }
       throw e;
     }
     document.title = `${node} - nsqtw-admin`;
-    const rows = (data.topics || []).map((t) =>
-      `<tr class="topic" data-topic="${esc(t.topic_name)}"><td>${link(`/topics/${enc(t.topic_name)}`, t.topic_name)}` +
-      ` ${badge(t.paused, "paused")}</td>` + depthCells(t) + `<td></td>` +
-      `<td data-field="message_count">${num(t.message_count)}</td><td></td></tr>` +
-      (t.channels || []).map((c) =>
-        `<tr class="channel" data-channel="${esc(t.topic_name)}/${esc(c.channel_name)}"><td>↳ ` +
-        `${link(`/topics/${enc(t.topic_name)}/${enc(c.channel_name)}`, c.channel_name)} ${badge(c.paused, "paused")}</td>` +
-        depthCells(c) + `<td data-field="in_flight_count">${num(c.in_flight_count)}</td>` +
-        `<td data-field="message_count">${num(c.message_count)}</td>` +
-        `<td data-field="clients">${num((c.clients || []).length)}</td></tr>`).join("")).join("");
+    const me = (producers.nodes || []).find((n) => `${n.broadcast_address}:${n.http_port}` === node) || {};
+    const tombstoned = new Set((me.topics || []).filter((t) => t.tombstoned).map((t) => t.topic));
+    const tombstones = S.is_admin && S.nsqlookupd && S.nsqlookupd.length;
+    const rows = (data.topics || []).map((t) => {
+      const channels = t.channels || [];
+      return `<tbody class="topic" data-topic="${esc(t.topic_name)}">` +
+        `<tr><th>Topic</th>${TOPIC_HEAD}<th colspan="6"></th></tr>` +
+        `<tr class="topic"><td>${topicName(t.topic_name, tombstoned.has(t.topic_name))} ${badge(t.paused, "paused")}` +
+        `${tombstoned.has(t.topic_name) ? '<span class="badge tombstoned">tombstoned</span>' : ""}</td>` +
+        topicCells(t, channels.length) +
+        `<td colspan="6">${tombstones ? `<button class="small" data-tombstone="${esc(node)}" ` +
+          `data-topic="${esc(t.topic_name)}">Tombstone</button>` : ""}</td></tr>` +
+        (channels.length ? "" : '<tr><td class="empty" colspan="11">no channels</td></tr>') +
+        channels.map((c) =>
+          `<tr class="channel-head"><th>Channel</th>${CHANNEL_HEAD}<th colspan="2"></th></tr>` +
+          `<tr class="channel" data-channel="${esc(t.topic_name)}/${esc(c.channel_name)}"><td>` +
+          `${link(`/topics/${enc(t.topic_name)}/${enc(c.channel_name)}`, c.channel_name)} ${badge(c.paused, "paused")}</td>` +
+          channelCells(c) + `<td colspan="2"></td></tr>` +
+          ((c.clients || []).length ? `<tr class="client-head">${clientHead(false)}</tr>` +
+            c.clients.map((cl) => clientRow(cl, false)).join("") :
+            '<tr><td class="empty" colspan="11">no clients</td></tr>')).join("") + `</tbody>`;
+    }).join("");
     main.innerHTML = `<nav class="crumbs">${link("/nodes", "Nodes")} / ${esc(node)}</nav>` +
-      `<h1>Node <span id="node-name">${esc(node)}</span></h1>${warning(data.message)}` +
+      `<h1>Node <span id="node-name">${esc(me.hostname ? nodeHost(me.hostname, node) : node)}</span></h1>` +
+      `${warning(data.message)}<div id="flash" class="alert" hidden></div>` +
       `<section class="totals" id="totals"><div><b data-field="total_messages">${num(data.total_messages)}</b> messages</div>` +
       `<div><b data-field="total_clients">${num(data.total_clients)}</b> clients</div>` +
       `<div><b data-field="topics">${(data.topics || []).length}</b> topics</div></section>` +
-      `<table id="node-topics"><thead><tr><th>Topic / channel</th><th>Depth</th><th>Memory</th><th>Backend</th>` +
-      `<th>In flight</th><th>Messages</th><th>Clients</th></tr></thead><tbody>${rows ||
-        '<tr><td class="empty" colspan="7">no topics</td></tr>'}</tbody></table>`;
+      `<table id="node-topics">${rows || '<tbody><tr><td class="empty">no topics</td></tr></tbody>'}</table>`;
+    bindTombstones(main);
   }
 
   async function lookupView(main) {
@@ -369,13 +470,16 @@
     }));
     const rows = Object.keys(producers).sort().map((t) =>
       `<tr data-topic="${esc(t)}"><td>${link(`/topics/${enc(t)}`, t)}</td><td>` +
-      producers[t].map((p) => p.tombstoned ? `<s title="tombstoned">${esc(p.node)}</s> <span class="badge">tombstoned</span>` :
+      producers[t].map((p) => p.tombstoned ?
+        `<s data-tombstoned="${esc(p.node)}">${link(`/nodes/${enc(p.node)}`, p.node)}</s> ` +
+        `<span class="badge tombstoned">tombstoned</span>` :
         link(`/nodes/${enc(p.node)}`, p.node)).join("<br>") + `</td></tr>`).join("");
     const orphans = Object.keys(inactive.topics || {}).sort().map((t) =>
       `<tr data-topic="${esc(t)}"><td>${esc(t)}</td><td>${(inactive.topics[t] || []).map(esc).join(", ")}</td>` +
       `<td>${S.is_admin ? `<button class="small danger" data-delete-topic="${esc(t)}">Delete</button>` : ""}</td></tr>`).join("");
     main.innerHTML = `<h1>Lookup</h1>${warning(nodes.message || inactive.message)}<div id="flash" class="alert" hidden></div>` +
-      `<p>nsqlookupd: ${lookupds.map(esc).join(", ")}</p>` +
+      `<table id="lookupds"><thead><tr><th>nsqlookupd Host</th></tr></thead><tbody>` +
+      lookupds.map((l) => `<tr data-lookupd="${esc(l)}"><td>${esc(l)}</td></tr>`).join("") + `</tbody></table>` +
       `<h2>Producers by topic</h2><table id="producers"><thead><tr><th>Topic</th><th>Nodes</th></tr></thead>` +
       `<tbody>${rows || '<tr><td class="empty" colspan="2">none</td></tr>'}</tbody></table>` +
       `<h2>Topics without producers</h2><table id="inactive"><thead><tr><th>Topic</th><th>Channels</th><th></th></tr></thead>` +
@@ -410,7 +514,8 @@
     main.innerHTML = `<h1>Messages processed</h1>${warning(data.message)}` +
       `<div class="counter" id="counter" data-field="total">${num(total)}</div>` +
       `<p class="muted">the sum of every channel's message count over every node, updated every second</p>` +
-      `<section class="charts">${chart("rate", counter.rates, "rate", "msg/s")}</section>`;
+      `<section class="charts">${chart("messages processed per second", counter.rates, "rate", "msg/s",
+                                       "growth of the total above between two refreshes")}</section>`;
   }
 
   // --- routing -----------------------------------------------------------------------------------
