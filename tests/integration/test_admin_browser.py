@@ -447,3 +447,190 @@ def test_graphite_graphs_with_graphite_url(browser: Any, cluster: Cluster, tmp_p
         assert not browser.find_elements(By.ID, "charts")  # no history without polling
     finally:
         admin.stop()
+
+
+# --- side by side with Go nsqadmin v1.3.0 ---------------------------------------------------------
+
+#: Go NSQ v1.3.0's programs: $NSQTW_GO_BIN, or ../shared/anchor/bin beside the checkout (or beside
+#: the folder holding it, for a worktree)
+GO_BIN = os.environ.get("NSQTW_GO_BIN") or next(
+    (d for d in (os.path.join(ROOT, "..", "shared", "anchor", "bin"),
+                 os.path.join(ROOT, "..", "..", "shared", "anchor", "bin")) if os.path.isdir(d)), "")
+
+
+class GoDaemon(Daemon):
+    """One of Go NSQ v1.3.0's programs, started and read as an nsqtw daemon is (it logs the same lines)."""
+
+    def __init__(self, program: str, data_path: str, *args: str, listens: tuple[str, ...] = ("TCP", "HTTP")) -> None:
+        super().__init__(data_path, *args)
+        self.program = program
+        self.listens = listens
+
+    def address_args(self, tcp: str, http: str) -> list[str]:
+        return super().address_args(tcp, http) if "TCP" in self.listens else [f"--http-address={http}"]
+
+    def command(self, tcp: str, http: str) -> list[str]:
+        extra = [f"--data-path={self.data_path}"] if self.program == "nsqd" else []
+        return [os.path.join(GO_BIN, self.program), *self.address_args(tcp, http), *extra, *self.args]
+
+
+class SideBySide:
+    def __init__(self, go_admin: Daemon, admin: Daemon, nodes: list[Daemon]) -> None:
+        self.go_admin, self.admin, self.nodes = go_admin, admin, nodes
+
+
+@pytest.fixture(scope="module")
+def go_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]:
+    """Go nsqlookupd, two Go nsqd, Go nsqadmin and nsqtw-admin in front of the same cluster."""
+    if not all(os.access(os.path.join(GO_BIN, p), os.X_OK) for p in ("nsqd", "nsqlookupd", "nsqadmin")):
+        pytest.skip("Go NSQ v1.3.0 (../shared/anchor/bin) is not on this machine")
+    root = tmp_path_factory.mktemp("admin-side-by-side")
+    started: list[Daemon] = []
+
+    def start(daemon: Daemon) -> Daemon:
+        started.append(daemon)
+        return daemon.start()
+
+    def folder(name: str) -> str:
+        (root / name).mkdir()
+        return str(root / name)
+
+    clients: list[Client] = []
+    try:
+        lookupd = start(GoDaemon("nsqlookupd", folder("lookupd"), "--tombstone-lifetime=1h"))
+        a, b = (start(GoDaemon("nsqd", folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
+                               "--broadcast-address=127.0.0.1")) for n in ("a", "b"))
+        go_admin = start(GoDaemon("nsqadmin", folder("go-admin"), f"--lookupd-http-address={lookupd.http_address}",
+                                  listens=("HTTP",)))
+        admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
+                                  "--history-interval=1s"))
+        clients = populate(lookupd.http_address, (a.tcp_address, a.http_address), (b.tcp_address, b.http_address))
+        yield SideBySide(go_admin, admin, [a, b])
+    finally:
+        for client in clients:
+            client.close()
+        for d in reversed(started):
+            d.stop()
+
+
+# Every table row on a page, as {header: cell text}: a row of header cells names the cells of the
+# rows under it (nsqadmin's node page puts topic, channel and client headers in one table), spans
+# are spread over the columns they cover, and a row's kind is its first named column.
+_ROWS_JS = """
+const norm = (s) => (s || "").replace(/\\u2718/g, "").replace(/\\s+/g, " ").trim();
+const out = [];
+document.querySelectorAll(arguments[0] + " table").forEach((table) => {
+  let head = null;
+  Array.from(table.rows).forEach((row) => {
+    const cells = [];
+    Array.from(row.cells).forEach((c) => {
+      for (let i = 0; i < c.colSpan; i++) { cells.push({th: c.tagName === "TH", text: i ? "" : norm(c.textContent)}); }
+    });
+    if (row.cells.length && Array.from(row.cells).every((c) => c.tagName === "TH")) {
+      head = cells.map((c) => c.text);
+      return;
+    }
+    // a lone cell under several headers is a notice ("no clients"), not a row
+    if (!head || (row.cells.length < 2 && head.length > 1)) { return; }
+    const named = {};
+    head.forEach((h, i) => { if (h && i < cells.length) { named[h] = cells[i].text; } });
+    const kind = head.find((h) => h);
+    out.push({kind: kind, key: named[kind].replace(/:$/, ""), cells: named});
+  });
+});
+return out;
+"""
+
+#: cells that change from one look to the next
+_LIVE = {"Connected"}
+
+
+def _rows(driver: Any, url: str, scope: str, ready: Callable[[Any], Any]) -> list[dict[str, Any]]:
+    driver.get(url)
+    WebDriverWait(driver, 20).until(ready)
+    time.sleep(0.5)  # Go's page fills its tables from several requests
+    return list(driver.execute_script(_ROWS_JS, scope))
+
+
+def _same_cell(go: str, ours: str) -> bool:
+    """Ours shows what Go's shows, perhaps followed by more (a protocol version, a badge, a list)."""
+    return ours == go or ours.startswith(go + " ")
+
+
+def _same_key(go: str, ours: str) -> bool:
+    # Go's node page names a client by its hostname alone; ours as its channel page: hostname:port (id)
+    return _same_cell(go, ours) or ours.startswith(go + ":")
+
+
+def _not_on_ours(go_rows: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[str]:
+    """Each of Go's rows must have a row on ours of the same kind and key showing every cell Go shows."""
+    missing = []
+    for row in go_rows:
+        candidates = [r for r in ours if r["kind"] == row["kind"] and _same_key(row["key"], r["key"])]
+        wanted = {h: v for h, v in row["cells"].items() if h not in _LIVE and h != row["kind"] and v}
+        if not any(all(h in r["cells"] and _same_cell(v, r["cells"][h]) for h, v in wanted.items())
+                   for r in candidates):
+            missing.append(f"{row['kind']} {row['key']!r}: Go shows {wanted}; ours: "
+                           f"{[r['cells'] for r in candidates] or 'no such row'}")
+    return missing
+
+
+def _go_shot(driver: Any, name: str) -> None:
+    driver.save_screenshot(str(ARTIFACTS / f"go-{name}.png"))
+
+
+def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide) -> None:
+    """Over one Go cluster, every row and cell of Go nsqadmin's topic, channel, node, nodes, lookup and
+    topics pages is on nsqtw-admin's page (hostnames, Total rows, clients with their fields, deferred,
+    requeued and timed-out counts, paused channels, tombstoned topics), and the counters agree."""
+    go = f"http://{go_cluster.go_admin.http_address}"
+    ours = f"http://{go_cluster.admin.http_address}"
+    a, b = (n.http_address for n in go_cluster.nodes)
+    loaded = lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded")  # noqa: E731
+    pages = [("/", "/topics", "topics", 2), ("/topics/orders", "/topics/orders", "topic", 5),
+             ("/topics/orders/billing", "/topics/orders/billing", "channel", 5),
+             (f"/nodes/{a}", f"/nodes/{a}", "node-a", 3), (f"/nodes/{b}", f"/nodes/{b}", "node-b", 5),
+             ("/nodes", "/nodes", "nodes", 2), ("/lookup", "/lookup", "lookup", 1)]
+    for go_path, our_path, name, least in pages:
+        go_rows = _rows(browser, go + go_path, "body", lambda d: d.find_elements(By.CSS_SELECTOR, "table td"))
+        _go_shot(browser, name)
+        our_rows = _rows(browser, ours + our_path, "#main", loaded)
+        _shot(browser, f"side-by-side-{name}")
+        assert len(go_rows) >= least, (name, go_rows)  # Go's page did show the scenario
+        assert not _not_on_ours(go_rows, our_rows), (name, _not_on_ours(go_rows, our_rows))
+        if name == "topic":  # the items Go shows that ours once lacked
+            keys = {r["key"] for r in go_rows}
+            assert "Total" in keys and any(re.fullmatch(r".+:\d+ \(127\.0\.0\.1:\d+\)", k) for k in keys), keys
+        if name == "node-b":
+            kinds = {r["kind"] for r in go_rows}
+            assert {"Topic", "Channel", "Client Host"} <= kinds, kinds
+    # the node page's totals: "N Messages", "N Clients" on Go's, #totals on ours
+    browser.get(f"{go}/nodes/{b}")
+    WebDriverWait(browser, 20).until(lambda d: "Clients" in d.find_element(By.TAG_NAME, "body").text)
+    found = re.search(r"([\d,]+) Messages\s+([\d,]+) Clients", browser.find_element(By.TAG_NAME, "body").text)
+    assert found, browser.find_element(By.TAG_NAME, "body").text
+    _open_url(browser, f"{ours}/nodes/{b}")
+    assert (_number(browser, '#totals [data-field="total_messages"]'),
+            _number(browser, '#totals [data-field="total_clients"]')) == \
+        tuple(int(g.replace(",", "")) for g in found.groups())
+    # the lookup page's topics without producers (logs: its one producer is tombstoned)
+    browser.get(f"{go}/lookup")
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "li a[href^='/topics/']"))
+    go_inactive = {e.text.strip() for e in browser.find_elements(By.CSS_SELECTOR, "li a[href^='/topics/']")
+                   if "/" not in e.get_attribute("pathname")[len("/topics/"):]}
+    assert go_inactive == {"logs"}
+    _open_url(browser, f"{ours}/lookup")
+    assert {e.get_attribute("data-topic") for e in browser.find_elements(By.CSS_SELECTOR, "#inactive tr[data-topic]")} \
+        == go_inactive
+    # the counter: Go's flip digits, ours one number
+    browser.get(f"{go}/counter")
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".numbers .number .top"))
+    go_count = int("".join(e.get_attribute("textContent") for e in
+                           browser.find_elements(By.CSS_SELECTOR, ".numbers .number .top")))
+    _open_url(browser, f"{ours}/counter")
+    assert _number(browser, "#counter") == go_count > 0
+
+
+def _open_url(driver: Any, url: str) -> None:
+    driver.get(url)
+    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))

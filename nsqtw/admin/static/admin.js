@@ -182,7 +182,7 @@
       api("/api/topics"),
       S.nsqlookupd && S.nsqlookupd.length ? api("/api/topics?inactive=true").catch(() => ({topics: {}})) : {topics: {}}]);
     const rows = (data.topics || []).map((t) =>
-      `<tr data-topic="${esc(t)}"><td>${link(`/topics/${enc(t)}`, t)}` +
+      `<tr data-topic="${esc(t)}"><td>${link(`/topics/${enc(t)}`, t)} ` +
       `${badge(inactive.topics && t in inactive.topics, "no producers")}</td></tr>`).join("");
     document.title = "Topics - nsqtw-admin";
     main.innerHTML = `<h1>Topics</h1>${warning(data.message)}${await charts("", "")}` +
