@@ -6,7 +6,15 @@ loaded and its numbers checked against the nodes' own ``/stats``; pause and
 empty are clicked (through the confirmation) and the nodes checked to have
 changed; a killed node leaves the pages rendering with its error shown.
 Screenshots of every page are saved under ``tests/artifacts/admin/`` (or
-``$NSQTW_ARTIFACTS``), ignored by git; docs/img/ holds a copy.
+``$NSQTW_ARTIFACTS``), ignored by git; docs/img/ holds a copy (``node-b.png``
+is docs/img/admin-node.png).
+
+Beside that cluster, ``test_pages_show_what_go_nsqadmin_shows`` runs Go
+nsqlookupd, two Go nsqd, Go nsqadmin v1.3.0 and nsqtw-admin over one
+cluster in the same scenario, and checks that every row and cell of Go's
+pages is on ours (``go-*.png`` and ``side-by-side-*.png`` are the two
+sides). It is skipped where Go's programs are not found
+(``$NSQTW_GO_BIN`` or ``../shared/anchor/bin``).
 
 ``.ci/run`` installs chromium and chromium-driver; without them (a developer
 machine) the module is skipped with the apt-get line to run.
@@ -120,19 +128,30 @@ def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[
     return [consumer, worker]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("admin-browser")
-    started: list[Daemon] = []
+class Daemons:
+    """Daemons started in folders of one scratch directory, all stopped (last first) at the end."""
 
-    def start(daemon: Daemon) -> Daemon:
-        started.append(daemon)
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.started: list[Daemon] = []
+
+    def start(self, daemon: Daemon) -> Daemon:
+        self.started.append(daemon)
         return daemon.start()
 
-    def folder(name: str) -> str:
-        (root / name).mkdir()
-        return str(root / name)
+    def folder(self, name: str) -> str:
+        (self.root / name).mkdir()
+        return str(self.root / name)
 
+    def stop(self) -> None:
+        for d in reversed(self.started):
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    daemons = Daemons(tmp_path_factory.mktemp("admin-browser"))
+    start, folder = daemons.start, daemons.folder
     try:
         lookupd = start(LookupdDaemon(folder("lookupd"), "--tombstone-lifetime=1h"))
         a, b = (start(Daemon(folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
@@ -146,8 +165,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for client in c.clients:
             client.close()
     finally:
-        for d in reversed(started):
-            d.stop()
+        daemons.stop()
 
 
 @pytest.fixture(scope="module")
@@ -484,17 +502,8 @@ def go_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
     """Go nsqlookupd, two Go nsqd, Go nsqadmin and nsqtw-admin in front of the same cluster."""
     if not all(os.access(os.path.join(GO_BIN, p), os.X_OK) for p in ("nsqd", "nsqlookupd", "nsqadmin")):
         pytest.skip("Go NSQ v1.3.0 (../shared/anchor/bin) is not on this machine")
-    root = tmp_path_factory.mktemp("admin-side-by-side")
-    started: list[Daemon] = []
-
-    def start(daemon: Daemon) -> Daemon:
-        started.append(daemon)
-        return daemon.start()
-
-    def folder(name: str) -> str:
-        (root / name).mkdir()
-        return str(root / name)
-
+    daemons = Daemons(tmp_path_factory.mktemp("admin-side-by-side"))
+    start, folder = daemons.start, daemons.folder
     clients: list[Client] = []
     try:
         lookupd = start(GoDaemon("nsqlookupd", folder("lookupd"), "--tombstone-lifetime=1h"))
@@ -509,8 +518,7 @@ def go_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
     finally:
         for client in clients:
             client.close()
-        for d in reversed(started):
-            d.stop()
+        daemons.stop()
 
 
 # Every table row on a page, as {header: cell text}: a row of header cells names the cells of the
