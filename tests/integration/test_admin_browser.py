@@ -87,11 +87,23 @@ def _wait(check: Callable[[], Any], timeout: float = 20, what: str = "condition"
     raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
+def _all_finished(node: str, topic: str, channel: str, count: int) -> bool:
+    """The node's channel has had ``count`` messages and holds none in flight."""
+    c = _channel(get_json(f"http://{node}/stats?format=json"), topic, channel)
+    return bool(c["message_count"] == count and c["in_flight_count"] == 0)
+
+
+#: the nodes keep end-to-end latency percentiles, which the topic and channel pages show
+E2E = ("--e2e-processing-latency-percentile=0.99", "--e2e-processing-latency-percentile=0.5")
+
+
 def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[Client]:
     """The scenario every page is looked at in, on nodes A and B (each ``(tcp, http)``), left still.
 
     orders on both nodes with billing on both and audit (paused) on B, 7 and 5 messages;
-    logs on B, tombstoned on the lookupd. On A a consumer of billing holds 2 messages in flight
+    logs on B, tombstoned on the lookupd; metrics on both, 10 messages each consumed and
+    finished through channel agg (end-to-end latencies, with the nodes'
+    --e2e-processing-latency-percentile). On A a consumer of billing holds 2 messages in flight
     (for 10 minutes); on B one took 3 of billing's, requeued one, deferred one for 10 minutes
     and let the third time out, then stopped (RDY 0). Nothing changes for minutes after.
     """
@@ -104,6 +116,15 @@ def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[
     pub(a[0], "orders", *[b"a%d" % i for i in range(7)])
     pub(b[0], "orders", *[b"b%d" % i for i in range(5)])
     pub(b[0], "logs", b"l0")
+    for tcp, address in (a, b):
+        http("POST", f"http://{address}/channel/create?topic=metrics&channel=agg")
+        pub(tcp, "metrics", *[b"m%d" % i for i in range(10)])
+        reader = Client(tcp)
+        reader.sub("metrics", "agg", rdy=10)
+        for m in reader.messages(10, timeout=10):
+            reader.fin(m)
+        _wait(lambda n=address: _all_finished(n, "metrics", "agg", 10), what="metrics finished")
+        reader.close()
     consumer = Client(a[0])
     consumer.identify(client_id="browser-test", hostname="tester", user_agent="browser-test/1.0",
                       feature_negotiation=True, msg_timeout=600_000)
@@ -155,7 +176,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         lookupd = start(LookupdDaemon(folder("lookupd"), "--tombstone-lifetime=1h"))
         a, b = (start(Daemon(folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
-                             "--broadcast-address=127.0.0.1")) for n in ("a", "b"))
+                             "--broadcast-address=127.0.0.1", *E2E)) for n in ("a", "b"))
         admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
                                   "--history-interval=1s", "--http-client-request-timeout=1s"))
         c = Cluster(lookupd, a, b, admin)
@@ -296,6 +317,25 @@ def test_topic_page_matches_every_node_stats(browser: Any, cluster: Cluster) -> 
     _shot(browser, "topic")
 
 
+
+def test_topic_and_channel_pages_show_end_to_end_latency(browser: Any, cluster: Cluster) -> None:
+    """With --e2e-processing-latency-percentile, the topic and channel pages show each quantile's
+    latency per node, per channel and in the Total row, under nsqadmin's headers (99th, 50th)."""
+    latency = re.compile(r"(\d+h)?(\d+m)?(\d+\.\d\ds|\d+\.\d\dms|\d+us|\d+ns)")
+    _open(browser, cluster, "/topics/metrics")
+    heads = [e.get_attribute("textContent")
+             for e in browser.find_elements(By.CSS_SELECTOR, "#nodes thead tr:last-child th")]
+    assert heads[5:7] == ["99th", "50th"], heads
+    assert "E2E Processing Latency" in browser.find_element(By.CSS_SELECTOR, "#nodes thead").get_attribute(
+        "textContent")
+    rows = [f'#nodes tr[data-node="{n.http_address}"]' for n in (cluster.a, cluster.b)]
+    for row in rows + ["#nodes tr[data-total]", '#channels tr[data-channel="agg"]']:
+        for q in ("0.99", "0.5"):
+            assert latency.fullmatch(_text(browser, f'{row} td[data-field="e2e-{q}"]')), (row, q)
+    _open(browser, cluster, "/topics/metrics/agg")
+    assert latency.fullmatch(_text(browser, '#nodes tr[data-total] td[data-field="e2e-0.99"]'))
+
+
 def test_channel_page_shows_every_client(browser: Any, cluster: Cluster) -> None:
     """/topics/orders/billing lists the consumer with its user agent, RDY, in-flight count and address."""
     _open(browser, cluster, "/topics/orders/billing")
@@ -338,7 +378,7 @@ def test_nodes_and_node_pages(browser: Any, cluster: Cluster) -> None:
     assert not browser.find_elements(
         By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.a.http_address}"] [data-tombstoned]')
     count, *names = _text(browser, f'#nodes tr[data-node="{cluster.b.http_address}"] td[data-field="topics"]').split()
-    assert (count, sorted(names)) == ("2", ["logs", "orders"])
+    assert (count, sorted(names)) == ("3", ["logs", "metrics", "orders"])
     _shot(browser, "nodes")
     _open(browser, cluster, f"/nodes/{cluster.a.http_address}")
     stats = cluster.stats(cluster.a)
@@ -508,7 +548,7 @@ def go_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
     try:
         lookupd = start(GoDaemon("nsqlookupd", folder("lookupd"), "--tombstone-lifetime=1h"))
         a, b = (start(GoDaemon("nsqd", folder(n), f"--lookupd-tcp-address={lookupd.tcp_address}",
-                               "--broadcast-address=127.0.0.1")) for n in ("a", "b"))
+                               "--broadcast-address=127.0.0.1", *E2E)) for n in ("a", "b"))
         go_admin = start(GoDaemon("nsqadmin", folder("go-admin"), f"--lookupd-http-address={lookupd.http_address}",
                                   listens=("HTTP",)))
         admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
@@ -597,6 +637,8 @@ def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide)
     loaded = lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded")  # noqa: E731
     pages = [("/", "/topics", "topics", 2), ("/topics/orders", "/topics/orders", "topic", 5),
              ("/topics/orders/billing", "/topics/orders/billing", "channel", 5),
+             ("/topics/metrics", "/topics/metrics", "topic-e2e", 4),
+             ("/topics/metrics/agg", "/topics/metrics/agg", "channel-e2e", 3),
              (f"/nodes/{a}", f"/nodes/{a}", "node-a", 3), (f"/nodes/{b}", f"/nodes/{b}", "node-b", 5),
              ("/nodes", "/nodes", "nodes", 2), ("/lookup", "/lookup", "lookup", 1)]
     for go_path, our_path, name, least in pages:
@@ -609,6 +651,8 @@ def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide)
         if name == "topic":  # the items Go shows that ours once lacked
             keys = {r["key"] for r in go_rows}
             assert "Total" in keys and any(re.fullmatch(r".+:\d+ \(127\.0\.0\.1:\d+\)", k) for k in keys), keys
+        if name.endswith("-e2e"):  # Go shows each quantile's latency: so does ours
+            assert {"99th", "50th"} <= {h for r in go_rows for h in r["cells"]}, go_rows
         if name == "node-b":
             kinds = {r["kind"] for r in go_rows}
             assert {"Topic", "Channel", "Client Host"} <= kinds, kinds

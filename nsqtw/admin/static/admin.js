@@ -264,6 +264,50 @@
       `<td data-field="remote_address">${esc(c.remote_address)}</td></tr>`;
   }
 
+  // --- end-to-end latency (nodes run with --e2e-processing-latency-percentile) ---------------------
+
+  // the quantiles any of the entries has, in the order they come
+  function quantiles(entries) {
+    const qs = [];
+    entries.forEach((e) => ((e.e2e_processing_latency || {}).percentiles || []).forEach((p) => {
+      if (!qs.includes(p.quantile)) { qs.push(p.quantile); }
+    }));
+    return qs;
+  }
+
+  // 0.99 -> "99th", 0.999 -> "99.9th"
+  function quantileName(q) { return `${Number((q * 100).toFixed(2))}th`; }
+
+  // nanoseconds as nsqadmin writes a latency: 812ns, 45us, 255.46ms, 1.50s, 2m3.00s
+  function latency(ns) {
+    let n = Math.max(0, Math.floor(ns || 0));
+    let out = "";
+    if (n >= 3600e9) { out += Math.floor(n / 3600e9) + "h"; n %= 3600e9; }
+    if (n >= 60e9) { out += Math.floor(n / 60e9) + "m"; n %= 60e9; }
+    if (n >= 1e9) { return out + (Math.floor(n / 1e6) / 1000).toFixed(2) + "s"; }
+    if (n >= 1e6) { return out + (Math.floor(n / 1e3) / 1000).toFixed(2) + "ms"; }
+    if (n >= 1e3) { return out + Math.floor(n / 1e3) + "us"; }
+    return out + n + "ns";
+  }
+
+  // the group header over the latency columns, after `before` other columns (none without latencies)
+  function e2eGroup(qs, before) {
+    return qs.length ? `<tr class="group"><th colspan="${before}"></th>` +
+      `<th colspan="${qs.length}">E2E Processing Latency</th></tr>` : "";
+  }
+
+  function e2eHead(qs) {
+    return qs.map((q) => `<th title="end-to-end processing latency, ${esc(q)} quantile">${quantileName(q)}</th>`).join("");
+  }
+
+  function e2eCells(entry, qs) {
+    const ps = (entry.e2e_processing_latency || {}).percentiles || [];
+    return qs.map((q) => {
+      const p = ps.find((x) => x.quantile === q);
+      return `<td data-field="e2e-${esc(q)}">${p ? latency(p.average) : ""}</td>`;
+    }).join("");
+  }
+
   // the sum of the channels' depths: what waits in a topic's channels
   function backlog(channels) {
     return (channels || []).reduce((sum, c) => sum + (c.depth || 0), 0);
@@ -282,20 +326,21 @@
     }
     if (!data.nodes) { main.innerHTML = notFound(`Topic ${topic}`); return; }
     document.title = `${topic} - nsqtw-admin`;
+    const qs = quantiles(data.nodes || []), cqs = quantiles(data.channels || []);
     const tombstones = S.is_admin && S.nsqlookupd && S.nsqlookupd.length;
     const nodes = (data.nodes || []).map((n) =>
       `<tr data-node="${esc(n.node)}"><td data-field="node">` +
       `${link(`/nodes/${enc(n.node)}`, nodeHost(n.hostname, n.node))} ${badge(n.paused, "paused")}</td>` +
-      topicCells(n, (n.channels || []).length) +
+      topicCells(n, (n.channels || []).length) + e2eCells(n, qs) +
       (tombstones ? `<td><button class="small" data-tombstone="${esc(n.node)}" data-topic="${esc(topic)}">` +
         `Tombstone</button></td>` : "<td></td>") +
       `</tr>`).join("");
     const total = `<tr class="total" data-total><td>Total:</td>` + topicCells(data, (data.channels || []).length) +
-      `<td></td></tr>`;
+      e2eCells(data, qs) + `<td></td></tr>`;
     const channels = (data.channels || []).slice().sort((a, b) => a.channel_name < b.channel_name ? -1 : 1)
       .map((c) =>
         `<tr data-channel="${esc(c.channel_name)}"><td>${link(`/topics/${enc(topic)}/${enc(c.channel_name)}`, c.channel_name)}` +
-        ` ${badge(c.paused, "paused")}</td>` + channelCells(c) + `</tr>`).join("");
+        ` ${badge(c.paused, "paused")}</td>` + channelCells(c) + e2eCells(c, cqs) + `</tr>`).join("");
     main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ${esc(topic)}</nav>` +
       `<h1>Topic <span id="topic-name">${esc(topic)}</span> ${badge(data.paused, "paused")}</h1>` +
       warning(data.message) + `<div id="flash" class="alert" hidden></div>` +
@@ -312,9 +357,11 @@
       `<div><b data-field="nodes">${(data.nodes || []).length}</b> nodes</div></section>` +
       (await charts(topic, "")) +
       graphite(`nonNegativeDerivative(sumSeries(${statsdKey("counter", `topic.${topic}.message_count`)}))`) +
-      `<h2>Topic message queue</h2><table id="nodes"><thead><tr><th>NSQd Host</th>${TOPIC_HEAD}<th></th>` +
+      `<h2>Topic message queue</h2><table id="nodes"><thead>${e2eGroup(qs, 5)}` +
+      `<tr><th>NSQd Host</th>${TOPIC_HEAD}${e2eHead(qs)}<th></th>` +
       `</tr></thead><tbody>${nodes}${total}</tbody></table>` +
-      `<h2>Channel message queues</h2><table id="channels"><thead><tr><th>Channel</th>${CHANNEL_HEAD}` +
+      `<h2>Channel message queues</h2><table id="channels"><thead>${e2eGroup(cqs, 9)}` +
+      `<tr><th>Channel</th>${CHANNEL_HEAD}${e2eHead(cqs)}` +
       `</tr></thead><tbody>${channels || '<tr><td class="empty" colspan="9">no channels</td></tr>'}</tbody></table>`;
     const path = `/api/topics/${enc(topic)}`;
     bindActions(main, {
@@ -348,11 +395,12 @@
     }
     if (!data.channel_name) { main.innerHTML = notFound(`Channel ${topic}/${channel}`); return; }
     document.title = `${topic}/${channel} - nsqtw-admin`;
+    const qs = quantiles(data.nodes || []);
     const nodes = (data.nodes || []).map((n) =>
       `<tr data-node="${esc(n.node)}"><td data-field="node">` +
       `${link(`/nodes/${enc(n.node)}`, nodeHost(n.hostname, n.node))} ${badge(n.paused, "paused")}</td>` +
-      channelCells(n) + `</tr>`).join("");
-    const total = `<tr class="total" data-total><td>Total:</td>${channelCells(data)}</tr>`;
+      channelCells(n) + e2eCells(n, qs) + `</tr>`).join("");
+    const total = `<tr class="total" data-total><td>Total:</td>${channelCells(data)}${e2eCells(data, qs)}</tr>`;
     const clients = (data.clients || []).map((c) => clientRow(c, true)).join("");
     main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ` +
       `${link(`/topics/${enc(topic)}`, topic)} / ${esc(channel)}</nav>` +
@@ -370,7 +418,8 @@
       `<div><b data-field="client_count">${num(data.client_count)}</b> clients</div></section>` +
       (await charts(topic, channel)) +
       graphite(`nonNegativeDerivative(sumSeries(${statsdKey("counter", `topic.${topic}.channel.${channel}.message_count`)}))`) +
-      `<h2>Channel</h2><table id="nodes"><thead><tr><th>NSQd Host</th>${CHANNEL_HEAD}</tr></thead>` +
+      `<h2>Channel</h2><table id="nodes"><thead>${e2eGroup(qs, 9)}` +
+      `<tr><th>NSQd Host</th>${CHANNEL_HEAD}${e2eHead(qs)}</tr></thead>` +
       `<tbody>${nodes}${total}</tbody></table>` +
       `<h2>Client connections</h2><table id="clients"><thead><tr>${clientHead(true)}</tr></thead>` +
       `<tbody>${clients || '<tr><td class="empty" colspan="11">no clients</td></tr>'}</tbody></table>`;
