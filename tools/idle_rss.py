@@ -1,8 +1,7 @@
 """Idle RSS of each daemon, Go's and nsqtw's side by side, once it has answered one ``GET /ping`` and one TCP client.
 
 Usage: ``PYTHONPATH=. python tools/idle_rss.py [--go-bin=../shared/anchor/bin] [--settle=2]``
-from the checkout (the daemons inherit ``PYTHONPATH``, so the tree's nsqtw
-is the one measured).
+from the checkout: the daemons run the nsqtw this script imported.
 
 Each daemon starts in a scratch directory with its default flags and
 listeners on loopback port 0. Once it listens it gets one ``GET /ping`` and
@@ -27,7 +26,12 @@ import tempfile
 import time
 import urllib.request
 
+import nsqtw
 from nsqtw.tools.daemons import TWISTD, rss_bytes, start_daemon, twistd_floor_rss
+
+#: the daemons' environment: the nsqtw imported here first on their path
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(nsqtw.__file__))), os.environ.get("PYTHONPATH", "")]))
 
 #: (name, Go program, its flags, nsqtw plugin, its flags, the TCP magic or None); DATA is the scratch dir
 DAEMONS = (
@@ -44,7 +48,7 @@ def idle_rss(cmd: list[str], magic: bytes | None, settle: float) -> float:
     """Start ``cmd`` (its flags may name DATA), serve one /ping and one TCP client, settle; its RSS."""
     data = tempfile.mkdtemp(prefix="idle_rss.")
     try:
-        proc, found = start_daemon([arg.replace("DATA", data) for arg in cmd], data,
+        proc, found = start_daemon([arg.replace("DATA", data) for arg in cmd], data, ENV,
                                    listeners=("TCP", "HTTP") if magic else ("HTTP",))
         try:
             with urllib.request.urlopen(f"http://{found['HTTP']}/ping", timeout=10) as r:
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--go-bin", default="../shared/anchor/bin", help="where Go's nsqd, nsqlookupd and nsqadmin are")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between the last request and the reading")
     args = p.parse_args(argv)
-    floor = twistd_floor_rss() / 1e6
+    floor = twistd_floor_rss(ENV) / 1e6
     print(f"{'daemon':<12} {'Go':>8} {'nsqtw':>8}")
     for name, go, go_flags, plugin, flags, magic in DAEMONS:
         go_path = os.path.join(args.go_bin, go)
