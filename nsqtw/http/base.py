@@ -7,7 +7,7 @@ anything else is ``{"message":"CODE"}`` as JSON. Go's net/http picks a
 the same, and an empty body gets no ``Content-Type`` at all. Unroutable
 requests get httprouter's redirects, 405s and 404s.
 
-Request bodies are bounded while they arrive (:class:`BoundedRequest`): at
+Request bodies are bounded while they arrive (:class:`nsqtw.http.server.BoundedRequest`): at
 most one byte more than the route's limit is kept, which is all Go's
 ``io.LimitReader(body, max+1)`` checks need. A body far past the limit is
 not read to its end: the request is answered with what was kept and the
@@ -18,21 +18,20 @@ lines and headers are bounded as Go's net/http bounds them (1 MiB, answered
 Routes are marked with :func:`route` and handed to Klein when the API first
 routes a request (:meth:`GoHTTPAPI.klein_app`): a node whose only HTTP
 request so far is a health check (``/ping``, a direct route) never imports
-Klein and werkzeug, about 4 MB of RSS (``docs/performance.md``, Memory).
+Klein and werkzeug, about 4 MB of RSS, nor twisted.web's server
+(:class:`GoSite`; ``docs/performance.md``, Memory).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from io import BytesIO
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote_to_bytes
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel
+from twisted.web.http import HTTPChannel, HTTPFactory
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Request, Site
 
 from nsqtw._go.json import go_json
 from nsqtw._go.path import clean_path
@@ -42,8 +41,9 @@ from nsqtw.log import Logger
 
 if TYPE_CHECKING:
     from klein import Klein
+    from twisted.web.server import Site
 
-__all__ = ["JSON", "TEXT", "APIError", "RawJSON", "BoundedRequest", "GoHTTPAPI", "GoHTTPChannel", "GoSite", "Marshal",
+__all__ = ["JSON", "TEXT", "APIError", "RawJSON", "GoHTTPAPI", "GoHTTPChannel", "GoSite", "Marshal",
            "route", "sniff"]
 
 JSON = b"application/json; charset=utf-8"
@@ -119,73 +119,6 @@ _TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _GO_ERROR_HEADERS
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request" + _GO_ERROR_HEADERS + b"400 Bad Request"
 
 
-class BoundedRequest(Request):
-    """A request that keeps at most ``limit`` body bytes, dropping the rest as it arrives.
-
-    twisted.web buffers a whole body before any handler runs; this keeps
-    only what nsqd would read (its limit plus one byte, so "too big" can
-    still be told apart) and counts the rest in ``body_received``. A body
-    more than :data:`DISCARD_LIMIT` past the limit (declared so, or
-    streamed so with chunked encoding) is not waited for: the handler runs
-    at once on what was kept, and the connection closes after the answer.
-    """
-
-    body_limit = 0
-    body_received = 0
-    declared_length: int | None = None
-    #: the body went far past the limit: answer now, close after
-    over_limit = False
-    _hidden_content_type: list[bytes] | None = None
-
-    def _limit(self) -> int:
-        api = getattr(getattr(self.channel, "site", None), "api", None)
-        # twisted.web keeps the request target only in HTTPChannel's private ``_path``
-        # until the body is in (tests/unit/test_http_api.py::TwistedPrivatesTests guards
-        # it); without it, every route gets the largest limit, which still answers right.
-        target = getattr(self.channel, "_path", None)
-        if isinstance(api, GoHTTPAPI):
-            return api.body_limit(target if isinstance(target, bytes) else b"")
-        return 5 * 1024 * 1024 + 1
-
-    def gotLength(self, length: int | None) -> None:
-        self.declared_length = length
-        self.body_limit = self._limit()
-        self.body_received = 0
-        self._kept = BytesIO()
-        self.content = self._kept
-        if length is not None and length > self.body_limit + DISCARD_LIMIT:
-            # the declared length alone decides the answer (too big): the
-            # channel runs the request now, with no body, and closes after
-            self.over_limit = True
-            self.channel.persistent = False
-            self.channel.length = 0
-            if isinstance(self.channel, GoHTTPChannel):
-                self.channel.cut_off()
-
-    def handleContentChunk(self, data: bytes) -> None:
-        self.body_received += len(data)
-        room = self.body_limit - self._kept.tell()
-        if room > 0:
-            self._kept.write(data[:room] if len(data) > room else data)
-        elif self.body_received > self.body_limit + DISCARD_LIMIT:
-            self.over_limit = True  # GoHTTPChannel stops reading and answers
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        # nsqd never reads form fields; keep twisted from parsing (possibly
-        # large or malformed) form bodies into request.args
-        hidden = self.requestHeaders.getRawHeaders(b"content-type")
-        self._hidden_content_type = None if hidden is None else list(hidden)
-        if self._hidden_content_type is not None:
-            self.requestHeaders.removeHeader(b"content-type")
-        super().requestReceived(command, path, version)  # type: ignore[no-untyped-call]
-
-    def process(self) -> None:
-        if self._hidden_content_type is not None:
-            self.requestHeaders.setRawHeaders(b"content-type", self._hidden_content_type)
-            self._hidden_content_type = None
-        super().process()  # type: ignore[no-untyped-call]
-
-
 def _escape_target(line: bytes) -> bytes:
     """Percent-encode the raw non-ASCII bytes of a request line's target.
 
@@ -258,7 +191,7 @@ class GoHTTPChannel(HTTPChannel):
 
     def _answer_directly(self, data: bytes) -> bool:
         """Answer a plain GET of a direct route without twisted.web's Request (:mod:`nsqtw.http.direct`)."""
-        api = getattr(getattr(self, "site", None), "api", None)
+        api = getattr(getattr(self, "factory", None), "api", None)
         if not isinstance(api, GoHTTPAPI) or not api.direct_routes or (api.tls_required and not api.tls_enabled):
             return False  # TLS_REQUIRED is _Root's answer to give
         simple = parse_simple_get(data, api.direct_routes)
@@ -317,23 +250,57 @@ class GoHTTPChannel(HTTPChannel):
     def rawDataReceived(self, data: bytes) -> None:
         super().rawDataReceived(data)
         request = self.requests[-1] if self.requests else None
-        if (self._transferDecoder is not None and isinstance(request, BoundedRequest)
-                and request.over_limit):
+        if self._transferDecoder is not None and getattr(request, "over_limit", False):  # a BoundedRequest's
             self._transferDecoder = None
             self.persistent = False
             self.cut_off()
             self.allContentReceived()  # type: ignore[no-untyped-call]
 
 
-class GoSite(Site):
-    """The HTTP listener's factory: Go's limits, bounded request bodies, nsqd-style logging only."""
+class GoSite(HTTPFactory):
+    """The HTTP listener's factory: Go's limits on every connection, nsqd-style logging only.
 
-    requestFactory = BoundedRequest
+    Its channels answer a plain GET of a direct route (``/ping``) themselves;
+    twisted.web's server side (:mod:`nsqtw.http.server`: ``twisted.web.server``
+    with ``twisted.spread``, templates, ``xml.sax`` and hyperlink, about 3 MB
+    of RSS) is imported and made when a request first needs it
+    (:meth:`request_site`), so a node whose HTTP so far is health checks does
+    without it (``docs/performance.md``, Memory).
+    """
+
     protocol = GoHTTPChannel  # type: ignore[assignment]  # no HTTP/2 wrapper: nsqd speaks HTTP/1.1
+    #: the request class of :meth:`request_site` (None: ``nsqtw.http.server.BoundedRequest``)
+    requestFactory: Any = None
 
     def __init__(self, api: GoHTTPAPI, **kwargs: Any) -> None:
-        super().__init__(api.resource(), **kwargs)  # type: ignore[no-untyped-call]
+        super().__init__(**kwargs)
         self.api = api
+        self._kwargs = kwargs
+        self._site: Site | None = None
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel: Any = super().buildProtocol(addr)
+        if self._site is None:
+            channel.requestFactory = self._first_request
+        else:
+            channel.site = self._site
+            channel.requestFactory = self._site.requestFactory
+        return channel
+
+    def request_site(self) -> Site:
+        """twisted.web's Site the requests are processed against: made (and imported) on the first call."""
+        if self._site is None:
+            from nsqtw.http.server import RequestSite
+
+            self._site = RequestSite(self.api, self.requestFactory, **self._kwargs)
+        return self._site
+
+    def _first_request(self, channel: Any, queued: int) -> Any:
+        # a channel made before the site was: its first request makes the site and joins it
+        site = self.request_site()
+        channel.site = site
+        channel.requestFactory = site.requestFactory
+        return site.requestFactory(channel, queued)
 
     def log(self, request: Any) -> None:
         # HTTPAPI logs each request as nsqd does; no common-log-format lines
@@ -457,7 +424,7 @@ class GoHTTPAPI:
         resource: IResource = self.app.resource()
         return resource
 
-    def site(self, **kwargs: Any) -> Site:
+    def site(self, **kwargs: Any) -> GoSite:
         """The factory to listen with: bounds request bodies as they arrive."""
         return GoSite(self, **kwargs)
 

@@ -1,12 +1,13 @@
 """A listener's factory made at the listener's first connection, not at start-up.
 
-The HTTP listeners serve with twisted.web, Klein and werkzeug: about 6 MB of
-imported code (``twisted.web.server`` pulls in ``twisted.spread``, templates
-and ``xml.sax``), which a node nobody has sent an HTTP request yet never
-uses. :class:`FirstConnectionFactory` listens in the real factory's place
-and makes it (importing what it needs) when the first connection is
-accepted; from then on every connection is the real factory's, exactly as
-if it had listened itself (``docs/performance.md``, Memory).
+The HTTP listeners serve with the HTTP API's modules and twisted.web's HTTP
+channel, which a node nobody has sent an HTTP request yet never uses (and
+twisted.web's server, Klein and werkzeug come later still, when a request
+first needs them: :class:`nsqtw.http.base.GoSite`).
+:class:`FirstConnectionFactory` listens in the real factory's place and
+makes it (importing what it needs) when the first connection is accepted;
+from then on every connection is the real factory's, exactly as if it had
+listened itself (``docs/performance.md``, Memory).
 """
 
 from __future__ import annotations

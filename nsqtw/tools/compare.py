@@ -44,7 +44,7 @@ from typing import Any
 
 from nsqtw._go.duration import parse_duration
 from nsqtw.tools.bench import fill
-from nsqtw.tools.daemons import nsqtw_command, process_cpu, start_listening
+from nsqtw.tools.daemons import nsqtw_command, process_cpu, rss_bytes, start_listening
 
 __all__ = ["Figure", "Measure", "compare", "main"]
 
@@ -119,9 +119,7 @@ class Session:
 
     def rss_bytes(self) -> int:
         """The daemon's resident set size now."""
-        with open(f"/proc/{self.pid}/status") as f:
-            line = next(ln for ln in f if ln.startswith("VmRSS:"))
-        return int(line.split()[1]) * 1024
+        return rss_bytes(self.pid)
 
     def measure(self, run: Callable[..., tuple[float, int]], *args: Any) -> Figure:
         """``run(*args)`` a load, which returns (value, messages); the daemon's CPU is read around it."""

@@ -13,10 +13,19 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["LISTEN_LINE", "TWISTD", "nsqtw_command", "process_cpu", "start_listening"]
+__all__ = ["LISTEN_LINE", "TWISTD", "TWISTD_FLOOR", "nsqtw_command", "process_cpu", "rss_bytes", "start_daemon",
+           "start_listening", "twistd_floor_rss"]
 
 #: runs twistd from the current interpreter (no dependence on a ``twistd`` script on PATH)
 TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
+
+#: what ``twistd PLUGIN`` imports and runs before the plugin's own code (twistd's modules and its
+#: plugin discovery), then prints its ``VmRSS``: the floor under any twistd daemon's RSS
+TWISTD_FLOOR = ("from twisted.scripts import twistd\n"
+                "from twisted.application.service import IServiceMaker\n"
+                "from twisted.plugin import getPlugins\n"
+                "list(getPlugins(IServiceMaker))\n"
+                "print([ln for ln in open('/proc/self/status') if ln.startswith('VmRSS:')][0].split()[1])\n")
 
 #: the start-up lines both daemons write: which listener, on which address
 LISTEN_LINE = re.compile(r"(TCP|HTTP): listening on (\S+)")
@@ -31,13 +40,23 @@ def start_listening(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
                     ) -> tuple[subprocess.Popen[str], str, str]:
     """Start any nsqd from ``cmd``; wait for its TCP and HTTP lines; keep reading its log.
 
-    Returns the process and its TCP and HTTP addresses. A thread drains
+    Returns the process and its TCP and HTTP addresses.
+    """
+    proc, found = start_daemon(cmd, cwd, env)
+    return proc, found["TCP"], found["HTTP"]
+
+
+def start_daemon(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
+                 listeners: tuple[str, ...] = ("TCP", "HTTP")) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """Start any daemon from ``cmd``; wait for the ``listening on`` lines of ``listeners``; keep reading its log.
+
+    Returns the process and the address of each listener. A thread drains
     stderr afterwards, since a full pipe would block the daemon.
     """
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     found: dict[str, str] = {}
     assert proc.stderr is not None
-    while len(found) < 2:
+    while not set(listeners) <= found.keys():
         line = proc.stderr.readline()
         if not line:
             raise RuntimeError(f"{cmd[0]} exited before listening")
@@ -45,7 +64,7 @@ def start_listening(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
         if m:
             found[m.group(1)] = m.group(2)
     threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
-    return proc, found["TCP"], found["HTTP"]
+    return proc, found
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -58,3 +77,19 @@ def process_cpu(pid: int) -> tuple[float, float]:
         fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def rss_bytes(pid: int) -> int:
+    """Process ``pid``'s resident set size now (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(ln for ln in f if ln.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def twistd_floor_rss(env: dict[str, str] | None = None) -> int:
+    """The RSS of a process that did what twistd does before a plugin's code runs (:data:`TWISTD_FLOOR`).
+
+    ``env`` should be the daemon's, so the same plugin directories are searched.
+    """
+    out = subprocess.run([sys.executable, "-c", TWISTD_FLOOR], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout) * 1024

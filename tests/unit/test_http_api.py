@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw._go.json import go_json
 from nsqtw._go.query import parse_query
-from nsqtw.http.base import BoundedRequest
+from nsqtw.http.server import BoundedRequest, RequestSite
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.observe.stats import format_text, go_duration, snapshot
 from nsqtw.protocol.wire import encode_command
@@ -691,7 +691,7 @@ class TwistedPrivatesTests(SynchronousTestCase):
 
         client = Client(self)
         channel = HTTPChannel()
-        channel.site = client.api.site()
+        channel.site = client.api.site().request_site()
         channel.makeConnection(StringTransport())
         self.assertFalse(hasattr(channel, "_path"))
         request = BoundedRequest(channel)
@@ -1003,6 +1003,30 @@ class DirectRouteTests(SynchronousTestCase):
         channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")  # twisted.web's now: still answered
         self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), 5)
         self.assertFalse(transport.disconnecting)
+
+    def test_request_site_is_made_when_a_request_first_needs_it(self) -> None:
+        """A channel answers a plain /ping without twisted.web's server side; the first request that
+        needs a Request makes the request site, once, and channels made after it join it at once."""
+        from twisted.internet.task import Clock
+
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        site = HTTPAPI(nsqd).site(reactor=Clock())
+        first = site.buildProtocol(None)
+        transport = StringTransport()
+        first.makeConnection(transport)
+        first.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(transport.value().endswith(b"\r\n\r\nOK"))
+        self.assertIsNone(getattr(first, "site", None))
+        first.dataReceived(b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIn(b'"version":', transport.value())
+        made = site.request_site()
+        self.assertIsInstance(made, RequestSite)
+        self.assertIs(first.site, made)
+        self.assertIs(made.api, site.api)
+        self.assertIs(site.request_site(), made)
+        later = site.buildProtocol(None)
+        self.assertIs(later.site, made)
+        self.assertIs(later.requestFactory, BoundedRequest)
 
     def test_tls_required_is_not_skipped(self) -> None:
         """With --tls-required on plain HTTP, /ping gets _Root's 403 TLS_REQUIRED, never the direct answer."""
