@@ -1,7 +1,13 @@
 """Run tests/attacks.py's hostile loads against Go nsqd and nsqtw, side by side, and print a table.
 
-Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn] [PATH/TO/GO/nsqd]
+Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] [PATH/TO/GO/nsqd]
 (default ../shared/anchor/bin/nsqd; 9,000 churn cycles; every attack)
+
+``--only=slices`` runs the loads one request or peer could once hold the
+reactor with (a 5 MB ``/mpub`` of one-byte lines, 20,000 pipelined
+``/ping``s, a REQ storm); ``--only=lookupd`` the REGISTER flood against Go
+nsqlookupd and nsqtw-lookupd (the ``nsqlookupd`` next to Go's nsqd), with a
+bystander asking ``/lookup`` in a loop.
 
 Each daemon is started fresh on loopback with default flags; the attacks run
 in the same order against each, with the same client and a bystander
@@ -22,8 +28,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nsqtw.tools.daemons import start_listening  # noqa: E402
-from tests.attacks import Bystander, churn, deflate_bomb, endless_chunked, huge_config, mpub_flood  # noqa: E402
-from tests.daemon import Daemon  # noqa: E402
+from tests.attacks import (  # noqa: E402
+    Bystander,
+    LookupBystander,
+    churn,
+    deflate_bomb,
+    endless_chunked,
+    http_mpub_lines,
+    huge_config,
+    mpub_flood,
+    pipelined_pings,
+    register_flood,
+    req_storm,
+)
+from tests.daemon import Daemon, LookupdDaemon  # noqa: E402
 
 
 def start_go(binary: str, data: str) -> tuple[subprocess.Popen[str], str, str]:
@@ -44,12 +62,49 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
     ]
     if only == "churn":
         attacks = attacks[:1]
+    elif only == "slices":
+        attacks = [
+            ("POST /mpub of 5 MB of one-byte lines", lambda: http_mpub_lines(http)),
+            ("20,000 pipelined GET /ping", lambda: pipelined_pings(http, 20_000)),
+            ("REQ storm: RDY 2500, 2,500 messages REQ'd with timeout 0 for 15 s",
+             lambda: req_storm(tcp, 15)),
+        ]
     for name, attack in attacks:
         with Bystander(tcp) as watch:
             result = attack()
         out[name] = f"{result}; {watch.summary()}"
         print(name, out[name], flush=True)
     return out
+
+
+def run_lookupd(tcp: str, http: str, count: int = 100_000) -> dict[str, str]:
+    with LookupBystander(http) as watch:
+        result = register_flood(tcp, count)
+    result.pop("socket").close()
+    name = f"{count:,} REGISTERs on one V1 connection"
+    out = {name: f"{result}; {watch.summary()}"}
+    print(name, out[name], flush=True)
+    return out
+
+
+def compare_lookupd(go: str, tmp: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The REGISTER flood against Go nsqlookupd, then nsqtw-lookupd."""
+    proc, tcp, http = start_listening([go, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"], tmp)
+    try:
+        time.sleep(0.3)
+        print("== Go nsqlookupd", flush=True)
+        go_results = run_lookupd(tcp, http)
+    finally:
+        proc.terminate()
+        proc.wait()
+    d = LookupdDaemon(tmp).start()
+    try:
+        time.sleep(0.3)
+        print("== nsqtw-lookupd", flush=True)
+        tw_results = run_lookupd(d.tcp_address, d.http_address)
+    finally:
+        d.stop()
+    return go_results, tw_results
 
 
 def main() -> None:
@@ -59,6 +114,10 @@ def main() -> None:
     rest = [a for a in args if not a.startswith("--")]
     go = os.path.abspath(rest[0]) if rest else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
     with tempfile.TemporaryDirectory() as tmp:
+        if only == "lookupd":
+            go_results, tw_results = compare_lookupd(os.path.join(os.path.dirname(go), "nsqlookupd"), tmp)
+            print_table(go_results, tw_results)
+            return
         os.makedirs(f"{tmp}/go")
         os.makedirs(f"{tmp}/tw")
         proc, tcp, http = start_go(go, f"{tmp}/go")
@@ -76,6 +135,10 @@ def main() -> None:
             tw_results = run(d.tcp_address, d.http_address, cycles, only)
         finally:
             d.stop()
+    print_table(go_results, tw_results)
+
+
+def print_table(go_results: dict[str, str], tw_results: dict[str, str]) -> None:
     print("\n| attack | Go nsqd v1.3.0 | nsqtw |\n| --- | --- | --- |")
     for name in go_results:
         print(f"| {name} | {go_results[name]} | {tw_results[name]} |")
