@@ -435,7 +435,7 @@ def req_storm(tcp: str, seconds: float, messages: int = 2500, rdy: int = 2500,
         now = time.monotonic()
         finning = now >= req_until
         if finning:
-            if len(finned) >= messages or now - last_new > 5:
+            if len(finned) >= messages or now - max(last_new, req_until) > 5:
                 break
             sock.settimeout(0.5)
         try:
