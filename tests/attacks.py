@@ -11,9 +11,12 @@ and whether the consumer was cut.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -151,6 +154,27 @@ class Bystander:
 
 
 # --- the attacks -------------------------------------------------------------------
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CHILD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tests.attacks import ATTACKS; "
+          "r = ATTACKS[sys.argv[2]](*json.loads(sys.argv[3])); r.pop('socket', None); print(json.dumps(r))")
+
+
+def in_process(name: str, *args: Any) -> dict[str, Any]:
+    """Run attack ``name`` in a Python process of its own and return its result.
+
+    A client that works as hard as it can (a REQ storm, a REGISTER flood)
+    holds its Python process's GIL; a bystander's threads in that process
+    would then wait for the GIL, not for the daemon. In its own process
+    the attack leaves the bystander measuring the daemon alone.
+    """
+    done = subprocess.run([sys.executable, "-c", _CHILD, _ROOT, name, json.dumps(args)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
 
 
 def deflate_bomb(tcp: str, inflated: int, seconds: float) -> dict[str, Any]:

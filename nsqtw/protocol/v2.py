@@ -43,6 +43,8 @@ STATE_CLOSING = 4
 TLS_HANDSHAKE_TIMEOUT = 5.0
 #: the reactor time one client's input may take before others are served (see _process)
 SLICE_SECONDS = 0.002
+#: the most REQs one connection's slice takes (each is a message redelivered next turn)
+REQS_PER_SLICE = 128
 #: how many topic names one connection remembers as checked (see V2Protocol._topic_name)
 KNOWN_TOPICS = 64
 
@@ -283,6 +285,7 @@ class V2Protocol(Protocol):
         now = self._now
         deadline = now() + self.slice_seconds
         steps = 0
+        requeued = 0
         while not self._closed and not self._blocked:
             steps += 1
             if steps & 7 == 0 and now() > deadline:
@@ -298,6 +301,12 @@ class V2Protocol(Protocol):
                 if reqs:
                     self._restart_read_deadline()
                     self._req_many(reqs)
+                    requeued += len(reqs)
+                    if requeued >= REQS_PER_SLICE:
+                        # each comes back through the channel's pump on the next turn: as many
+                        # as that may take before the others get the reactor
+                        self._yield_slice()
+                        return
                     steps |= 7  # a run is worth eight commands: look at the clock next
                     continue
             known = self._known_topics
