@@ -88,3 +88,23 @@ class RequeueRunTests(SynchronousTestCase):
         clock.advance(10.01)
         c.send(b"")
         self.assertEqual([m[2] for m in c.messages()], [b"2"])
+
+    def test_a_slice_takes_at_most_reqs_per_slice(self) -> None:
+        """1,000 REQs in one read: REQS_PER_SLICE requeued, reading paused; the rest on later turns."""
+        from nsqtw.protocol.v2 import REQS_PER_SLICE
+        from tests.unit.test_http_api import _one_turn
+
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=1000)
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(1000)])
+        got = c.messages()
+        channel = nsqd.topics["t"].channels["c"]
+        c.proto.dataReceived(b"".join(b"REQ " + msg_id + b" 0\n" for _, msg_id, _ in got))
+        self.assertEqual(channel.requeue_count, REQS_PER_SLICE)
+        self.assertEqual(c.transport.producerState, "paused")
+        counts = []
+        while channel.requeue_count < 1000 and len(counts) < 100:
+            _one_turn(clock)
+            counts.append(channel.requeue_count)
+        self.assertTrue(all(b - a <= REQS_PER_SLICE for a, b in zip([REQS_PER_SLICE, *counts], counts)), counts)
+        self.assertEqual(channel.requeue_count, 1000)
