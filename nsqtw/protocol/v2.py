@@ -741,8 +741,8 @@ class V2Protocol(Protocol):
             failed = self.channel.requeue_many(self, [(msg_id, ms / 1000.0) for msg_id, ms in reqs])
         except BackendError as e:
             raise nonfatal("E_REQ_FAILED", f"REQ {_text(reqs[-1][0])} failed {e}") from None
-        for msg_id, e in failed:
-            self._send_error(nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {e}"))
+        for msg_id, why in failed:
+            self._send_error(nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {why}"))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)

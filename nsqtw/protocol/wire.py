@@ -605,19 +605,6 @@ class FrameParser:
         self._pos = 0
         return data
 
-    def take_reqs(self, limit: int = 128) -> list[tuple[bytes, int]]:
-        """(ID, timeout in ms) of the plain ``REQ <16-byte id> <digits>\n`` lines at the head of the input.
-
-        A consumer that retries everything sends them back to back, as others
-        send FINs; at most ``limit`` are taken at once, so the protocol's
-        slice of reactor time is checked between runs. Anything else (a
-        malformed or unusual REQ too) is left for :meth:`next_command`.
-        """
-        if self._state != _LINE:
-            return []
-        reqs, self._pos = req_run(self._buf, self._pos, limit)
-        return reqs
-
     def _compact(self) -> None:
         if self._pos:
             del self._buf[:self._pos]

@@ -1027,7 +1027,7 @@ class DirectRouteTests(SynchronousTestCase):
         return channel, transport, clock
 
     def test_pipelined_pings_are_answered_a_bounded_number_per_turn(self) -> None:
-        """1,000 pipelined GET /ping in one read: DIRECT_PER_TURN answered per turn, reading paused between; all in order."""
+        """1,000 pipelined GET /ping in one read: DIRECT_PER_TURN answered a turn, reading paused between; in order."""
         from nsqtw.http.base import DIRECT_PER_TURN
 
         channel, transport, clock = self._channel()

@@ -44,7 +44,7 @@ class FloodSliceTests(SynchronousTestCase):
         self.assertGreater(turns, 20)
         self.assertEqual(conn.transport.producerState, "producing")
         self.assertEqual({k.key for k in lookupd.db.find_registrations("topic", "*", "")},
-                         {"t%d" % i for i in range(2000)})
+                         {f"t{i}" for i in range(2000)})
 
     def test_an_error_part_way_comes_after_the_answers_before_it(self) -> None:
         """REGISTERs then a bad topic: the OKs, then nsqlookupd's error, then the close."""

@@ -106,5 +106,6 @@ class RequeueRunTests(SynchronousTestCase):
         while channel.requeue_count < 1000 and len(counts) < 100:
             _one_turn(clock)
             counts.append(channel.requeue_count)
-        self.assertTrue(all(b - a <= REQS_PER_SLICE for a, b in zip([REQS_PER_SLICE, *counts], counts)), counts)
+        steps = [b - a for a, b in zip([REQS_PER_SLICE, *counts], counts, strict=False)]
+        self.assertTrue(all(step <= REQS_PER_SLICE for step in steps), counts)
         self.assertEqual(channel.requeue_count, 1000)
