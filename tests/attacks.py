@@ -79,11 +79,17 @@ class Watch:
         return max(self.round_trips, default=float("inf"))
 
     def summary(self) -> str:
-        rts = sorted(self.round_trips)
-        p50 = rts[len(rts) // 2] if rts else float("nan")
-        return (f"bystander round trips: {len(rts)}, median {p50 * 1000:.1f} ms, worst {self.worst * 1000:.0f} ms; "
-                f"heartbeat consumer {'CUT' if self.consumer_cut else 'kept'}"
+        return (_timings("bystander round trips", self.round_trips)
+                + f"; heartbeat consumer {'CUT' if self.consumer_cut else 'kept'}"
                 + (f"; bystander error {self.bystander_error}" if self.bystander_error else ""))
+
+
+def _timings(label: str, times: list[float]) -> str:
+    """How many, the median and the worst of a bystander's timings."""
+    ordered = sorted(times)
+    p50 = ordered[len(ordered) // 2] if ordered else float("nan")
+    worst = ordered[-1] if ordered else float("inf")
+    return f"{label}: {len(ordered)}, median {p50 * 1000:.1f} ms, worst {worst * 1000:.0f} ms"
 
 
 class Bystander:
@@ -248,10 +254,15 @@ def churn(tcp: str, http: str, cycles: int) -> dict[str, Any]:
 def huge_config(http: str, addresses: int) -> dict[str, Any]:
     """PUT /config/nsqlookupd_tcp_addresses with ``addresses`` addresses."""
     body = json.dumps([f"127.0.0.{1 + i % 250}:{10000 + i}" for i in range(addresses)]).encode()
-    request = urllib.request.Request(f"http://{http}/config/nsqlookupd_tcp_addresses", data=body, method="PUT")
+    return _timed_request("PUT", f"http://{http}/config/nsqlookupd_tcp_addresses", body)
+
+
+def _timed_request(method: str, url: str, body: bytes, timeout: float = 60) -> dict[str, Any]:
+    """One HTTP request: its status, the start of its answer, and how long it took."""
+    request = urllib.request.Request(url, data=body, method=method)
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             status, text = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, text = e.code, e.read()
@@ -298,15 +309,7 @@ def warm_up(http: str) -> None:
 def http_mpub_lines(http: str, size: int = 5 * 1024 * 1024, topic: str = "bigmpub") -> dict[str, Any]:
     """``POST /mpub`` of ``size`` bytes of one-byte lines (``x\\n`` repeated): one huge batch."""
     body = b"x\n" * (size // 2)
-    request = urllib.request.Request(f"http://{http}/mpub?topic={topic}", data=body, method="POST")
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            status, text = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read()
-    return {"messages": len(body) // 2, "status": status, "body": text.decode("utf-8", "replace")[:100],
-            "seconds": round(time.monotonic() - started, 3)}
+    return {"messages": len(body) // 2, **_timed_request("POST", f"http://{http}/mpub?topic={topic}", body, 120)}
 
 
 PING = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -406,10 +409,7 @@ class LookupBystander:
         return max(self.times, default=float("inf"))
 
     def summary(self) -> str:
-        ts = sorted(self.times)
-        p50 = ts[len(ts) // 2] if ts else float("nan")
-        return (f"bystander /lookup: {len(ts)}, median {p50 * 1000:.1f} ms, worst {self.worst * 1000:.0f} ms"
-                + (f"; error {self.error}" if self.error else ""))
+        return _timings("bystander /lookup", self.times) + (f"; error {self.error}" if self.error else "")
 
     def _ask(self) -> None:
         import http.client

@@ -47,15 +47,21 @@ def go_mpub_lines(data: bytes, max_msg: int, read_max: int) -> list[bytes]:
             return bodies
 
 
-def drain(steps: Any) -> Any:
-    """Run a step generator to its end; its result, or the APIError it raised."""
+def run_steps(steps: Any) -> tuple[int, Any]:
+    """Run a step generator to its end: how many steps it took, and its result or the APIError it raised."""
+    count = 0
     try:
         while True:
             next(steps)
+            count += 1
     except StopIteration as done:
-        return done.value
+        return count, done.value
     except APIError as e:
-        return (e.code, e.text)
+        return count, (e.code, e.text)
+
+
+def drain(steps: Any) -> Any:
+    return run_steps(steps)[1]
 
 
 def reference(data: bytes, max_msg: int, read_max: int) -> Any:
@@ -99,29 +105,14 @@ class MpubLinesTests(SynchronousTestCase):
     def test_a_big_body_takes_one_step_per_piece(self) -> None:
         """64 KiB of one-byte lines per step: 5 MiB takes 80 steps, each bounded."""
         data = b"x\n" * (5 * 1024 * 1024 // 2)
-        steps = _mpub_lines(data, 1024 * 1024, 5 * 1024 * 1024 + 1)
-        count = 0
-        try:
-            while True:
-                next(steps)
-                count += 1
-        except StopIteration as done:
-            bodies = done.value
+        count, bodies = run_steps(_mpub_lines(data, 1024 * 1024, 5 * 1024 * 1024 + 1))
         self.assertEqual(count, 80)
         self.assertEqual(len(bodies), len(data) // 2)
 
     def test_binary_body_takes_one_step_per_piece(self) -> None:
         """A binary body of 20,000 messages yields after every 8,192 and reads them all."""
         body = struct.pack(">i", 20_000) + (struct.pack(">i", 1) + b"x") * 20_000
-        steps = _read_mpub(body, 10, len(body))
-        count = 0
-        try:
-            while True:
-                next(steps)
-                count += 1
-        except StopIteration as done:
-            self.assertEqual(done.value, [b"x"] * 20_000)
-        self.assertEqual(count, 2)
+        self.assertEqual(run_steps(_read_mpub(body, 10, len(body))), (2, [b"x"] * 20_000))
 
 
 class SlicedPublishTests(SynchronousTestCase):
