@@ -114,7 +114,7 @@ DISCARD_LIMIT = 256 * 1024
 #: how long Go's server keeps reading (and dropping) a cut-off upload after its answer
 RST_AVOIDANCE_DELAY = 0.5
 #: pipelined plain GETs of direct routes answered on one connection per reactor turn
-DIRECT_PER_TURN = 64
+DIRECT_PER_TURN = 16
 _GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 _TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _GO_ERROR_HEADERS + \
     b"431 Request Header Fields Too Large"
