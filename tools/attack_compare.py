@@ -139,7 +139,7 @@ def main() -> None:
 
 
 def print_table(go_results: dict[str, str], tw_results: dict[str, str]) -> None:
-    print("\n| attack | Go nsqd v1.3.0 | nsqtw |\n| --- | --- | --- |")
+    print("\n| attack | Go v1.3.0 | nsqtw |\n| --- | --- | --- |")
     for name in go_results:
         print(f"| {name} | {go_results[name]} | {tw_results[name]} |")
 
