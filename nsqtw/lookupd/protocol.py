@@ -205,6 +205,7 @@ class LookupProtocolV1(Protocol):
         return go_json(self.lookupd.identify(peer))
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self._closing = True  # a slice still to come reads nothing more
         self.log.info("PROTOCOL(V1): [{client}] exiting ioloop", client=self.name)
         if self.peer is not None:
             self.lookupd.disconnected(self.peer)

@@ -55,6 +55,22 @@ class FloodSliceTests(SynchronousTestCase):
         self.assertEqual(out, OK * 2 + frame(b"E_BAD_TOPIC REGISTER topic name 'b!d' is not valid"))
         self.assertTrue(conn.closed)
 
+    def test_a_connection_closed_mid_flood_runs_nothing_more(self) -> None:
+        """The connection closes while commands wait for the next turn: they are dropped, never answered."""
+        lookupd, clock = make_lookupd()
+        conn = identified(lookupd)
+        ticks = itertools.count()
+        conn.proto._now = lambda: next(ticks) * 0.001
+        conn.proto.dataReceived(b"".join(b"REGISTER t%d\n" % i for i in range(500)))
+        registered = len(lookupd.db.find_registrations("topic", "*", ""))
+        self.assertLess(registered, 500)
+        conn.close()
+        conn.transport.clear()
+        while clock.getDelayedCalls():
+            _one_turn(clock)
+        self.assertEqual(conn.transport.value(), b"")
+        self.assertEqual(len(lookupd.db.find_registrations("topic", "*", "")), registered)
+
 
 class DisconnectSliceTests(SynchronousTestCase):
     """A node with many registrations leaves them a slice per turn when its connection closes."""
@@ -107,4 +123,5 @@ class IndexTests(SynchronousTestCase):
                 mine = {r for r, producers in db.registrations.items() if p.id in producers}
                 self.assertEqual(set(db.lookup_registrations(p.id)), mine)
                 self.assertEqual(len(db.lookup_registrations(p.id)), len(mine))
+
 
