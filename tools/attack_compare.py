@@ -28,18 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nsqtw.tools.daemons import start_listening  # noqa: E402
-from tests.attacks import (  # noqa: E402
-    Bystander,
-    LookupBystander,
-    churn,
-    deflate_bomb,
-    endless_chunked,
-    http_mpub_lines,
-    huge_config,
-    in_process,
-    mpub_flood,
-    warm_up,
-)
+from tests import attacks  # noqa: E402
 from tests.daemon import Daemon, LookupdDaemon  # noqa: E402
 
 
@@ -52,26 +41,26 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
     out: dict[str, str] = {}
     attacks: list[tuple[str, Any]] = [
         # first: the flood leaves the disk busy for a while, which would slow nsqtw's accepts
-        (f"{churn_cycles:,} connect/close cycles", lambda: churn(tcp, http, churn_cycles)),
-        ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: deflate_bomb(tcp, 64 << 20, 5)),
-        ("10 publishers flooding tiny MPUBs", lambda: mpub_flood(tcp, 10, 5)),
-        ("endless chunked POST /pub", lambda: endless_chunked(http, 5)),
+        (f"{churn_cycles:,} connect/close cycles", lambda: attacks.churn(tcp, http, churn_cycles)),
+        ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: attacks.deflate_bomb(tcp, 64 << 20, 5)),
+        ("10 publishers flooding tiny MPUBs", lambda: attacks.mpub_flood(tcp, 10, 5)),
+        ("endless chunked POST /pub", lambda: attacks.endless_chunked(http, 5)),
         # last: Go then dials the 20,000 addresses, one after another, for minutes
-        ("PUT 20,000 lookupd addresses", lambda: huge_config(http, 20000)),
+        ("PUT 20,000 lookupd addresses", lambda: attacks.huge_config(http, 20000)),
     ]
     if only == "churn":
         attacks = attacks[:1]
     elif only == "slices":
-        warm_up(http)  # nsqtw imports its HTTP router at the first routed request
+        attacks.warm_up(http)  # nsqtw imports its HTTP router at the first routed request
         attacks = [
-            ("POST /mpub of 5 MB of one-byte lines", lambda: http_mpub_lines(http)),
+            ("POST /mpub of 5 MB of one-byte lines", lambda: attacks.http_mpub_lines(http)),
             # the hard-working clients in processes of their own, away from the bystander's GIL
-            ("20,000 pipelined GET /ping", lambda: in_process("pipelined_pings", http, 20_000)),
+            ("20,000 pipelined GET /ping", lambda: attacks.in_process("pipelined_pings", http, 20_000)),
             ("REQ storm: RDY 2500, 2,500 messages REQ'd with timeout 0 for 15 s",
-             lambda: in_process("req_storm", tcp, 15)),
+             lambda: attacks.in_process("req_storm", tcp, 15)),
         ]
     for name, attack in attacks:
-        with Bystander(tcp) as watch:
+        with attacks.Bystander(tcp) as watch:
             result = attack()
         out[name] = f"{result}; {watch.summary()}"
         print(name, out[name], flush=True)
@@ -79,8 +68,8 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
 
 
 def run_lookupd(tcp: str, http: str, count: int = 100_000) -> dict[str, str]:
-    with LookupBystander(http) as watch:
-        result = in_process("register_flood", tcp, count)
+    with attacks.LookupBystander(http) as watch:
+        result = attacks.in_process("register_flood", tcp, count)
     name = f"{count:,} REGISTERs on one V1 connection"
     out = {name: f"{result}; {watch.summary()}"}
     print(name, out[name], flush=True)
