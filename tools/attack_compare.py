@@ -1,7 +1,13 @@
 """Run tests/attacks.py's hostile loads against Go nsqd and nsqtw, side by side, and print a table.
 
-Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn] [PATH/TO/GO/nsqd]
+Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] [PATH/TO/GO/nsqd]
 (default ../shared/anchor/bin/nsqd; 9,000 churn cycles; every attack)
+
+``--only=slices`` runs the loads one request or peer could once hold the
+reactor with (a 5 MB ``/mpub`` of one-byte lines, 20,000 pipelined
+``/ping``s, a REQ storm); ``--only=lookupd`` the REGISTER flood against Go
+nsqlookupd and nsqtw-lookupd (the ``nsqlookupd`` next to Go's nsqd), with a
+bystander asking ``/lookup`` in a loop.
 
 Each daemon is started fresh on loopback with default flags; the attacks run
 in the same order against each, with the same client and a bystander
@@ -22,8 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nsqtw.tools.daemons import start_listening  # noqa: E402
-from tests.attacks import Bystander, churn, deflate_bomb, endless_chunked, huge_config, mpub_flood  # noqa: E402
-from tests.daemon import Daemon  # noqa: E402
+from tests import attacks  # noqa: E402
+from tests.daemon import Daemon, LookupdDaemon  # noqa: E402
 
 
 def start_go(binary: str, data: str) -> tuple[subprocess.Popen[str], str, str]:
@@ -35,21 +41,59 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
     out: dict[str, str] = {}
     attacks: list[tuple[str, Any]] = [
         # first: the flood leaves the disk busy for a while, which would slow nsqtw's accepts
-        (f"{churn_cycles:,} connect/close cycles", lambda: churn(tcp, http, churn_cycles)),
-        ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: deflate_bomb(tcp, 64 << 20, 5)),
-        ("10 publishers flooding tiny MPUBs", lambda: mpub_flood(tcp, 10, 5)),
-        ("endless chunked POST /pub", lambda: endless_chunked(http, 5)),
+        (f"{churn_cycles:,} connect/close cycles", lambda: attacks.churn(tcp, http, churn_cycles)),
+        ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: attacks.deflate_bomb(tcp, 64 << 20, 5)),
+        ("10 publishers flooding tiny MPUBs", lambda: attacks.mpub_flood(tcp, 10, 5)),
+        ("endless chunked POST /pub", lambda: attacks.endless_chunked(http, 5)),
         # last: Go then dials the 20,000 addresses, one after another, for minutes
-        ("PUT 20,000 lookupd addresses", lambda: huge_config(http, 20000)),
+        ("PUT 20,000 lookupd addresses", lambda: attacks.huge_config(http, 20000)),
     ]
     if only == "churn":
         attacks = attacks[:1]
+    elif only == "slices":
+        attacks.warm_up(http)  # nsqtw imports its HTTP router at the first routed request
+        attacks = [
+            ("POST /mpub of 5 MB of one-byte lines", lambda: attacks.http_mpub_lines(http)),
+            # the hard-working clients in processes of their own, away from the bystander's GIL
+            ("20,000 pipelined GET /ping", lambda: attacks.in_process("pipelined_pings", http, 20_000)),
+            ("REQ storm: RDY 2500, 2,500 messages REQ'd with timeout 0 for 15 s",
+             lambda: attacks.in_process("req_storm", tcp, 15)),
+        ]
     for name, attack in attacks:
-        with Bystander(tcp) as watch:
+        with attacks.Bystander(tcp) as watch:
             result = attack()
         out[name] = f"{result}; {watch.summary()}"
         print(name, out[name], flush=True)
     return out
+
+
+def run_lookupd(tcp: str, http: str, count: int = 100_000) -> dict[str, str]:
+    with attacks.LookupBystander(http) as watch:
+        result = attacks.in_process("register_flood", tcp, count)
+    name = f"{count:,} REGISTERs on one V1 connection"
+    out = {name: f"{result}; {watch.summary()}"}
+    print(name, out[name], flush=True)
+    return out
+
+
+def compare_lookupd(go: str, tmp: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The REGISTER flood against Go nsqlookupd, then nsqtw-lookupd."""
+    proc, tcp, http = start_listening([go, "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"], tmp)
+    try:
+        time.sleep(0.3)
+        print("== Go nsqlookupd", flush=True)
+        go_results = run_lookupd(tcp, http)
+    finally:
+        proc.terminate()
+        proc.wait()
+    d = LookupdDaemon(tmp).start()
+    try:
+        time.sleep(0.3)
+        print("== nsqtw-lookupd", flush=True)
+        tw_results = run_lookupd(d.tcp_address, d.http_address)
+    finally:
+        d.stop()
+    return go_results, tw_results
 
 
 def main() -> None:
@@ -59,6 +103,10 @@ def main() -> None:
     rest = [a for a in args if not a.startswith("--")]
     go = os.path.abspath(rest[0]) if rest else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
     with tempfile.TemporaryDirectory() as tmp:
+        if only == "lookupd":
+            go_results, tw_results = compare_lookupd(os.path.join(os.path.dirname(go), "nsqlookupd"), tmp)
+            print_table(go_results, tw_results)
+            return
         os.makedirs(f"{tmp}/go")
         os.makedirs(f"{tmp}/tw")
         proc, tcp, http = start_go(go, f"{tmp}/go")
@@ -76,7 +124,11 @@ def main() -> None:
             tw_results = run(d.tcp_address, d.http_address, cycles, only)
         finally:
             d.stop()
-    print("\n| attack | Go nsqd v1.3.0 | nsqtw |\n| --- | --- | --- |")
+    print_table(go_results, tw_results)
+
+
+def print_table(go_results: dict[str, str], tw_results: dict[str, str]) -> None:
+    print("\n| attack | Go v1.3.0 | nsqtw |\n| --- | --- | --- |")
     for name in go_results:
         print(f"| {name} | {go_results[name]} | {tw_results[name]} |")
 

@@ -21,7 +21,6 @@ write system calls count too.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import struct
 import tempfile
@@ -32,6 +31,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nsqtw.core.nsqd import NSQD
+from nsqtw.heap import keep_long_lived_old
 from nsqtw.nsqd.options import defaults
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
@@ -74,7 +74,7 @@ def run(command: bytes, n: int, data_path: str | None = None) -> float:
 
 
 def main() -> None:
-    gc.set_threshold(50000, 20, 100)  # as the daemon sets it (NSQDService.startService)
+    keep_long_lived_old()  # as the daemon sets it (NSQDService.startService)
     n = int(os.environ.get("N", "100000"))
     reps = int(os.environ.get("REPS", "5"))
     disk = bool(os.environ.get("DISK"))

@@ -333,17 +333,6 @@ class Channel:
 
     # -- acknowledgements -------------------------------------------------
 
-    def _pop_in_flight(self, client: IConsumer, msg_id: bytes) -> Message:
-        msg = self.in_flight.live.get(msg_id)
-        if msg is None:
-            raise NotInFlightError("ID not in flight")
-        if msg.client is not client:
-            raise NotInFlightError("client does not own message")
-        self.in_flight.remove(msg_id)
-        self._disown(client, msg_id)
-        msg.client = None
-        return msg
-
     def finish_many(self, client: IConsumer, msg_ids: list[bytes]) -> list[tuple[bytes, NotInFlightError]]:
         """FIN: these messages are done with. Returns the ones that could not be, with why.
 
@@ -372,16 +361,51 @@ class Channel:
 
     def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:
         """REQ: send it again now, or after ``delay`` seconds."""
+        failed = self.requeue_many(client, [(msg_id, delay)])
+        if failed:
+            raise failed[0][1]
+
+    def requeue_many(self, client: IConsumer, reqs: list[tuple[bytes, float]]
+                     ) -> list[tuple[bytes, NotInFlightError | ExitingError]]:
+        """REQ of a run of messages, each with its delay (0: send it again now).
+
+        Returns the ones that could not be, with why. A consumer that
+        retries everything sends REQs as others send FINs: the in-flight
+        bookkeeping is done in one loop and the ones due now are queued
+        together, with one wake of the pump.
+        """
         if self.exiting:
-            raise ExitingError()
-        msg = self._pop_in_flight(client, msg_id)
-        client.message_requeued()
-        self.requeue_count += 1
-        if delay > 0:
-            self.defer(msg, delay, self.clock.seconds())
-        else:
-            self._queue([msg])
+            return [(msg_id, ExitingError()) for msg_id, _ in reqs]
+        live = self.in_flight.live
+        owned = self._owned.get(client.client_id, {})
+        failed: list[tuple[bytes, NotInFlightError | ExitingError]] = []
+        again: list[Message] = []
+        now = -1.0
+        for msg_id, delay in reqs:
+            msg = live.get(msg_id)
+            if msg is None:
+                failed.append((msg_id, NotInFlightError("ID not in flight")))
+                continue
+            if msg.client is not client:
+                failed.append((msg_id, NotInFlightError("client does not own message")))
+                continue
+            del live[msg_id]
+            owned.pop(msg_id, None)
+            msg.client = None
+            client.message_requeued()
+            if delay > 0:
+                if now < 0:
+                    now = self.clock.seconds()
+                self.defer(msg, delay, now)
+            else:
+                again.append(msg)
+        done = len(reqs) - len(failed)
+        self.in_flight.removed(done)
+        self.requeue_count += done
+        if again:
+            self._queue(again)
         self._pump.wake()
+        return failed
 
     def touch(self, client: IConsumer, msg_id: bytes, timeout: float) -> None:
         """TOUCH: restart the message's timeout, never past ``--max-msg-timeout``."""

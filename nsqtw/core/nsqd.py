@@ -41,6 +41,9 @@ class IRegistryListener(Protocol):
 
 BackendFactory = Callable[[str], IBackendQueue]
 
+#: the most messages of one batch :meth:`NSQD.publish` queues in one reactor turn (a few ms)
+PUBLISH_SLICE = 4096
+
 
 @implementer(ITopicOwner)
 class NSQD:
@@ -68,6 +71,8 @@ class NSQD:
         self._storage_errors: dict[object, str] = {}
         self.exiting = False
         self.loading = False
+        #: batches being published a slice per reactor turn (:meth:`publish`)
+        self.sliced_publishes: set[SlicedPublish] = set()
         #: bytes waiting in memory for the disk over all the node's disk queues (the node-wide bound)
         self.unwritten = UnwrittenBytes(int(getattr(options, "max_unwritten_bytes", DEFAULT_MAX_UNWRITTEN)))
         #: run-time settings PUT /config can change
@@ -292,8 +297,18 @@ class NSQD:
         E_PUB_FAILED or a 500). Returns None when the messages are queued in
         memory, or a Deferred that fires once the ones that went to disk are
         written: answer the publisher only then, as nsqd does.
+
+        A batch of more than :data:`PUBLISH_SLICE` messages (a 5 MB ``/mpub``
+        of one-byte lines holds 2.6 million) is queued that many per reactor
+        turn, so the node serves everyone else in between; the Deferred
+        returned fires once all of it is queued (:class:`SlicedPublish`).
         """
         topic = self.get_topic(topic_name)
+        if len(bodies) > PUBLISH_SLICE:
+            return SlicedPublish(self, topic, bodies, defer).start()
+        return self._queue(topic, bodies, defer)
+
+    def _queue(self, topic: Topic, bodies: list[bytes], defer: float) -> Deferred[None] | None:
         now_ns = int(self.clock.seconds() * 1e9)
         # PUB, DPUB, an MPUB of one: one value, without the range
         values = (self.guid.new_value(),) if len(bodies) == 1 else self.guid.new_values(len(bodies))
@@ -302,9 +317,81 @@ class NSQD:
     # -- shutdown ---------------------------------------------------------
 
     def close(self) -> Deferred[Any]:
-        """Flush every topic and channel to its backend and close them."""
+        """Flush every topic and channel to its backend and close them.
+
+        A batch still being published in slices is first queued whole, so
+        what the flush writes holds all of it or (had it not begun) none.
+        """
+        for batch in list(self.sliced_publishes):
+            batch.finish_now()
         self.exiting = True
         self.unwritten.release_waiters()  # publishers waiting for room ask again: ExitingError
         for client in list(self.clients.values()):
             client.close()
         return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)
+
+
+class SlicedPublish:
+    """One huge batch queued :data:`PUBLISH_SLICE` messages per reactor turn, into one topic.
+
+    All of it goes to the topic it started with: a topic deleted meanwhile
+    refuses the rest (ExitingError), so nothing of the batch stays anywhere.
+    When the node starts to close, :meth:`finish_now` queues the rest at
+    once, before the flush. A backend that fails part way leaves the part
+    before it queued, as nsqd's ``PutMessages`` does.
+    """
+
+    def __init__(self, nsqd: NSQD, topic: Topic, bodies: list[bytes], defer: float) -> None:
+        self.nsqd = nsqd
+        self.topic = topic
+        self.bodies = bodies
+        self.defer = defer
+        self.done: Deferred[None] = Deferred()
+        self._next = 0
+        self._written: list[Deferred[None]] = []
+        self._call: Any = None
+
+    def start(self) -> Deferred[None]:
+        """Queue the first slice now (its ExitingError or BackendError is raised), the rest later."""
+        first = self.nsqd._queue(self.topic, self.bodies[:PUBLISH_SLICE], self.defer)
+        if first is not None:
+            self._written.append(first)
+        self._next = PUBLISH_SLICE
+        self.nsqd.sliced_publishes.add(self)
+        self._call = self.nsqd.clock.callLater(0, self._turn)
+        return self.done
+
+    def finish_now(self) -> None:
+        """Queue everything left in this turn."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._slice(len(self.bodies))
+
+    def _turn(self) -> None:
+        self._call = None
+        self._slice(PUBLISH_SLICE)
+
+    def _slice(self, count: int) -> None:
+        start = self._next
+        bodies = self.bodies
+        end = min(len(bodies), start + count)
+        self._next = end
+        try:
+            written = self.nsqd._queue(self.topic, bodies[start:end], self.defer)
+        except Exception:  # noqa: BLE001 - ExitingError, BackendError: the publisher's error
+            self.nsqd.sliced_publishes.discard(self)
+            self.done.errback()
+            return
+        if written is not None:
+            self._written.append(written)
+        if end < len(bodies):
+            self._call = self.nsqd.clock.callLater(0, self._turn)
+            return
+        self.nsqd.sliced_publishes.discard(self)
+        self.bodies = []
+        if not self._written:
+            self.done.callback(None)
+            return
+        all_written = DeferredList(self._written, fireOnOneErrback=True, consumeErrors=True)
+        all_written.addCallbacks(lambda _: self.done.callback(None),
+                                 lambda f: self.done.errback(f.value.subFailure))

@@ -36,7 +36,7 @@ from twisted.web.resource import IResource, Resource
 from nsqtw._go.json import go_json
 from nsqtw._go.path import clean_path
 from nsqtw._go.query import parse_query
-from nsqtw.http.direct import DirectRequest, parse_simple_get
+from nsqtw.http.direct import MAX_DIRECT_HEAD, DirectRequest, parse_simple_get
 from nsqtw.log import Logger
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ MAX_HEADER_BYTES = (1 << 20) + 4096
 DISCARD_LIMIT = 256 * 1024
 #: how long Go's server keeps reading (and dropping) a cut-off upload after its answer
 RST_AVOIDANCE_DELAY = 0.5
+#: pipelined plain GETs of direct routes answered on one connection per reactor turn
+DIRECT_PER_TURN = 16
 _GO_ERROR_HEADERS = b"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 _TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _GO_ERROR_HEADERS + \
     b"431 Request Header Fields Too Large"
@@ -159,6 +161,10 @@ class GoHTTPChannel(HTTPChannel):
     #: nothing has reached twisted.web's parser on this connection yet: a plain GET of a
     #: direct route may be answered without it (:meth:`_answer_directly`)
     _pristine = True
+    #: the start of a pipelined request not yet answered directly: a head cut between reads,
+    #: or the requests past this turn's :data:`DIRECT_PER_TURN`
+    _direct_buffer = b""
+    _direct_call: Any = None
     _closing_call: Any = None
     callLater: Any  # set by HTTPFactory.buildProtocol
 
@@ -182,12 +188,68 @@ class GoHTTPChannel(HTTPChannel):
         if cork is not None:
             cork()
         try:
-            if not self._pristine or not self._answer_directly(data):
-                self._pristine = False
+            if self._pristine:
+                self._direct_input(data)
+            else:
                 super().dataReceived(data)  # type: ignore[no-untyped-call]
         finally:
             if cork is not None:
                 transport.uncork()
+
+    def _direct_input(self, data: bytes) -> None:
+        """Answer the plain GETs of direct routes the input starts with, :data:`DIRECT_PER_TURN` a turn.
+
+        Pipelined requests (a client sending many without waiting) are
+        answered in order, each without twisted.web (:meth:`_answer_directly`);
+        past :data:`DIRECT_PER_TURN` the connection stops reading and the
+        rest waits for the next reactor turn. A head cut between reads waits
+        for its end. From the first request that is not a plain GET of a
+        direct route on, everything goes to twisted.web, as it arrived.
+        """
+        buf = self._direct_buffer + data if self._direct_buffer else data
+        self._direct_buffer = b""
+        pos = 0
+        answered = 0
+        size = len(buf)
+        while pos < size:
+            end = buf.find(b"\r\n\r\n", pos)
+            if end < 0:
+                rest = buf[pos:]
+                if len(rest) <= MAX_DIRECT_HEAD and (rest.startswith(b"GET /") or b"GET /".startswith(rest)):
+                    self.resetTimeout()  # type: ignore[no-untyped-call]
+                    self._direct_buffer = rest  # the rest of a head still to come
+                    return
+                break
+            if answered == DIRECT_PER_TURN:
+                self._direct_buffer = buf[pos:]
+                self._direct_later()
+                return
+            if not self._answer_directly(buf[pos:end + 4]):
+                break
+            answered += 1
+            pos = end + 4
+            if not self._pristine:
+                return  # answered and closing: what follows is dropped, as twisted.web drops it
+        if pos < size:
+            self._pristine = False
+            super().dataReceived(buf[pos:])  # type: ignore[no-untyped-call]
+
+    def _direct_later(self) -> None:
+        """Read nothing more until the next reactor turn, then go on with the buffered requests."""
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+        self._direct_call = self.callLater(0, self._direct_next)
+
+    def _direct_next(self) -> None:
+        self._direct_call = None
+        if self._waitingForTransport:
+            return  # the client is not reading its answers: go on when it does (resumeProducing)
+        self.transport.resumeProducing()  # type: ignore[union-attr]
+        self.dataReceived(b"")
+
+    def resumeProducing(self) -> None:
+        super().resumeProducing()  # type: ignore[no-untyped-call]
+        if self._pristine and self._direct_buffer and self._direct_call is None and not self._cut_off:
+            self._direct_later()
 
     def _answer_directly(self, data: bytes) -> bool:
         """Answer a plain GET of a direct route without twisted.web's Request (:mod:`nsqtw.http.direct`)."""
@@ -201,6 +263,7 @@ class GoHTTPChannel(HTTPChannel):
         request = DirectRequest(self, simple)
         request.answer(getattr(api, api.direct_routes[simple.target])(request))
         if not simple.persistent:
+            self._pristine = False
             self.loseConnection()
         return True
 
@@ -225,6 +288,8 @@ class GoHTTPChannel(HTTPChannel):
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         if self._closing_call is not None and self._closing_call.active():
             self._closing_call.cancel()
+        if self._direct_call is not None and self._direct_call.active():
+            self._direct_call.cancel()
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
 
     def lineReceived(self, line: bytes) -> None:

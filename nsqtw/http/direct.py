@@ -23,6 +23,7 @@ on every variant).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from twisted.web.http import RESPONSES, datetimeToString
@@ -80,6 +81,18 @@ def parse_simple_get(data: bytes, routes: dict[bytes, str]) -> SimpleGet | None:
     return SimpleGet(parts[1], version, version == b"HTTP/1.1" and b"close" not in tokens)
 
 
+_date_cache: tuple[int, bytes] = (0, b"")
+
+
+def _date() -> bytes:
+    """twisted.web's ``Date`` value, formatted once a second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, datetimeToString(now))
+    return _date_cache[1]
+
+
 class DirectRequest:
     """What a direct route's handler uses of a twisted.web ``Request``, and no more.
 
@@ -101,7 +114,7 @@ class DirectRequest:
         self.responseHeaders = Headers()
         if request.version == b"HTTP/1.1" and not request.persistent:
             self.responseHeaders.setRawHeaders(b"Connection", [b"close"])
-        self.responseHeaders.setRawHeaders(b"Date", [datetimeToString()])
+        self.responseHeaders.setRawHeaders(b"Date", [_date()])
 
     def setResponseCode(self, code: int) -> None:
         self.code = code
@@ -110,7 +123,12 @@ class DirectRequest:
         self.responseHeaders.setRawHeaders(name, [value])
 
     def getClientAddress(self) -> Any:
-        return self.channel.transport.getPeer()
+        # asked for every answer's log line; a pipelining client asks thousands of times
+        channel = self.channel
+        peer = getattr(channel, "_direct_peer", None)
+        if peer is None:
+            peer = channel._direct_peer = channel.transport.getPeer()
+        return peer
 
     def answer(self, body: bytes) -> None:
         """Write the status line, headers and ``body`` as twisted.web's Request writes them."""

@@ -60,7 +60,7 @@ class PeerInfo:
                 "http_port": self.http_port, "version": self.version}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Producer:
     """A peer under one registration; tombstones are per registration, as in nsqlookupd."""
 
@@ -86,24 +86,43 @@ def active(producers: Iterable[Producer], now_ns: int, inactivity_timeout: float
 
 
 class RegistrationDB:
-    """Registrations and their producers, keyed by peer id, in insertion order."""
+    """Registrations and their producers, keyed by peer id, in insertion order.
+
+    Two indexes keep the questions asked per request or per command cheap
+    however many registrations there are (a node may register 100,000
+    topics): each topic's channel registrations (``/lookup``), and the
+    registrations each peer is a producer under (its disconnection).
+    """
 
     def __init__(self, clock: IReactorTime) -> None:
         self.clock = clock
         self.registrations: dict[Registration, dict[str, Producer]] = {}
+        #: topic -> its channels' registrations
+        self._channels: dict[str, dict[Registration, None]] = {}
+        #: peer id -> the registrations it is a producer under
+        self._by_peer: dict[str, dict[Registration, None]] = {}
 
     def now_ns(self) -> int:
         return int(self.clock.seconds() * _NS)
 
+    def _producers(self, k: Registration) -> dict[str, Producer]:
+        producers = self.registrations.get(k)
+        if producers is None:
+            producers = self.registrations[k] = {}
+            if k.category == "channel":
+                self._channels.setdefault(k.key, {})[k] = None
+        return producers
+
     def add_registration(self, k: Registration) -> None:
-        self.registrations.setdefault(k, {})
+        self._producers(k)
 
     def add_producer(self, k: Registration, peer: PeerInfo) -> bool:
         """Register ``peer`` under ``k``; False when it already was (its producer is kept)."""
-        producers = self.registrations.setdefault(k, {})
+        producers = self._producers(k)
         if peer.id in producers:
             return False
         producers[peer.id] = Producer(peer)
+        self._by_peer.setdefault(peer.id, {})[k] = None
         return True
 
     def remove_producer(self, k: Registration, peer_id: str) -> tuple[bool, int]:
@@ -112,15 +131,35 @@ class RegistrationDB:
         if producers is None:
             return False, 0
         removed = producers.pop(peer_id, None) is not None
+        if removed:
+            self._forget_peer(peer_id, k)
         return removed, len(producers)
 
+    def _forget_peer(self, peer_id: str, k: Registration) -> None:
+        mine = self._by_peer.get(peer_id)
+        if mine is not None:
+            mine.pop(k, None)
+            if not mine:
+                del self._by_peer[peer_id]
+
     def remove_registration(self, k: Registration) -> None:
-        self.registrations.pop(k, None)
+        producers = self.registrations.pop(k, None)
+        if producers is None:
+            return
+        for peer_id in producers:
+            self._forget_peer(peer_id, k)
+        if k.category == "channel":
+            channels = self._channels[k.key]
+            del channels[k]
+            if not channels:
+                del self._channels[k.key]
 
     def find_registrations(self, category: str, key: str, subkey: str) -> list[Registration]:
         if key != "*" and subkey != "*":
             k = Registration(category, key, subkey)
             return [k] if k in self.registrations else []
+        if category == "channel" and key != "*":
+            return [k for k in self._channels.get(key, ()) if k.matches(category, key, subkey)]
         return [k for k in self.registrations if k.matches(category, key, subkey)]
 
     def find_producers(self, category: str, key: str, subkey: str) -> list[Producer]:
@@ -132,14 +171,5 @@ class RegistrationDB:
         return list(seen.values())
 
     def lookup_registrations(self, peer_id: str) -> list[Registration]:
-        """Every registration ``peer_id`` is a producer under."""
-        return [k for k, producers in self.registrations.items() if peer_id in producers]
-
-    def remove_peer(self, peer_id: str) -> list[Registration]:
-        """Drop a peer from everything (its connection closed); returns what it left."""
-        left = []
-        for k in self.lookup_registrations(peer_id):
-            removed, _ = self.remove_producer(k, peer_id)
-            if removed:
-                left.append(k)
-        return left
+        """Every registration ``peer_id`` is a producer under, in the order it became one."""
+        return list(self._by_peer.get(peer_id, ()))

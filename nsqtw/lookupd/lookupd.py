@@ -21,6 +21,8 @@ from nsqtw.names import is_ephemeral
 __all__ = ["NSQLookupd"]
 
 _CLIENT = Registration("client", "", "")
+#: registrations a closed connection leaves per reactor turn
+UNREGISTER_SLICE = 512
 
 
 class NSQLookupd:
@@ -96,9 +98,24 @@ class NSQLookupd:
             self._logged("UNREGISTER", peer, k)
 
     def disconnected(self, peer: PeerInfo) -> None:
-        """A node's connection closed: it is no longer a producer of anything."""
-        for k in self.db.remove_peer(peer.id):
-            self._logged("UNREGISTER", peer, k)
+        """A node's connection closed: it is no longer a producer of anything.
+
+        A node that registered a great many topics leaves them
+        :data:`UNREGISTER_SLICE` per reactor turn (its ``client``
+        registration, the first it made, goes in the first), so nobody else
+        waits for the whole of it.
+        """
+        self._leave(peer, self.db.lookup_registrations(peer.id), 0)
+
+    def _leave(self, peer: PeerInfo, left: list[Registration], start: int) -> None:
+        db = self.db
+        end = start + UNREGISTER_SLICE
+        for k in left[start:end]:
+            removed, _ = db.remove_producer(k, peer.id)
+            if removed:
+                self._logged("UNREGISTER", peer, k)
+        if end < len(left):
+            self.clock.callLater(0, self._leave, peer, left, end)
 
     def _logged(self, action: str, peer: PeerInfo, k: Registration) -> None:
         self.log.info("DB: client({client}) {action} category:{category} key:{key} subkey:{subkey}",

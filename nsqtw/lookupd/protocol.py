@@ -8,6 +8,7 @@ registrations are dropped like on any disconnect.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
@@ -26,6 +27,10 @@ __all__ = ["LookupFactory", "LookupProtocolV1", "decode_peer_info"]
 _STRING_FIELDS = ("remote_address", "hostname", "broadcast_address", "version")
 _INT_FIELDS = ("tcp_port", "http_port")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+#: how long one connection's commands may run before the others get the reactor (as nsqd's V2)
+SLICE_SECONDS = 0.002
+_OK_TEXT = b"OK"
+_OK = encode_response(_OK_TEXT)
 
 
 def decode_peer_info(peer_id: str, body: bytes) -> PeerInfo:
@@ -64,6 +69,12 @@ class LookupProtocolV1(Protocol):
     """One nsqd connection: magic, then commands answered in order."""
 
     log = Logger()
+    #: how long one connection's commands may run before the others get the reactor
+    slice_seconds = SLICE_SECONDS
+    #: the clock slices are measured with (CPU work, not the reactor's time)
+    _now = staticmethod(time.perf_counter)
+    #: this connection's slice is used up: it reads nothing until the next reactor turn
+    _sliced = False
 
     def __init__(self, lookupd: NSQLookupd) -> None:
         self.lookupd = lookupd
@@ -99,21 +110,61 @@ class LookupProtocolV1(Protocol):
             self.log.info("CLIENT({client}): desired protocol magic '{magic}'", client=self.name,
                           magic=magic)
         self.parser.feed(data)
+        if not self._sliced:
+            self._run_commands()
+
+    def _run_commands(self) -> None:
+        """Answer the buffered commands for at most :attr:`slice_seconds`, then let the others in.
+
+        A node that pipelines a flood of REGISTERs is served a slice at a
+        time: past it the connection stops reading until the next reactor
+        turn (TCP flow control slows the sender). The answers of one slice
+        leave in one write.
+        """
+        now = self._now
+        deadline = now() + self.slice_seconds
+        answers: list[bytes] = []
+        steps = 0
         try:
             while not self._closing:
+                steps += 1
+                if steps & 15 == 0 and now() > deadline:
+                    self._yield_slice()
+                    return
                 event = self.parser.next_event()
                 if event is None:
                     return
                 response = self._exec(event)
                 if response is not None:
-                    self.transport.write(encode_response(response))  # type: ignore[union-attr]
+                    answers.append(_OK if response is _OK_TEXT else encode_response(response))
         except LineTooLong:
+            self._write(answers)
             self.log.error("[{client}] - line too long", client=self.name)
             self._closing = True
             self.transport.loseConnection()  # type: ignore[union-attr]
         except NSQError as e:
+            self._write(answers)
             self.log.error("[{client}] - {error}", client=self.name, error=str(e))
             self._close_with(e.frame_body())
+        finally:
+            self._write(answers)
+
+    def _write(self, answers: list[bytes]) -> None:
+        if answers:
+            self.transport.write(b"".join(answers))  # type: ignore[union-attr]
+            answers.clear()
+
+    def _yield_slice(self) -> None:
+        self._sliced = True
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+        self.lookupd.clock.callLater(0, self._next_slice)
+
+    def _next_slice(self) -> None:
+        self._sliced = False
+        if self._closing:
+            return
+        self.transport.resumeProducing()  # type: ignore[union-attr]
+        self._run_commands()
 
     def _close_with(self, text: bytes) -> None:
         self._closing = True
@@ -128,7 +179,7 @@ class LookupProtocolV1(Protocol):
         command = params[0]
         if command == "PING":
             self.lookupd.ping(self.peer)
-            return b"OK"
+            return _OK_TEXT
         if command == "IDENTIFY":
             if self.peer is not None:
                 raise fatal("E_INVALID", "cannot IDENTIFY again")
@@ -142,7 +193,7 @@ class LookupProtocolV1(Protocol):
                 self.lookupd.register(self.peer, topic, channel)
             else:
                 self.lookupd.unregister(self.peer, topic, channel)
-            return b"OK"
+            return _OK_TEXT
         raise fatal("E_INVALID", f"invalid command {command}")
 
     def _identified(self, body: bytes) -> bytes:
@@ -154,6 +205,7 @@ class LookupProtocolV1(Protocol):
         return go_json(self.lookupd.identify(peer))
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self._closing = True  # a slice still to come reads nothing more
         self.log.info("PROTOCOL(V1): [{client}] exiting ioloop", client=self.name)
         if self.peer is not None:
             self.lookupd.disconnected(self.peer)

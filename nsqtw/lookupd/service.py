@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import Factory
 
 from nsqtw import version_banner
-from nsqtw.heap import release_free_heap
+from nsqtw.heap import keep_long_lived_old, release_free_heap
 from nsqtw.log import Logger
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.protocol import LookupFactory
@@ -55,6 +55,7 @@ class LookupdService(MultiService):
     def startService(self) -> None:
         self.log.info("{banner}", banner=version_banner("nsqlookupd"))
         super().startService()  # type: ignore[no-untyped-call]
+        keep_long_lived_old()  # registrations are long-lived
         release_free_heap()  # what start-up freed goes back to the system
 
     def stopService(self) -> Deferred[None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Generator
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -258,33 +259,14 @@ class HTTPAPI(GoHTTPAPI):
                 self.log.warn("deprecated value '{value}' used for /mpub binary param", value=value)  # noqa: G010 - twisted Logger
         read_max = max_body + 1
         data = self._body(request, read_max)
-        if binary:
-            if len(data) > max_body:
-                # only a chunked body can get here; nsqd would read on
-                raise APIError(413, "BODY_TOO_BIG")
-            bodies = _read_mpub(data, max_msg, max_body)
-        else:
-            bodies = []
-            total = 0
-            pos = 0
-            end = len(data)
-            while True:
-                nl = data.find(b"\n", pos)
-                stop = end if nl == -1 else nl + 1
-                block = data[pos:stop]
-                pos = stop
-                total += len(block)
-                if total == read_max:
-                    raise APIError(413, "BODY_TOO_BIG")
-                if block.endswith(b"\n"):
-                    block = block[:-1]
-                if block:
-                    if len(block) > max_msg:
-                        raise APIError(413, "MSG_TOO_BIG")
-                    bodies.append(block)
-                if nl == -1:
-                    break
-        return self._publish(name, bodies)
+        if binary and len(data) > max_body:
+            # only a chunked body can get here; nsqd would read on
+            raise APIError(413, "BODY_TOO_BIG")
+        # a body of millions of tiny messages is split a piece per reactor turn; all of it is
+        # checked before any of it is published, as nsqd reads the whole body first
+        steps = _read_mpub(data, max_msg, max_body) if binary else _mpub_lines(data, max_msg, read_max)
+        parsed = run_in_slices(steps, self.nsqd.clock)
+        return parsed.addCallback(lambda bodies: self._publish(name, bodies))
 
     # -- topics ----------------------------------------------------------------
 
@@ -534,8 +516,43 @@ class HTTPAPI(GoHTTPAPI):
 MAX_LOOKUPD_ADDRESSES = 100
 
 
-def _read_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
-    """nsqd's readMPUB over a whole binary /mpub body; errors are nsqd's codes minus ``E_``."""
+#: the bytes of a newline-separated /mpub body split in one step of :func:`_mpub_lines`
+MPUB_TEXT_PIECE = 65536
+#: the messages of a binary /mpub body read in one step of :func:`_read_mpub`
+MPUB_BINARY_PIECE = 8192
+
+
+def _mpub_lines(data: bytes, max_msg: int, read_max: int) -> Generator[None, None, list[bytes]]:
+    """nsqd's newline-separated /mpub body as messages, a piece of lines per step.
+
+    As nsqd reads it: one message per line (its ``\\n`` dropped, empty lines
+    skipped), 413 ``MSG_TOO_BIG`` for a line longer than ``max_msg``, and 413
+    ``BODY_TOO_BIG`` when the body reaches ``read_max`` (nsqd's limit + 1),
+    which nsqd finds at the line holding the last byte, before that line's
+    own size.
+    """
+    bodies: list[bytes] = []
+    end = len(data)
+    pos = 0
+    while pos < end:
+        nl = data.find(b"\n", pos + MPUB_TEXT_PIECE - 1)
+        cut = end if nl == -1 else nl + 1
+        lines = data[pos:cut].split(b"\n")
+        if cut == end and end == read_max:
+            before_last = lines[:-2] if data.endswith(b"\n") else lines[:-1]
+            if before_last and max(map(len, before_last)) > max_msg:
+                raise APIError(413, "MSG_TOO_BIG")
+            raise APIError(413, "BODY_TOO_BIG")
+        if max(map(len, lines)) > max_msg:
+            raise APIError(413, "MSG_TOO_BIG")
+        bodies.extend(filter(None, lines))
+        pos = cut
+        yield
+    return bodies
+
+
+def _read_mpub(data: bytes, max_msg: int, max_body: int) -> Generator[None, None, list[bytes]]:
+    """nsqd's readMPUB over a whole binary /mpub body, a piece per step; errors are nsqd's codes minus ``E_``."""
     if len(data) < 4:
         raise APIError(413, "BAD_BODY")
     (count,) = struct.unpack_from(">i", data, 0)
@@ -543,7 +560,7 @@ def _read_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
         raise APIError(413, "BAD_BODY")
     pos = 4
     bodies = []
-    for _ in range(count):
+    for i in range(count):
         if pos + 4 > len(data):
             raise APIError(413, "BAD_MESSAGE")
         (size,) = struct.unpack_from(">i", data, pos)
@@ -554,4 +571,6 @@ def _read_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
             raise APIError(413, "BAD_MESSAGE")
         bodies.append(data[pos:pos + size])
         pos += size
+        if i % MPUB_BINARY_PIECE == MPUB_BINARY_PIECE - 1:
+            yield
     return bodies

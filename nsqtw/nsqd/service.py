@@ -14,7 +14,7 @@ from twisted.internet.protocol import Factory
 from nsqtw import speedups, version_banner
 from nsqtw._go.duration import format_duration
 from nsqtw.core.nsqd import NSQD
-from nsqtw.heap import release_free_heap
+from nsqtw.heap import keep_long_lived_old, release_free_heap
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
@@ -244,8 +244,7 @@ class NSQDService(MultiService):
         if busy_poll(self.reactor, self.options.busy_poll) and self.options.busy_poll > 0:
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
-        # queued messages are long-lived; keep them out of the young generations
-        gc.set_threshold(50000, 20, 100)
+        keep_long_lived_old()  # queued messages are long-lived
         d = ensureDeferred(self._start())
         d.addErrback(self._start_failed)
         return d

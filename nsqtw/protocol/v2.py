@@ -43,6 +43,8 @@ STATE_CLOSING = 4
 TLS_HANDSHAKE_TIMEOUT = 5.0
 #: the reactor time one client's input may take before others are served (see _process)
 SLICE_SECONDS = 0.002
+#: the most REQs one connection's slice takes (each is a message redelivered next turn)
+REQS_PER_SLICE = 128
 #: how many topic names one connection remembers as checked (see V2Protocol._topic_name)
 KNOWN_TOPICS = 64
 
@@ -283,6 +285,7 @@ class V2Protocol(Protocol):
         now = self._now
         deadline = now() + self.slice_seconds
         steps = 0
+        requeued = 0
         while not self._closed and not self._blocked:
             steps += 1
             if steps & 7 == 0 and now() > deadline:
@@ -293,6 +296,18 @@ class V2Protocol(Protocol):
                 if ids:
                     self._restart_read_deadline()
                     self._fin_many(ids)
+                    continue
+                reqs = parser.take_reqs()
+                if reqs:
+                    self._restart_read_deadline()
+                    self._req_many(reqs)
+                    requeued += len(reqs)
+                    if requeued >= REQS_PER_SLICE:
+                        # each comes back through the channel's pump on the next turn: as many
+                        # as that may take before the others get the reactor
+                        self._yield_slice()
+                        return
+                    steps |= 7  # a run is worth eight commands: look at the clock next
                     continue
             known = self._known_topics
             if known is not None and not self._need_tls and not self.auth.required:
@@ -710,6 +725,24 @@ class V2Protocol(Protocol):
         assert self.channel is not None
         for msg_id, e in self.channel.finish_many(self, msg_ids):
             self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
+
+    def _req_many(self, reqs: list[tuple[bytes, int]]) -> None:
+        """A run of plain ``REQ <id> <ms>`` lines (:meth:`V2Parser.take_reqs`): one call on the channel."""
+        max_ms = self.nsqd.options.max_req_timeout * 1000
+        if any(ms > max_ms for _, ms in reqs):
+            for msg_id, ms in reqs:  # a timeout out of range is logged and clamped, one by one
+                try:
+                    self._req([msg_id, b"%d" % ms])
+                except NSQError as e:
+                    self._send_error(e)
+            return
+        assert self.channel is not None
+        try:
+            failed = self.channel.requeue_many(self, [(msg_id, ms / 1000.0) for msg_id, ms in reqs])
+        except BackendError as e:
+            raise nonfatal("E_REQ_FAILED", f"REQ {_text(reqs[-1][0])} failed {e}") from None
+        for msg_id, why in failed:
+            self._send_error(nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {why}"))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)

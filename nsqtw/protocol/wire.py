@@ -230,6 +230,19 @@ class V2Parser:
         self._pos += _FIN_LINE * len(ids)
         return ids
 
+    def take_reqs(self, limit: int = 128) -> list[tuple[bytes, int]]:
+        """(ID, timeout in ms) of the plain ``REQ <16-byte id> <digits>\n`` lines at the head of the input.
+
+        A consumer that retries everything sends them back to back, as others
+        send FINs; at most ``limit`` are taken at once, so the protocol's
+        slice of reactor time is checked between runs. Anything else (a
+        malformed or unusual REQ too) is left for :meth:`next_command`.
+        """
+        if self._state != _LINE:
+            return []
+        reqs, self._pos = req_run(self._buf, self._pos, limit)
+        return reqs
+
     def _compact(self) -> None:
         if self._pos:
             del self._buf[:self._pos]
@@ -427,6 +440,25 @@ def fin_run(buf: bytes | bytearray, pos: int) -> list[bytes]:
     end = run.end()
     lines = bytes(buf[pos:end])
     return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
+
+
+#: one ``REQ <id> <timeout>\n`` line nsqd would take as two arguments: an ID of 16 bytes
+#: without space or newline, a timeout of plain decimal digits that fits any int, a bare ``\n``
+_REQ_LINE = re.compile(rb"REQ ([^ \n]{16}) ([0-9]{1,9})\n")
+
+
+def req_run(buf: bytes | bytearray, pos: int, limit: int) -> tuple[list[tuple[bytes, int]], int]:
+    """The (ID, timeout) of up to ``limit`` plain REQ lines at ``pos``, and where they end."""
+    match = _REQ_LINE.match
+    reqs: list[tuple[bytes, int]] = []
+    found = match(buf, pos)
+    while found is not None:
+        reqs.append((found.group(1), int(found.group(2))))
+        pos = found.end()
+        if len(reqs) == limit:
+            break
+        found = match(buf, pos)
+    return reqs, pos
 
 
 #: the pure-Python definitions, kept whichever are in use (tests compare the two)

@@ -1,12 +1,13 @@
-"""release_free_heap: glibc's malloc_trim(0) when the C library has it, nothing otherwise."""
+"""release_free_heap: glibc's malloc_trim(0) when the C library has it; keep_long_lived_old: the GC thresholds."""
 
 from __future__ import annotations
 
+import gc
 import platform
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.heap import release_free_heap
+from nsqtw.heap import GC_THRESHOLDS, keep_long_lived_old, release_free_heap
 
 
 class FakeLibc:
@@ -34,3 +35,13 @@ class ReleaseFreeHeapTests(SynchronousTestCase):
         if platform.libc_ver()[0] != "glibc":
             self.skipTest("not glibc")
         self.assertTrue(release_free_heap())
+
+
+class KeepLongLivedOldTests(SynchronousTestCase):
+    def test_sets_the_thresholds(self) -> None:
+        """The collector's thresholds become the daemons' (young collections every 50,000 allocations)."""
+        self.addCleanup(gc.set_threshold, *gc.get_threshold())
+        gc.set_threshold(700, 10, 10)
+        keep_long_lived_old()
+        self.assertEqual(gc.get_threshold(), GC_THRESHOLDS)
+        self.assertEqual(GC_THRESHOLDS, (50000, 20, 100))

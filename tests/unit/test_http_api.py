@@ -889,6 +889,15 @@ class EncodedClientsTests(SynchronousTestCase):
                          run_to_end(json_steps(snapshot(client.nsqd, include_mem=False))))
 
 
+def _one_turn(clock: Any) -> None:
+    """Run the calls a reactor turn would run: those due now, not the ones they schedule."""
+    for call in list(clock.getDelayedCalls()):
+        if call.getTime() <= clock.seconds() and call.active():
+            clock.calls.remove(call)
+            call.called = 1
+            call.func(*call.args, **call.kw)
+
+
 class DirectRouteTests(SynchronousTestCase):
     """A plain GET of a direct route is answered without twisted.web's Request, with the same bytes.
 
@@ -908,6 +917,7 @@ class DirectRouteTests(SynchronousTestCase):
         b"GET /ping HTTP/1.0\r\n\r\n",
         b"GET /ping HTTP/1.0\r\nConnection: keep-alive\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n",
         b"GET /ping HTTP/1.1\r\nX-Empty:\r\nX-Tab:\tv\r\n\r\n",
+        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n",  # pipelined
         # not plain: twisted.web's way, the same answers
         b"GET /ping?x=1 HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /ping/ HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -920,7 +930,6 @@ class DirectRouteTests(SynchronousTestCase):
         b"GET /ping HTTP/1.1\r\nno colon\r\n\r\n",
         b"GET /ping HTTP/1.1\r\n folded: x\r\n\r\n",
         b"GET /ping HTTP/1.1\nHost: x\n\n",  # twisted.web waits for CRLF: nothing, both ways
-        b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /ping HTTP/2.0\r\nHost: x\r\n\r\n",
         b"GET  /ping HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /ping HTTP/1.1\r\nX-Raw: \xff\r\n\r\n",
@@ -935,6 +944,9 @@ class DirectRouteTests(SynchronousTestCase):
             patcher = mock.patch(where, return_value=b"Tue, 24 Nov 2026 12:00:00 GMT")
             patcher.start()
             self.addCleanup(patcher.stop)
+        cache = mock.patch("nsqtw.http.direct._date_cache", (0, b""))  # a Date formatted before the patch
+        cache.start()
+        self.addCleanup(cache.stop)
 
     def _answer(self, api: Any, data: bytes, direct: bool) -> tuple[bytes, bool, bool]:
         """What a fresh channel writes for ``data``, whether it closed, and whether it answered directly."""
@@ -969,10 +981,10 @@ class DirectRouteTests(SynchronousTestCase):
                     self.assertEqual(direct[:2], generic[:2])
 
     def test_the_plain_cases_are_answered_directly(self) -> None:
-        """The first nine variants qualify; the rest go twisted.web's way."""
+        """The first ten variants qualify; the rest go twisted.web's way."""
         _, api = self._apis()[0]
         taken = [self._answer(api, data, True)[2] for data in self.VARIANTS]
-        self.assertEqual(taken, [True] * 9 + [False] * (len(self.VARIANTS) - 9))
+        self.assertEqual(taken, [True] * 10 + [False] * (len(self.VARIANTS) - 10))
 
     def test_an_unhealthy_node_answers_500_directly(self) -> None:
         """nsqd's NOK text and 500 come the direct way too, the same as twisted.web's."""
@@ -1027,6 +1039,80 @@ class DirectRouteTests(SynchronousTestCase):
         later = site.buildProtocol(None)
         self.assertIs(later.site, made)
         self.assertIs(later.requestFactory, BoundedRequest)
+
+    def _channel(self) -> tuple[Any, StringTransport, Any]:
+        from twisted.internet.task import Clock
+
+        nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
+        clock = Clock()
+        channel = HTTPAPI(nsqd).site(reactor=clock).buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        return channel, transport, clock
+
+    def test_pipelined_pings_are_answered_a_bounded_number_per_turn(self) -> None:
+        """1,000 pipelined GET /ping in one read: DIRECT_PER_TURN answered a turn, reading paused between; in order."""
+        from nsqtw.http.base import DIRECT_PER_TURN
+
+        channel, transport, clock = self._channel()
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" * 1000)
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), DIRECT_PER_TURN)
+        self.assertEqual(transport.producerState, "paused")
+        turns = 1
+        while transport.value().count(b"HTTP/1.1 200 OK\r\n") < 1000 and turns < 100:
+            self.assertLessEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), turns * DIRECT_PER_TURN)
+            _one_turn(clock)
+            turns += 1
+        answers = transport.value().split(b"HTTP/1.1 ")[1:]
+        self.assertEqual(len(answers), 1000)
+        self.assertTrue(all(a.startswith(b"200 OK\r\n") and a.endswith(b"\r\n\r\nOK") for a in answers))
+        self.assertEqual(turns, -(-1000 // DIRECT_PER_TURN))
+        self.assertEqual(transport.producerState, "producing")
+        self.assertTrue(channel._pristine)
+        self.assertFalse(transport.disconnecting)
+
+    def test_pipelined_pings_then_another_route_keep_their_order(self) -> None:
+        """Pings, a /info, a ping, a close: answered in that order, the first pings directly, then twisted.web."""
+        channel, transport, clock = self._channel()
+        ping = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+        channel.dataReceived(ping * 100 + b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n" + ping
+                             + b"GET /ping HTTP/1.1\r\nConnection: close\r\n\r\n" + ping)
+        for _ in range(10):
+            clock.advance(0)
+        answers = transport.value().split(b"HTTP/1.1 ")[1:]
+        self.assertEqual(len(answers), 103)  # the ping after the close is dropped
+        self.assertTrue(all(a.endswith(b"\r\n\r\nOK") for a in answers[:100]))
+        self.assertIn(b'"version":', answers[100])
+        self.assertTrue(answers[101].endswith(b"\r\n\r\nOK") and answers[102].endswith(b"\r\n\r\nOK"))
+        self.assertIn(b"Connection: close", answers[102])
+        self.assertFalse(channel._pristine)
+        self.assertTrue(transport.disconnecting)
+
+    def test_a_head_cut_between_reads_is_still_answered_directly(self) -> None:
+        """A ping cut anywhere between two reads waits for its end and is answered directly."""
+        data = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" * 2
+        for cut in range(1, len(data)):
+            with self.subTest(cut=cut):
+                channel, transport, _ = self._channel()
+                channel.dataReceived(data[:cut])
+                channel.dataReceived(data[cut:])
+                self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), 2)
+                self.assertTrue(channel._pristine)
+
+    def test_pipelined_pings_wait_for_a_client_that_does_not_read(self) -> None:
+        """While the transport says its buffer is full, no more answers are made; they resume with it."""
+        from nsqtw.http.base import DIRECT_PER_TURN
+
+        channel, transport, clock = self._channel()
+        channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
+        channel.pauseProducing()  # what the transport calls when its write buffer is full
+        for _ in range(10):
+            clock.advance(0)
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), DIRECT_PER_TURN)
+        channel.resumeProducing()
+        for _ in range(10):
+            clock.advance(0)
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK\r\n"), 300)
 
     def test_tls_required_is_not_skipped(self) -> None:
         """With --tls-required on plain HTTP, /ping gets _Root's 403 TLS_REQUIRED, never the direct answer."""
