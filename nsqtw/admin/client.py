@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import string
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -29,6 +30,8 @@ from urllib.parse import quote as percent_encode
 
 import treq
 from twisted.internet import defer, error
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.ssl import CertificateOptions, PrivateCertificate, optionsForClientTLS
 from twisted.internet.threads import deferToThreadPool
 from twisted.web.client import (
@@ -43,7 +46,7 @@ from twisted.web.client import (
     _HTTP11ClientFactory,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IPolicyForHTTPS
+from twisted.web.iweb import IAgentEndpointFactory, IPolicyForHTTPS
 from zope.interface import implementer
 
 from nsqtw._go.strconv import quote
@@ -207,7 +210,41 @@ def _go_text(where: str, target: _Target, failure: BaseException) -> str:
         return f"{where}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
     if isinstance(failure, ResponseFailed):
         return f"{where}: EOF"
+    if isinstance(failure, error.ConnectError) and isinstance(failure.osError, int):
+        return f"{where}: dial tcp {address}: connect: {os.strerror(failure.osError).lower()}"
     return f"{where}: {failure}"
+
+
+class _NameAsIsEndpoint(HostnameEndpoint):
+    """A HostnameEndpoint that resolves a host name as it is given (``my_host`` included).
+
+    Twisted's refuses names that are not valid IDNA 2008, underscores among
+    them; Go's client and the system resolver take them, so nsqadmin reaches a
+    node registered as ``my_host``. :func:`_target` has already checked the
+    name: ASCII, a DNS name's characters and lengths, or an IP address.
+    """
+
+    @staticmethod
+    def _hostAsBytesAndText(host: bytes | str) -> tuple[bool, bytes, str]:
+        text = host.decode("ascii") if isinstance(host, bytes) else host
+        return False, text.encode("ascii"), text
+
+
+@implementer(IAgentEndpointFactory)
+class _EndpointFactory:
+    """The Agent's endpoints: Twisted's standard ones, but with names taken as they are."""
+
+    def __init__(self, reactor: Any, policy: IPolicyForHTTPS, connect_timeout: float) -> None:
+        self.reactor = reactor
+        self.policy = policy
+        self.connect_timeout = connect_timeout
+
+    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
+        endpoint: IStreamClientEndpoint = _NameAsIsEndpoint(
+            self.reactor, uri.host.decode("ascii"), uri.port, timeout=self.connect_timeout)
+        if uri.scheme == b"https":
+            return wrapClientTLS(self.policy.creatorForNetloc(uri.host, uri.port), endpoint)
+        return endpoint
 
 
 class AdminHTTPClient:
@@ -220,8 +257,8 @@ class AdminHTTPClient:
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = 4
         self.pool._factory = _QuietFactory  # no "Starting factory" line per connection
-        agent = Agent(reactor, contextFactory=policy or BrowserLikePolicyForHTTPS(),
-                      connectTimeout=connect_timeout, pool=self.pool)
+        endpoints = _EndpointFactory(reactor, policy or BrowserLikePolicyForHTTPS(), connect_timeout)
+        agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self.pool)
         # what treq would add (redirects of GETs, gzip), without its IDNA mapping of the host
         self._agent = ContentDecoderAgent(RedirectAgent(agent), [(b"gzip", GzipDecoder)])
         self.user_agent = user_agent
