@@ -278,7 +278,7 @@ def test_empty_channel_reaches_the_healthy_nodes(cluster: Cluster) -> None:
 
 
 def test_tombstone_of_an_odd_node_reports_each_step(cluster: Cluster) -> None:
-    """Tombstoning an odd node (even one named without a port): the lookupd's tombstone stands, the node's failure is reported."""
+    """Tombstoning an odd node (even one named without a port): the tombstone stands, the node's failure is told."""
     for node in ("my_host:7102", "NSQ-Host-01_prod"):
         status, _, body = http("DELETE", f"http://{cluster.admin}/api/nodes/{quote(node)}",
                                json.dumps({"topic": TOPIC}).encode(), _J)
