@@ -1,4 +1,4 @@
-"""The admin's HTTP client to nsqd, nsqlookupd and graphite: treq with Go's timeouts and error texts.
+"""The admin's HTTP client to nsqd, nsqlookupd and graphite: Twisted's Agent with Go's timeouts and error texts.
 
 nsqadmin shows upstream failures to its users verbatim (``UPSTREAM_ERROR:
 ...`` and ``WARNING: ...`` messages), so failures are turned into the texts

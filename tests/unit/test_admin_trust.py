@@ -174,7 +174,8 @@ class CrossSiteTests(SynchronousTestCase):
         for headers in (_JSON, {"Content-Type": "application/json; charset=utf-8"},
                         {"X-Requested-With": "XMLHttpRequest"}, own,
                         {**own, "Sec-Fetch-Site": "same-origin"}):
-            self.assertIsNone(self.check(headers), headers)
+            for method in ("POST", "DELETE"):
+                self.assertIsNone(self.check(headers, method), headers)
 
     def test_reads_are_never_checked(self) -> None:
         """GET and HEAD change nothing and are answered whatever their origin."""
