@@ -20,14 +20,13 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.admin_reference import free_port, get_json, http
-from tests.daemon import AdminDaemon, Daemon, LookupdDaemon
+from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
 from tests.integration.test_admin_browser import _click_confirmed, _open, _wait, browser  # noqa: F401
 from tests.integration.test_admin_trust import GO_BIN
 from tests.rawclient import pub
@@ -85,20 +84,11 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    root: Path = tmp_path_factory.mktemp("admin-csrf")
-    started: list[Daemon] = []
+    started = Started(str(tmp_path_factory.mktemp("admin-csrf")))
+    start, folder = started.start, started.folder
     procs: list[subprocess.Popen[bytes]] = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Site)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def start(daemon: Daemon) -> Daemon:
-        started.append(daemon)
-        return daemon.start()
-
-    def folder(name: str) -> str:
-        (root / name).mkdir()
-        return str(root / name)
-
     try:
         lookupd = start(LookupdDaemon(folder("lookupd")))
         node = start(Daemon(folder("node"), f"--lookupd-tcp-address={lookupd.tcp_address}",
@@ -114,7 +104,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             procs.append(subprocess.Popen(
                 [os.path.join(GO_BIN, "nsqadmin"), f"--http-address=127.0.0.1:{port}",
                  f"--lookupd-http-address={lookupd.http_address}"],
-                cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                cwd=started.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             go_admin = f"127.0.0.1:{port}"
             _wait(lambda: http("GET", f"http://{go_admin}/ping")[0] == 200, what="Go nsqadmin")
         _wait(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic=control")["producers"]) == 1,
@@ -125,8 +115,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         for p in procs:
             p.terminate()
             p.wait(10)
-        for d in reversed(started):
-            d.stop()
+        started.stop_all()
 
 
 def _attack(driver: Any, site: str, page: str, admin: str, topic: str) -> None:

@@ -18,18 +18,16 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
 from tests.admin_reference import free_port, get_json, http, wait_for
-from tests.daemon import ROOT, AdminDaemon, Daemon, LookupdDaemon
-from tests.rawclient import pub
+from tests.daemon import ROOT, AdminDaemon, Daemon, LookupdDaemon, Started
+from tests.rawclient import pub, register_with_lookupd
 
 GO_BIN = next((d for d in (os.path.join(ROOT, "..", "shared", "anchor", "bin"),
                            os.path.join(ROOT, "..", "..", "shared", "anchor", "bin"))
@@ -58,32 +56,6 @@ ODD = [
     ("port out of range", _fake("127.0.0.1", 7010, 70000), "127.0.0.1:70000"),
     ("negative port", _fake("127.0.0.2", 7011, -1), "127.0.0.2:-1"),
 ]
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            assert chunk, "lookupd closed the connection"
-            buf += chunk
-        return buf
-
-    (size,) = struct.unpack(">i", exactly(4))
-    return exactly(size)
-
-
-def register(lookupd_tcp: str, info: dict[str, Any], topic: str, channel: str) -> socket.socket:
-    """A raw V1 peer: IDENTIFY with ``info``, REGISTER the topic and channel; kept open (closing unregisters)."""
-    host, _, port = lookupd_tcp.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    body = json.dumps(info).encode()
-    sock.sendall(b"  V1IDENTIFY\n" + struct.pack(">i", len(body)) + body)
-    answer = _read_frame(sock)
-    assert answer.startswith(b"{"), answer
-    sock.sendall(f"REGISTER {topic} {channel}\n".encode())
-    assert _read_frame(sock) == b"OK"
-    return sock
 
 
 class Cluster:
@@ -116,21 +88,13 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     """A lookupd (nsqtw's or Go's), healthy nsqtw nodes, nsqtw-admin (and Go nsqadmin) and the odd peers."""
     if request.param == "go" and GO_BIN is None:
         pytest.skip("Go nsqlookupd/nsqadmin v1.3.0 (../shared/anchor/bin) are not on this machine")
-    root: Path = tmp_path_factory.mktemp(f"admin-trust-{request.param}")
-    started: list[Daemon] = []
+    started = Started(str(tmp_path_factory.mktemp(f"admin-trust-{request.param}")))
+    start, folder = started.start, started.folder
     procs: list[subprocess.Popen[bytes]] = []
     socks: list[socket.socket] = []
 
-    def start(daemon: Daemon) -> Daemon:
-        started.append(daemon)
-        return daemon.start()
-
-    def folder(name: str) -> str:
-        (root / name).mkdir()
-        return str(root / name)
-
     def go(name: str, *args: str) -> None:
-        procs.append(subprocess.Popen([os.path.join(GO_BIN or "", name), *args], cwd=root,
+        procs.append(subprocess.Popen([os.path.join(GO_BIN or "", name), *args], cwd=started.root,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     try:
@@ -146,23 +110,22 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         healthy = [start(Daemon(folder("a"), f"--lookupd-tcp-address={lookupd_tcp}",
                                 "--broadcast-address=127.0.0.1"))]
         if _ipv6_loopback():
-            six = Daemon(folder("six"), f"--lookupd-tcp-address={lookupd_tcp}", "--broadcast-address=::1")
-            started.append(six)
-            healthy.append(six.start(http="[::1]:0"))
+            healthy.append(start(Daemon(folder("six"), f"--lookupd-tcp-address={lookupd_tcp}",
+                                        "--broadcast-address=::1"), http="[::1]:0"))
         for node in healthy:
             http("POST", f"http://{node.http_address}/topic/create?topic={TOPIC}")
             http("POST", f"http://{node.http_address}/channel/create?topic={TOPIC}&channel={CHANNEL}")
         admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd_http}",
                                   "--http-client-request-timeout=3s", "--history-interval=0"))
         go_admin = None
-        if GO_BIN is not None and request.param == "go":
+        if request.param == "go":
             ah = free_port()
             go("nsqadmin", f"--http-address=127.0.0.1:{ah}", f"--lookupd-http-address={lookupd_http}",
                "--http-client-request-timeout=3s")
             go_admin = f"127.0.0.1:{ah}"
             wait_for(lambda: http("GET", f"http://{go_admin}/ping")[0] == 200, what="Go nsqadmin")
         for _, info, _ in ODD:
-            socks.append(register(lookupd_tcp, info, TOPIC, CHANNEL))
+            socks.append(register_with_lookupd(lookupd_tcp, info, TOPIC, CHANNEL))
         want = len(healthy) + len(ODD)
         wait_for(lambda: len(get_json(f"http://{lookupd_http}/lookup?topic={TOPIC}")["producers"]) == want,
                  what="every registration")
@@ -170,8 +133,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     finally:
         for s in socks:
             s.close()
-        for d in reversed(started):
-            d.stop()
+        started.stop_all()
         for p in procs:
             p.terminate()
             p.wait(10)
