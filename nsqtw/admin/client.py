@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import string
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from nsqtw._go.strconv import quote
 from nsqtw.net.tls import client_trust_root
 from nsqtw.protocol.auth import https_endpoint
 
-__all__ = ["AdminHTTPClient", "UpstreamError", "client_tls_policy"]
+__all__ = ["AdminHTTPClient", "UpstreamError", "client_tls_policy", "decode_json"]
 
 _ACCEPT = "application/vnd.nsq; version=1.0"
 #: answers larger than this are decoded on a worker thread, off the reactor
@@ -247,6 +248,22 @@ class _EndpointFactory:
         return endpoint
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
+
+
+def decode_json(content: bytes) -> Any:
+    """A node's JSON as Go reads it: ``NaN``, ``Infinity`` and numbers past float64 are errors, not values."""
+    return json.loads(content, parse_float=_finite, parse_constant=_no_constant)
+
+
 class AdminHTTPClient:
     """GET JSON and POST actions as nsqadmin's ``http_api.Client`` does."""
 
@@ -332,8 +349,8 @@ class AdminHTTPClient:
         try:
             if len(content) > _BIG_BODY:
                 return await deferToThreadPool(self.reactor, self.reactor.getThreadPool(),
-                                               json.loads, content)
-            return json.loads(content)
+                                               decode_json, content)
+            return decode_json(content)
         except ValueError as e:
             raise UpstreamError(f"invalid character in answer of {url}: {e}") from None
 

@@ -4,8 +4,9 @@ nsqlookupd takes any ``broadcast_address`` a peer IDENTIFYs with, so raw V1
 clients here register fake nodes for the topic with every kind of odd
 address (underscores, IPv6 literals with and without a zone, a trailing
 colon, unresolvable, very long and non-ASCII names, characters no URL host
-may hold, ports out of range) next to real, healthy nsqtw nodes (one over
-IPv4 and, where the machine has IPv6 loopback, one registered as ``::1``).
+may hold, ports out of range), and one that answers ``/stats`` with numbers
+no node can hold (``1e999``, ``NaN``), next to real, healthy nsqtw nodes (one
+over IPv4 and, where the machine has IPv6 loopback, one registered as ``::1``).
 Every API route must answer 200 with the healthy nodes' data and a warning
 naming each odd node, and an action must reach the healthy nodes and say per
 node what happened. Run against nsqtw-lookupd and against Go nsqlookupd
@@ -19,7 +20,10 @@ import json
 import os
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import quote
 
@@ -58,12 +62,32 @@ ODD = [
 ]
 
 
+class _NonFiniteNode(BaseHTTPRequestHandler):
+    """A node whose answers hold numbers past float64 and NaN; it hangs up on actions."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = (b'{"version":"1.3.0","broadcast_address":"127.0.0.1","hostname":"nan","http_port":1,'
+                b'"topics":[{"topic_name":"orders","depth":1e999,"message_count":NaN,"channels":[]}]}')
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 - hangs up without an answer
+        self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@dataclass
 class Cluster:
-    def __init__(self, lookupd_http: str, healthy: list[Daemon], admin: str, go_admin: str | None) -> None:
-        self.lookupd_http = lookupd_http
-        self.healthy = healthy
-        self.admin = admin
-        self.go_admin = go_admin
+    lookupd_http: str
+    healthy: list[Daemon]
+    admin: str
+    go_admin: str | None
+    odd: list[tuple[str, dict[str, Any], str]]
 
     @staticmethod
     def node_address(node: Daemon) -> str:
@@ -92,6 +116,10 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     start, folder = started.start, started.folder
     procs: list[subprocess.Popen[bytes]] = []
     socks: list[socket.socket] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NonFiniteNode)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    odd = [*ODD, ("non-finite numbers", _fake("127.0.0.1", 7012, port), f"127.0.0.1:{port}")]
 
     def go(name: str, *args: str) -> None:
         procs.append(subprocess.Popen([os.path.join(GO_BIN or "", name), *args], cwd=started.root,
@@ -124,13 +152,14 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                "--http-client-request-timeout=3s")
             go_admin = f"127.0.0.1:{ah}"
             wait_for(lambda: http("GET", f"http://{go_admin}/ping")[0] == 200, what="Go nsqadmin")
-        for _, info, _ in ODD:
+        for _, info, _ in odd:
             socks.append(register_with_lookupd(lookupd_tcp, info, TOPIC, CHANNEL))
-        want = len(healthy) + len(ODD)
+        want = len(healthy) + len(odd)
         wait_for(lambda: len(get_json(f"http://{lookupd_http}/lookup?topic={TOPIC}")["producers"]) == want,
                  what="every registration")
-        yield Cluster(lookupd_http, healthy, admin.http_address, go_admin)
+        yield Cluster(lookupd_http, healthy, admin.http_address, go_admin, odd)
     finally:
+        server.shutdown()
         for s in socks:
             s.close()
         started.stop_all()
@@ -144,10 +173,10 @@ def _get(admin: str, path: str) -> tuple[int, Any]:
     return status, json.loads(body)
 
 
-def _assert_warns_of_every_odd_node(answer: dict[str, Any]) -> None:
+def _assert_warns_of_every_odd_node(answer: dict[str, Any], cluster: Cluster) -> None:
     message = answer["message"]
     assert message.startswith("WARNING: "), message
-    for what, _, text in ODD:
+    for what, _, text in cluster.odd:
         assert text in message, what
 
 
@@ -166,15 +195,15 @@ def test_every_read_route_answers_with_the_healthy_nodes_and_a_warning(cluster: 
     assert status == 200, topic
     assert {n["node"] for n in topic["nodes"]} == cluster.healthy_names()
     assert topic["message_count"] >= 2
-    _assert_warns_of_every_odd_node(topic)
+    _assert_warns_of_every_odd_node(topic, cluster)
     status, channel = _get(cluster.admin, f"/api/topics/{TOPIC}/{CHANNEL}")
     assert status == 200, channel
     assert {n["node"] for n in channel["nodes"]} == cluster.healthy_names()
-    _assert_warns_of_every_odd_node(channel)
+    _assert_warns_of_every_odd_node(channel, cluster)
     status, counter = _get(cluster.admin, "/api/counter")
     assert status == 200, counter
     assert {v["node"] for v in counter["stats"].values()} == cluster.healthy_names()
-    _assert_warns_of_every_odd_node(counter)
+    _assert_warns_of_every_odd_node(counter, cluster)
 
 
 def test_lists_and_one_node_answer_200(cluster: Cluster) -> None:
@@ -185,7 +214,7 @@ def test_lists_and_one_node_answer_200(cluster: Cluster) -> None:
     status, nodes = _get(cluster.admin, "/api/nodes")
     assert status == 200
     listed = {n["broadcast_address"] for n in nodes["nodes"]}
-    assert {info["broadcast_address"] for _, info, _ in ODD} <= listed
+    assert {info["broadcast_address"] for _, info, _ in cluster.odd} <= listed
     for node in cluster.healthy:
         name = cluster.node_address(node)
         status, answer = _get(cluster.admin, f"/api/nodes/{quote(name)}")
@@ -211,14 +240,14 @@ def test_pause_reaches_the_healthy_nodes_and_says_so_per_node(cluster: Cluster) 
                                json.dumps({"action": action}).encode(), _J)
         answer = json.loads(body)
         assert status == 200, answer
-        _assert_warns_of_every_odd_node(answer)
+        _assert_warns_of_every_odd_node(answer, cluster)
         results = _results(answer)
         for node in cluster.healthy:
             assert results[cluster.node_address(node)] == {
                 "node": cluster.node_address(node), "request": f"topic/{action}", "ok": True, "error": ""}
             assert _paused(node) is want
         failed = [r for r in answer["results"] if not r["ok"]]
-        assert len(failed) == len(ODD) and all(r["error"] for r in failed)
+        assert len(failed) == len(cluster.odd) and all(r["error"] for r in failed)
 
 
 def test_empty_channel_reaches_the_healthy_nodes(cluster: Cluster) -> None:
@@ -231,7 +260,7 @@ def test_empty_channel_reaches_the_healthy_nodes(cluster: Cluster) -> None:
                            b'{"action":"empty"}', _J)
     answer = json.loads(body)
     assert status == 200, answer
-    _assert_warns_of_every_odd_node(answer)
+    _assert_warns_of_every_odd_node(answer, cluster)
     for node in cluster.healthy:
         assert _results(answer)[cluster.node_address(node)]["ok"] is True
         channel = get_json(f"http://{node.http_address}/stats?format=json&topic={TOPIC}")["topics"][0][

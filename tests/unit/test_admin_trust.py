@@ -13,7 +13,7 @@ from twisted.internet.testing import MemoryReactorClock, SynchronousResolver
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.admin.client import AdminHTTPClient, UpstreamError, _target
+from nsqtw.admin.client import AdminHTTPClient, UpstreamError, _target, decode_json
 from nsqtw.admin.cluster import ActionReport, ClusterInfo, producer_http_address
 from nsqtw.admin.http import AdminHTTPAPI, cross_site_refusal
 from nsqtw.admin.options import parse_args
@@ -64,6 +64,15 @@ class TargetTests(SynchronousTestCase):
         """A producer's address brackets an IPv6 broadcast address (Go's net.JoinHostPort)."""
         self.assertEqual(producer_http_address({"broadcast_address": "::1", "http_port": 4151}), "[::1]:4151")
         self.assertEqual(producer_http_address({"broadcast_address": "my_host", "http_port": 1}), "my_host:1")
+
+
+class DecodeTests(SynchronousTestCase):
+    def test_numbers_no_node_can_hold_are_errors(self) -> None:
+        """NaN, Infinity and 1e999 in a node's answer fail that answer (Go's decoder refuses them too)."""
+        for body in (b'{"depth": 1e999}', b'{"depth": NaN}', b'{"depth": Infinity}', b'{"d": -Infinity}'):
+            self.assertRaises(ValueError, decode_json, body)
+        self.assertEqual(decode_json(b'{"a": 1.5, "b": 10000000000000000000000}'),
+                         {"a": 1.5, "b": 10**22})
 
 
 class _Resolver(SynchronousResolver):
