@@ -10,7 +10,7 @@ over IPv4 and, where the machine has IPv6 loopback, one registered as ``::1``).
 Every API route must answer 200 with the healthy nodes' data and a warning
 naming each odd node, and an action must reach the healthy nodes and say per
 node what happened. Run against nsqtw-lookupd and against Go nsqlookupd
-v1.3.0 (skipped where ../shared/anchor/bin is absent), where Go nsqadmin is
+v1.3.0 (skipped where neither $NSQTW_GO_BIN nor ../shared/anchor/bin has them), where Go nsqadmin is
 asked the same and must answer 200 too.
 """
 
@@ -33,9 +33,10 @@ from tests.admin_reference import free_port, get_json, http, wait_for
 from tests.daemon import ROOT, AdminDaemon, Daemon, LookupdDaemon, Started
 from tests.rawclient import pub, register_with_lookupd
 
-GO_BIN = next((d for d in (os.path.join(ROOT, "..", "shared", "anchor", "bin"),
+#: Go NSQ v1.3.0's programs: $NSQTW_GO_BIN, or ../shared/anchor/bin beside the checkout (or its folder)
+GO_BIN = next((d for d in (os.environ.get("NSQTW_GO_BIN", ""), os.path.join(ROOT, "..", "shared", "anchor", "bin"),
                            os.path.join(ROOT, "..", "..", "shared", "anchor", "bin"))
-               if os.access(os.path.join(d, "nsqlookupd"), os.X_OK)), None)
+               if d and os.access(os.path.join(d, "nsqlookupd"), os.X_OK)), None)
 
 TOPIC, CHANNEL = "orders", "billing"
 _J = {"Content-Type": "application/json"}
