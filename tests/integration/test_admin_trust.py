@@ -145,7 +145,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             http("POST", f"http://{node.http_address}/topic/create?topic={TOPIC}")
             http("POST", f"http://{node.http_address}/channel/create?topic={TOPIC}&channel={CHANNEL}")
         admin = start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd_http}",
-                                  "--http-client-request-timeout=3s", "--history-interval=0"))
+                                  "--http-client-request-timeout=3s", "--history-interval=1s"))
         go_admin = None
         if request.param == "go":
             ah = free_port()
@@ -221,6 +221,16 @@ def test_lists_and_one_node_answer_200(cluster: Cluster) -> None:
         status, answer = _get(cluster.admin, f"/api/nodes/{quote(name)}")
         assert status == 200, answer
         assert answer["node"] == name and answer["topics"][0]["topic_name"] == TOPIC
+
+
+def test_history_keeps_polling_the_healthy_nodes(cluster: Cluster) -> None:
+    """The charts' poll gets the healthy nodes' numbers every second despite the odd nodes."""
+    pub(cluster.healthy[0].tcp_address, TOPIC, b"charted")
+    points = wait_for(lambda: [p for p in _get(cluster.admin, f"/api/history?topic={TOPIC}")[1]["points"]
+                               if p.get("messages")], what="history points")
+    assert points[-1]["messages"] >= 1
+    status, history = _get(cluster.admin, "/api/history")
+    assert (status, history["error"]) == (200, "")
 
 
 def test_one_odd_node_alone_is_an_upstream_error_not_a_crash(cluster: Cluster) -> None:
