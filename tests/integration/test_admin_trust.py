@@ -294,10 +294,14 @@ def test_tombstone_of_an_odd_node_reports_each_step(cluster: Cluster) -> None:
 
 
 def test_go_nsqadmin_answers_200_too(cluster: Cluster) -> None:
-    """Side by side: Go nsqadmin v1.3.0 answers the same routes with 200 and warnings (where present)."""
+    """Side by side: Go nsqadmin v1.3.0 answers the same routes with 200 and warnings; its tombstone is a 502."""
     if cluster.go_admin is None:
         pytest.skip("Go nsqadmin runs beside the Go lookupd only")
     for path in (f"/api/topics/{TOPIC}", f"/api/topics/{TOPIC}/{CHANNEL}", "/api/counter", "/api/nodes"):
         ours, go = _get(cluster.admin, path), _get(cluster.go_admin, path)
         assert (ours[0], go[0]) == (200, 200), path
         assert bool(ours[1]["message"]) == bool(go[1]["message"]), path
+    # Go tombstones the node on the lookupd, then answers 502 because the node cannot be asked
+    status, _, body = http("DELETE", f"http://{cluster.go_admin}/api/nodes/{quote('NSQ-Host-01_prod:7101')}",
+                           json.dumps({"topic": TOPIC}).encode(), _J)
+    assert status == 502 and b"UPSTREAM_ERROR" in body, body

@@ -167,6 +167,17 @@ class ActionReportTests(SynchronousTestCase):
                          [("L:1", "topic/tombstone", True), ("my_host:2", "info", False)])
 
 
+    def test_create_reports_a_failed_lookup_after_the_creations(self) -> None:
+        """The lookupds' creations are reported done when the topic's producers cannot be looked up after."""
+        client = _FakeClient({})
+        cluster = ClusterInfo(client, MemoryReactorClock())  # type: ignore[arg-type]
+        report = self.successResultOf(ensureDeferred(cluster.create_topic_channel("t", "c", ["L:1"])))
+        self.assertEqual([(r["request"], r["ok"]) for r in report.results],
+                         [("topic/create", True), ("channel/create", True)])
+        self.assertEqual(len(report.errors), 1)
+        self.assertIn("failed to query any nsqlookupd", report.errors[0])
+
+
 ADMIN = "127.0.0.1:4171"
 _JSON = {"Content-Type": "application/json"}
 
