@@ -200,14 +200,14 @@ def steps(c: Cluster) -> list[Step]:
         ("create bad topic", "admin", "POST", "/api/topics", b'{"topic":"bad!"}', _J),
         ("create bad channel", "admin", "POST", "/api/topics",
          b'{"topic":"fine","channel":"bad!"}', _J),
-        ("delete channel", "admin", "DELETE", "/api/topics/orders/audit", None, {}),
+        ("delete channel", "admin", "DELETE", "/api/topics/orders/audit", None, _J),
         ("deleted channel", "admin", "GET", "/api/topics/orders/audit", None, {}),
         ("tombstone bad body", "admin", "DELETE", f"/api/nodes/{b}", b"nope", _J),
         ("tombstone bad topic", "admin", "DELETE", f"/api/nodes/{b}", b'{"topic":"bad!"}', _J),
         ("tombstone", "admin", "DELETE", f"/api/nodes/{b}", b'{"topic":"orders"}', _J),
         ("nodes after tombstone", "admin", "GET", "/api/nodes", None, {}),
-        ("delete topic", "admin", "DELETE", "/api/topics/events", None, {}),
-        ("delete unknown topic", "admin", "DELETE", "/api/topics/nope", None, {}),
+        ("delete topic", "admin", "DELETE", "/api/topics/events", None, _J),
+        ("delete unknown topic", "admin", "DELETE", "/api/topics/nope", None, _J),
         ("graphite without metric", "admin", "GET", "/api/graphite", None, {}),
         ("graphite without target", "admin", "GET", "/api/graphite?metric=rate", None, {}),
         ("unknown path", "admin", "GET", "/nope", None, {}),
@@ -220,7 +220,7 @@ def steps(c: Cluster) -> list[Step]:
         ("partial nodes", "admin_acl", "GET", "/api/nodes", None, {}),
         ("partial topic", "admin_acl", "GET", "/api/topics/orders", None, {}),
         ("forbidden action", "admin_acl", "POST", "/api/topics/orders", b'{"action":"pause"}', _J),
-        ("forbidden delete", "admin_acl", "DELETE", "/api/topics/orders", None, {}),
+        ("forbidden delete", "admin_acl", "DELETE", "/api/topics/orders", None, _J),
         ("forbidden create", "admin_acl", "POST", "/api/topics", b'{"topic":"x"}', _J),
         ("admin action with partial result", "admin_acl", "POST", "/api/topics/orders",
          b'{"action":"unpause"}', alice),
@@ -311,7 +311,11 @@ def loosen(step_name: str, body: Any) -> Any:
     Go's topic answer reuses the first answering node's channel entry as the
     cluster total (aggregate.py says more), so in topic answers each node's
     channel list is compared by names and the totals without their ``nodes``.
+    An action's ``results`` (what each request did) are nsqtw's addition, left
+    out here and checked by tests/integration/test_admin_trust.py.
     """
+    if isinstance(body, dict) and "results" in body:
+        body = {k: v for k, v in body.items() if k != "results"}
     if not isinstance(body, dict) or "channels" not in body or "channel_name" in body \
             or not isinstance(body.get("nodes"), list):
         return body

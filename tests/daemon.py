@@ -180,6 +180,27 @@ class Daemon:
         return self.stop(signal.SIGKILL)
 
 
+class Started:
+    """Daemons a test starts, each in its own folder under ``root``; ``stop_all`` stops them, last first."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.daemons: list[Daemon] = []
+
+    def folder(self, name: str) -> str:
+        path = os.path.join(self.root, name)
+        os.mkdir(path)
+        return path
+
+    def start(self, daemon: Daemon, **where: str) -> Daemon:
+        self.daemons.append(daemon)
+        return daemon.start(**where)  # type: ignore[arg-type]
+
+    def stop_all(self) -> None:
+        for d in reversed(self.daemons):
+            d.stop()
+
+
 class LookupdDaemon(Daemon):
     """One nsqtw-lookupd process; it keeps no data, ``data_path`` is just its working directory."""
 

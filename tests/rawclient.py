@@ -245,3 +245,34 @@ def subscribe(address: str, topic: str, channel: str, rdy: int = 100) -> Client:
     c = Client(address)
     c.sub(topic, channel, rdy)
     return c
+
+
+def read_lookupd_response(sock: socket.socket) -> bytes:
+    """One nsqlookupd V1 response, its 4-byte size included, read in full from a blocking socket."""
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "connection closed early"
+            buf += chunk
+        return buf
+
+    head = exactly(4)
+    (size,) = struct.unpack(">i", head)
+    return head + exactly(size)
+
+
+def register_with_lookupd(address: str, info: dict[str, Any], topic: str, channel: str) -> socket.socket:
+    """A raw V1 peer of nsqlookupd: IDENTIFY with ``info``, REGISTER ``topic`` and ``channel``.
+
+    The socket is returned open: closing it unregisters the peer.
+    """
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    body = json.dumps(info).encode()
+    sock.sendall(b"  V1IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+    answer = read_lookupd_response(sock)[4:]
+    assert answer.startswith(b"{"), answer
+    sock.sendall(f"REGISTER {topic} {channel}\n".encode())
+    assert read_lookupd_response(sock)[4:] == b"OK"
+    return sock

@@ -6,12 +6,21 @@ Each query runs against every configured address at once. As in nsqadmin's
 fails on some returns what it got plus the errors, which the API shows as
 ``WARNING: ...`` next to the partial result. Errors are listed in address
 order (Go lists them as answers arrive).
+
+Node addresses are data from the registrations, which nobody vouches for: a
+node's address is its broadcast address and HTTP port joined as Go joins
+them (``[::1]:4151``), and the client checks every URL before asking it, so
+an odd registration is one failed request like a dead node, never a failed
+answer. Actions report each request they made (:class:`ActionReport`): once
+one has changed something, the answer says what happened where instead of
+failing as a whole.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote_plus
 
@@ -19,8 +28,9 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 
 from nsqtw.admin.aggregate import node_topic_entry, sort_by_host
 from nsqtw.admin.client import AdminHTTPClient, UpstreamError
+from nsqtw.net.listen import join_host_port
 
-__all__ = ["ClusterInfo", "Errors", "QueryFailed", "producer_http_address"]
+__all__ = ["ActionReport", "ClusterInfo", "Errors", "QueryFailed", "producer_http_address"]
 
 _T = TypeVar("_T")
 
@@ -32,6 +42,20 @@ class QueryFailed(Exception):
     """Every address failed: ``failed to query any nsqlookupd: ...`` (the API's 502)."""
 
 
+@dataclass
+class ActionReport:
+    """What an action did: one result per request (``node``, ``request``, ``ok``, ``error``) and every failure."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    errors: Errors = field(default_factory=list)
+
+    def add(self, address: str, request: str, error: str | None) -> None:
+        self.results.append({"node": address, "request": request, "ok": error is None,
+                             "error": error or ""})
+        if error is not None:
+            self.errors.append(error)
+
+
 def _semver(text: str) -> tuple[int, int, int, int]:
     """Enough of semver to order versions: a pre-release sorts before its release."""
     m = re.match(r"^v?(\d+)\.(\d+)\.(\d+)(-)?", text or "")
@@ -41,11 +65,12 @@ def _semver(text: str) -> tuple[int, int, int, int]:
 
 
 def producer_http_address(p: dict[str, Any]) -> str:
-    return f"{p.get('broadcast_address', '')}:{p.get('http_port', 0)}"
+    """nsqadmin's HTTPAddress: where a producer's HTTP API is, the node's name in answers."""
+    return join_host_port(p.get("broadcast_address", ""), p.get("http_port", 0))
 
 
 def _producer_tcp_address(p: dict[str, Any]) -> str:
-    return f"{p.get('broadcast_address', '')}:{p.get('tcp_port', 0)}"
+    return join_host_port(p.get("broadcast_address", ""), p.get("tcp_port", 0))
 
 
 def _producer(raw: Any, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -270,65 +295,75 @@ class ClusterInfo:
 
     # -- actions ---------------------------------------------------------------------
 
-    async def _post_all(self, addrs: Sequence[str], path: str, query: str) -> Errors:
-        errors: Errors = []
-        for addr in addrs:
-            try:
-                await self.client.post(f"http://{addr}/{path}?{query}")
-            except UpstreamError as e:
-                errors.append(str(e))
-        return errors
+    async def _post_all(self, report: ActionReport, addrs: Sequence[str], path: str,
+                        query: str) -> None:
+        """POST ``path`` to every address at once; each outcome goes into ``report``."""
+        done = await self._each(addrs, lambda a: self.client.post(f"http://{a}/{path}?{query}"))
+        for addr, _, e in done:
+            report.add(addr, path, e)
 
     async def tombstone_node_for_topic(self, topic: str, node: str,
-                                       lookupds: Sequence[str]) -> Errors:
+                                       lookupds: Sequence[str]) -> ActionReport:
         """Tombstone ``node`` for ``topic`` on every lookupd, then delete the topic on the node."""
+        report = ActionReport()
         q = f"topic={quote_plus(topic)}&node={quote_plus(node)}"
-        errors = await self._post_all(lookupds, "topic/tombstone", q)
-        producers, errs = await self.nsqd_producers([node])
-        errors += errs
-        errors += await self._post_all([producer_http_address(p) for p in producers],
-                                       "topic/delete", f"topic={quote_plus(topic)}")
-        return errors
+        await self._post_all(report, lookupds, "topic/tombstone", q)
+        # the tombstones stand whatever the node says: a node that cannot be asked is reported
+        [(_, producer, e)] = await self._each([node], self._nsqd_producer)
+        if e is not None:
+            report.add(node, "info", e)
+        else:
+            await self._post_all(report, [producer_http_address(producer)], "topic/delete",
+                                 f"topic={quote_plus(topic)}")
+        return report
 
-    async def create_topic_channel(self, topic: str, channel: str, lookupds: Sequence[str]) -> Errors:
-        errors = await self._post_all(lookupds, "topic/create", f"topic={quote_plus(topic)}")
+    async def create_topic_channel(self, topic: str, channel: str,
+                                   lookupds: Sequence[str]) -> ActionReport:
+        report = ActionReport()
+        await self._post_all(report, lookupds, "topic/create", f"topic={quote_plus(topic)}")
         if channel:
             q = f"topic={quote_plus(topic)}&channel={quote_plus(channel)}"
-            errors += await self._post_all(lookupds, "channel/create", q)
-            producers, errs = await self.lookupd_topic_producers(topic, lookupds)
-            errors += errs
-            errors += await self._post_all([producer_http_address(p) for p in producers],
-                                           "channel/create", q)
-        return errors
+            await self._post_all(report, lookupds, "channel/create", q)
+            try:
+                producers, errs = await self.lookupd_topic_producers(topic, lookupds)
+            except QueryFailed as e:  # after the creations above: say so, do not fail them
+                producers, errs = [], [str(e)]
+            report.errors += errs
+            await self._post_all(report, [producer_http_address(p) for p in producers],
+                                 "channel/create", q)
+        return report
 
-    async def delete_topic(self, topic: str, lookupds: Sequence[str], nsqds: Sequence[str]) -> Errors:
-        producers, errors = await self.topic_producers(topic, lookupds, nsqds)
+    async def delete_topic(self, topic: str, lookupds: Sequence[str],
+                           nsqds: Sequence[str]) -> ActionReport:
+        report = ActionReport()
+        producers, report.errors = await self.topic_producers(topic, lookupds, nsqds)
         q = f"topic={quote_plus(topic)}"
-        errors += await self._post_all(lookupds, "topic/delete", q)
-        errors += await self._post_all([producer_http_address(p) for p in producers],
-                                       "topic/delete", q)
-        return errors
+        await self._post_all(report, lookupds, "topic/delete", q)
+        await self._post_all(report, [producer_http_address(p) for p in producers], "topic/delete", q)
+        return report
 
     async def delete_channel(self, topic: str, channel: str, lookupds: Sequence[str],
-                             nsqds: Sequence[str]) -> Errors:
-        producers, errors = await self.topic_producers(topic, lookupds, nsqds)
+                             nsqds: Sequence[str]) -> ActionReport:
+        report = ActionReport()
+        producers, report.errors = await self.topic_producers(topic, lookupds, nsqds)
         q = f"topic={quote_plus(topic)}&channel={quote_plus(channel)}"
-        errors += await self._post_all(lookupds, "channel/delete", q)
-        errors += await self._post_all([producer_http_address(p) for p in producers],
-                                       "channel/delete", q)
-        return errors
+        await self._post_all(report, lookupds, "channel/delete", q)
+        await self._post_all(report, [producer_http_address(p) for p in producers],
+                             "channel/delete", q)
+        return report
 
     async def topic_channel_action(self, action: str, topic: str, channel: str,
-                                   lookupds: Sequence[str], nsqds: Sequence[str]) -> Errors:
+                                   lookupds: Sequence[str], nsqds: Sequence[str]) -> ActionReport:
         """pause, unpause or empty a topic (``channel`` empty) or channel on every node that has it."""
-        producers, errors = await self.topic_producers(topic, lookupds, nsqds)
+        report = ActionReport()
+        producers, report.errors = await self.topic_producers(topic, lookupds, nsqds)
         what = "channel" if channel else "topic"
         q = f"topic={quote_plus(topic)}"
         if channel:
             q += f"&channel={quote_plus(channel)}"
-        errors += await self._post_all([producer_http_address(p) for p in producers],
-                                       f"{what}/{action}", q)
-        return errors
+        await self._post_all(report, [producer_http_address(p) for p in producers],
+                             f"{what}/{action}", q)
+        return report
 
 
 def sort_by_host_producers(producers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,10 @@ makes the answer partial (``"message": "WARNING: ..."``), all failing makes
 it a 502, as in nsqadmin.
 
 nsqtw adds ``GET /api/history`` (the charts' series, see
-:mod:`nsqtw.admin.history`).
+:mod:`nsqtw.admin.history`), a ``results`` list in every action's answer
+(what each request to a node or lookupd did), and refuses requests that
+change state when a browser sends them from another site
+(:func:`cross_site_refusal`), which Go nsqadmin takes.
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ from nsqtw._go.json import go_json
 from nsqtw._go.path import clean_path
 from nsqtw.admin.aggregate import counter_stats, sum_channel, sum_topic
 from nsqtw.admin.client import AdminHTTPClient, UpstreamError
-from nsqtw.admin.cluster import ClusterInfo, Errors, QueryFailed, producer_http_address
+from nsqtw.admin.cluster import ActionReport, ClusterInfo, Errors, QueryFailed, producer_http_address
 from nsqtw.admin.history import History
-from nsqtw.admin.options import FLAGS, AdminOptions, normalize_base_path
+from nsqtw.admin.options import FLAGS, AdminOptions, normalize_base_path, origin_of
 from nsqtw.http.base import JSON, APIError, GoHTTPAPI, Marshal
 from nsqtw.log import LEVELS, level_number, set_level
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 
-__all__ = ["ROUTES", "AdminHTTPAPI"]
+__all__ = ["ROUTES", "AdminHTTPAPI", "cross_site_refusal"]
 
 #: every route nsqadmin v1.3.0 answers, relative to --base-path, with its methods
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -104,6 +107,47 @@ def _match(pattern: str, path: str) -> bool:
 def _warn(messages: Errors) -> str:
     """nsqadmin's maybeWarnMsg."""
     return "WARNING: " + "; ".join(messages) if messages else ""
+
+
+#: methods that change nothing: never checked for their origin
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
+#: what ``Sec-Fetch-Site`` says of a request the admin's own page (or a typed URL) made
+_OWN_SITE = frozenset({"same-origin", "none"})
+
+
+def cross_site_refusal(method: str, api_route: bool, headers: dict[str, str],
+                       allowed_origins: frozenset[str]) -> APIError | None:
+    """nsqtw: why a request that changes state looks sent by another site's page, or None.
+
+    A browser tells where a request comes from: ``Sec-Fetch-Site`` where it
+    sends it (HTTPS and loopback), ``Origin`` otherwise; either naming another
+    origin than the admin's (``Host``) or an ``--allow-origin`` is refused
+    (403 ``CROSS_ORIGIN_REQUEST``). An API action must also be one a page of
+    another site cannot send without the admin's consent, a CORS preflight the
+    admin never grants: JSON (``Content-Type: application/json``) or an
+    ``X-Requested-With`` header (415 ``JSON_CONTENT_TYPE_REQUIRED``). Scripts
+    send neither ``Origin`` nor ``Sec-Fetch-Site``; they only add the header.
+    ``headers`` are the request's, names in lower case.
+    """
+    if method in _SAFE_METHODS:
+        return None
+    origin = headers.get("origin")
+    seen = origin_of(origin) if origin is not None else ""
+    if origin is None or seen not in allowed_origins:
+        site = headers.get("sec-fetch-site")
+        if site is not None:
+            if site.strip().lower() not in _OWN_SITE:
+                return APIError(403, "CROSS_ORIGIN_REQUEST")
+        elif origin is not None:
+            # the admin's own origin, as far as the Host header tells it (``Origin: null``: never)
+            scheme = seen.partition("://")[0]
+            if not seen or origin_of(f"{scheme}://{headers.get('host', '')}") != seen:
+                return APIError(403, "CROSS_ORIGIN_REQUEST")
+    if api_route:
+        media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json" and "x-requested-with" not in headers:
+            return APIError(415, "JSON_CONTENT_TYPE_REQUIRED")
+    return None
 
 
 def _go_decode_error(body: bytes, e: ValueError) -> str:
@@ -166,6 +210,9 @@ class _AdminRoot(Resource):
         method = request.method.decode("latin-1")
         if clean_path(path) != path or not api._route_for(method, path):
             return api._unrouted(request)
+        refusal = api.refuse_cross_site(request, method, path)
+        if refusal is not None:
+            return api._answer(request, refusal)
         base = api.base_path
         if base != "/":
             # Klein sees the base path as where it is mounted (its script name)
@@ -197,6 +244,8 @@ class AdminHTTPAPI(GoHTTPAPI):
         self.routes = {self._full(r): m for r, m in routes.items()}
         self._cidr = (ipaddress.ip_network(options.allow_config_from_cidr, strict=False)
                       if options.allow_config_from_cidr else None)
+        self.allowed_origins = frozenset(origin_of(o) for o in options.allow_origin)
+        self._api_prefix = self._full("/api") + "/"
 
     def _full(self, route: str) -> str:
         """A route under the base path, as Go's path.Join(base, route)."""
@@ -245,6 +294,22 @@ class AdminHTTPAPI(GoHTTPAPI):
         """nsqadmin's isAuthorizedAdminRequest: no --admin-user means everyone."""
         users = self.options.admin_user
         return not users or self._user(request) in users
+
+    def refuse_cross_site(self, request: Any, method: str, path: str) -> APIError | None:
+        """:func:`cross_site_refusal` of one request, logged when it refuses."""
+        if method in _SAFE_METHODS:
+            return None
+        headers = {k.decode("latin-1").lower(): b", ".join(v).decode("latin-1")
+                   for k, v in request.requestHeaders.getAllRawHeaders()}
+        refusal = cross_site_refusal(method, path.startswith(self._api_prefix), headers,
+                                     self.allowed_origins)
+        if refusal is not None:
+            self.log.warn("refused {method} {path} as cross-site ({reason}): Origin {origin},"
+                          " Sec-Fetch-Site {site}, Content-Type {ctype}", method=method, path=path,
+                          reason=refusal.text, origin=headers.get("origin", "-"),
+                          site=headers.get("sec-fetch-site", "-"),
+                          ctype=headers.get("content-type", "-"))
+        return refusal
 
     def _require_admin(self, request: Any) -> None:
         if not self.is_admin(request):
@@ -560,20 +625,17 @@ class AdminHTTPAPI(GoHTTPAPI):
             raise APIError(400, "INVALID_TOPIC")
         if channel and not is_valid_channel_name(channel):
             raise APIError(400, "INVALID_CHANNEL")
-        try:
-            messages = await self.cluster.create_topic_channel(topic, channel, self.lookupds)
-        except QueryFailed as e:
-            self.log.error("failed to create topic/channel - {error}", error=str(e))
-            raise APIError(502, f"UPSTREAM_ERROR: {e}") from None
-        self._log_warnings(messages)
+        report = await self.cluster.create_topic_channel(topic, channel, self.lookupds)
         self._notify(request, "create_topic", topic)
         if channel:
             self._notify(request, "create_channel", topic, channel)
-        return Marshal({"message": _warn(messages)})
+        return self._reported(report)
 
-    def _log_warnings(self, messages: Errors) -> None:
-        for m in messages:
+    def _reported(self, report: ActionReport) -> Marshal:
+        """An action's answer: nsqadmin's ``message``, and nsqtw's ``results``, one per request made."""
+        for m in report.errors:
             self.log.warn("{message}", message=m)
+        return Marshal({"message": _warn(report.errors), "results": report.results})
 
     @_route(app, "/api/topics/<topic>", ("POST",))
     def topic_action(self, request: Any, topic: str) -> Any:
@@ -589,14 +651,13 @@ class AdminHTTPAPI(GoHTTPAPI):
         if action not in ("pause", "unpause", "empty"):
             raise APIError(400, "INVALID_ACTION")
         try:
-            messages = await self.cluster.topic_channel_action(
+            report = await self.cluster.topic_channel_action(
                 action, topic, channel, self.lookupds, self.nsqds)
         except QueryFailed as e:
             self.log.error("failed to {action} topic/channel - {error}", action=action, error=str(e))
             raise APIError(502, f"UPSTREAM_ERROR: {e}") from None
-        self._log_warnings(messages)
         self._notify(request, f"{action}_{'channel' if channel else 'topic'}", topic, channel)
-        return Marshal({"message": _warn(messages)})
+        return self._reported(report)
 
     @_route(app, "/api/topics/<topic>", ("DELETE",))
     def delete_topic(self, request: Any, topic: str) -> Any:
@@ -610,16 +671,15 @@ class AdminHTTPAPI(GoHTTPAPI):
         self._require_admin(request)
         try:
             if channel:
-                messages = await self.cluster.delete_channel(topic, channel, self.lookupds, self.nsqds)
+                report = await self.cluster.delete_channel(topic, channel, self.lookupds, self.nsqds)
             else:
-                messages = await self.cluster.delete_topic(topic, self.lookupds, self.nsqds)
+                report = await self.cluster.delete_topic(topic, self.lookupds, self.nsqds)
         except QueryFailed as e:
             what = "channel" if channel else "topic"
             self.log.error("failed to delete {what} - {error}", what=what, error=str(e))
             raise APIError(502, f"UPSTREAM_ERROR: {e}") from None
-        self._log_warnings(messages)
         self._notify(request, "delete_channel" if channel else "delete_topic", topic, channel)
-        return Marshal({"message": _warn(messages)})
+        return self._reported(report)
 
     @_route(app, "/api/nodes/<node>", ("DELETE",))
     def tombstone(self, request: Any, node: str) -> Any:
@@ -633,14 +693,9 @@ class AdminHTTPAPI(GoHTTPAPI):
             raise APIError(400, "INVALID_BODY") from None
         if not is_valid_topic_name(topic):
             raise APIError(400, "INVALID_TOPIC")
-        try:
-            messages = await self.cluster.tombstone_node_for_topic(topic, node, self.lookupds)
-        except QueryFailed as e:
-            self.log.error("failed to tombstone node for topic - {error}", error=str(e))
-            raise APIError(502, f"UPSTREAM_ERROR: {e}") from None
-        self._log_warnings(messages)
+        report = await self.cluster.tombstone_node_for_topic(topic, node, self.lookupds)
         self._notify(request, "tombstone_topic_producer", topic, node=node)
-        return Marshal({"message": _warn(messages)})
+        return self._reported(report)
 
     # -- /config ---------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 Every flag of Go nsqadmin v1.3.0 with its name, default and unit (the
 parsing, ``--config`` merge and ``--help`` come from
-:class:`nsqtw._go.flags.FlagSet`), plus two nsqtw flags for the in-memory
-history the pages chart. The start-up checks and their wording are
+:class:`nsqtw._go.flags.FlagSet`), plus nsqtw's flags for the in-memory
+history the pages chart and for the origins allowed to send actions. The start-up checks and their wording are
 nsqadmin's ``New()``.
 """
 
@@ -22,7 +22,8 @@ from nsqtw._go.flags import (
     make_flag,
 )
 
-__all__ = ["ADMIN_FLAGS", "FLAGS", "AdminOptions", "AdminTwistdOptions", "defaults", "parse_args"]
+__all__ = ["ADMIN_FLAGS", "FLAGS", "AdminOptions", "AdminTwistdOptions", "defaults", "origin_of",
+           "parse_args"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class AdminOptions:
     # nsqtw only: the history behind the pages' charts
     history_interval: float = 5.0
     history_window: float = 900.0
+    # nsqtw only: pages of other origins allowed to send actions from a browser
+    allow_origin: tuple[str, ...] = ()
 
 
 def defaults(hostname: str | None = None) -> AdminOptions:
@@ -95,6 +98,25 @@ def _validate(opts: AdminOptions) -> None:
         raise OptionsError("--http-address must not be empty")
     if opts.history_interval < 0 or opts.history_window < 0:
         raise OptionsError("--history-interval and --history-window must not be negative")
+    for origin in opts.allow_origin:
+        rest = urlsplit(origin.strip())
+        if not origin_of(origin) or rest.path not in ("", "/") or rest.query or rest.username:
+            raise OptionsError(f"--allow-origin must be an origin, as scheme://host[:port] ({origin})")
+
+
+def origin_of(url: str) -> str:
+    """A URL's origin as browsers write it in ``Origin``: scheme://host[:port], lower case, no default port."""
+    try:
+        parts = urlsplit(url.strip().lower())
+        port = parts.port
+    except ValueError:
+        return ""
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    if port is not None and port != {"http": 80, "https": 443}[parts.scheme]:
+        host = f"{host}:{port}"
+    return f"{parts.scheme}://{host}"
 
 
 _BASE = AdminOptions()
@@ -170,6 +192,10 @@ FLAGS = (
               " depth charts (0: never).", ACTIVE, base=_BASE),
     make_flag("history-window", "duration",
               "nsqtw: how much chart history is kept in memory.", ACTIVE, base=_BASE),
+    make_flag("allow-origin", "strings",
+              "nsqtw: an origin (scheme://host[:port]) whose pages may send actions besides the"
+              " admin's own, such as the address of a proxy in front that rewrites Host.",
+              ACTIVE, toml_key="allow_origins", base=_BASE),
 )
 
 ADMIN_FLAGS = FlagSet("nsqadmin", FLAGS, defaults, _validate)

@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import treq
 from twisted.internet.defer import Deferred
 
+from nsqtw.net.listen import join_host_port
+
 __all__ = ["HTTPError", "get_json", "join_host_port", "lookup_producers", "lookup_url"]
 
 _ACCEPT: dict[bytes | str, bytes | str] = {b"Accept": b"application/vnd.nsq; version=1.0"}
@@ -30,11 +32,6 @@ def lookup_url(address: str, path: str, **query: str) -> str:
     pairs = parse_qsl(parts.query) + list(query.items())
     return urlunsplit((parts.scheme, parts.netloc, parts.path if parts.path not in ("", "/") else path,
                        urlencode(pairs), ""))
-
-
-def join_host_port(host: str, port: int) -> str:
-    """Go's ``net.JoinHostPort``: brackets around an IPv6 host."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def get_json(reactor: Any, url: str, timeout: float) -> Deferred[Any]:

@@ -26,6 +26,11 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def join_host_port(host: str, port: int | str) -> str:
+    """Go's ``net.JoinHostPort``: brackets around a host with a colon (an IPv6 address)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def listen_backlog() -> int:
     """The kernel's somaxconn, as Go's net.Listen uses for nsqd's listeners.
 

@@ -104,8 +104,11 @@ def test_actions_are_notified(cluster: dict[str, Daemon], recorder: tuple[str, l
     _, seen = recorder
     admin = cluster["admin"].http_address
     status, _, body = http("POST", f"http://{admin}/api/topics/t/c", b'{"action":"pause"}',
-                           {"Authorization": "Basic YWxpY2U6cHc=", "User-Agent": "tester/1"})
-    assert (status, json.loads(body)) == (200, {"message": ""})
+                           {"Authorization": "Basic YWxpY2U6cHc=", "User-Agent": "tester/1",
+                            "Content-Type": "application/json"})
+    answer = json.loads(body)
+    assert (status, answer["message"]) == (200, "")
+    assert [(r["request"], r["ok"]) for r in answer["results"]] == [("channel/pause", True)]
     posted = wait_for(lambda: [s for s in seen if s[0] == "POST" and s[1] == "/notify"], what="notification")
     event = json.loads(posted[-1][3])
     assert list(event) == ["action", "topic", "channel", "timestamp", "user", "remote_ip",

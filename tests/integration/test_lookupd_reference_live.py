@@ -16,6 +16,7 @@ import urllib.request
 
 from tests.helpers import reference
 from tests.integration.test_cluster_live import get, http, post, wait_for
+from tests.rawclient import read_lookupd_response
 
 REF = reference("nsqlookupd-1.3.0-responses.json")
 CLOSED = "<connection closed>"
@@ -80,7 +81,7 @@ def test_tcp_answers_byte_for_byte(lookupd_factory) -> None:
             body = body.replace("39703", str(lookupd.http[1])).replace("38645", str(lookupd.tcp[1]))
             want = struct.pack(">i", len(body)).decode("latin-1") + body
         sock.sendall(case["sent"].encode("latin-1"))
-        got = _read_response(sock)
+        got = read_lookupd_response(sock)
         assert got == want.encode("latin-1"), case["note"]
         if closes:
             assert sock.recv(1) == b"", case["note"]
@@ -90,18 +91,3 @@ def test_tcp_answers_byte_for_byte(lookupd_factory) -> None:
         sock.close()
     code, _ = http(lookupd.http_address, "GET", "/ping")
     assert code == 200
-
-
-def _read_response(sock: socket.socket) -> bytes:
-    head = _read_exactly(sock, 4)
-    (size,) = struct.unpack(">i", head)
-    return head + _read_exactly(sock, size)
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        assert chunk, "connection closed early"
-        buf += chunk
-    return buf
