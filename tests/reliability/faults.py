@@ -9,7 +9,9 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
   slower than the publishers);
 - ``NSQTW_TEST_FSYNC_FAIL_FLAG=<path>``: while that file exists, every fsync of
-  the disk queues and journals (the node's timed fsync) fails with EIO.
+  the disk queues and journals (the node's timed fsync) fails with EIO;
+- ``NSQTW_TEST_METADATA_FAIL_FLAG=<path>``: while that file exists, saving
+  ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def install() -> None:
             timed(self, fd)
 
         FsyncLatency.fsync = fsync  # type: ignore[method-assign]
+
+    metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
+    if metadata_flag:
+        from nsqtw.storage import metadata
+
+        save = metadata.write_state
+
+        def write_state(data_path: str, state: Any) -> None:
+            if os.path.exists(metadata_flag):
+                raise OSError(errno.EIO, "Input/output error")
+            save(data_path, state)
+
+        metadata.write_state = write_state
 
 
 def faulty_daemon_code() -> str:
