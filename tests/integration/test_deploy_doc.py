@@ -5,7 +5,7 @@ Only what a test machine must change is replaced, and every replacement is
 listed in the test's ``replace`` table: the installed ``twistd`` becomes this
 interpreter running twistd, fixed ports become free ones, the data
 directory a temporary one, and the addresses of other daemons closed
-ports. Everything else is the doc's text.
+ports (``free_port``: nothing listens there). Everything else is the doc's text.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import urllib.request
 import pytest
 
 from tests.daemon import ROOT, TWISTD
+from tests.integration.test_startup import free_port
 
 DOC = os.path.join(ROOT, "docs", "deploy.md")
 
@@ -37,18 +38,6 @@ def units() -> dict[str, dict[str, str]]:
         assert name, block
         out[name.group(1)] = dict(re.findall(r"^(\w+)=(.*)$", block, re.M))
     return out
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def closed_port() -> int:
-    return free_port()  # nothing listens there once the probe socket is closed
 
 
 def test_doc_has_the_three_units() -> None:
@@ -80,8 +69,8 @@ def test_exec_start_runs_and_notifies(unit_name, plugin, tmp_path) -> None:
         "--tcp-address=0.0.0.0:4160": [f"--tcp-address=127.0.0.1:{free_port()}"],
         "--http-address=0.0.0.0:4161": [f"--http-address=127.0.0.1:{http}"],
         "--http-address=0.0.0.0:4171": [f"--http-address=127.0.0.1:{http}"],
-        "--lookupd-tcp-address=127.0.0.1:4160": [f"--lookupd-tcp-address=127.0.0.1:{closed_port()}"],
-        "--lookupd-http-address=127.0.0.1:4161": [f"--lookupd-http-address=127.0.0.1:{closed_port()}"],
+        "--lookupd-tcp-address=127.0.0.1:4160": [f"--lookupd-tcp-address=127.0.0.1:{free_port()}"],
+        "--lookupd-http-address=127.0.0.1:4161": [f"--lookupd-http-address=127.0.0.1:{free_port()}"],
     }
     cmd = [part for arg in argv for part in replace.get(arg, [arg])]
     kept = [arg for arg in argv if arg not in replace]

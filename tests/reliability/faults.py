@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.daemon import TWISTD
@@ -45,27 +46,24 @@ def install() -> None:
     if fsync_flag:
         from nsqtw.storage.fsync import FsyncLatency
 
-        timed = FsyncLatency.fsync
-
-        def fsync(self: FsyncLatency, fd: int) -> None:
-            if os.path.exists(fsync_flag):
-                raise OSError(errno.EIO, "Input/output error")
-            timed(self, fd)
-
-        FsyncLatency.fsync = fsync  # type: ignore[method-assign]
+        FsyncLatency.fsync = fails_while(fsync_flag, FsyncLatency.fsync)  # type: ignore[method-assign]
 
     metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
     if metadata_flag:
         from nsqtw.storage import metadata
 
-        save = metadata.write_state
+        metadata.write_state = fails_while(metadata_flag, metadata.write_state)
 
-        def write_state(data_path: str, state: Any) -> None:
-            if os.path.exists(metadata_flag):
-                raise OSError(errno.EIO, "Input/output error")
-            save(data_path, state)
 
-        metadata.write_state = write_state
+def fails_while(flag: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, failing with EIO while the file ``flag`` exists."""
+
+    def wrapped(*args: Any) -> Any:
+        if os.path.exists(flag):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return fn(*args)
+
+    return wrapped
 
 
 def faulty_daemon_code() -> str:

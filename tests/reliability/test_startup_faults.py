@@ -10,7 +10,6 @@ runs everywhere. The save failure is injected in the metadata layer
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,16 +21,6 @@ from tests.daemon import Daemon
 from tests.integration.test_startup import ANCHOR, env_with, fatal_lines, received, run_to_exit
 from tests.reliability.conftest import ping, wait_for
 from tests.reliability.faults import faulty_daemon_code
-
-
-@pytest.fixture
-def notify_socket(tmp_path) -> Iterator[tuple[str, socket.socket]]:
-    """A unix datagram socket standing in for systemd's notify socket: (``NOTIFY_SOCKET``, socket)."""
-    path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    yield path, sock
-    sock.close()
 
 
 @pytest.fixture(params=["read-only mount", "a file"])
