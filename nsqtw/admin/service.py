@@ -14,7 +14,9 @@ from nsqtw.admin.history import History
 from nsqtw.admin.http import AdminHTTPAPI
 from nsqtw.admin.options import AdminOptions
 from nsqtw.log import Logger
-from nsqtw.net.listen import ListenerService, exit_cleanly_after_signal, server_endpoint
+from nsqtw.net.exit import exit_cleanly_after_signal
+from nsqtw.net.listen import ListenerService, notify_ready_when_bound
+from nsqtw.net.notify import notify
 
 __all__ = ["AdminService"]
 
@@ -43,8 +45,8 @@ class AdminService(MultiService):
         self.api = AdminHTTPAPI(options, self.client, self.cluster, self.history, reactor)
         site = self.api.site()
         site.noisy = False
-        ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
-                        site).setServiceParent(self)
+        ListenerService("HTTP", options.http_address, site,  # type: ignore[no-untyped-call]
+                        program="nsqadmin", reactor=reactor).setServiceParent(self)
 
     async def _poll(self) -> list[dict[str, Any]]:
         """One history sample: every node's topics and channels, without clients."""
@@ -55,6 +57,7 @@ class AdminService(MultiService):
     def startService(self) -> None:
         self.log.info("{banner}", banner=version_banner("nsqadmin"))
         super().startService()  # type: ignore[no-untyped-call]
+        notify_ready_when_bound(self.reactor, self)
         if self.history is not None:
             self.history.start()
 
@@ -62,6 +65,7 @@ class AdminService(MultiService):
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
+        notify("STOPPING=1")
         if self.history is not None:
             self.history.stop()
         await super().stopService()  # type: ignore[no-untyped-call]

@@ -13,8 +13,10 @@ from nsqtw.heap import keep_long_lived_old, release_free_heap
 from nsqtw.log import Logger
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.protocol import LookupFactory
+from nsqtw.net.exit import exit_cleanly_after_signal
 from nsqtw.net.lazy import FirstConnectionFactory
-from nsqtw.net.listen import ListenerService, exit_cleanly_after_signal, server_endpoint
+from nsqtw.net.listen import ListenerService, notify_ready_when_bound
+from nsqtw.net.notify import notify
 
 __all__ = ["LookupdService"]
 
@@ -32,11 +34,12 @@ class LookupdService(MultiService):
             reactor = default_reactor
         self.reactor = reactor
         self.lookupd = NSQLookupd(options, reactor)
-        ListenerService("TCP", server_endpoint(reactor, options.tcp_address),  # type: ignore[no-untyped-call]
-                        LookupFactory(self.lookupd), self._tcp_bound).setServiceParent(self)
+        ListenerService("TCP", options.tcp_address, LookupFactory(self.lookupd),  # type: ignore[no-untyped-call]
+                        self._tcp_bound, program="nsqlookupd", reactor=reactor).setServiceParent(self)
         # the API (twisted.web, Klein) is imported and made at the first HTTP connection
-        ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
-                        FirstConnectionFactory(self._http_site, "GoSite"), self._http_bound).setServiceParent(self)
+        ListenerService("HTTP", options.http_address,  # type: ignore[no-untyped-call]
+                        FirstConnectionFactory(self._http_site, "GoSite"), self._http_bound,
+                        program="nsqlookupd", reactor=reactor).setServiceParent(self)
 
     def _http_site(self) -> Factory[Any]:
         """The HTTP listener's factory, made at its first connection."""
@@ -56,12 +59,14 @@ class LookupdService(MultiService):
         self.log.info("{banner}", banner=version_banner("nsqlookupd"))
         super().startService()  # type: ignore[no-untyped-call]
         keep_long_lived_old()  # registrations are long-lived
+        notify_ready_when_bound(self.reactor, self)
         release_free_heap()  # what start-up freed goes back to the system
 
     def stopService(self) -> Deferred[None]:
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
+        notify("STOPPING=1")
         await super().stopService()  # type: ignore[no-untyped-call]
         self.log.info("LOOKUPD: stopped")
         exit_cleanly_after_signal(self.reactor)

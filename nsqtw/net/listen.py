@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
-import signal
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
+from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
 from nsqtw.net.dispatch import direct_dispatch
 from nsqtw.net.eager import EagerTCPServerEndpoint, speed_up_accepts
+from nsqtw.net.exit import fail_start, process_exit
+from nsqtw.net.notify import notify
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces), as Go accepts them."""
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces), as Go accepts them.
+
+    A malformed address raises ValueError with Go's words (``address X:
+    missing port in address``, ``address X: invalid port``).
+    """
     host, sep, port = address.rpartition(":")
     if not sep:
-        raise ValueError(f"missing port in address {address!r}")
+        raise ValueError(f"address {address}: missing port in address")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    if not port:
+        return host, 0  # Go: an empty port picks one, as 0 does
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"address {port}: invalid port")
     return host, int(port)
 
 
@@ -71,51 +83,71 @@ def format_address(port: IListeningPort) -> str:
     return f"{host}:{getattr(addr, 'port', '')}"
 
 
+def listen_error(address: str, error: object) -> str:
+    """Why a listener could not open, in Go's words (``listen tcp ADDR: bind: address already in use``)."""
+    if isinstance(error, CannotListenError) and isinstance(error.socketError, OSError):
+        cause = error.socketError
+        reason = (cause.strerror or str(cause)).lower()
+        if isinstance(cause, socket.gaierror):
+            return f"listen tcp: lookup {error.interface}: {reason}"
+        return f"listen tcp {address}: bind: {reason}"
+    return f"listen tcp: {error}"
+
+
 class ListenerService(Service):
     """Listens on one address and logs nsqd's start-up line with the bound address.
 
     Tools that start nsqd on port 0 read ``TCP: listening on HOST:PORT`` from
-    its log to learn the port, so the line carries the real address.
+    its log to learn the port, so the line carries the real address. An
+    address that cannot be listened on (malformed, out of range, a name
+    that does not resolve, a port taken) ends the process: one FATAL line
+    naming the address, exit status 1 (:mod:`nsqtw.net.exit`), as
+    ``program`` (nsqd, nsqlookupd, nsqadmin) would.
     """
 
     log = Logger()
 
-    def __init__(self, label: str, endpoint: IStreamServerEndpoint, factory: Any,
-                 on_bound: Any = None) -> None:
+    def __init__(self, label: str, address: str, factory: Any, on_bound: Any = None, *,
+                 program: str, reactor: Any) -> None:
         self.label = label
-        self.endpoint = endpoint
+        self.address = address
         self.factory = factory
         self.on_bound = on_bound
+        self.program = program
+        self.reactor = reactor
         self.port: IListeningPort | None = None
-        self.ready: Deferred[IListeningPort] | None = None
+        #: fires once the listener is bound (with its port) or failed (with None)
+        self.ready: Deferred[IListeningPort | None] | None = None
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        self.ready = self.endpoint.listen(self.factory)
-        self.ready.addCallbacks(self._bound, self._failed)
+        try:
+            listening: Deferred[IListeningPort] = server_endpoint(self.reactor, self.address).listen(self.factory)
+        except ValueError as e:  # a malformed address
+            listening = fail(e)
+        self.ready = listening.addCallbacks(self._bound, self._failed)
 
     def _bound(self, port: IListeningPort) -> IListeningPort:
-        from twisted.internet import reactor
-
+        reactor = self.reactor
         self.port = port
         speed_up_accepts(port)
         direct_dispatch(reactor)  # once per reactor: the first listener does it
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)
-        reactor.callWhenRunning(
-            self.log.info, "{label}: listening on {address}", label=self.label,
-            address=format_address(port))
+        reactor.callWhenRunning(self._log_listening, format_address(port))
         if self.on_bound is not None:
             self.on_bound(getattr(port.getHost(), "port", 0))
         return port
 
-    def _failed(self, failure: Any) -> None:
-        from twisted.internet import reactor
+    def _log_listening(self, address: str) -> None:
+        if process_exit.status is None:  # no line for a port that closes at once: another listener failed
+            self.log.info("{label}: listening on {address}", label=self.label, address=address)
 
-        self.log.critical("FATAL: {label}: listen failed - {error}", label=self.label,
-                          error=failure.getErrorMessage())
-        reactor.stop()
+    def _failed(self, failure: Failure) -> None:
+        # nsqd: "failed to instantiate nsqd - listen (ADDR) failed - listen tcp ADDR: bind: ..."
+        fail_start(self.reactor, f"failed to instantiate {self.program} - listen ({self.address}) failed"
+                                 f" - {listen_error(self.address, failure.value)}")
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()  # type: ignore[no-untyped-call]
@@ -126,11 +158,17 @@ class ListenerService(Service):
         return None
 
 
-def exit_cleanly_after_signal(reactor: Any) -> None:
-    """nsqd and nsqlookupd exit 0 after a graceful SIGTERM/SIGINT.
+def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[Any]:
+    """Tell the service manager ``READY=1`` once every listener among ``services`` is bound.
 
-    twistd would re-raise the signal (exit status -15) unless told the stop
-    was handled.
+    Sent when the reactor runs (the listeners answer), and never when one
+    of them failed: that process is on its way out with status 1.
     """
-    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
-        reactor._exitSignal = None
+    listeners = [s for s in services if isinstance(s, ListenerService)]
+
+    def all_bound(_: object) -> None:
+        if process_exit.status is None and all(s.port is not None for s in listeners):
+            notify("READY=1")
+
+    done = gatherResults([s.ready for s in listeners if s.ready is not None])
+    return done.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))

@@ -19,8 +19,10 @@ from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.dispatch import busy_poll
+from nsqtw.net.exit import exit_cleanly_after_signal, fail_start
 from nsqtw.net.lazy import FirstConnectionFactory
-from nsqtw.net.listen import ListenerService, client_endpoint, exit_cleanly_after_signal, server_endpoint
+from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
+from nsqtw.net.notify import notify
 from nsqtw.net.tls import build_server_tls, client_trust_root
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.observe.metrics import NSQDMetrics
@@ -34,6 +36,7 @@ from nsqtw.storage.fsync import FsyncLatency
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
+    FILENAME,
     MetadataStore,
     decode,
     decode_deferred,
@@ -48,6 +51,10 @@ from nsqtw.storage.sync import SyncSchedule
 
 class InstantiateError(RuntimeError):
     """A start-up failure nsqd reports as ``failed to instantiate nsqd - ...``."""
+
+
+class StartError(RuntimeError):
+    """A start-up failure whose message is nsqd's whole FATAL line (``failed to persist metadata - ...``)."""
 
 
 class DataPathLock:
@@ -148,14 +155,14 @@ class NSQDService(MultiService):
         node_metrics = NSQDMetrics(self.nsqd, reactor, options.metrics_per_client,
                                    self.fsync_latency.histogram)
         self.metrics_page = MetricsPage(node_metrics.collector, node_metrics.prepare)
-        tcp = ListenerService("TCP", server_endpoint(reactor, options.tcp_address),
-                              V2Factory(self.nsqd, reactor), self._tcp_bound)
+        tcp = ListenerService("TCP", options.tcp_address, V2Factory(self.nsqd, reactor), self._tcp_bound,
+                              program="nsqd", reactor=reactor)
         tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
             # the API (twisted.web, Klein) is imported and made at the first HTTP connection
             site = FirstConnectionFactory(self._http_site, "GoSite")
-            ListenerService("HTTP", server_endpoint(reactor, options.http_address),  # type: ignore[no-untyped-call]
-                            site, self._http_bound).setServiceParent(self)
+            ListenerService("HTTP", options.http_address, site, self._http_bound,  # type: ignore[no-untyped-call]
+                            program="nsqd", reactor=reactor).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
             # imported here: twisted.protocols.tls loads pyOpenSSL, which a node without TLS never needs
             from nsqtw.net.https import HTTPSFactory
@@ -164,9 +171,9 @@ class NSQDService(MultiService):
             # nsqd's HTTPS listener: the same API, TLS from the first byte
             secure = HTTPAPI(self.nsqd, tls_enabled=True, metrics=self.metrics_page).site()
             secure.noisy = False
-            ListenerService("HTTPS", server_endpoint(reactor, options.https_address),  # type: ignore[no-untyped-call]
-                            HTTPSFactory(self.nsqd.tls, False, secure),
-                            self._https_bound).setServiceParent(self)
+            ListenerService("HTTPS", options.https_address,  # type: ignore[no-untyped-call]
+                            HTTPSFactory(self.nsqd.tls, False, secure), self._https_bound,
+                            program="nsqd", reactor=reactor).setServiceParent(self)
         if options.statsd_address:
             StatsdService(self.nsqd, reactor).setServiceParent(self)  # type: ignore[no-untyped-call]
         # after the listeners: it announces their ports, and stops first
@@ -254,7 +261,11 @@ class NSQDService(MultiService):
         self.disk_pool = DiskPool(self.reactor, self.options.disk_threads)
         self.meta_executor = self._lane("metadata")
         store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
-        raw = await self.meta_executor.submit(read_file, self.data_path)
+        try:
+            raw = await self.meta_executor.submit(read_file, self.data_path)
+        except OSError as e:  # a data path that is not a directory, or cannot be read
+            raise StartError(f"failed to load metadata - failed to read metadata from"
+                             f" {os.path.join(self.data_path, FILENAME)} - {e}") from None
         journaled = await self._replay_journals(self.meta_executor.submit)
         if raw is not None:
             try:
@@ -275,9 +286,12 @@ class NSQDService(MultiService):
             t = self.nsqd.get_topic(topic)
             if channel is not None:
                 t.get_channel(channel)
+        # as nsqd does at start: a data path it cannot write stops it here, not at the first topic
+        try:
+            await store.persist()
+        except Exception as e:
+            raise StartError(f"failed to persist metadata - {e}") from None
         self.nsqd.metadata = store
-        if missing:
-            store.changed()
         # what start-up built (every topic and channel of nsqd.dat) lives as long as the node:
         # collect it into the oldest generation now, before serving. With the thresholds above
         # the young generations hold up to a million objects, and the first collection of that
@@ -286,13 +300,17 @@ class NSQDService(MultiService):
         gc.collect()
         for service in self:
             service.startService()
+        notify_ready_when_bound(self.reactor, self)
         # what start-up freed goes back to the system (about 1.3 MB of an idle node's RSS)
         release_free_heap()
 
     def _start_failed(self, failure: Any) -> None:
-        what = "instantiate nsqd" if failure.check(InstantiateError) else "start"
-        self.log.critical("FATAL: failed to {what} - {error}", what=what, error=failure.getErrorMessage())
-        self.reactor.stop()
+        if failure.check(StartError):
+            reason = failure.getErrorMessage()
+        else:
+            what = "instantiate nsqd" if failure.check(InstantiateError) else "start"
+            reason = f"failed to {what} - {failure.getErrorMessage()}"
+        fail_start(self.reactor, reason)
 
     async def _close_within(self, seconds: float) -> None:
         """Flush and close every topic and channel, giving up after ``seconds``.
@@ -327,6 +345,7 @@ class NSQDService(MultiService):
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
+        notify("STOPPING=1")
         # listeners first (reverse order)
         await super().stopService()  # type: ignore[no-untyped-call]
         due = self.nsqd.deferred_due()

@@ -160,10 +160,14 @@ class MetadataStore:
     def _write(self) -> None:
         self._scheduled = False
         if not self._writing:
-            self.persist()
+            self.persist().addErrback(lambda _: None)  # reported to health, retried (_failed)
 
     def persist(self) -> Deferred[Any]:
-        """Write the current state now (also used at shutdown, after any write in flight)."""
+        """Write the current state now (at start-up, and at shutdown after any write in flight).
+
+        The Deferred fails as the write did, after the failure reached the
+        node's health and a retry was scheduled.
+        """
         self._writing += 1
         self._dirty = False
         self._started = self._clock.seconds()
@@ -188,7 +192,8 @@ class MetadataStore:
     def _ok(self, _: Any) -> None:
         self.nsqd.set_health("metadata", None)
 
-    def _failed(self, failure: Any) -> None:
+    def _failed(self, failure: Any) -> Any:
         self.nsqd.set_health("metadata", f"failed to persist metadata - {failure.getErrorMessage()}")
         if not self.nsqd.exiting:
             self._clock.callLater(RETRY_INTERVAL, self.changed)
+        return failure

@@ -9,7 +9,9 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
   slower than the publishers);
 - ``NSQTW_TEST_FSYNC_FAIL_FLAG=<path>``: while that file exists, every fsync of
-  the disk queues and journals (the node's timed fsync) fails with EIO.
+  the disk queues and journals (the node's timed fsync) fails with EIO;
+- ``NSQTW_TEST_METADATA_FAIL_FLAG=<path>``: while that file exists, saving
+  ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.daemon import TWISTD
@@ -43,14 +46,24 @@ def install() -> None:
     if fsync_flag:
         from nsqtw.storage.fsync import FsyncLatency
 
-        timed = FsyncLatency.fsync
+        FsyncLatency.fsync = fails_while(fsync_flag, FsyncLatency.fsync)  # type: ignore[method-assign]
 
-        def fsync(self: FsyncLatency, fd: int) -> None:
-            if os.path.exists(fsync_flag):
-                raise OSError(errno.EIO, "Input/output error")
-            timed(self, fd)
+    metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
+    if metadata_flag:
+        from nsqtw.storage import metadata
 
-        FsyncLatency.fsync = fsync  # type: ignore[method-assign]
+        metadata.write_state = fails_while(metadata_flag, metadata.write_state)
+
+
+def fails_while(flag: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, failing with EIO while the file ``flag`` exists."""
+
+    def wrapped(*args: Any) -> Any:
+        if os.path.exists(flag):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return fn(*args)
+
+    return wrapped
 
 
 def faulty_daemon_code() -> str:

@@ -30,3 +30,46 @@ class ListenBacklogTests(SynchronousTestCase):
         with mock.patch("builtins.open", side_effect=OSError("no /proc")):
             import socket
             self.assertEqual(listen_backlog(), socket.SOMAXCONN)
+
+
+class AddressTests(SynchronousTestCase):
+    """Go's address syntax and its errors, as nsqd's FATAL line words them."""
+
+    def test_accepted_forms(self) -> None:
+        from nsqtw.net.listen import split_host_port
+
+        self.assertEqual(split_host_port("127.0.0.1:4150"), ("127.0.0.1", 4150))
+        self.assertEqual(split_host_port("[::1]:0"), ("::1", 0))
+        self.assertEqual(split_host_port(":4151"), ("", 4151))
+        self.assertEqual(split_host_port("host:"), ("host", 0))  # Go: an empty port picks one
+
+    def test_malformed_addresses_say_why(self) -> None:
+        """No port, a port that is not a number or out of range: ValueError in Go's words."""
+        from nsqtw.net.listen import split_host_port
+
+        for address, reason in (("notanaddress", "address notanaddress: missing port in address"),
+                                ("127.0.0.1:99999", "address 99999: invalid port"),
+                                ("127.0.0.1:abc", "address abc: invalid port"),
+                                ("127.0.0.1:-1", "address -1: invalid port")):
+            with self.assertRaises(ValueError) as e:
+                split_host_port(address)
+            self.assertEqual(str(e.exception), reason)
+
+    def test_listen_errors_in_go_words(self) -> None:
+        """A port taken, a name that does not resolve, a malformed address: nsqd's wording."""
+        import errno
+        import socket
+
+        from twisted.internet.error import CannotListenError
+
+        from nsqtw.net.listen import listen_error
+
+        taken = CannotListenError("127.0.0.1", 4150, OSError(errno.EADDRINUSE, "Address already in use"))
+        self.assertEqual(listen_error("127.0.0.1:4150", taken),
+                         "listen tcp 127.0.0.1:4150: bind: address already in use")
+        unknown = CannotListenError("nosuch.invalid", 4150,
+                                    socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+        self.assertEqual(listen_error("nosuch.invalid:4150", unknown),
+                         "listen tcp: lookup nosuch.invalid: name or service not known")
+        self.assertEqual(listen_error("bad", ValueError("address bad: missing port in address")),
+                         "listen tcp: address bad: missing port in address")

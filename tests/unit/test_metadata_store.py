@@ -90,3 +90,28 @@ class MetadataStoreTests(SynchronousTestCase):
         self.clock.advance(0)
         self.jobs[1][2].callback(None)
         self.assertEqual(self.nsqd.health(), "OK")
+
+    def test_failed_saves_keep_health_bad_until_a_retry_succeeds(self) -> None:
+        """nsqd.dat that cannot be saved keeps the node unhealthy ("NOK - failed to persist metadata
+        - ...") through every failed retry, and healthy again once a retry succeeds, with no
+        other change to the node."""
+        from nsqtw.storage.metadata import RETRY_INTERVAL
+
+        self.nsqd.get_topic("x")
+        self.clock.advance(0)
+        for attempt in range(3):
+            self.jobs[-1][2].errback(OSError(30, "Read-only file system"))
+            self.assertTrue(self.nsqd.health().startswith("NOK - failed to persist metadata - "),
+                            self.nsqd.health())
+            self.clock.advance(RETRY_INTERVAL)
+            self.assertEqual(len(self.jobs), attempt + 2)  # retried without a change
+        self.jobs[-1][2].callback(None)
+        self.assertEqual(self.nsqd.health(), "OK")
+
+    def test_persist_fails_as_the_write_did(self) -> None:
+        """persist()'s Deferred fails with the write's error (start-up stops on it), after the
+        failure reached health."""
+        d = self.store.persist()
+        self.jobs[0][2].errback(OSError(30, "Read-only file system"))
+        self.assertIn("Read-only file system", str(self.failureResultOf(d, OSError).value))
+        self.assertFalse(self.nsqd.is_healthy())

@@ -1,0 +1,97 @@
+"""How a daemon run by twistd ends: exit status 1 after a failed start, 0 after SIGTERM.
+
+twistd gives an application no way to choose its exit status (Twisted's
+issue 11335, open): the process exits 0 whenever the reactor stops, and
+re-raises the signal that stopped it. So a start that fails after twistd
+took over (a port that cannot be bound, a data directory that cannot be
+written) is recorded here, the reactor stops (every service closes what it
+opened), twistd finishes (the pid file removed, the log closed), and at
+interpreter exit the recorded status is the one the process exits with.
+
+Every read or write of Twisted's private state about the exit
+(``reactor._exitSignal``) sits in this module; ``tests/unit/test_exit.py``
+fails when Twisted changes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from nsqtw.log import Logger
+
+__all__ = ["FAILED", "ProcessExit", "exit_cleanly_after_signal", "fail_start", "process_exit"]
+
+#: the status of a failed start, as Go's nsqd, nsqlookupd and nsqadmin exit with
+FAILED = 1
+
+
+class ProcessExit:
+    """The status the process will exit with, and the one FATAL line that says why.
+
+    ``register`` and ``terminate`` are :func:`atexit.register` and
+    :func:`os._exit` in a daemon; tests pass their own.
+    """
+
+    log = Logger(namespace="nsqtw")
+
+    def __init__(self, register: Callable[[Callable[[], None]], Any] = atexit.register,
+                 terminate: Callable[[int], Any] = os._exit) -> None:
+        self._register = register
+        self._terminate = terminate
+        #: None while nothing failed
+        self.status: int | None = None
+
+    def fail(self, reactor: Any, reason: str, status: int = FAILED) -> None:
+        """Log ``FATAL: <reason>``, stop the reactor, and exit with ``status`` once twistd is done.
+
+        Only the first failure is FATAL (and stops the reactor): a second
+        listener failing while the first failure stops the process is
+        logged as an error.
+        """
+        if self.status is not None:
+            self.log.error("{reason}", reason=reason)
+            return
+        self.status = status
+        self.log.critical("FATAL: {reason}", reason=reason)
+        self._register(self._exit_now)
+        # the stop re-raises no signal: the status above is the one that counts
+        if getattr(reactor, "_exitSignal", None) is not None:
+            reactor._exitSignal = None
+        if getattr(reactor, "running", False):
+            reactor.stop()
+        else:  # start-up before ``reactor.run()``: stop as soon as it runs
+            reactor.callWhenRunning(reactor.stop)
+
+    def _exit_now(self) -> None:
+        """At interpreter exit: write out what the logs hold, then exit with the status."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass  # a closed or broken stream: nothing more can be said
+        assert self.status is not None
+        self._terminate(self.status)
+
+
+#: the process's own
+process_exit = ProcessExit()
+
+
+def fail_start(reactor: Any, reason: str) -> None:
+    """The daemon cannot run: ``FATAL: <reason>``, stop, exit status 1 (see :class:`ProcessExit`)."""
+    process_exit.fail(reactor, reason)
+
+
+def exit_cleanly_after_signal(reactor: Any) -> None:
+    """nsqd and nsqlookupd exit 0 after a graceful SIGTERM/SIGINT.
+
+    twistd would re-raise the signal (exit status -15) unless told the stop
+    was handled.
+    """
+    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
+        reactor._exitSignal = None

@@ -1,0 +1,18 @@
+"""Fixtures every kind of test may use."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def notify_socket(tmp_path) -> Iterator[tuple[str, socket.socket]]:
+    """A unix datagram socket standing in for systemd's notify socket: (``NOTIFY_SOCKET``, socket)."""
+    path = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    yield path, sock
+    sock.close()
