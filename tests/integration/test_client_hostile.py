@@ -61,7 +61,7 @@ class BrokenServer:
         self.close = close
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self._open: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
