@@ -194,3 +194,27 @@ def test_tool_exits_with_one_line(tool: str, case: str) -> None:
             assert ran.returncode == 1, ran.stderr
     finally:
         server.stop()
+
+
+def test_to_file_keeps_running(tmp_path: Path) -> None:
+    """``nsqtw to-file`` keeps running, as nsq_to_file does, logging each failed attempt without a
+    traceback, and stops cleanly on SIGTERM."""
+    server = BrokenServer(ANSWERS["identify-not-json"], close=False)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "nsqtw.tools.cli", "to-file", "--topic=t",
+                             f"--output-dir={tmp_path}", f"--nsqd-tcp-address={server.address}"],
+                            env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while server.connections < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None and server.connections >= 2
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Unhandled" not in err, err
+    assert err.count("error connecting to nsqd") >= 2, err
