@@ -27,6 +27,9 @@ class Daemon:
     """
 
     plugin = "nsqtw"
+    #: the interpreter that runs twistd; with ``checkout`` this checkout comes first on its path
+    python = sys.executable
+    checkout = True
 
     def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None,
                  code: str = TWISTD) -> None:
@@ -52,7 +55,8 @@ class Daemon:
 
     def start(self, tcp: str = "127.0.0.1:0", http: str = "127.0.0.1:0", timeout: float = 20) -> Daemon:
         env = dict(os.environ, **(self.env or {}))
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        if self.checkout:
+            env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         cmd = self.command(tcp, http)
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
@@ -101,7 +105,7 @@ class Daemon:
 
     def command(self, tcp: str, http: str) -> list[str]:
         """The program and arguments that start this daemon."""
-        return [sys.executable, "-c", self.code, "--pidfile=", "-n", self.plugin,
+        return [self.python, "-c", self.code, "--pidfile=", "-n", self.plugin,
                 *self.address_args(tcp, http), *self.plugin_args(), *self.args]
 
     def plugin_args(self) -> list[str]:

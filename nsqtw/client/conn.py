@@ -15,11 +15,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import ssl, tcp
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IProtocol, IProtocolFactory, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from nsqtw.client.config import Config
 from nsqtw.client.errors import ConnectionClosed, NSQClientError, NSQErrorResponse
@@ -30,7 +32,7 @@ from nsqtw.net.tls import client_trust_root
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
-__all__ = ["NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect", "direct_sender"]
+__all__ = ["Dialer", "NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect", "direct_sender"]
 
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
@@ -58,8 +60,7 @@ def client_tls_options(config: Config, host: str) -> Any:
 class NSQClientProtocol(Protocol):
     """The client side of one V2 connection.
 
-    ``ready`` fires with the protocol itself once the handshake is done (a
-    ``ClientService`` hands its owner a proxy, this is the real one), or
+    ``ready`` fires with the protocol itself once the handshake is done, or
     fails with the reason; ``settings`` keeps nsqd's IDENTIFY answer (empty
     for an nsqd without feature negotiation) and ``auth`` AUTH's.
     """
@@ -153,7 +154,7 @@ class NSQClientProtocol(Protocol):
         if not self._ready_fired:
             self._ready_fired = True
             self.ready.errback(error)
-        else:
+        elif self._state == _READY:  # a handshake that failed was reported through ``ready``
             self.delegate.on_close(self, error)
 
     def _check_read(self) -> None:
@@ -232,8 +233,11 @@ class NSQClientProtocol(Protocol):
         if ftype == FRAME_RESPONSE and data == HEARTBEAT:
             self.write(NOP)
             return
-        if ftype != FRAME_RESPONSE:
+        if ftype == FRAME_ERROR:
             self._fail(NSQErrorResponse(data))
+            return
+        if ftype != FRAME_RESPONSE:
+            self._fail(NSQClientError(f"({self.address}) frame type {ftype} during the handshake"))
             return
         state = self._state
         if state == _IDENTIFY:
@@ -349,6 +353,101 @@ class NSQClientFactory(Factory):
         proto = NSQClientProtocol(self.address, self.config, self.delegate, self.clock)
         proto.factory = self
         return proto
+
+
+@implementer(IStreamClientEndpoint)
+class _Watched:
+    """An endpoint whose failed connects are reported (to the :class:`Dialer`) and passed on."""
+
+    def __init__(self, endpoint: IStreamClientEndpoint, on_failed: Callable[[Failure], None]) -> None:
+        self.endpoint = endpoint
+        self.on_failed = on_failed
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        def failed(f: Failure) -> Failure:
+            self.on_failed(f)
+            return f
+
+        return self.endpoint.connect(factory).addErrback(failed)
+
+
+class Dialer(NSQClientFactory):
+    """Keeps one connection to ``address`` up: reconnects after 1 s, 2 s, 4 s ... at most
+    ``lookupd_poll_interval``, the delay growing while attempts fail, the handshake included.
+
+    ``on_ready(proto)`` runs once a connection's handshake is done (its
+    Deferred, if any, failing aborts the connection); ``on_failed(failure)``
+    hears of each attempt that failed before that, at the TCP connect or in
+    the handshake (a server that breaks the protocol). The handshake runs on
+    the connection Twisted's ``ClientService`` sees as made: a handshake that
+    fails then is a connection lost, which the service retries (given a
+    ``prepareConnection`` instead, a connection lost while preparing reaches
+    the service in a state that cannot take it, and raises).
+    """
+
+    def __init__(self, reactor: Any, address: str, config: Config, delegate: IConnectionDelegate,
+                 on_ready: Callable[[NSQClientProtocol], Any], on_failed: Callable[[Failure], None]) -> None:
+        super().__init__(address, config, delegate, reactor)
+        self.on_ready = on_ready
+        self.on_failed = on_failed
+        #: attempts failed in a row, the handshake included (ClientService counts TCP connects only)
+        self.failures = 0
+        self._first: Failure | None | bool = False  # False: the first attempt is still under way
+        self._first_waiters: list[Deferred[None]] = []
+        grow = backoffPolicy(initialDelay=1.0, factor=2.0, maxDelay=config.lookupd_poll_interval)
+        endpoint = _Watched(client_endpoint(reactor, address, config.dial_timeout), self._failed)
+        self.service = ClientService(endpoint, self, retryPolicy=lambda attempt: grow(max(attempt, self.failures)),
+                                     clock=reactor)
+
+    def buildProtocol(self, addr: Any) -> NSQClientProtocol:
+        proto = super().buildProtocol(addr)
+        proto.ready.addCallbacks(self._ready, self._failed)
+        return proto
+
+    def _ready(self, proto: NSQClientProtocol) -> None:
+        self.failures = 0
+        self._settle(None)
+        # the owner reports its own refusals (a SUB nsqd refused); the connection just ends
+        maybeDeferred(self.on_ready, proto).addErrback(lambda _: proto.abort())
+
+    def _failed(self, failure: Failure) -> None:
+        if failure.check(CancelledError):  # the dialer was stopped
+            return
+        self.failures += 1
+        self.on_failed(failure)
+        self._settle(failure)
+
+    def _settle(self, outcome: Failure | None) -> None:
+        if self._first is False:
+            self._first = outcome
+            waiters, self._first_waiters = self._first_waiters, []
+            for w in waiters:
+                self._fire(w)
+
+    def _fire(self, d: Deferred[None]) -> None:
+        if isinstance(self._first, Failure):
+            d.errback(self._first)
+        else:
+            d.callback(None)
+
+    def first_attempt(self) -> Deferred[None]:
+        """Fires when the first attempt is over: None once ready, else its failure (go-nsq's
+        ``ConnectToNSQD`` result; the dialer keeps retrying either way)."""
+        if self._first is False:
+            d: Deferred[None] = Deferred()
+            self._first_waiters.append(d)
+            return d
+        return fail(self._first) if isinstance(self._first, Failure) else succeed(None)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.service.running)
+
+    def start(self) -> None:
+        self.service.startService()
+
+    def stop(self) -> Deferred[None]:
+        return self.service.stopService()
 
 
 def connect(reactor: Any, address: str, config: Config,

@@ -41,8 +41,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, gatherResults, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -50,14 +49,13 @@ from zope.interface import implementer
 
 from nsqtw._go.duration import format_duration
 from nsqtw.client.config import Config, ConfigError
-from nsqtw.client.conn import NSQClientFactory, NSQClientProtocol, connect
+from nsqtw.client.conn import Dialer, NSQClientProtocol, connect
 from nsqtw.client.errors import NSQClientError, NSQErrorResponse
 from nsqtw.client.lookup import lookup_producers, lookup_url
 from nsqtw.client.message import Message
 from nsqtw.interfaces import IConnectionDelegate
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_name
-from nsqtw.net.listen import client_endpoint
 from nsqtw.protocol.wire import CLS, encode_command, fin, rdy, req, touch
 
 __all__ = ["Consumer", "ConsumerStats", "Handler"]
@@ -181,7 +179,7 @@ class Consumer:
         self._conns: dict[NSQClientProtocol, _ConsumerConn] = {}
         self._by_address: dict[str, _ConsumerConn] = {}
         self._pending: dict[str, Deferred[Any]] = {}
-        self._services: dict[str, ClientService] = {}
+        self._dialers: dict[str, Dialer] = {}
         self._total_rdy = 0
         self._backoff_counter = 0
         self._backoff_timer: IDelayedCall | None = None
@@ -291,18 +289,28 @@ class Consumer:
     # -- connections ---------------------------------------------------------
 
     def _connect_direct(self, address: str) -> None:
-        policy = backoffPolicy(initialDelay=1.0, factor=2.0, maxDelay=self.config.lookupd_poll_interval)
-        service = ClientService(client_endpoint(self.reactor, address, self.config.dial_timeout),
-                                NSQClientFactory(address, self.config, self, self.reactor),
-                                retryPolicy=policy, clock=self.reactor,
-                                prepareConnection=self._prepare)
-        self._services[address] = service
+        def failed(f: Failure) -> None:
+            if not self._stopping:
+                self.log.error("{prefix} ({address}) error connecting to nsqd - {error}",
+                               prefix=self, address=address, error=f.getErrorMessage())
+
+        dialer = Dialer(self.reactor, address, self.config, self, self._subscribe, failed)
+        self._dialers[address] = dialer
         self.log.info("{prefix} ({address}) connecting to nsqd", prefix=self, address=address)
-        service.startService()
+        dialer.start()
+
+    def first_attempts(self) -> Deferred[None]:
+        """Fires once each nsqd address given has been tried: None when every one subscribed, else the
+        first failure, as go-nsq's ``ConnectToNSQDs`` returns (the consumer keeps retrying either way;
+        Go's tools exit on it)."""
+        d: Deferred[Any] = gatherResults([s.first_attempt() for s in self._dialers.values()],
+                                         consumeErrors=True)
+        d.addCallbacks(lambda _: None, lambda f: f.value.subFailure)
+        return d
 
     def _connect_discovered(self, address: str) -> None:
         if self._stopping or address in self._by_address or address in self._pending \
-                or address in self._services:
+                or address in self._dialers:
             return
         self.log.info("{prefix} ({address}) connecting to nsqd", prefix=self, address=address)
         d: Deferred[Any] = connect(self.reactor, address, self.config, self)
@@ -321,12 +329,8 @@ class Consumer:
         d.addErrback(failed)
         d.addBoth(done)
 
-    def _prepare(self, proxy: Any) -> Deferred[None]:
-        """After the handshake: SUB, then join the RDY sharing (ClientService waits for this)."""
-        d: Deferred[None] = proxy.ready.addCallback(self._subscribe)
-        return d
-
     def _subscribe(self, proto: NSQClientProtocol) -> Deferred[None]:
+        """After the handshake: SUB, then join the RDY sharing."""
         if self._stopping:
             proto.close()
             raise NSQClientError("consumer stopping")
@@ -440,7 +444,7 @@ class Consumer:
         if had_rdy and (left == self._max_in_flight or self._backoff_counter > 0):
             self._need_redistribute = True
         self._rebalance()
-        if self._lookupd_addresses and c.address not in self._services:
+        if self._lookupd_addresses and c.address not in self._dialers:
             self._query_lookupd()
 
     # -- handler ---------------------------------------------------------------
@@ -654,9 +658,9 @@ class Consumer:
             self._close_conn(c)
 
     def _close_conn(self, c: _ConsumerConn) -> None:
-        service = self._services.get(c.address)
-        if service is not None and service.running:
-            service.stopService()
+        dialer = self._dialers.get(c.address)
+        if dialer is not None and dialer.running:
+            dialer.stop()
         else:
             c.proto.close()
 
@@ -674,7 +678,7 @@ class Consumer:
     def _check_stopped(self) -> None:
         if self._stopped is None or self._stopped.called or self._conns or self._pending:
             return
-        d: Deferred[Any] = DeferredList([s.stopService() for s in self._services.values() if s.running],
+        d: Deferred[Any] = DeferredList([s.stop() for s in self._dialers.values() if s.running],
                                         consumeErrors=True)
 
         def finished(_: Any) -> None:

@@ -1,6 +1,6 @@
 """The producer: PUB, MPUB and DPUB over a pool of connections, a Deferred per publish.
 
-Each nsqd address gets one connection, kept up by a ``ClientService``
+Each nsqd address gets one connection, kept up by a :class:`~nsqtw.client.conn.Dialer`
 (reconnecting after 1 s, 2 s, 4 s ... at most ``lookupd_poll_interval``).
 Publishes go round-robin to the connections that are ready; nsqd answers a
 connection's commands in order, so each connection keeps the Deferreds of
@@ -15,20 +15,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, DeferredList, fail, succeed
+from twisted.internet.defer import Deferred, DeferredList, fail, gatherResults, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw.client.config import Config
-from nsqtw.client.conn import NSQClientFactory, NSQClientProtocol
+from nsqtw.client.conn import Dialer, NSQClientProtocol
 from nsqtw.client.errors import ConnectionClosed, NoConnection, NSQClientError, NSQErrorResponse
 from nsqtw.interfaces import IConnectionDelegate
 from nsqtw.log import Logger
-from nsqtw.net.listen import client_endpoint
 from nsqtw.protocol.wire import encode_dpub, encode_mpub, encode_pub
 
 __all__ = ["Producer"]
@@ -51,7 +50,7 @@ class Producer:
         self.reactor = reactor
         self.connect_wait = connect_wait
         self.log = Logger(source=self)
-        self._services: list[ClientService] = []
+        self._dialers: list[Dialer] = []
         #: ready connections, in the order they became ready
         self._ready: list[NSQClientProtocol] = []
         self._inflight: dict[NSQClientProtocol, deque[Deferred[None]]] = {}
@@ -73,13 +72,19 @@ class Producer:
         if self._started:
             return
         self._started = True
-        policy = backoffPolicy(initialDelay=1.0, factor=2.0, maxDelay=self.config.lookupd_poll_interval)
         for address in self.addresses:
-            service = ClientService(client_endpoint(self.reactor, address, self.config.dial_timeout),
-                                    NSQClientFactory(address, self.config, self, self.reactor),
-                                    retryPolicy=policy, clock=self.reactor, prepareConnection=self._prepare)
-            self._services.append(service)
-            service.startService()
+            dialer = Dialer(self.reactor, address, self.config, self, self._connected,
+                            partial(self._failed, address))
+            self._dialers.append(dialer)
+            dialer.start()
+
+    def first_attempts(self) -> Deferred[None]:
+        """Fires once each address has been tried (and starts the producer): None when every one is
+        ready, else the first failure (Go's tools exit on it; the producer keeps retrying)."""
+        self.start()
+        d: Deferred[Any] = gatherResults([s.first_attempt() for s in self._dialers], consumeErrors=True)
+        d.addCallbacks(lambda _: None, lambda f: f.value.subFailure)
+        return d
 
     def when_connected(self) -> Deferred[None]:
         """Fires once some connection is ready (and starts the producer)."""
@@ -126,7 +131,7 @@ class Producer:
         answered: Deferred[Any] = DeferredList([_observe(d) for d in pending], consumeErrors=True)
 
         def close(_: Any) -> Deferred[Any]:
-            return DeferredList([s.stopService() for s in self._services], consumeErrors=True)
+            return DeferredList([s.stop() for s in self._dialers], consumeErrors=True)
 
         stopped: Deferred[None] = Deferred()
         self._stopped = stopped
@@ -169,30 +174,25 @@ class Producer:
 
     # -- connections -----------------------------------------------------------
 
-    def _prepare(self, proxy: Any) -> Deferred[None]:
-        def ready(proto: NSQClientProtocol) -> None:
-            self.log.info("{producer} ({address}) connected", producer=self, address=proto.address)
-            self._ready.append(proto)
-            self._inflight[proto] = deque()
-            waiting, self._waiting = self._waiting, deque()
-            if self._wait_timer is not None and self._wait_timer.active():
-                self._wait_timer.cancel()
-            self._wait_timer = None
-            for command, d, _ in waiting:
-                self._inflight[proto].append(d)
-                proto.write(command)
-            waiters, self._waiters = self._waiters, []
-            for w in waiters:
-                w.callback(None)
+    def _connected(self, proto: NSQClientProtocol) -> None:
+        self.log.info("{producer} ({address}) connected", producer=self, address=proto.address)
+        self._ready.append(proto)
+        self._inflight[proto] = deque()
+        waiting, self._waiting = self._waiting, deque()
+        if self._wait_timer is not None and self._wait_timer.active():
+            self._wait_timer.cancel()
+        self._wait_timer = None
+        for command, d, _ in waiting:
+            self._inflight[proto].append(d)
+            proto.write(command)
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            w.callback(None)
 
-        def failed(f: Failure) -> Failure:
-            if not self._stopping:
-                self.log.error("{producer} ({address}) error connecting to nsqd - {error}", producer=self,
-                               address=proxy.address, error=f.getErrorMessage())
-            return f
-
-        d: Deferred[None] = proxy.ready.addCallbacks(ready, failed)
-        return d
+    def _failed(self, address: str, f: Failure) -> None:
+        if not self._stopping:
+            self.log.error("{producer} ({address}) error connecting to nsqd - {error}", producer=self,
+                           address=address, error=f.getErrorMessage())
 
     # -- IConnectionDelegate ---------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import IO, Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, FirstError, ensureDeferred, gatherResults
 from twisted.internet.error import ReactorNotRunning
 from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogBeginner
 from twisted.python.failure import Failure
@@ -28,7 +28,8 @@ from nsqtw import __version__
 from nsqtw._go.flags import FlagSet, HelpRequested, OptionsError
 from nsqtw.client import Config, ConfigError
 
-__all__ = ["GoLog", "StdinReader", "ToolError", "client_config", "parse_flags", "require", "run_tool", "user_agent"]
+__all__ = ["GoLog", "StdinReader", "ToolError", "client_config", "connected_or_exit", "parse_flags", "require",
+           "run_tool", "user_agent"]
 
 
 class ToolError(Exception):
@@ -158,6 +159,16 @@ def run_tool(main: Callable[[Any], Coroutine[Any, Any, int | None]], verbose: bo
     reactor.callWhenRunning(start)
     reactor.run()
     return status[0]
+
+
+async def connected_or_exit(first_attempts: Sequence[Deferred[None]]) -> None:
+    """Go's tools ``log.Fatal`` when ``ConnectToNSQDs`` fails: once every client's first attempts
+    are over (``Consumer.first_attempts``, ``Producer.first_attempts``), the first failure, a
+    refused connect or a server that breaks the protocol, ends the tool (one line, status 1)."""
+    try:
+        await gatherResults(list(first_attempts), consumeErrors=True)
+    except FirstError as e:
+        raise ToolError(e.subFailure.getErrorMessage()) from None
 
 
 def require(condition: bool, message: str) -> None:

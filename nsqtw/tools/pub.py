@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred, DeferredList, gatherResults
 from nsqtw import __version__
 from nsqtw._go.flags import ACTIVE, FlagSet, make_flag
 from nsqtw.client import Producer
+from nsqtw.tools import common
 from nsqtw.tools.common import GoLog, StdinReader, ToolError, client_config, parse_flags, require, run_tool
 
 PROGRAM = "to_nsq"
@@ -87,6 +88,7 @@ async def pub(reactor: Any, opts: PubOptions, stdin: IO[bytes]) -> int:
     stopping = [False]
     unanswered: list[Deferred[Any]] = []
     failures: list[str] = []
+    connected: list[bool] = []
 
     def stop() -> Deferred[Any]:
         stopping[0] = True
@@ -98,6 +100,9 @@ async def pub(reactor: Any, opts: PubOptions, stdin: IO[bytes]) -> int:
         failures.append(f.getErrorMessage())
 
     async def send(record: bytes) -> None:
+        if not unanswered and not connected:  # as Go's producer, connect at the first publish
+            await common.connected_or_exit([p.first_attempts() for p in producers])
+            connected.append(True)
         if throttle is not None:
             await throttle.take()
         d = gatherResults([p.publish(opts.topic, record) for p in producers], consumeErrors=True)

@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from nsqtw import __version__
 from nsqtw._go.flags import ACTIVE, FlagSet, make_flag
 from nsqtw.client import Consumer, Message
-from nsqtw.tools.common import GoLog, client_config, parse_flags, require, run_tool
+from nsqtw.tools.common import GoLog, client_config, connected_or_exit, parse_flags, require, run_tool
 
 PROGRAM = "nsq_tail"
 
@@ -107,6 +107,7 @@ async def tail(reactor: Any, opts: TailOptions, out: IO[bytes]) -> int:
     reactor.addSystemEventTrigger("before", "shutdown", stop)
     for c in consumers:
         c.start()
+    await connected_or_exit([c.first_attempts() for c in consumers])
     await done  # -n reached (else a signal stops the reactor, draining first)
     await stop()
     return 0

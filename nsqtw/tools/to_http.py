@@ -30,7 +30,7 @@ from twisted.web.http_headers import Headers
 from nsqtw import __version__
 from nsqtw._go.flags import ACTIVE, FlagSet, make_flag
 from nsqtw.client import Consumer, Message
-from nsqtw.tools.common import GoLog, client_config, parse_flags, require, run_tool
+from nsqtw.tools.common import GoLog, client_config, connected_or_exit, parse_flags, require, run_tool
 from nsqtw.tools.forward import Destinations, TimerMetrics
 
 PROGRAM = "nsq_to_http"
@@ -207,6 +207,7 @@ async def to_http(reactor: Any, opts: ToHTTPOptions) -> int:
 
     reactor.addSystemEventTrigger("before", "shutdown", stop)
     consumer.start()
+    await connected_or_exit([consumer.first_attempts()])
     await done
     return 0
 

@@ -30,7 +30,7 @@ from nsqtw._go.json import go_json
 from nsqtw._go.strconv import NumError, parse_float
 from nsqtw.client import Consumer, Message, Producer
 from nsqtw.names import is_valid_name
-from nsqtw.tools.common import GoLog, client_config, parse_flags, require, run_tool
+from nsqtw.tools.common import GoLog, client_config, connected_or_exit, parse_flags, require, run_tool
 from nsqtw.tools.forward import Destinations, TimerMetrics
 
 PROGRAM = "nsq_to_nsq"
@@ -227,6 +227,7 @@ async def to_nsq(reactor: Any, opts: ToNSQOptions) -> int:
         p.start()
     for c in consumers:
         c.start()
+    await connected_or_exit([c.first_attempts() for c in consumers])
     await done
     return 0
 

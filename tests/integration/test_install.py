@@ -1,22 +1,33 @@
-"""pip install -e . and pip install . both give a twistd that knows nsqtw, nsqtw-lookupd and nsqtw-admin.
+"""The package as users get it: ``python -m build``'s sdist and wheel, and ``pip install -e .``.
 
-Each case installs a copy of the checkout (so the checkout gets no build
-files) into a fresh virtual environment that sees the already installed
-dependencies, without network, then runs twistd from an unrelated directory.
+The checkout is copied (so it gets no build files) and built once with
+``python -m build``, which makes the wheel from the sdist: a file the sdist
+lacked would be missing from the wheel too. Each case installs into a fresh
+virtual environment without network and runs the three daemons and the
+``nsqtw`` command from an unrelated directory. The new environment's own
+site-packages come first; the dependencies come from the environment
+running the tests (``sys.prefix``'s site-packages, a venv's when run from
+one), never from the base interpreter's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import tarfile
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.daemon import AdminDaemon, Daemon, LookupdDaemon
+
 ROOT = Path(__file__).resolve().parents[2]
-TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
 
 
 def _copy_checkout(dest: Path) -> Path:
@@ -32,58 +43,133 @@ def _copy_checkout(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize(("editable", "compiler"), [(True, True), (False, True), (False, False)],
-                         ids=["editable", "regular", "no-compiler"])
-def test_twistd_finds_the_plugins(tmp_path: Path, editable: bool, compiler: bool) -> None:
-    """After the install, ``twistd nsqtw|nsqtw-lookupd|nsqtw-admin --help`` and ``nsqtw tail -h`` answer,
-    and the admin's pages ship. The compiled speed-ups are built with the package where a C
-    compiler works; where it fails (``CC=false``) the install still succeeds without them."""
+def running_site_packages() -> list[str]:
+    """The site-packages of the environment running the tests (a venv's own when run from one)."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def make_venv(dest: Path) -> Path:
+    """A fresh virtual environment that also sees the running environment's packages; its python.
+
+    ``--system-site-packages`` would show the *base* interpreter's packages,
+    which lack the test dependencies when the suite runs from a venv. A
+    ``.pth`` file named to be read last appends the running environment's
+    site-packages instead, after the new environment's own, so what is
+    installed into it wins; pip comes from there too (``--without-pip``).
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    python = dest / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "zz-running-environment.pth").write_text("\n".join(running_site_packages()) + "\n")
+    return python
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NSQTW_NO_SPEEDUPS")}
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``python -m build`` of a copy of the checkout, once: {"sdist": path, "wheel": path}."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout to copy")
-    project = _copy_checkout(tmp_path / "project")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NSQTW_NO_SPEEDUPS")}
-    if not compiler:
-        env["CC"] = "false"
-    install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
-    install += ["-e", str(project)] if editable else [str(project)]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, cwd=tmp_path)
+    top = tmp_path_factory.mktemp("build")
+    project = _copy_checkout(top / "project")
+    out = top / "dist"
+    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(project)],
+                          cwd=top, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    (sdist,) = out.glob("nsqtw-*.tar.gz")
+    (wheel,) = out.glob("nsqtw-*.whl")
+    return {"sdist": sdist, "wheel": wheel, "project": project}
+
+
+def _package_files() -> set[str]:
+    """What the package is made of: git's files under nsqtw/ and twisted/plugins/ (no tests, no docs)."""
+    listed = subprocess.run(["git", "ls-files", "nsqtw", "twisted"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.split()
+    return set(listed)
+
+
+def test_sdist_and_wheel_carry_the_package(dists: dict[str, Path]) -> None:
+    """The sdist holds every file of the package and what building needs; the wheel every file
+    that runs (the admin's pages, the twistd plugins, py.typed) and, where a C compiler works,
+    the compiled speed-ups."""
+    with tarfile.open(dists["sdist"]) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    missing = (_package_files() | {"setup.py", "setup.cfg", "pyproject.toml", "README.md"}) - in_sdist
+    assert missing == set(), f"{top} lacks {sorted(missing)}"
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        in_wheel = set(whl.namelist())
+    runs = {n for n in _package_files() if not n.endswith(".c")}
+    assert runs - in_wheel == set(), sorted(runs - in_wheel)
+    if shutil.which("cc"):
+        assert any(n.startswith("_nsqtw_speedups") and n.endswith(".so") for n in in_wheel), sorted(in_wheel)
+
+
+def _ping(daemon: Daemon) -> str:
+    with urllib.request.urlopen(f"http://{daemon.http_address}/ping", timeout=30) as resp:
+        return resp.read().decode()
+
+
+@pytest.mark.parametrize("how", ["editable", "wheel", "sdist-no-compiler"])
+def test_installed_package_runs(tmp_path: Path, dists: dict[str, Path], how: str) -> None:
+    """After the install, ``twistd -n nsqtw``, ``nsqtw-lookupd`` and ``nsqtw-admin`` start and answer
+    /ping, the package and its plugins come from this install, and the ``nsqtw`` command works. The
+    compiled speed-ups come with the wheel where a C compiler works; the sdist installed where the
+    compiler fails (``CC=false``) installs without them."""
+    python = make_venv(tmp_path / "venv")
+    venv = tmp_path / "venv"
+    env = clean_env()
+    if how == "sdist-no-compiler":
+        env["CC"] = "false"
+    project = dists["project"]
+    target = {"editable": ["-e", str(project)], "wheel": [str(dists["wheel"])],
+              "sdist-no-compiler": [str(dists["sdist"])]}[how]
+    # --ignore-installed: the nsqtw the running environment may hold (a venv made by the README's
+    # command) must not count as already installed
+    install = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--no-build-isolation",
+               "--no-index"]
+    done = subprocess.run(install + target, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    home = project if how == "editable" else venv
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    built = sorted(p.name for p in (project if editable else venv).rglob("_nsqtw_speedups*.so"))
-    if compiler and shutil.which("cc"):
-        assert built, done.stdout + done.stderr
-        where = subprocess.run(
-            [python, "-c", "import _nsqtw_speedups as s; from nsqtw.core import message as m; "
-                           "print(m.SPEEDUPS, s.__file__)"],
-            env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout
-        assert where.startswith(f"True {project if editable else venv}"), where
-    elif not compiler:
-        assert built == [], built
-    for plugin, first_line in (("nsqtw", "Usage: twistd nsqtw [flags]"),
-                               ("nsqtw-lookupd", "Usage: twistd nsqtw-lookupd [flags]"),
-                               ("nsqtw-admin", "Usage: twistd nsqtw-admin [flags]")):
-        out = subprocess.run([python, "-c", TWISTD, plugin, "--help"], env=env, cwd=elsewhere,
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stdout.splitlines()[0] == first_line, out.stdout
-        # the plugin really comes from this install, not from the checkout under test
-        where = subprocess.run([python, "-c", "import nsqtw; print(nsqtw.__file__)"], env=env,
-                               cwd=elsewhere, capture_output=True, text=True, check=True).stdout
-        assert where.startswith(str(project if editable else venv)), where
-    # the pages' assets are package data: a regular install has them too
-    assets = subprocess.run(
-        [python, "-c", "from importlib import resources; print(sorted(p.name for p in "
-                       "resources.files('nsqtw.admin').joinpath('static').iterdir()))"],
-        env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout
-    for name in ("admin.css", "admin.js", "favicon.svg", "index.html"):
-        assert name in assets, assets
+    where = json.loads(subprocess.run(
+        [str(python), "-c", "import json, importlib, nsqtw; from nsqtw.core import message as m; "
+                            "print(json.dumps([nsqtw.__file__, m.SPEEDUPS and "
+                            "importlib.import_module('_nsqtw_speedups').__file__]))"],
+        env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout)
+    assert where[0].startswith(str(home)), where
+    built = sorted(p.name for p in home.rglob("_nsqtw_speedups*.so"))
+    if how == "sdist-no-compiler":
+        assert built == [], built  # (the running environment may hold a build of its own)
+    elif shutil.which("cc"):
+        assert built and str(where[1]).startswith(str(home)), where + [done.stdout, done.stderr]
+    # the three daemons, as twistd runs them, answer /ping
+    daemons: list[Daemon] = []
+    try:
+        for kind in (Daemon, LookupdDaemon, AdminDaemon):
+            installed = type("Installed" + kind.__name__, (kind,), {"python": str(python), "checkout": False})
+            data = tmp_path / kind.plugin
+            data.mkdir()
+            args = [f"--lookupd-http-address={daemons[1].http_address}"] if kind is AdminDaemon else []
+            daemons.append(installed(str(data), *args, env=env).start(timeout=120))
+            assert _ping(daemons[-1]) == "OK", daemons[-1].read_output()
+    finally:
+        codes = [d.stop() for d in daemons]
+    for d, code in zip(daemons, codes, strict=True):
+        assert code == 0 and "Traceback" not in d.read_output(), d.read_output()
     # the nsqtw console script (docs/tools.md) is installed with its subcommands
-    out = subprocess.run([str(venv / "bin" / "nsqtw"), "tail", "-h"], env=env, cwd=elsewhere,
-                         capture_output=True, text=True, timeout=120)
+    nsqtw = str(venv / "bin" / "nsqtw")
+    out = subprocess.run([nsqtw, "--help"], env=env, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout.splitlines()[0]) == (0, "usage: nsqtw <command> [flags]"), out
+    out = subprocess.run([nsqtw, "tail", "-h"], env=env, cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stderr.startswith("Usage of nsqtw tail:\n"), out.stderr
 

@@ -35,8 +35,10 @@ def _env(tmp: Path, d: Daemon) -> dict[str, str]:
     bench = shims / "nsqtw-bench"
     bench.write_text(f"#!/bin/sh\nexec {sys.executable} -m nsqtw.tools.bench \"$@\"\n")
     bench.chmod(0o755)
+    # a script, not a symlink: a link to a venv's python, outside the venv, runs the base interpreter
     python = shims / "python"
-    python.symlink_to(sys.executable)
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
     env = dict(os.environ, NSQD_TCP=d.tcp_address, NSQD_HTTP=d.http_address, RUNFOR="1s")
     env["PATH"] = f"{shims}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")

@@ -6,14 +6,18 @@ import json
 import struct
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nsqtw.client import Config, ConfigError, Consumer, Message, NSQErrorResponse, Producer
-from nsqtw.client.conn import NSQClientProtocol
+from nsqtw.client import conn as conn_module
+from nsqtw.client.conn import Dialer, NSQClientProtocol
 from nsqtw.interfaces import IConnectionDelegate
 from nsqtw.protocol.compress import SnappyCodec
 from nsqtw.protocol.wire import FrameParser, FrameTooLarge, encode_dpub, encode_pub, fin, rdy, req, touch
@@ -314,3 +318,68 @@ class ConsumerAnswerTests(SynchronousTestCase):
         self.assertIn(b"FIN " + b"C" * 16, transport.value())
         self.assertEqual((consumer.stats.messages_received, consumer.stats.messages_finished,
                           consumer.stats.messages_requeued), (5, 4, 1))
+
+
+class FakeEndpoint:
+    """Records each connect; the test fires it with a connection over a StringTransport."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[Any, Deferred[Any]]] = []
+
+    def connect(self, factory: Any) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.attempts.append((factory, d))
+        return d
+
+
+class DialerTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.endpoint = FakeEndpoint()
+        self.patch(conn_module, "client_endpoint", lambda reactor, address, timeout: self.endpoint)
+        self.clock = Clock()
+        self.ready: list[NSQClientProtocol] = []
+        self.failed: list[str] = []
+        self.dialer = Dialer(self.clock, "127.0.0.1:4150", Config(lookupd_poll_interval=60.0), Recorder(),
+                             self.ready.append, lambda f: self.failed.append(f.getErrorMessage()))
+        self.dialer.start()
+
+    def answer(self, data: bytes) -> NSQClientProtocol:
+        """The latest attempt connects, and the server answers IDENTIFY with ``data``."""
+        factory, d = self.endpoint.attempts[-1]
+        proxy = factory.buildProtocol(None)
+        transport = StringTransport()
+        proxy.makeConnection(transport)
+        d.callback(proxy)
+        proto: NSQClientProtocol = proxy._protocol
+        proto.dataReceived(data)
+        if transport.disconnecting or proto.closed:
+            proxy.connectionLost(Failure(ConnectionDone()))
+        return proto
+
+    def next_attempt_after(self) -> float:
+        """Seconds until the next connect (advancing the clock in 0.1 s steps)."""
+        before, waited = len(self.endpoint.attempts), 0.0
+        while len(self.endpoint.attempts) == before:
+            self.clock.advance(0.1)
+            waited += 0.1
+            self.assertLess(waited, 120)
+        return waited
+
+    def test_failed_handshakes_back_off(self) -> None:
+        """A server that breaks the handshake is one failed attempt each time, reported once, no
+        exception; the delay grows (2 s, 4 s ... plus up to 1 s of jitter) until a handshake succeeds."""
+        first: list[Any] = []
+        self.dialer.first_attempt().addErrback(first.append)
+        self.answer(frame(0, b"{not json"))
+        self.assertEqual(len(first), 1)
+        self.assertEqual(self.failed, ["(127.0.0.1:4150) bad IDENTIFY answer b'{not json'"])
+        self.assertTrue(2 <= self.next_attempt_after() <= 3.1)
+        self.answer(struct.pack(">i", -5) + b"xxxx")
+        self.assertEqual(self.failed[-1], "(127.0.0.1:4150) invalid frame size -5")
+        self.assertTrue(4 <= self.next_attempt_after() <= 5.1)
+        self.endpoint.attempts[-1][1].errback(Failure(ConnectionRefusedError()))
+        self.assertEqual(len(self.failed), 3)
+        self.assertTrue(8 <= self.next_attempt_after() <= 9.1)
+        proto = self.answer(frame(0, b"OK"))
+        self.assertEqual(self.ready, [proto])
+        self.assertEqual(self.dialer.failures, 0)

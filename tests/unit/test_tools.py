@@ -8,11 +8,13 @@ import io
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw.tools import cli
 from nsqtw.tools.common import GoLog
 from nsqtw.tools.forward import Destinations, TimerMetrics
 from nsqtw.tools.stat import HEADER, aggregate, row
@@ -114,6 +116,35 @@ class ForwardTests(SynchronousTestCase):
         lines = out.getvalue().splitlines()
         self.assertIn("configured with 2", lines[0])
         self.assertTrue(lines[1].endswith("[aggregate]: finished 2 - 99th: 4.00ms - 95th: 4.00ms - avg: 3.00ms"))
+
+
+class CommandLineTests(SynchronousTestCase):
+    def run_cli(self, *args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        self.patch(sys, "stdout", out)
+        self.patch(sys, "stderr", err)
+        return cli.main(list(args)), out.getvalue(), err.getvalue()
+
+    def test_no_command_is_a_usage_error(self) -> None:
+        """``nsqtw`` alone prints the usage line and the commands as plain text to stderr, status 2."""
+        code, out, err = self.run_cli()
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(err.splitlines()[0], "usage: nsqtw <command> [flags]")
+        for name, (_, go_tool, _) in cli.SUBCOMMANDS.items():
+            self.assertRegex(err, rf"\n  {re.escape(name)} +\({go_tool}\) +\w")
+        self.assertNotIn("`", err)
+
+    def test_help_prints_the_same_to_stdout(self) -> None:
+        """``nsqtw --help`` and ``-h`` print the same text to stdout and exit 0."""
+        _, _, alone = self.run_cli()
+        for flag in ("--help", "-h"):
+            self.assertEqual(self.run_cli(flag), (0, alone, ""))
+
+    def test_unknown_command(self) -> None:
+        """An unknown command names the known ones on stderr, status 2."""
+        code, out, err = self.run_cli("tial")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("unknown subcommand 'tial'", err)
 
 
 class DocTests(SynchronousTestCase):
