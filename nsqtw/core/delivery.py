@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from nsqtw.core.topic import Topic
 
 __all__ = ["HANDOFF_SLICE", "TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "Handoff",
-           "HandoffLedger", "PlainChannelDelivery", "PlainTopicDelivery", "any_channel_behind", "durable_backend",
+           "HandoffLedger", "HandoffSlot", "PlainChannelDelivery", "PlainTopicDelivery", "any_channel_behind", "durable_backend",
            "is_behind", "wait_while_node_behind"]
 
 #: messages a topic takes from its queue at once, to hand to its channels
@@ -157,6 +157,36 @@ class Handoff:
             pass
 
 
+class HandoffSlot:
+    """The hand-off a topic's delivery mode has under way, if any: one at a time, a step per pump turn."""
+
+    def __init__(self) -> None:
+        self._current: Handoff | None = None
+
+    def begin(self, handoff: Handoff) -> bool:
+        """Take its first step; True while it needs more (the pump comes back for them)."""
+        if handoff.step():
+            return False
+        self._current = handoff
+        return True
+
+    def step(self) -> bool | None:
+        """The next step of the one under way: None when there is none, else True while it needs more."""
+        current = self._current
+        if current is None:
+            return None
+        if current.step():
+            self._current = None
+            return False
+        return True
+
+    def finish(self) -> None:
+        """Complete the one under way now (a graceful stop: no channel may miss its copies)."""
+        if self._current is not None:
+            self._current.finish()
+            self._current = None
+
+
 @implementer(ITopicDelivery)
 class PlainTopicDelivery:
     """Read a batch (backend first, then memory) and give every channel its copy, a slice per step.
@@ -174,8 +204,7 @@ class PlainTopicDelivery:
         self.wait_for_write = wait_for_write
         #: waiting for a channel's disk to catch up before copying more to it
         self._held = False
-        #: the batch being handed to the channels, when it took more than one step
-        self._handoff: Handoff | None = None
+        self._handoff = HandoffSlot()
 
     def _read(self) -> tuple[list[bytes], ReadMark | None]:
         return self.topic.backend.read(TOPIC_BATCH), None
@@ -185,15 +214,13 @@ class PlainTopicDelivery:
 
     def distribute(self) -> bool:
         topic = self.topic
-        if self._handoff is not None:
-            if topic.exiting:
-                return False
-            if not self._handoff.step():
-                return True
-            self._handoff = None
-            return bool(topic.memory) or topic.backend.depth() > 0
+        if topic.exiting:
+            return False
+        more = self._handoff.step()
+        if more is not None:
+            return more or bool(topic.memory) or topic.backend.depth() > 0
         channels = list(topic.channels.values())
-        if not channels or topic.paused or topic.exiting or self._held:
+        if not channels or topic.paused or self._held:
             return False
         behind = any_channel_behind(topic)
         if behind is not None:
@@ -229,10 +256,7 @@ class PlainTopicDelivery:
             return False
         batch = _Batch(topic, due, records, decoded, tail, shared=len(channels) > 1)
         handoff = Handoff(topic, channels, batch.size, batch.give, lambda: self._after_put(channels, mark))
-        if not handoff.step():
-            self._handoff = handoff
-            return True
-        return bool(memory) or topic.backend.depth() > 0
+        return self._handoff.begin(handoff) or bool(memory) or topic.backend.depth() > 0
 
     def _release(self, _: object) -> None:
         self._held = False
@@ -249,9 +273,7 @@ class PlainTopicDelivery:
 
     def close(self) -> Deferred[object]:
         topic = self.topic
-        if self._handoff is not None:  # the channels not reached yet get it before they flush
-            self._handoff.finish()
-            self._handoff = None
+        self._handoff.finish()  # the channels not reached yet get it before they flush
         ds: list[Deferred[Any]] = [c.close() for c in topic.channels.values()]
         try:
             if topic.memory:

@@ -29,6 +29,7 @@ from nsqtw.core.delivery import (
     BufferedDelivery,
     Handoff,
     HandoffLedger,
+    HandoffSlot,
     durable_backend,
     wait_while_node_behind,
 )
@@ -81,8 +82,7 @@ class DurableTopicDelivery:
         self.journal = journal
         self._backend = durable_backend(topic.backend)
         self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
-        #: the batch being handed to the channels, when it took more than one step
-        self._handoff: Handoff | None = None
+        self._handoff = HandoffSlot()
 
     def published(self, delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
         if delayed:  # DPUB delays (see Message.deadline)
@@ -102,15 +102,13 @@ class DurableTopicDelivery:
         the records before that are not given to it again.
         """
         topic = self.topic
-        if self._handoff is not None:
-            if topic.exiting:
-                return False
-            if not self._handoff.step():
-                return True
-            self._handoff = None
-            return self._backend.depth() > 0
+        if topic.exiting:
+            return False
+        more = self._handoff.step()
+        if more is not None:
+            return more or self._backend.depth() > 0
         channels = list(topic.channels.values())
-        if not channels or topic.paused or topic.exiting:
+        if not channels or topic.paused:
             return False
         backend = self._backend
         for channel in channels:
@@ -160,10 +158,7 @@ class DurableTopicDelivery:
                         waits.append(defer.fail(e))
 
         handoff = Handoff(topic, channels, len(msgs), give, lambda: self._ledger.add(mark, waits, due_ids))
-        if not handoff.step():
-            self._handoff = handoff
-            return True
-        return backend.depth() > 0
+        return self._handoff.begin(handoff) or backend.depth() > 0
 
     def deferred_due(self) -> dict[bytes, float]:
         due = dict(self.topic.restored_due)
@@ -178,9 +173,7 @@ class DurableTopicDelivery:
 
     async def _close(self) -> object:
         topic = self.topic
-        if self._handoff is not None:  # the channels not reached yet get it before they close
-            self._handoff.finish()
-            self._handoff = None
+        self._handoff.finish()  # the channels not reached yet get it before they close
         # let hand-offs under way finish, so the read position persisted is exact
         await DeferredList(self._ledger.under_way(), consumeErrors=True)
         await DeferredList([c.close() for c in topic.channels.values()], consumeErrors=True)

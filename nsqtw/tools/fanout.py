@@ -9,7 +9,8 @@ For each channel count and mode: a topic is made with that many channels
 (no consumers), then one publisher sends the messages, each PUB or MPUB
 answered before the next, from one connection. The copy rate is the copies
 (messages × channels) over the time from the first publish until the
-channels' depths in ``/stats`` add up to all of them. Meanwhile a bystander,
+channels' depths in ``/stats`` add up to all of them (read once the last
+publish is answered, every 20 ms). Meanwhile a bystander,
 in its own process, takes turns at ``GET /ping`` and a ``PUB`` to a topic
 of its own, each on its own connection; its p50 and worst latency are the
 node's responsiveness during the fan-out. The topic is deleted at the end.
@@ -27,11 +28,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nsqtw.protocol.wire import MAGIC_V2, encode_command, encode_mpub
+from nsqtw.tools.scale import _post
 
 __all__ = ["FanoutResult", "run_fanout"]
 
-#: how often the channels' depths are read from /stats while the copies are made
-POLL_INTERVAL = 0.05
+#: how often the channels' depths are read from /stats once every publish is answered
+POLL_INTERVAL = 0.02
 #: the bystander's pause between rounds (a /ping, then a PUB)
 BYSTANDER_PAUSE = 0.005
 
@@ -63,14 +65,6 @@ class FanoutResult:
 def _address(address: str) -> tuple[str, int]:
     host, port = address.rsplit(":", 1)
     return host, int(port)
-
-
-def _post(conn: http.client.HTTPConnection, path: str) -> None:
-    conn.request("POST", path, body=b"")
-    response = conn.getresponse()
-    body = response.read()
-    if response.status != 200:
-        raise RuntimeError(f"POST {path}: {response.status} {body[:200]!r}")
 
 
 class _V2:
@@ -183,7 +177,9 @@ def run_fanout(tcp: str, http_address: str, channels: int, mode: str, messages: 
     publisher.start()
     got: dict[str, Any] = {}
     try:
-        while "started" not in got:
+        # /stats is read only once every publish was answered: read all along, it would load
+        # the daemon (thousands of channels each time) during the very time it measures
+        while "published" not in got:
             kind, value = out.get(timeout=timeout)
             got[kind] = value
             if kind == "error":

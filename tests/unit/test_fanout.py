@@ -84,6 +84,16 @@ class FanoutTests(SynchronousTestCase):
         pump._drain = counted
         return steps
 
+    def first_slice(self, nsqd: NSQD) -> Topic:
+        """Topic ``t`` with CHANNELS channels, MESSAGES published and only the first step handed off."""
+        topic = nsqd.get_topic("t")
+        for i in range(CHANNELS):
+            topic.get_channel(f"c{i}")
+        self.settle()
+        nsqd.publish("t", [b"m%03d" % i for i in range(MESSAGES)])
+        topic.delivery.distribute()  # the first slice only (the pump's turn has not come)
+        return topic
+
     def drain(self, channel: Channel) -> list[Message]:
         """Everything the channel would deliver, in order."""
         out: list[Message] = []
@@ -146,13 +156,7 @@ class FanoutTests(SynchronousTestCase):
 
     def test_a_channel_deleted_during_a_handoff_is_skipped(self) -> None:
         """A channel deleted between two steps of a hand-off gets nothing more; the others get it all."""
-        nsqd = self.build("buffered")
-        topic = nsqd.get_topic("t")
-        for i in range(CHANNELS):
-            topic.get_channel(f"c{i}")
-        self.settle()
-        nsqd.publish("t", [b"m%03d" % i for i in range(MESSAGES)])
-        topic.delivery.distribute()  # the first slice
+        topic = self.first_slice(self.build("buffered"))
         last = topic.channels[f"c{CHANNELS - 1}"]
         self.assertEqual(last.depth(), 0)
         topic.delete_channel(last.name)
@@ -164,12 +168,7 @@ class FanoutTests(SynchronousTestCase):
         """A graceful stop in the middle of a hand-off gives the rest of the channels their copies first."""
         options = make_options()
         self.nsqd = NSQD(options, self.clock, self.disk(options))
-        topic = self.nsqd.get_topic("t")
-        for i in range(CHANNELS):
-            topic.get_channel(f"c{i}")
-        self.settle()
-        self.nsqd.publish("t", [b"m%03d" % i for i in range(MESSAGES)])
-        topic.delivery.distribute()  # the first slice only
+        topic = self.first_slice(self.nsqd)
         channels = list(topic.channels.values())
         self.assertEqual(channels[-1].depth(), 0)
         topic.close()
