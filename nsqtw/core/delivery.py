@@ -50,7 +50,7 @@ __all__ = ["HANDOFF_SLICE", "TOPIC_BATCH", "BufferedDelivery", "CommitAfterWrite
 #: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192
 #: channel copies (messages × channels) a topic hands off in one pump step before yielding
-HANDOFF_SLICE = 16384
+HANDOFF_SLICE = 4096
 #: past this many records waiting for the disk thread, publishers wait for the write
 BACKLOG_LIMIT = 10000
 #: ... or past this many bytes of them (large messages)
