@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from nsqtw.core.topic import Topic
 
 __all__ = ["HANDOFF_SLICE", "TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "Handoff",
-           "HandoffLedger", "HandoffSlot", "PlainChannelDelivery", "PlainTopicDelivery", "any_channel_behind", "durable_backend",
-           "is_behind", "wait_while_node_behind"]
+           "HandoffLedger", "HandoffSlot", "PlainChannelDelivery", "PlainTopicDelivery", "any_channel_behind",
+           "durable_backend", "is_behind", "wait_while_node_behind"]
 
 #: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192
