@@ -141,11 +141,7 @@ class Handoff:
         """Give the batch to the next slice of channels; True once every channel has it."""
         at = self._at
         end = self._at = at + self.per_step
-        channels = self.channels[at:end]
-        if self.topic.channel_deletions != self._deletions:  # leave out those deleted meanwhile
-            present = self.topic.channels
-            channels = [c for c in channels if present.get(c.name) is c]
-        self._give(channels)
+        self._give(self._present(self.channels[at:end]))
         if end < len(self.channels):
             return False
         self._done()
@@ -155,6 +151,17 @@ class Handoff:
         """Give it to every channel left now (a graceful stop)."""
         while not self.step():
             pass
+
+    def reached(self) -> list[Channel]:
+        """The channels it was given to and that are still there (their writes are worth waiting for)."""
+        return self._present(self.channels)
+
+    def _present(self, channels: list[Channel]) -> list[Channel]:
+        """``channels`` but those deleted since the hand-off began."""
+        if self.topic.channel_deletions == self._deletions:
+            return channels
+        present = self.topic.channels
+        return [c for c in channels if present.get(c.name) is c]
 
 
 class HandoffSlot:
@@ -255,7 +262,7 @@ class PlainTopicDelivery:
         if not (due or records or tail):
             return False
         batch = _Batch(topic, due, records, decoded, tail, shared=len(channels) > 1)
-        handoff = Handoff(topic, channels, batch.size, batch.give, lambda: self._after_put(channels, mark))
+        handoff = Handoff(topic, channels, batch.size, batch.give, lambda: self._after_put(handoff.reached(), mark))
         return self._handoff.begin(handoff) or bool(memory) or topic.backend.depth() > 0
 
     def _release(self, _: object) -> None:
