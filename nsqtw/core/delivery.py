@@ -128,7 +128,7 @@ class Handoff:
     """
 
     def __init__(self, topic: Topic, channels: list[Channel], size: int,
-                 give: Callable[[list[Channel]], object], done: Callable[[], object]) -> None:
+                 give: Callable[[list[Channel]], object], done: Callable[[list[Channel]], object]) -> None:
         self.topic = topic
         self.channels = channels
         self.per_step = max(1, HANDOFF_SLICE // max(1, size))
@@ -144,17 +144,13 @@ class Handoff:
         self._give(self._present(self.channels[at:end]))
         if end < len(self.channels):
             return False
-        self._done()
+        self._done(self._present(self.channels))  # the channels it reached that are still there
         return True
 
     def finish(self) -> None:
         """Give it to every channel left now (a graceful stop)."""
         while not self.step():
             pass
-
-    def reached(self) -> list[Channel]:
-        """The channels it was given to and that are still there (their writes are worth waiting for)."""
-        return self._present(self.channels)
 
     def _present(self, channels: list[Channel]) -> list[Channel]:
         """``channels`` but those deleted since the hand-off began."""
@@ -262,7 +258,7 @@ class PlainTopicDelivery:
         if not (due or records or tail):
             return False
         batch = _Batch(topic, due, records, decoded, tail, shared=len(channels) > 1)
-        handoff = Handoff(topic, channels, batch.size, batch.give, lambda: self._after_put(handoff.reached(), mark))
+        handoff = Handoff(topic, channels, batch.size, batch.give, lambda reached: self._after_put(reached, mark))
         return self._handoff.begin(handoff) or bool(memory) or topic.backend.depth() > 0
 
     def _release(self, _: object) -> None:

@@ -157,7 +157,7 @@ class DurableTopicDelivery:
                     if isinstance(delivery, DurableChannelDelivery):
                         waits.append(defer.fail(e))
 
-        handoff = Handoff(topic, channels, len(msgs), give, lambda: self._ledger.add(mark, waits, due_ids))
+        handoff = Handoff(topic, channels, len(msgs), give, lambda _: self._ledger.add(mark, waits, due_ids))
         return self._handoff.begin(handoff) or backend.depth() > 0
 
     def deferred_due(self) -> dict[bytes, float]:
