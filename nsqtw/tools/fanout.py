@@ -11,7 +11,8 @@ answered before the next, from one connection. The copy rate is the copies
 (messages × channels) over the time from the first publish until the
 channels' depths in ``/stats`` add up to all of them (read once the last
 publish is answered, every 20 ms: the last channel's depth, and all of
-them once it has every message). Meanwhile a bystander,
+them once it has every message; the time is taken before that last
+reading, and the bystander stops there). Meanwhile a bystander,
 in its own process, takes turns at ``GET /ping`` and a ``PUB`` to a topic
 of its own, each on its own connection; its p50 and worst latency are the
 node's responsiveness during the fan-out. The topic is deleted at the end.
@@ -190,12 +191,19 @@ def run_fanout(tcp: str, http_address: str, channels: int, mode: str, messages: 
         want = messages * channels
         deadline = time.time() + timeout
         last = f"c{channels - 1}"
-        # the last channel's depth first: a /stats of thousands of channels is itself a load
-        while _depth(conn, topic, last) < messages or _depth(conn, topic) < want:
+        # The last channel's depth until it has every message: a /stats of thousands of channels
+        # is itself a load. Then the bystander stops, and all the channels' depths are read: the
+        # fan-out ended no later than that reading began.
+        while True:
             if time.time() > deadline:
                 raise RuntimeError(f"fan-out not done in {timeout}s")
+            if _depth(conn, topic, last) >= messages:
+                stop.set()
+                ended = time.time()
+                if _depth(conn, topic) >= want:
+                    break
             time.sleep(POLL_INTERVAL)
-        seconds = time.time() - got["started"]
+        seconds = ended - got["started"]
     finally:
         stop.set()
         while "bystander" not in got and "error" not in got:
