@@ -10,7 +10,15 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import Message, decode_message, decode_messages, end_flight, message_ids, start_flight
+from nsqtw.core.message import (
+    Message,
+    copy_messages,
+    decode_message,
+    decode_messages,
+    end_flight,
+    message_ids,
+    start_flight,
+)
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -59,6 +67,8 @@ class Channel:
         self._max_channel_consumers = max_channel_consumers
 
         self.memory: deque[Message] = deque()
+        #: the memory queue may hold Message objects other channels hold too (see put_many)
+        self._shared = False
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
         #: client id -> the IDs of its messages in flight and when each was sent (so a
@@ -83,6 +93,8 @@ class Channel:
         self._timer_at = 0.0
         self._pump = Pump(clock, self._deliver, f"CHANNEL({self.topic_name}:{name})")
         self.delivery: IChannelDelivery = mode.for_channel(self)
+        #: the memory queue's bound, as the delivery mode sets it (read for every batch a topic hands off)
+        self.mem_limit: int = self.delivery.mem_queue_size
         self._next = self.delivery.next_messages
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
@@ -97,35 +109,65 @@ class Channel:
 
     def room(self) -> int:
         """How many more messages the memory queue takes before they go to the backend."""
-        size: int = self.delivery.mem_queue_size
-        return max(0, size - len(self.memory))
+        return max(0, self.mem_limit - len(self.memory))
 
-    def put_many(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
+    def put_many(self, msgs: list[Message], records: Sequence[bytes] = (), *, shared: bool = False,
+                 delayed: bool | None = None) -> None:
         """Queue messages from the topic (deferred ones wait for their time).
 
         ``records`` are more of them, after ``msgs``, still in the backend's
         encoding: they go to the backend as they are (the topic passes only
         what the memory queue has no room for, see :meth:`room`).
+        ``shared``: other channels hold the same Message objects, so this
+        one takes its own copy of each only as it leaves the memory queue
+        (:meth:`take_queued`) or waits for a DPUB delay. ``delayed``: whether
+        any has a DPUB delay, when the caller knows (None: the channel looks).
         """
         if self.exiting:
             raise ExitingError()
         self.message_count += len(msgs) + len(records)
         ready = msgs
-        if any(m.deadline for m in msgs):  # a DPUB delay (see Message.deadline)
+        if delayed is None:
+            delayed = any(m.deadline for m in msgs)
+        if delayed:  # a DPUB delay (see Message.deadline)
             now = self.clock.seconds()
             ready = []
             for m in msgs:
                 if m.deadline:
-                    self.defer_published(m, now)
+                    self.defer_published(m.copy() if shared else m, now)
                 else:
                     ready.append(m)
+        if shared and ready:
+            self._shared = True
         if ready or records:
             self._queue(ready, records)
+
+    def take_queued(self, n: int) -> list[Message]:
+        """Up to ``n`` messages out of the memory queue, for delivery: the channel's own objects.
+
+        Messages the topic shared among its channels (:meth:`put_many`) are
+        copied here, as they leave: a channel that delivers a message later
+        or never has paid one pointer for it meanwhile.
+        """
+        memory = self.memory
+        if n >= len(memory):
+            out = list(memory)
+            memory.clear()
+        else:
+            pop = memory.popleft
+            out = [pop() for _ in range(n)]
+        if self._shared:
+            self._shared = bool(memory)
+            out = copy_messages(out)
+        return out
 
     def _queue(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
         memory = self.memory
         room = self.room()
-        if room:
+        if room >= len(msgs):
+            memory.extend(msgs)
+            msgs = []
+        elif room:
             memory.extend(msgs[:room])
             msgs = msgs[room:]
         if msgs or records:
@@ -137,7 +179,8 @@ class Channel:
                 self.log.error("CHANNEL({topic}:{channel}): failed to write {n} messages to backend - {error}",
                                topic=self.topic_name, channel=self.name, n=len(encoded), error=e)
                 raise
-        self._pump.wake()
+        if self.clients:  # else nothing to deliver to: a client's SUB and RDY wake the pump
+            self._pump.wake()
 
     def defer(self, msg: Message, delay: float, now: float) -> None:
         """``msg`` waits ``delay`` seconds from ``now`` before it is queued again."""
@@ -555,3 +598,27 @@ class Channel:
             "timeout_count": self.timeout_count,
             "finish_count": self.finish_count,
         }
+
+
+def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) -> list[Channel]:
+    """A topic's batch (no DPUB delays) queued on every channel whose memory queue has room for it all.
+
+    What :meth:`Channel.put_many` does for them, in one loop with no call
+    per channel: a topic with thousands of channels runs this for each
+    batch it hands off (docs/performance.md, "Fan-out"). Returns the
+    channels left for :meth:`Channel.put_many` (closing, or short of room).
+    """
+    n = len(msgs)
+    left = []
+    for channel in channels:
+        memory = channel.memory
+        if channel.exiting or channel.mem_limit - len(memory) < n:
+            left.append(channel)
+            continue
+        channel.message_count += n
+        memory.extend(msgs)
+        if shared:
+            channel._shared = True
+        if channel.clients:
+            channel._pump.wake()
+    return left

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
 from zope.interface import implementer
 
-from nsqtw.errors import BackendError
+from nsqtw.core.channel import put_in_memory
+from nsqtw.core.message import MIN_VALID_MSG_LENGTH
+from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import (
     IBackendQueue,
     IChannelDelivery,
@@ -41,12 +43,14 @@ if TYPE_CHECKING:
     from nsqtw.core.message import Message
     from nsqtw.core.topic import Topic
 
-__all__ = ["TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "HandoffLedger",
-           "PlainChannelDelivery", "PlainTopicDelivery", "durable_backend", "is_behind",
-           "wait_while_node_behind"]
+__all__ = ["HANDOFF_SLICE", "TOPIC_BATCH", "BufferedDelivery", "CommitAfterWriteTopicDelivery", "Handoff",
+           "HandoffLedger", "HandoffSlot", "PlainChannelDelivery", "PlainTopicDelivery", "any_channel_behind",
+           "durable_backend", "is_behind", "wait_while_node_behind"]
 
-#: messages copied to the channels in one reactor turn before yielding
+#: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192
+#: channel copies (messages × channels) a topic hands off in one pump step before yielding
+HANDOFF_SLICE = 4096
 #: past this many records waiting for the disk thread, publishers wait for the write
 BACKLOG_LIMIT = 10000
 #: ... or past this many bytes of them (large messages)
@@ -56,6 +60,22 @@ BACKLOG_BYTES = 16 * 1024 * 1024
 def is_behind(backend: IBackendQueue) -> bool:
     """Whether a backend's disk thread is so far behind that its writers must wait."""
     return backend.backlog() > BACKLOG_LIMIT or backend.backlog_bytes() > BACKLOG_BYTES
+
+
+def any_channel_behind(topic: Topic) -> Channel | None:
+    """A channel of ``topic`` whose disk queue is behind (:func:`is_behind`), or None.
+
+    Asked before every batch a topic hands off. While the node's unwritten
+    bytes could not put any single queue over the bound (every record is at
+    least a message header long), the answer is None without asking each
+    of thousands of channels.
+    """
+    if topic.owner.unwritten.total <= BACKLOG_LIMIT * MIN_VALID_MSG_LENGTH:
+        return None
+    for channel in topic.channels.values():
+        if is_behind(channel.backend):
+            return channel
+    return None
 
 
 def wait_while_node_behind(topic: Topic, then: Callable[[object], object]) -> bool:
@@ -95,9 +115,91 @@ class BufferedDelivery:
         return PlainChannelDelivery(channel)
 
 
+class Handoff:
+    """One batch on its way from a topic to its channels, a slice of the channels per pump step.
+
+    A step gives the batch to at most :data:`HANDOFF_SLICE` channel copies'
+    worth of channels (at least one), so a publish to a topic with thousands
+    of channels never holds the reactor for all of them: a bystander's
+    commands are answered between steps. Every channel still gets the
+    batches in order: the topic starts the next batch only when this one has
+    reached every channel it was meant for. Channels deleted meanwhile are
+    skipped; channels created meanwhile get the next batch.
+    """
+
+    def __init__(self, topic: Topic, channels: list[Channel], size: int,
+                 give: Callable[[list[Channel]], object], done: Callable[[list[Channel]], object]) -> None:
+        self.topic = topic
+        self.channels = channels
+        self.per_step = max(1, HANDOFF_SLICE // max(1, size))
+        self._give = give
+        self._done = done
+        self._at = 0
+        self._deletions = topic.channel_deletions
+
+    def step(self) -> bool:
+        """Give the batch to the next slice of channels; True once every channel has it."""
+        at = self._at
+        end = self._at = at + self.per_step
+        self._give(self._present(self.channels[at:end]))
+        if end < len(self.channels):
+            return False
+        self._done(self._present(self.channels))  # the channels it reached that are still there
+        return True
+
+    def finish(self) -> None:
+        """Give it to every channel left now (a graceful stop)."""
+        while not self.step():
+            pass
+
+    def _present(self, channels: list[Channel]) -> list[Channel]:
+        """``channels`` but those deleted since the hand-off began."""
+        if self.topic.channel_deletions == self._deletions:
+            return channels
+        present = self.topic.channels
+        return [c for c in channels if present.get(c.name) is c]
+
+
+class HandoffSlot:
+    """The hand-off a topic's delivery mode has under way, if any: one at a time, a step per pump turn."""
+
+    def __init__(self) -> None:
+        self._current: Handoff | None = None
+
+    def begin(self, handoff: Handoff) -> bool:
+        """Take its first step; True while it needs more (the pump comes back for them)."""
+        if handoff.step():
+            return False
+        self._current = handoff
+        return True
+
+    def step(self) -> bool | None:
+        """The next step of the one under way: None when there is none, else True while it needs more."""
+        current = self._current
+        if current is None:
+            return None
+        if current.step():
+            self._current = None
+            return False
+        return True
+
+    def finish(self) -> None:
+        """Complete the one under way now (a graceful stop: no channel may miss its copies)."""
+        if self._current is not None:
+            self._current.finish()
+            self._current = None
+
+
 @implementer(ITopicDelivery)
 class PlainTopicDelivery:
-    """Read a batch (backend first, then memory) and give every channel its own copy."""
+    """Read a batch (backend first, then memory) and give every channel its copy, a slice per step.
+
+    With more than one channel the channels share the batch's Message
+    objects: a channel copies a message only as it takes it out of its
+    memory queue for delivery (:meth:`Channel.put_many`, ``shared``), so a
+    copy costs a pointer in each channel's queue and nothing per channel
+    that never delivers it meanwhile.
+    """
 
     def __init__(self, topic: Topic, wait_for_write: bool) -> None:
         self.topic = topic
@@ -105,6 +207,7 @@ class PlainTopicDelivery:
         self.wait_for_write = wait_for_write
         #: waiting for a channel's disk to catch up before copying more to it
         self._held = False
+        self._handoff = HandoffSlot()
 
     def _read(self) -> tuple[list[bytes], ReadMark | None]:
         return self.topic.backend.read(TOPIC_BATCH), None
@@ -114,16 +217,21 @@ class PlainTopicDelivery:
 
     def distribute(self) -> bool:
         topic = self.topic
-        channels = list(topic.channels.values())
-        if not channels or topic.paused or topic.exiting or self._held:
+        if topic.exiting:
             return False
-        for channel in channels:
-            if is_behind(channel.backend):
-                # that channel's disk is behind: keep messages here (where their
-                # own backlog pauses publishers) until it has caught up
-                self._held = True
-                channel.backend.written().addBoth(self._release)
-                return False
+        more = self._handoff.step()
+        if more is not None:
+            return more or bool(topic.memory) or topic.backend.depth() > 0
+        channels = list(topic.channels.values())
+        if not channels or topic.paused or self._held:
+            return False
+        behind = any_channel_behind(topic)
+        if behind is not None:
+            # that channel's disk is behind: keep messages here (where their
+            # own backlog pauses publishers) until it has caught up
+            self._held = True
+            behind.backend.written().addBoth(self._release)
+            return False
         if wait_while_node_behind(topic, self._release):
             self._held = True
             return False
@@ -149,14 +257,9 @@ class PlainTopicDelivery:
             tail = [pop() for _ in range(k)]
         if not (due or records or tail):
             return False
-        batch = _Batch(due, records, decoded, tail)
-        first = channels[0]
-        for channel in channels[1:]:
-            msgs, encoded = batch.for_channel(channel.room())
-            topic.put_to(channel, [m.copy() for m in msgs], encoded)
-        topic.put_to(first, *batch.for_channel(first.room()))
-        self._after_put(channels, mark)
-        return bool(memory) or topic.backend.depth() > 0
+        batch = _Batch(topic, due, records, decoded, tail, shared=len(channels) > 1)
+        handoff = Handoff(topic, channels, batch.size, batch.give, lambda reached: self._after_put(reached, mark))
+        return self._handoff.begin(handoff) or bool(memory) or topic.backend.depth() > 0
 
     def _release(self, _: object) -> None:
         self._held = False
@@ -173,6 +276,7 @@ class PlainTopicDelivery:
 
     def close(self) -> Deferred[object]:
         topic = self.topic
+        self._handoff.finish()  # the channels not reached yet get it before they flush
         ds: list[Deferred[Any]] = [c.close() for c in topic.channels.values()]
         try:
             if topic.memory:
@@ -194,26 +298,66 @@ class _Batch:
     ``records`` are the backend's records as read (``decoded``: the first
     of them as Messages, as many as the emptiest channel memory takes),
     ``due`` DPUB messages read back after a restart, ``tail`` the messages
-    taken from the topic's memory after the records.
+    taken from the topic's memory after the records. ``shared``: more than
+    one channel takes the same Message objects.
     """
 
-    def __init__(self, due: list[Message], records: list[bytes], decoded: list[Message],
-                 tail: list[Message]) -> None:
+    def __init__(self, topic: Topic, due: list[Message], records: list[bytes], decoded: list[Message],
+                 tail: list[Message], shared: bool) -> None:
+        self.topic = topic
         self.due = due
         self.records = records
         self.decoded = decoded
         self.tail = tail
+        self.shared = shared
+        self.size = len(due) + len(records) + len(tail)
+        #: every message decoded, for a channel with room for them all
+        self._whole = due + decoded + tail if len(decoded) == len(records) else []
+        #: whether any has a DPUB delay (asked once, not by every channel)
+        self.delayed = bool(due) or any(m.deadline for m in tail)
         self._tail_split: tuple[list[Message], list[bytes]] | None = None
+        self._tail_encoded: list[bytes] | None = None
+
+    def give(self, channels: list[Channel]) -> None:
+        """Queue the batch on each of ``channels`` (see :meth:`for_channel`).
+
+        A failing disk does not refuse it (the channel's disk queue keeps the
+        records in memory for its retry, and the delivery mode holds further
+        batches while that backlog is over the bound); only a closing channel
+        or a record of an invalid size can, and is logged.
+        """
+        if self._whole and not self.delayed:  # the usual case: all of it in each memory queue
+            channels = put_in_memory(channels, self._whole, self.shared)
+        for channel in channels:
+            msgs, encoded = self.for_channel(channel.room())
+            try:
+                channel.put_many(msgs, encoded, shared=self.shared, delayed=self.delayed)
+            except (ExitingError, BackendError) as e:
+                self.topic.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
+                                     topic=self.topic.name, channel=channel.name, error=e)
 
     def for_channel(self, room: int) -> tuple[list[Message], list[bytes]]:
         """What a channel whose memory queue has ``room`` takes: Messages, then records for its backend."""
         records = self.records
-        k = min(room, len(self.decoded))  # (fewer decoded than the room: the batch is short)
+        decoded = self.decoded
+        k = min(room, len(decoded))  # (fewer decoded than the room: the batch is short)
         if k >= len(records):
-            return self.due + self.decoded + self.tail, []
+            tail = self.tail
+            left = room - len(records)
+            if left >= len(tail) or self.delayed:
+                # (DPUB ones in the tail: the channel sorts the overflow out itself)
+                return self._whole, []
+            # the memory queue is full after the first ``left`` of the tail: the rest as records
+            return self.due + decoded + tail[:left], self._encoded_tail()[left:]
         # the memory queue is full after the first ``k``: the rest goes to the backend as it is
         dpub, encoded = self._split_tail()
-        return self.due + self.decoded[:k] + dpub, records[k:] + encoded
+        return self.due + decoded[:k] + dpub, records[k:] + encoded
+
+    def _encoded_tail(self) -> list[bytes]:
+        """The memory messages (none of them DPUB) encoded, once for every channel."""
+        if self._tail_encoded is None:
+            self._tail_encoded = [m.encode() for m in self.tail]
+        return self._tail_encoded
 
     def _split_tail(self) -> tuple[list[Message], list[bytes]]:
         """The memory messages as they follow records into a backend: encoded once for every channel,
@@ -334,11 +478,9 @@ class PlainChannelDelivery:
             if channel.restored_due:
                 now = channel.clock.seconds()
                 out = [msg for msg in out if not channel.defer_restored(msg, now)]
-        memory = channel.memory
-        k = min(n - len(out), len(memory))
+        k = min(n - len(out), len(channel.memory))
         if k > 0:
-            pop = memory.popleft
-            out.extend(pop() for _ in range(k))
+            out.extend(channel.take_queued(k))
         return out
 
     def deferred(self, msg: Message, when: float) -> None:

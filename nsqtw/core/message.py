@@ -162,6 +162,11 @@ def frames(messages: list[Message]) -> bytes:
                      for m in messages])
 
 
+def copy_messages(messages: list[Message]) -> list[Message]:
+    """Each message copied (:meth:`Message.copy`): a channel's own, from ones its topic shared."""
+    return [Message(m.data, m.timestamp, m.attempts, m.deadline) for m in messages]
+
+
 def message_ids(messages: list[Message]) -> list[bytes]:
     """Each message's ID, sliced out of its data: a channel does it once per delivery."""
     return [m.data[:MSG_ID_LENGTH] for m in messages]

@@ -2,19 +2,70 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from weakref import WeakKeyDictionary
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 
 from nsqtw.log import Logger
 
+#: pumps run in one reactor turn; the others woken meanwhile wait for the next turns
+TURN_SLICE = 256
+
+
+class _Turn:
+    """The pumps woken on one clock, run on its next turn from one call, at most TURN_SLICE a turn.
+
+    A topic that hands a batch to thousands of channels with consumers wakes
+    each channel's pump: one delayed call for all of them instead of one
+    each, and their deliveries spread over turns instead of holding one.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._pumps: deque[Pump] = deque()
+        self._scheduled = False
+
+    def add(self, pump: Pump) -> None:
+        self._pumps.append(pump)
+        if not self._scheduled:
+            self._scheduled = True
+            self._clock.callLater(0, self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        pumps = self._pumps
+        for _ in range(min(TURN_SLICE, len(pumps))):  # (those woken meanwhile wait for the next turn)
+            pump = pumps.popleft()
+            try:
+                pump._fire()
+            except Exception:
+                self.log.failure("{name}: pump failed to run", name=pump._name)
+        if pumps and not self._scheduled:
+            self._scheduled = True
+            self._clock.callLater(0, self._run)
+
+
+_turns: WeakKeyDictionary[IReactorTime, _Turn] = WeakKeyDictionary()
+
+
+def _turn_of(clock: IReactorTime) -> _Turn:
+    turn = _turns.get(clock)
+    if turn is None:
+        turn = _turns[clock] = _Turn(clock)
+    return turn
+
 
 class Pump:
     """Waits on one Deferred for "there is work", then calls ``drain()``.
 
     Any number of :meth:`wake` calls during a reactor turn cost one batch on
-    the next turn: producers never pay a Deferred or a call per message.
+    the next turn: producers never pay a Deferred or a call per message. The
+    pumps of a clock woken in a turn share one delayed call (:class:`_Turn`).
     ``drain`` returns True when it stopped early (a batch limit) and wants
     another turn.
     """
@@ -23,6 +74,7 @@ class Pump:
 
     def __init__(self, clock: IReactorTime, drain: Callable[[], bool], name: str) -> None:
         self._clock = clock
+        self._turn = _turn_of(clock)
         self._drain = drain
         self._name = name
         self._waiting: Deferred[None] | None = None
@@ -45,7 +97,7 @@ class Pump:
         if self._scheduled or not self._running:
             return
         self._scheduled = True
-        self._clock.callLater(0, self._fire)
+        self._turn.add(self)
 
     def _fire(self) -> None:
         waiting, self._waiting = self._waiting, None

@@ -51,6 +51,8 @@ class Topic:
         self.backend = backend
         self.clock = clock
         self.channels: dict[str, Channel] = {}
+        #: channels deleted so far (a hand-off under way leaves them out, see delivery.Handoff)
+        self.channel_deletions = 0
         self.memory: deque[Message] = deque()
         self.paused = False
         self.exiting = False
@@ -265,20 +267,6 @@ class Topic:
                     m.deadline = when - now  # the DPUB delay, as Message.deadline says
         return ids
 
-    def put_to(self, channel: Channel, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
-        """Queue a batch on one channel (``records``: more of it, still encoded, for its backend).
-
-        A failing disk does not refuse it (the channel's disk queue keeps the
-        records in memory for its retry, and the delivery mode holds further
-        batches while that backlog is over the bound); only a closing channel
-        or a record of an invalid size can, and is logged.
-        """
-        try:
-            channel.put_many(msgs, records)
-        except (ExitingError, BackendError) as e:
-            self.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
-                           topic=self.name, channel=channel.name, error=e)
-
     def deferred_due(self) -> dict[bytes, float]:
         """Due times of DPUB messages still in the queue, to keep across a restart."""
         return self.delivery.deferred_due()
@@ -301,6 +289,7 @@ class Topic:
     def delete_channel(self, name: str) -> Deferred[None]:
         """Remove a channel and its data; raises KeyError when there is none."""
         channel = self.channels.pop(name)
+        self.channel_deletions += 1
         self.log.info("TOPIC({topic}): deleting channel {channel}", topic=self.name, channel=name)
         d = channel.delete()
         self.owner.channel_deleted(self, channel)

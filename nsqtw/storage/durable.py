@@ -24,7 +24,15 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
 from zope.interface import implementer
 
-from nsqtw.core.delivery import TOPIC_BATCH, BufferedDelivery, HandoffLedger, durable_backend, wait_while_node_behind
+from nsqtw.core.delivery import (
+    TOPIC_BATCH,
+    BufferedDelivery,
+    Handoff,
+    HandoffLedger,
+    HandoffSlot,
+    durable_backend,
+    wait_while_node_behind,
+)
 from nsqtw.core.message import MSG_ID_LENGTH, Message
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery
@@ -74,6 +82,7 @@ class DurableTopicDelivery:
         self.journal = journal
         self._backend = durable_backend(topic.backend)
         self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
+        self._handoff = HandoffSlot()
 
     def published(self, delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
         if delayed:  # DPUB delays (see Message.deadline)
@@ -85,16 +94,21 @@ class DurableTopicDelivery:
         return written
 
     def distribute(self) -> bool:
-        """Copy a batch to every channel; the topic's read position moves past it
-        only once every durable channel has it safe.
+        """Hand a batch to every channel, a slice of them per step (:class:`Handoff`); the
+        topic's read position moves past it only once every durable channel has it safe.
 
         After a restart the topic re-reads what it had not committed; a
         channel's journal says how far it had got (``handoff_floor``) and
         the records before that are not given to it again.
         """
         topic = self.topic
+        if topic.exiting:
+            return False
+        more = self._handoff.step()
+        if more is not None:
+            return more or self._backend.depth() > 0
         channels = list(topic.channels.values())
-        if not channels or topic.paused or topic.exiting:
+        if not channels or topic.paused:
             return False
         backend = self._backend
         for channel in channels:
@@ -121,29 +135,30 @@ class DurableTopicDelivery:
         due_ids = topic.apply_dues(msgs, self.journal.dues) if topic.restored_due or self.journal.dues else []
         end = (records[-1][1], records[-1][2])
         waits: list[Deferred[None]] = []
-        for i, channel in enumerate(channels):
-            delivery = channel.delivery
-            batch = msgs
-            if isinstance(delivery, DurableChannelDelivery):
-                floor = delivery.handoff_floor
-                if floor is not None:
-                    batch = [m for m, p in zip(msgs, positions, strict=True) if p > floor]
-                    if end >= floor:
-                        delivery.handoff_floor = None
-            if i:
-                batch = [m.copy() for m in batch]
-            try:
-                if isinstance(delivery, DurableChannelDelivery):
-                    waits.append(delivery.put_handoff(batch, end))
-                else:
-                    channel.put_many(batch)
-            except (ExitingError, BackendError) as e:
-                topic.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
-                                topic=topic.name, channel=channel.name, error=e)
-                if isinstance(delivery, DurableChannelDelivery):
-                    waits.append(defer.fail(e))
-        self._ledger.add(mark, waits, due_ids)
-        return backend.depth() > 0
+        shared = len(channels) > 1
+
+        def give(slice_: list[Channel]) -> None:
+            for channel in slice_:
+                delivery = channel.delivery
+                batch = msgs
+                try:
+                    if isinstance(delivery, DurableChannelDelivery):
+                        floor = delivery.handoff_floor
+                        if floor is not None:
+                            batch = [m for m, p in zip(msgs, positions, strict=True) if p > floor]
+                            if end >= floor:
+                                delivery.handoff_floor = None
+                        waits.append(delivery.put_handoff(batch, end))
+                    else:
+                        channel.put_many(batch, shared=shared)
+                except (ExitingError, BackendError) as e:
+                    topic.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
+                                    topic=topic.name, channel=channel.name, error=e)
+                    if isinstance(delivery, DurableChannelDelivery):
+                        waits.append(defer.fail(e))
+
+        handoff = Handoff(topic, channels, len(msgs), give, lambda _: self._ledger.add(mark, waits, due_ids))
+        return self._handoff.begin(handoff) or backend.depth() > 0
 
     def deferred_due(self) -> dict[bytes, float]:
         due = dict(self.topic.restored_due)
@@ -158,6 +173,7 @@ class DurableTopicDelivery:
 
     async def _close(self) -> object:
         topic = self.topic
+        self._handoff.finish()  # the channels not reached yet get it before they close
         # let hand-offs under way finish, so the read position persisted is exact
         await DeferredList(self._ledger.under_way(), consumeErrors=True)
         await DeferredList([c.close() for c in topic.channels.values()], consumeErrors=True)
@@ -243,11 +259,9 @@ class DurableChannelDelivery:
         else:
             if not out and backend.depth():
                 channel.wake()  # all skipped so far: more next turn
-        memory = channel.memory
-        k = min(n - len(out), len(memory))
+        k = min(n - len(out), len(channel.memory))
         if k > 0:
-            pop = memory.popleft
-            out.extend(pop() for _ in range(k))
+            out.extend(channel.take_queued(k))
         if out:
             journal.delivering(out)
         if last is not None:
@@ -322,7 +336,7 @@ class DurableChannelDelivery:
         if later:
             now = channel.clock.seconds()
             for m in later:
-                channel.defer_published(m, now)
+                channel.defer_published(m.copy(), now)  # (other channels hold the same object)
         await self.journal.synced()
 
     def deferred(self, msg: Message, when: float) -> None:

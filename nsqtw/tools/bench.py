@@ -9,6 +9,7 @@ daemon's reactor.
     nsqtw-bench reader --nsqd-tcp-address=127.0.0.1:4150 --channel=ch --rdy=2500 --runfor=10s
     nsqtw-bench latency --rate=5000 --runfor=10s
     nsqtw-bench writer --pub --workers=8 --runfor=10s   # 8 concurrent one-message publishers (PUB)
+    nsqtw-bench fanout --channels=50,500,5000 --mode=pub,mpub   # one topic, many channels (tools/fanout.py)
 """
 
 from __future__ import annotations
@@ -357,7 +358,7 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nsqtw-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale", "compare"],
+    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale", "fanout", "compare"],
                         help="compare: Go nsqd and nsqtw side by side (nsqtw-bench compare --help)")
     parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
     parser.add_argument("--topic", default="sub_bench")
@@ -376,7 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the text line")
     parser.add_argument("--nsqd-http-address", default="127.0.0.1:4151", help="scale: nsqd's HTTP API")
     parser.add_argument("--topics", type=int, default=1000, help="scale: topics to create")
-    parser.add_argument("--channels", type=int, default=2, help="scale: channels per topic")
+    parser.add_argument("--channels", default="2",
+                        help="scale: channels per topic; fanout: channel counts, comma-separated (e.g. 50,500,5000)")
+    parser.add_argument("--mode", default="pub,mpub", dest="fanout_modes",
+                        help="fanout: pub (one message per PUB), mpub (--batch-size per MPUB), or both")
+    parser.add_argument("--copies", type=int, default=1_000_000,
+                        help="fanout: about this many copies (messages × channels), at most 10000 messages")
+    parser.add_argument("--messages", type=int, default=0, help="fanout: messages to publish (0: from --copies)")
     parser.add_argument("--clients", type=int, default=2, help="scale: subscribers per channel")
     parser.add_argument("--idle", type=float, default=10.0, help="scale: seconds of idle CPU measured")
     # Go's flag syntax: -flag=value
@@ -390,9 +397,19 @@ def main(argv: list[str] | None = None) -> int:
     if ns.mode == "scale":
         from nsqtw.tools.scale import run_scale
 
-        scale = run_scale(ns.nsqd_tcp_address, ns.nsqd_http_address, ns.topics, ns.channels, ns.clients,
+        scale = run_scale(ns.nsqd_tcp_address, ns.nsqd_http_address, ns.topics, int(ns.channels), ns.clients,
                           ns.daemon_pid, ns.idle)
         print(scale.json() if ns.json else scale.text())
+        return 0
+    if ns.mode == "fanout":
+        from nsqtw.tools.fanout import messages_for, run_fanout
+
+        for channels in (int(c) for c in ns.channels.split(",")):
+            for mode in ns.fanout_modes.split(","):
+                messages = ns.messages or messages_for(channels, ns.copies)
+                fan = run_fanout(ns.nsqd_tcp_address, ns.nsqd_http_address, channels, mode, messages,
+                                 ns.batch_size, ns.size)
+                print(fan.json() if ns.json else fan.text(), flush=True)
         return 0
     try:
         _run(ns)

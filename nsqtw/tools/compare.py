@@ -21,7 +21,12 @@ The sessions, per daemon and client:
 - a third, with ``--mem-queue-size`` raised to hold a million messages: its
   RSS just after start-up, then the RSS each message adds once a million of
   ``--size`` bytes are published to a topic without channels (held in its
-  memory queue).
+  memory queue);
+- with ``--measures=fanout`` (not in the default set): a fresh daemon for
+  each ``--fanout-channels`` count and ``--fanout-modes`` mode, Go's and
+  nsqtw's in turn, measured by ``nsqtw-bench fanout``
+  (:mod:`nsqtw.tools.fanout`): copies/s and a bystander's ``/ping`` and
+  ``PUB`` latency meanwhile, in a table of their own.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ from typing import Any
 from nsqtw._go.duration import parse_duration
 from nsqtw.tools.bench import fill
 from nsqtw.tools.daemons import nsqtw_command, process_cpu, rss_bytes, start_listening
+from nsqtw.tools.fanout import FanoutResult, messages_for, run_fanout
 
-__all__ = ["Figure", "Measure", "compare", "main"]
+__all__ = ["FANOUT", "Figure", "Measure", "compare", "compare_fanout", "main", "render_fanout"]
 
 _OPS = re.compile(r"([0-9.]+)ops/s")
 
@@ -69,6 +75,8 @@ LATENCY = Measure("latency_p99", "e2e latency p99", "ms")
 IDLE_RSS = Measure("idle_rss", "RSS at idle, just started", "MB")
 MEMORY = Measure("memory", "memory per message held", "B")
 MEASURES = (WRITE, READ, ROUND_TRIP, PUB, LATENCY, IDLE_RSS, MEMORY)
+#: asked for by name only (``--measures=fanout``): its sessions and table are its own
+FANOUT = "fanout"
 #: lower is better for these units; higher for messages/s
 _LOWER_IS_BETTER = {"ms", "MB", "B"}
 #: messages the memory figure holds by default (``--mem-queue-size`` is set to hold them all)
@@ -273,6 +281,57 @@ def compare(daemons: dict[str, list[str]], flags: list[str], clients: Clients, r
     return table
 
 
+def compare_fanout(daemons: dict[str, list[str]], flags: list[str], runs: int, channel_counts: list[int],
+                   modes: list[str], copies: int, batch: int, size: int,
+                   log: Callable[[str], None]) -> dict[tuple[int, str, str], list[FanoutResult]]:
+    """``nsqtw-bench fanout`` on a fresh daemon per channel count and mode, each daemon in turn."""
+    results: dict[tuple[int, str, str], list[FanoutResult]] = {}
+    names = list(daemons)
+    with tempfile.TemporaryDirectory(prefix="nsqtw-compare-") as tmp:
+        for run in range(runs):
+            order = names if run % 2 == 0 else names[::-1]
+            for channels in channel_counts:
+                for mode in modes:
+                    for daemon in order:
+                        session = Session(daemons[daemon], flags, tmp)
+                        try:
+                            time.sleep(0.5)
+                            got = run_fanout(session.tcp, session.http, channels, mode,
+                                             messages_for(channels, copies), batch, size)
+                        finally:
+                            session.stop()
+                        results.setdefault((channels, mode, daemon), []).append(got)
+                        log(f"run {run + 1}/{runs} {daemon:<6} {got.text()}")
+    return results
+
+
+def render_fanout(results: dict[tuple[int, str, str], list[FanoutResult]], daemons: list[str], runs: int) -> str:
+    """The Markdown table of the fan-out medians: one row per channel count and mode."""
+    go, ours = daemons
+    lines = [f"| channels | publish | messages | copies/s {go} | copies/s {ours} | nsqtw ahead by | "
+             f"bystander /ping p50 / max, {go} → {ours} | bystander PUB p50 / max, {go} → {ours} |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for channels, mode in dict.fromkeys((c, m) for c, m, _ in results):
+        a, b = results.get((channels, mode, go)), results.get((channels, mode, ours))
+        if not a or not b:
+            continue
+
+        def med(rs: list[FanoutResult], name: str) -> float:
+            return float(statistics.median(getattr(r, name) for r in rs))
+
+        ca, cb = med(a, "copies_per_s"), med(b, "copies_per_s")
+        ping = (f"{med(a, 'ping_p50_ms'):.1f} / {med(a, 'ping_max_ms'):.0f} → "
+                f"{med(b, 'ping_p50_ms'):.1f} / {med(b, 'ping_max_ms'):.0f} ms")
+        pub = (f"{med(a, 'pub_p50_ms'):.1f} / {med(a, 'pub_max_ms'):.0f} → "
+               f"{med(b, 'pub_p50_ms'):.1f} / {med(b, 'pub_max_ms'):.0f} ms")
+        lines.append(f"| {channels:,} | {'PUB' if mode == 'pub' else 'MPUB'} | {a[0].messages:,} | {ca:,.0f} | "
+                     f"{cb:,.0f} | **{cb / ca if ca else float('inf'):.2f}×** | {ping} | {pub} |")
+    lines.append("")
+    lines.append(f"Medians of {runs} run(s); copies/s: messages × channels over the time from the first"
+                 " publish until the channels' depths add up to all of them.")
+    return "\n".join(lines)
+
+
 def machine() -> str:
     """A line naming the machine the figures were taken on."""
     model = platform.processor() or "?"
@@ -336,7 +395,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=200, help="messages per MPUB for the write figure")
     parser.add_argument("--latency-rate", type=float, default=10000.0, help="messages/s of the latency figure")
     parser.add_argument("--measures", default=",".join(m.key for m in MEASURES),
-                        help="which figures, comma-separated: " + ", ".join(m.key for m in MEASURES))
+                        help="which figures, comma-separated: " + ", ".join(m.key for m in MEASURES)
+                        + f"; and {FANOUT} (only when named)")
+    parser.add_argument("--fanout-channels", default="50,500,5000", help="fanout: channel counts")
+    parser.add_argument("--fanout-modes", default="pub,mpub", help="fanout: pub, mpub or both")
+    parser.add_argument("--fanout-copies", type=int, default=1_000_000,
+                        help="fanout: about this many copies per measurement (at most 10000 messages)")
     parser.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
                         help="a flag both daemons get, e.g. --daemon-flag=--mem-queue-size=0 (repeatable)")
     parser.add_argument("--nsqtw-flag", action="append", default=[], metavar="FLAG",
@@ -356,9 +420,15 @@ def main(argv: list[str]) -> int:
     header = machine()
     print(f"# {header}\n# daemons: {' '.join(go_cmd)} | {' '.join(daemons['nsqtw'])}; "
           f"flags: {' '.join(ns.daemon_flag) or '(defaults)'}; nsqtw's compiled speed-ups: {speedups()}", flush=True)
-    table = compare(daemons, ns.daemon_flag, clients, ns.runs, ns.measures.split(","),
-                    lambda line: print(line, file=sys.stderr, flush=True))
-    print(render(table, list(daemons), clients.names(), ns.runs))
+    measures = ns.measures.split(",")
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    table = compare(daemons, ns.daemon_flag, clients, ns.runs, [m for m in measures if m != FANOUT], log)
+    if table.figures:
+        print(render(table, list(daemons), clients.names(), ns.runs))
+    if FANOUT in measures:
+        fanout = compare_fanout(daemons, ns.daemon_flag, ns.runs, [int(c) for c in ns.fanout_channels.split(",")],
+                                ns.fanout_modes.split(","), ns.fanout_copies, ns.batch_size, ns.size, log)
+        print(render_fanout(fanout, list(daemons), ns.runs))
     if ns.json:
         print(json.dumps({f"{k}|{c}|{d}": [[f.value, f.cpu_us_per_msg] for f in figs]
                           for (k, c, d), figs in table.figures.items()}))

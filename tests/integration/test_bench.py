@@ -220,3 +220,37 @@ def test_compare_with_go_nsqd_and_its_bench_tools() -> None:
     assert clients == {(label, client) for label in ("MPUB write", "read, RDY 2500",
                                                      "one-message round trips (MPUB of 1)")
                        for client in ("Go bench", "nsqtw-bench")}, table
+
+
+def test_fanout_mode_measures_copies_and_the_bystander(daemon_factory) -> None:
+    """``fanout``: for each channel count and mode, a topic with that many channels gets every copy,
+    the copy rate and the bystander's /ping and PUB latencies are given, and the topic is deleted."""
+    import json
+    import urllib.request
+
+    d = daemon_factory()
+    out = bench("fanout", f"--nsqd-tcp-address={d.tcp_address}", f"--nsqd-http-address={d.http_address}",
+                "--channels=3,20", "--mode=pub,mpub", "--messages=40", "--batch-size=7", "--size=10", "--json")
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [(r["channels"], r["mode"], r["messages"]) for r in results] == [
+        (3, "pub", 40), (3, "mpub", 40), (20, "pub", 40), (20, "mpub", 40)]
+    for r in results:
+        assert r["copies_per_s"] > 0 and r["seconds"] > 0, r
+        assert 0 < r["ping_p50_ms"] <= r["ping_max_ms"] and 0 < r["pub_p50_ms"] <= r["pub_max_ms"], r
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json") as r:
+        assert json.load(r)["topics"] == []  # its topics deleted
+
+
+def test_compare_fanout_on_both_daemons() -> None:
+    """``compare --measures=fanout``: both daemons fresh for each channel count and mode, one table row each."""
+    from nsqtw.tools.daemons import nsqtw_command
+
+    stand_in = " ".join(shlex.quote(a) for a in nsqtw_command())
+    table, log = _compare(stand_in, "--measures=fanout", "--fanout-channels=4", "--fanout-modes=pub,mpub",
+                          "--fanout-copies=80", "--batch-size=5", "--size=10")
+    rows = re.findall(r"^\| 4 \| (PUB|MPUB) \| 20 \| ([\d,]+) \| ([\d,]+) \| \*\*[\d.]+×\*\* \| .* ms \| .* ms \|$",
+                      table, re.M)
+    assert [r[0] for r in rows] == ["PUB", "MPUB"], table
+    assert all(int(a.replace(",", "")) > 0 and int(b.replace(",", "")) > 0 for _, a, b in rows), table
+    assert len(re.findall(r"^run 1/1 (Go|nsqtw) +fanout: 4 channels", log, re.M)) == 4, log
+    assert "MPUB write" not in table  # only the figures asked for

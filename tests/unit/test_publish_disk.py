@@ -273,7 +273,9 @@ class DiskPublishTests(SynchronousTestCase):
         def backend(name: str) -> DiskQueue:
             lo, hi = nsqd_msg_size_limits(options.max_msg_size)
             executor = held if ":" in name else SynchronousDiskExecutor()
-            return DiskQueue(name, self.path, 1 << 20, lo, hi, 2500, 2.0, self.clock, executor)
+            # as the daemon makes them: each queue counts its backlog in the node's total
+            return DiskQueue(name, self.path, 1 << 20, lo, hi, 2500, 2.0, self.clock, executor,
+                             unwritten=self.nsqd.unwritten)
 
         self.nsqd = NSQD(options, self.clock, backend)
         topic = self.nsqd.get_topic("t")
