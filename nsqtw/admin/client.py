@@ -51,6 +51,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IPolicyForHTTPS
 from zope.interface import implementer
 
 from nsqtw._go.strconv import quote
+from nsqtw.net.listen import join_host_port
 from nsqtw.net.tls import client_trust_root
 from nsqtw.protocol.auth import https_endpoint
 
@@ -200,7 +201,7 @@ def _target(method: str, url: str) -> _Target:
 
 def _go_text(where: str, target: _Target, failure: BaseException) -> str:
     """What Go's net/http client says for a request that got no answer."""
-    address = f"[{target.host}]:{target.port}" if ":" in target.host else f"{target.host}:{target.port}"
+    address = join_host_port(target.host, target.port)
     if isinstance(failure, error.ConnectionRefusedError):
         return f"{where}: dial tcp {address}: connect: connection refused"
     if isinstance(failure, error.DNSLookupError):

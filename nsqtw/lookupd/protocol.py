@@ -21,6 +21,7 @@ from nsqtw.lookupd.db import PeerInfo
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.wire import MAGIC_V1, Body, Line, LineTooLong, V1Parser, encode_response
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
+from nsqtw.net.listen import join_host_port
 
 __all__ = ["LookupFactory", "LookupProtocolV1", "decode_peer_info"]
 
@@ -86,10 +87,7 @@ class LookupProtocolV1(Protocol):
 
     def connectionMade(self) -> None:
         addr = self.transport.getPeer()  # type: ignore[union-attr]
-        host = getattr(addr, "host", "")
-        if ":" in host:
-            host = f"[{host}]"
-        self.name = f"{host}:{getattr(addr, 'port', '')}"
+        self.name = join_host_port(getattr(addr, "host", ""), getattr(addr, "port", ""))
         self.log.info("TCP: new client({client})", client=self.name)
 
     def dataReceived(self, data: bytes) -> None:

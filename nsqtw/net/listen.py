@@ -77,10 +77,7 @@ def client_endpoint(reactor: Any, address: str, timeout: float) -> IStreamClient
 
 def format_address(port: IListeningPort) -> str:
     addr = port.getHost()
-    host = getattr(addr, "host", "")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{getattr(addr, 'port', '')}"
+    return join_host_port(getattr(addr, "host", ""), getattr(addr, "port", ""))
 
 
 def listen_error(address: str, error: object) -> str:
