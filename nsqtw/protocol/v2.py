@@ -297,7 +297,7 @@ class V2Protocol(Protocol):
                     self._restart_read_deadline()
                     self._fin_many(ids)
                     continue
-                reqs = parser.take_reqs()
+                reqs = parser.take_reqs(REQS_PER_SLICE - requeued)
                 if reqs:
                     self._restart_read_deadline()
                     self._req_many(reqs)
