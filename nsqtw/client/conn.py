@@ -17,7 +17,7 @@ from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import ssl, tcp
-from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IProtocol, IProtocolFactory, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -433,11 +433,12 @@ class Dialer(NSQClientFactory):
     def first_attempt(self) -> Deferred[None]:
         """Fires when the first attempt is over: None once ready, else its failure (go-nsq's
         ``ConnectToNSQD`` result; the dialer keeps retrying either way)."""
+        d: Deferred[None] = Deferred()
         if self._first is False:
-            d: Deferred[None] = Deferred()
             self._first_waiters.append(d)
-            return d
-        return fail(self._first) if isinstance(self._first, Failure) else succeed(None)
+        else:
+            self._fire(d)
+        return d
 
     @property
     def running(self) -> bool:
