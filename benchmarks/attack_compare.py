@@ -1,7 +1,7 @@
 """Run tests/attacks.py's hostile loads against Go nsqd and nsqtw, side by side, and print a table.
 
-Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] [PATH/TO/GO/nsqd]
-(default ../shared/anchor/bin/nsqd; 9,000 churn cycles; every attack)
+Usage: python benchmarks/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] PATH/TO/GO/nsqd
+(the Go nsqd is required; 9,000 churn cycles; every attack)
 
 ``--only=slices`` runs the loads one request or peer could once hold the
 reactor with (a 5 MB ``/mpub`` of one-byte lines, 20,000 pipelined
@@ -101,7 +101,9 @@ def main() -> None:
     cycles = int(next((a.split("=", 1)[1] for a in args if a.startswith("--churn-cycles=")), 9000))
     only = next((a.split("=", 1)[1] for a in args if a.startswith("--only=")), "")
     rest = [a for a in args if not a.startswith("--")]
-    go = os.path.abspath(rest[0]) if rest else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
+    if not rest:
+        raise SystemExit(__doc__.split("\n\n")[1])
+    go = os.path.abspath(rest[0])
     with tempfile.TemporaryDirectory() as tmp:
         if only == "lookupd":
             go_results, tw_results = compare_lookupd(os.path.join(os.path.dirname(go), "nsqlookupd"), tmp)

@@ -1,6 +1,6 @@
 """CPU of the topic → channel hand-off per message, in-process (no sockets, no disk threads).
 
-Usage: PYTHONPATH=TREE python tools/handoff_cpu.py [CASE ...]   (default: every case)
+Usage: PYTHONPATH=TREE python benchmarks/handoff_cpu.py [CASE ...]   (default: every case)
 
 A topic holds 210,000 messages of 200 B (10,000 in memory, the rest in an
 in-memory backend); its pump's ``distribute()`` runs until they all reached
