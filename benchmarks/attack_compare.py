@@ -39,7 +39,7 @@ def start_go(binary: str, data: str) -> tuple[subprocess.Popen[str], str, str]:
 
 def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
-    attacks: list[tuple[str, Any]] = [
+    loads: list[tuple[str, Any]] = [
         # first: the flood leaves the disk busy for a while, which would slow nsqtw's accepts
         (f"{churn_cycles:,} connect/close cycles", lambda: attacks.churn(tcp, http, churn_cycles)),
         ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: attacks.deflate_bomb(tcp, 64 << 20, 5)),
@@ -49,17 +49,17 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
         ("PUT 20,000 lookupd addresses", lambda: attacks.huge_config(http, 20000)),
     ]
     if only == "churn":
-        attacks = attacks[:1]
+        loads = loads[:1]
     elif only == "slices":
         attacks.warm_up(http)  # nsqtw imports its HTTP router at the first routed request
-        attacks = [
+        loads = [
             ("POST /mpub of 5 MB of one-byte lines", lambda: attacks.http_mpub_lines(http)),
             # the hard-working clients in processes of their own, away from the bystander's GIL
             ("20,000 pipelined GET /ping", lambda: attacks.in_process("pipelined_pings", http, 20_000)),
             ("REQ storm: RDY 2500, 2,500 messages REQ'd with timeout 0 for 15 s",
              lambda: attacks.in_process("req_storm", tcp, 15)),
         ]
-    for name, attack in attacks:
+    for name, attack in loads:
         with attacks.Bystander(tcp) as watch:
             result = attack()
         out[name] = f"{result}; {watch.summary()}"
