@@ -1,6 +1,6 @@
 """One scenario against an NSQ cluster and nsqadmin, shared by the recorder and the tests.
 
-``tools/record_admin_reference.py`` runs it against Go nsqlookupd, two Go
+``benchmarks/record_admin_reference.py`` runs it against Go nsqlookupd, two Go
 nsqd and Go nsqadmin v1.3.0 and stores the answers in
 ``tests/reference/admin/responses.json``; ``tests/integration/test_admin_api.py``
 runs it against nsqtw-lookupd, two nsqtw nodes and nsqtw-admin and compares.

@@ -1,7 +1,7 @@
 """Hostile loads against a live nsqd, with a well-behaved bystander watching.
 
 Used by tests/reliability/test_fairness.py (small sizes, bounds for a
-loaded CI machine) and by tools/attack_compare.py (full sizes, Go nsqd and
+loaded CI machine) and by benchmarks/attack_compare.py (full sizes, Go nsqd and
 nsqtw side by side). Each attack runs while a :class:`Bystander` publishes
 one message at a time and times each round trip, and a consumer with a 1 s
 heartbeat answers its heartbeats; the result says how the bystander fared

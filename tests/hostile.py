@@ -1,6 +1,6 @@
 """Hostile inputs sent byte for byte to a live nsqd, and what came back.
 
-One driver serves two callers: ``tools/record_hostile_reference.py`` runs
+One driver serves two callers: ``benchmarks/record_hostile_reference.py`` runs
 the cases against Go nsqd v1.3.0 and stores the answers in
 ``tests/reference/nsqd-1.3.0-hostile.json``; ``tests/integration/
 test_hostile_live.py`` runs the same cases against nsqtw and compares. An

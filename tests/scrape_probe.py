@@ -10,7 +10,7 @@ ticks (``time.thread_time``): a page built on the reactor shows there in
 full, a descheduled process does not. The tests bound *busy*; lateness is
 reported beside it.  ``time.monotonic`` is the same clock in
 every process of the machine, so the test matches the log to its fetch.
-Used by tests/integration/test_metrics_scale.py and tools/metrics_stall.py.
+Used by tests/integration/test_metrics_scale.py and benchmarks/metrics_stall.py.
 """
 
 from __future__ import annotations

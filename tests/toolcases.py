@@ -1,6 +1,6 @@
 """The command-line tools' scenarios, run the same way against Go's tools and nsqtw's subcommands.
 
-``tools/record_tools_reference.py`` runs each scenario with Go's binaries
+``benchmarks/record_tools_reference.py`` runs each scenario with Go's binaries
 (nsqd and the tool) and stores the result in ``tests/reference/tools/``;
 ``tests/integration/test_tools_live.py`` runs it with nsqtw's daemon and
 ``nsqtw <subcommand>`` and compares. A scenario returns only what does not

@@ -3,5 +3,5 @@
 # (mypy.ini) over the package. Needs `pip install '.[lint]'`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ruff check nsqtw tests twisted tools examples
+ruff check nsqtw tests twisted benchmarks examples
 mypy --strict nsqtw

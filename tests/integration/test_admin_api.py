@@ -4,7 +4,7 @@ The scenario (tests/admin_reference.py) creates topics, channels, messages
 and a consumer, then asks every /api/ and /config route, with actions that
 change the cluster between the asks, a dead lookupd or node beside live ones
 (partial answers), --admin-user, nsqd mode and --base-path. The recorded Go
-answers (tools/record_admin_reference.py) are compared with nsqtw-admin's,
+answers (benchmarks/record_admin_reference.py) are compared with nsqtw-admin's,
 status, content type and body, after the same normalisation.
 """
 

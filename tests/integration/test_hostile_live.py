@@ -2,7 +2,7 @@
 
 Each case of tests/hostile.py is sent byte for byte to a live daemon (TCP,
 HTTP and HTTPS on loopback) and its answer compared with Go nsqd v1.3.0's,
-recorded by tools/record_hostile_reference.py into
+recorded by benchmarks/record_hostile_reference.py into
 tests/reference/nsqd-1.3.0-hostile.json. Where nsqtw deliberately answers
 otherwise, the test says how and docs/compatibility.md says why.
 """
@@ -21,7 +21,7 @@ from tests.helpers import reference
 from tests.hostile import CASES, Target
 
 RECORDED: dict[str, Any] = reference("nsqd-1.3.0-hostile.json")["cases"]
-#: the flags the recording was made with (tools/record_hostile_reference.py)
+#: the flags the recording was made with (benchmarks/record_hostile_reference.py)
 FLAGS = ("--broadcast-address=127.0.0.1", "--msg-timeout=2s")
 #: cases where nsqtw's answer is its own, on purpose (docs/compatibility.md)
 DIFFERENT = {"pub_chunked_too_big", "stalled_tls_handshake", "tls_then_garbage_handshake"}

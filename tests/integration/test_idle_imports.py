@@ -12,7 +12,7 @@ automat (Twisted's ``ClientService``) only with an nsqlookupd to register with.
 
 A node that has answered one ``GET /ping`` and one TCP client and then idles
 holds none of the TLS libraries, and its RSS stays within a generous guard
-above what twistd itself takes before any plugin code runs (``tools/idle_rss.py``
+above what twistd itself takes before any plugin code runs (``benchmarks/idle_rss.py``
 measures both, side by side with Go's daemons).
 """
 

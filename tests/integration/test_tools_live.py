@@ -1,7 +1,7 @@
 """Each ``nsqtw`` subcommand against live nsqtw daemons, compared with Go's tool in the same scenario.
 
 The scenarios are in tests/toolcases.py; Go's results were recorded by
-tools/record_tools_reference.py into tests/reference/tools/. Where nsqtw
+benchmarks/record_tools_reference.py into tests/reference/tools/. Where nsqtw
 deliberately differs, the test says so and checks nsqtw's own result.
 """
 

@@ -11,8 +11,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw._go.flags import OptionsError
 from nsqtw.admin.aggregate import counter_stats, node_topic_entry, sum_channel, sum_topic
 from nsqtw.admin.history import MAX_SERIES, History
-from nsqtw.admin.http import _decode_struct, _match
 from nsqtw.admin.options import defaults, normalize_base_path, parse_args
+from nsqtw.admin.routes import decode_struct, match_route
 
 
 class OptionsTests(SynchronousTestCase):
@@ -197,12 +197,12 @@ class HTTPHelperTests(SynchronousTestCase):
         for body, text in ((b"", "EOF"), (b'{"action":', "unexpected EOF"),
                            (b'{"action":1}', "cannot unmarshal"), (b"[]", "cannot unmarshal array")):
             with self.assertRaises(ValueError) as e:
-                _decode_struct(body, ("action",))
+                decode_struct(body, ("action",))
             self.assertIn(text, str(e.exception))
-        self.assertEqual(_decode_struct(b'{"Action":"pause"} trailing', ("action",)), {"action": "pause"})
+        self.assertEqual(decode_struct(b'{"Action":"pause"} trailing', ("action",)), {"action": "pause"})
 
     def test_route_matching(self) -> None:
         """httprouter's :params take exactly one non-empty segment."""
-        self.assertTrue(_match("/api/topics/:topic", "/api/topics/t"))
-        self.assertFalse(_match("/api/topics/:topic", "/api/topics/"))
-        self.assertFalse(_match("/api/topics/:topic", "/api/topics/t/c"))
+        self.assertTrue(match_route("/api/topics/:topic", "/api/topics/t"))
+        self.assertFalse(match_route("/api/topics/:topic", "/api/topics/"))
+        self.assertFalse(match_route("/api/topics/:topic", "/api/topics/t/c"))

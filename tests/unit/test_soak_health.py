@@ -1,4 +1,4 @@
-"""tools/soak.py --disk-faults: the judgement of what /ping said in a fault cycle (no daemon)."""
+"""benchmarks/soak.py --disk-faults: the judgement of what /ping said in a fault cycle (no daemon)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-_spec = importlib.util.spec_from_file_location("tools_soak", Path(__file__).resolve().parents[2] / "tools" / "soak.py")
+_SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+_spec = importlib.util.spec_from_file_location("benchmarks_soak", _SOAK)
 assert _spec is not None and _spec.loader is not None
 soak = importlib.util.module_from_spec(_spec)
-sys.modules["tools_soak"] = soak  # dataclasses look their module up
+sys.modules["benchmarks_soak"] = soak  # dataclasses look their module up
 _spec.loader.exec_module(soak)
 
 NOK = (500, b"NOK - DISKQUEUE(soak) failed to write: [Errno 28] No space left on device")

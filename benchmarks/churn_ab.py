@@ -1,6 +1,6 @@
 """Connection churn per kind (bare connect/close, SUB, HTTP /ping), A/B on fresh daemons, alternating.
 
-Usage: python tools/churn_ab.py [--cycles=N] [--rounds=R] [--kinds=bare,sub,ping,mixed] LABEL=TARGET...
+Usage: python benchmarks/churn_ab.py [--cycles=N] [--rounds=R] [--kinds=bare,sub,ping,mixed] LABEL=TARGET...
 
 A TARGET is a directory holding an nsqtw tree (run as ``PYTHONPATH=DIR twistd -n nsqtw``) or the
 path of a Go ``nsqd`` binary. Each round starts one fresh daemon per target, in turn (the order
@@ -9,7 +9,7 @@ prints the cycles per second and the daemon's CPU per cycle (utime+stime from ``
 over the run, divided by cycles), the steadier figure on a shared machine. The daemon's log goes
 to a file, so no reader in this process competes with the client. docs/performance.md quotes it.
 
-    python tools/churn_ab.py --cycles=6000 --rounds=3 before=/tmp/churn-base after=. go=../shared/anchor/bin/nsqd
+    python benchmarks/churn_ab.py --cycles=6000 --rounds=3 before=OTHER-CHECKOUT after=. go=PATH/TO/GO/nsqd
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run tests/reliability/test_fault_matrix.py's scenarios against Go nsqd and print what each costs.
 
-Usage: python tools/fault_matrix_go.py [--nsqd PATH] [--runs N] [--only kill9,kill9-3s,full,full-1k,handoff,corrupt]
-(default nsqd ../shared/anchor/bin/nsqd, 2 runs). Needs root for the full-disk scenarios (a real
+Usage: python benchmarks/fault_matrix_go.py --nsqd PATH [--runs N] [--only kill9,kill9-3s,full,full-1k,handoff,corrupt]
+(--nsqd, Go's nsqd, is required; 2 runs). Needs root for the full-disk scenarios (a real
 8 MiB tmpfs). Not a test: nothing here is asserted, every figure is printed, one JSON line per run,
 for the "Go nsqd" column of the fault tables. Go's modes: its defaults and
 ``-mem-queue-size=0 -sync-every=1`` (it has no --durable-delivery). A failing fsync cannot be
@@ -36,7 +36,7 @@ class GoNsqd(Daemon):
     """Go's nsqd under tests.daemon.Daemon (it logs the same ``TCP: listening on`` lines)."""
 
     plugin = "nsqd"
-    binary = os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
+    binary = "nsqd"  #: set from --nsqd
 
     def command(self, tcp: str, http: str) -> list[str]:
         return [self.binary, f"-tcp-address={tcp}", f"-http-address={http}",
@@ -223,7 +223,7 @@ def corrupt(tmp: Path, mode: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nsqd", default=GoNsqd.binary)
+    parser.add_argument("--nsqd", required=True, help="Go nsqd v1.3.0")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--only", default="kill9,kill9-3s,full,full-1k,handoff,corrupt")
     args = parser.parse_args()

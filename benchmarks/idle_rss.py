@@ -1,6 +1,6 @@
 """Idle RSS of each daemon, Go's and nsqtw's side by side, once it has answered one ``GET /ping`` and one TCP client.
 
-Usage: ``PYTHONPATH=. python tools/idle_rss.py [--go-bin=../shared/anchor/bin] [--settle=2]``
+Usage: ``PYTHONPATH=. python benchmarks/idle_rss.py [--go-bin=DIR] [--settle=2]``
 from the checkout: the daemons run the nsqtw this script imported.
 
 Each daemon starts in a scratch directory with its default flags and
@@ -10,7 +10,7 @@ closes; ``--settle`` seconds later its ``VmRSS`` is read: a realistic idle
 node, not a process that has served nothing. The ``twistd floor`` row is a
 process that imported ``twisted.scripts.twistd`` and ran twistd's plugin
 discovery, and nothing else: what any ``twistd PLUGIN`` takes before the
-plugin's code runs. Go's daemons are skipped where ``--go-bin`` lacks them.
+plugin's code runs. Go's daemons are skipped without ``--go-bin`` or where it lacks them.
 Figures are in MB of 10^6 bytes, as ``nsqtw-bench compare`` counts them
 (``docs/performance.md``, Memory).
 """
@@ -69,14 +69,15 @@ def idle_rss(cmd: list[str], magic: bytes | None, settle: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--go-bin", default="../shared/anchor/bin", help="where Go's nsqd, nsqlookupd and nsqadmin are")
+    p.add_argument("--go-bin", default=None,
+                   help="where Go's nsqd, nsqlookupd and nsqadmin are (default: none, nsqtw's daemons alone)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between the last request and the reading")
     args = p.parse_args(argv)
     floor = twistd_floor_rss(ENV) / 1e6
     print(f"{'daemon':<12} {'Go':>8} {'nsqtw':>8}")
     for name, go, go_flags, plugin, flags, magic in DAEMONS:
-        go_path = os.path.join(args.go_bin, go)
-        go_mb = idle_rss([go_path, *go_flags], magic, args.settle) if os.access(go_path, os.X_OK) else None
+        go_path = os.path.join(args.go_bin, go) if args.go_bin else ""
+        go_mb = idle_rss([go_path, *go_flags], magic, args.settle) if go_path and os.access(go_path, os.X_OK) else None
         ours = idle_rss([sys.executable, "-c", TWISTD, "--pidfile=", "-n", plugin, *flags], magic, args.settle)
         print(f"{name:<12} {'—' if go_mb is None else f'{go_mb:.1f}':>8} {ours:>8.1f}")
     print(f"{'twistd floor':<12} {'':>8} {floor:>8.1f}")

@@ -1,11 +1,11 @@
 """``nsqtw-bench scale`` against Go nsqd and nsqtw, side by side, and a table of the two.
 
-Usage: python tools/scale_compare.py TOPICS CHANNELS CLIENTS [PATH/TO/GO/nsqd]
+Usage: python benchmarks/scale_compare.py TOPICS CHANNELS CLIENTS PATH/TO/GO/nsqd
 
 Both daemons start fresh on loopback with default flags and the file limit
 raised to the hard limit (each daemon holds one socket per client); the
 same scale run (nsqtw/tools/scale.py) is made against each, Go first.
-docs/performance.md's scale table comes from here.
+docs/performance.md's scale summary comes from here.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def start(cmd: list[str], cwd: str) -> tuple[subprocess.Popen[str], str, str]:
 
 
 def main() -> None:
+    if len(sys.argv) != 5:
+        raise SystemExit(__doc__.split("\n\n")[1])
     topics, channels, clients = (int(a) for a in sys.argv[1:4])
-    go = sys.argv[4] if len(sys.argv) > 4 else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
+    go = os.path.abspath(sys.argv[4])
     limit = topics * channels * clients + 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < limit:

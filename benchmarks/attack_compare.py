@@ -1,7 +1,7 @@
 """Run tests/attacks.py's hostile loads against Go nsqd and nsqtw, side by side, and print a table.
 
-Usage: python tools/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] [PATH/TO/GO/nsqd]
-(default ../shared/anchor/bin/nsqd; 9,000 churn cycles; every attack)
+Usage: python benchmarks/attack_compare.py [--churn-cycles=N] [--only=churn|slices|lookupd] PATH/TO/GO/nsqd
+(the Go nsqd is required; 9,000 churn cycles; every attack)
 
 ``--only=slices`` runs the loads one request or peer could once hold the
 reactor with (a 5 MB ``/mpub`` of one-byte lines, 20,000 pipelined
@@ -39,7 +39,7 @@ def start_go(binary: str, data: str) -> tuple[subprocess.Popen[str], str, str]:
 
 def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
-    attacks: list[tuple[str, Any]] = [
+    loads: list[tuple[str, Any]] = [
         # first: the flood leaves the disk busy for a while, which would slow nsqtw's accepts
         (f"{churn_cycles:,} connect/close cycles", lambda: attacks.churn(tcp, http, churn_cycles)),
         ("deflate bomb (64 KB -> 64 MB of NOP)", lambda: attacks.deflate_bomb(tcp, 64 << 20, 5)),
@@ -49,17 +49,17 @@ def run(tcp: str, http: str, churn_cycles: int = 9000, only: str = "") -> dict[s
         ("PUT 20,000 lookupd addresses", lambda: attacks.huge_config(http, 20000)),
     ]
     if only == "churn":
-        attacks = attacks[:1]
+        loads = loads[:1]
     elif only == "slices":
         attacks.warm_up(http)  # nsqtw imports its HTTP router at the first routed request
-        attacks = [
+        loads = [
             ("POST /mpub of 5 MB of one-byte lines", lambda: attacks.http_mpub_lines(http)),
             # the hard-working clients in processes of their own, away from the bystander's GIL
             ("20,000 pipelined GET /ping", lambda: attacks.in_process("pipelined_pings", http, 20_000)),
             ("REQ storm: RDY 2500, 2,500 messages REQ'd with timeout 0 for 15 s",
              lambda: attacks.in_process("req_storm", tcp, 15)),
         ]
-    for name, attack in attacks:
+    for name, attack in loads:
         with attacks.Bystander(tcp) as watch:
             result = attack()
         out[name] = f"{result}; {watch.summary()}"
@@ -101,7 +101,9 @@ def main() -> None:
     cycles = int(next((a.split("=", 1)[1] for a in args if a.startswith("--churn-cycles=")), 9000))
     only = next((a.split("=", 1)[1] for a in args if a.startswith("--only=")), "")
     rest = [a for a in args if not a.startswith("--")]
-    go = os.path.abspath(rest[0]) if rest else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
+    if not rest:
+        raise SystemExit(__doc__.split("\n\n")[1])
+    go = os.path.abspath(rest[0])
     with tempfile.TemporaryDirectory() as tmp:
         if only == "lookupd":
             go_results, tw_results = compare_lookupd(os.path.join(os.path.dirname(go), "nsqlookupd"), tmp)

@@ -3,11 +3,11 @@
 
 Starts Go nsqlookupd, two Go nsqd and three Go nsqadmin (over the lookupd;
 over the lookupd and a dead one with --admin-user; over nsqd directly with a
-dead node and --base-path) from ../shared/anchor/bin on free loopback ports,
+dead node and --base-path) from ``--bin`` on free loopback ports,
 runs the scenario of tests/admin_reference.py and writes its normalised
 answers to tests/reference/admin/responses.json.
 
-    python tools/record_admin_reference.py [--bin DIR]
+    python benchmarks/record_admin_reference.py --bin DIR [--check-nsqtw]
 
 With ``--check-nsqtw`` it records nothing: it runs the scenario once more
 over a fresh Go cluster with nsqtw-admin in front instead of Go nsqadmin
@@ -104,11 +104,7 @@ def scenario(b: str, nsqtw_admin: bool) -> list[dict[str, object]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # the shared workspace sits beside the checkout (or beside its worktree folder)
-    default = next((d for d in (os.path.join(ROOT, "..", "shared", "anchor", "bin"),
-                                os.path.join(ROOT, "..", "..", "shared", "anchor", "bin"))
-                    if os.path.isdir(d)), "")
-    parser.add_argument("--bin", default=default, help="folder of the Go NSQ v1.3.0 binaries")
+    parser.add_argument("--bin", required=True, help="folder of the Go NSQ v1.3.0 binaries")
     parser.add_argument("--check-nsqtw", action="store_true",
                         help="compare nsqtw-admin over Go nsqd/nsqlookupd with the recording")
     args = parser.parse_args()
@@ -132,7 +128,7 @@ def main() -> None:
     answers = scenario(b, nsqtw_admin=False)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"recorded_with": "Go nsqlookupd, nsqd and nsqadmin v1.3.0 (tools/record_admin_reference.py)",
+        json.dump({"recorded_with": "Go nsqlookupd, nsqd and nsqadmin v1.3.0 (benchmarks/record_admin_reference.py)",
                    "answers": answers}, f, indent=1)
         f.write("\n")
     print(f"wrote {len(answers)} answers to {out}")

@@ -1,6 +1,6 @@
 """Durable publishing side by side: nsqtw ``--durable-delivery`` against Go nsqd ``--sync-every=1``.
 
-Usage: python tools/durable_compare.py --go-nsqd=../shared/anchor/bin/nsqd [--runs=3] [--runfor=10s]
+Usage: python benchmarks/durable_compare.py --go-nsqd=PATH/TO/GO/nsqd [--runs=3] [--runfor=10s]
 
 Each publisher sends one PUB of 200 bytes and waits for its OK before the
 next (``nsqtw-bench writer --pub``), so an OK means the message is on disk

@@ -1,6 +1,6 @@
 """CPU of the publish path per command, in-process (no sockets, no disk threads).
 
-Usage: PYTHONPATH=TREE python tools/pub_cpu.py   (N, REPS and DISK in the environment)
+Usage: PYTHONPATH=TREE python benchmarks/pub_cpu.py   (N, REPS and DISK in the environment)
 
 A V2 connection is fed ``N`` (default 100,000) one-message commands of 200
 B, each as its own read, as a publisher waiting for every ``OK`` sends

@@ -1,6 +1,6 @@
 """Is what deleted topics and channels leave behind garbage the collector frees, or kept?
 
-Usage: python tools/garbage_after_delete.py [TOPICS] [CHANNELS_PER_TOPIC]   (default 300 × 5)
+Usage: python benchmarks/garbage_after_delete.py [TOPICS] [CHANNELS_PER_TOPIC]   (default 300 × 5)
 
 Starts nsqtw with a probe: on SIGUSR1 it counts the objects the collector tracks, runs a full
 collection, and counts again. Creates the topics and channels over HTTP, deletes them, and

@@ -1,11 +1,11 @@
 """Record what Go's NSQ command-line tools do in the scenarios of tests/toolcases.py.
 
 Runs each scenario with the Go v1.3.0 binaries (nsqd and the tool, from
-../shared/anchor/bin by default) and writes tests/reference/tools/<scenario>.json.
+``--bin`` or ``$NSQ_BIN``, one of which is required) and writes tests/reference/tools/<scenario>.json.
 tests/integration/test_tools_live.py runs the same scenarios with nsqtw and
 compares. Needs the Go binaries; the tests do not.
 
-    python tools/record_tools_reference.py [--bin DIR] [scenario ...]
+    python benchmarks/record_tools_reference.py --bin DIR [scenario ...]
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.daemon import Daemon  # noqa: E402
 from tests.toolcases import REFERENCE, SCENARIOS, Env, help_tables  # noqa: E402
 
-DEFAULT_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "anchor", "bin")
-
 
 class GoNSQD(Daemon):
     """Go's nsqd, started and read like nsqtw's (it logs the same ``TCP: listening on`` lines)."""
 
-    bin_dir = DEFAULT_BIN
+    bin_dir = ""  #: set from --bin
 
     def command(self, tcp: str, http: str) -> list[str]:
         return [os.path.join(self.bin_dir, "nsqd"), f"--tcp-address={tcp}", f"--http-address={http}",
@@ -56,7 +54,8 @@ def record(name: str, bin_dir: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bin", default=os.environ.get("NSQ_BIN", DEFAULT_BIN), help="Go NSQ binaries")
+    parser.add_argument("--bin", default=os.environ.get("NSQ_BIN"), required="NSQ_BIN" not in os.environ,
+                        help="folder of the Go NSQ v1.3.0 binaries (default: $NSQ_BIN)")
     parser.add_argument("scenarios", nargs="*", default=sorted(SCENARIOS))
     args = parser.parse_args()
     os.makedirs(REFERENCE, exist_ok=True)

@@ -1,6 +1,6 @@
 """Scrape a node with many channels and print how long it took and how long the reactor stalled.
 
-    python tools/metrics_stall.py --topics 10 --channels 1000 --scrapes 5
+    python benchmarks/metrics_stall.py --topics 10 --channels 1000 --scrapes 5
 
 Starts nsqtw on loopback with a LoopingCall lag probe on its reactor
 (tests/scrape_probe.py) and an nsqd.dat naming topics × channels, then

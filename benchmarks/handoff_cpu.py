@@ -1,6 +1,6 @@
 """CPU of the topic → channel hand-off per message, in-process (no sockets, no disk threads).
 
-Usage: PYTHONPATH=TREE python tools/handoff_cpu.py [CASE ...]   (default: every case)
+Usage: PYTHONPATH=TREE python benchmarks/handoff_cpu.py [CASE ...]   (default: every case)
 
 A topic holds 210,000 messages of 200 B (10,000 in memory, the rest in an
 in-memory backend); its pump's ``distribute()`` runs until they all reached
@@ -40,7 +40,9 @@ def run(case: str) -> float:
     nsqd = NSQD(dataclasses.replace(defaults(), mem_queue_size=MEMORY), clock)
     topic = nsqd.get_topic("t")
     body = b"x" * 200
-    nsqd.publish("t", [body] * (BACKLOG + MEMORY))
+    published = nsqd.publish("t", [body] * (BACKLOG + MEMORY))
+    while not published.called:  # a big publish is taken a slice a reactor turn
+        clock.advance(0)
     fast = topic.get_channel("c")
     if case == "full":
         full = fast

@@ -1,7 +1,7 @@
 """Record Go nsqd v1.3.0's answers to the hostile cases of tests/hostile.py.
 
-Usage: python tools/record_hostile_reference.py [PATH/TO/nsqd]
-(default ../shared/anchor/bin/nsqd). Starts Go nsqd on loopback ports 0 with
+Usage: python benchmarks/record_hostile_reference.py PATH/TO/GO/nsqd
+(required). Starts Go nsqd on loopback ports 0 with
 a TLS certificate made by tests/certs.py, runs every case and writes
 tests/reference/nsqd-1.3.0-hostile.json. The tests never need Go nsqd: they
 read the recording.
@@ -29,7 +29,9 @@ OUT = os.path.join(ROOT, "tests", "reference", "nsqd-1.3.0-hostile.json")
 
 
 def main() -> None:
-    nsqd = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "shared", "anchor", "bin", "nsqd")
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__.split("\n\n")[1])
+    nsqd = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         certs = make_certs(tmp)
         proc = subprocess.Popen([nsqd, f"--data-path={tmp}", "--tcp-address=127.0.0.1:0",
@@ -52,7 +54,7 @@ def main() -> None:
     version = subprocess.run([nsqd, "--version"], capture_output=True, text=True).stdout.strip()
     with open(OUT, "w") as f:
         json.dump({"about": f"Answers of {version} to tests/hostile.py's cases, flags {FLAGS}, "
-                            "recorded on loopback by tools/record_hostile_reference.py.",
+                            "recorded on loopback by benchmarks/record_hostile_reference.py.",
                    "cases": answers}, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(json.dumps(answers, indent=1, ensure_ascii=False)[:20000])

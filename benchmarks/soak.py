@@ -1,7 +1,7 @@
 """Soak test (not run in CI): mixed load on a real nsqtw for minutes, with periodic restarts or disk faults.
 
-    python tools/soak.py --minutes 10
-    python tools/soak.py --minutes 4 --disk-faults [--fault-every 20] [--fault-for 8] [--fault tmpfs|inject]
+    python benchmarks/soak.py --minutes 10
+    python benchmarks/soak.py --minutes 4 --disk-faults [--fault-every 20] [--fault-for 8] [--fault tmpfs|inject]
 
 Starts nsqtw (``twistd -n nsqtw`` on loopback) with ``--mem-queue-size=0
 --sync-every=1`` and runs, for the whole time, publishers (PUB, MPUB and

@@ -1,6 +1,6 @@
 """CPU of the consume path per message, in-process (no sockets, no disk threads).
 
-Usage: PYTHONPATH=TREE python tools/read_cpu.py   (NSQTW_NO_SPEEDUPS=1 for the pure-Python path)
+Usage: PYTHONPATH=TREE python benchmarks/read_cpu.py   (NSQTW_NO_SPEEDUPS=1 for the pure-Python path)
 
 A topic holds 200,000 messages of 200 B, read back from an in-memory
 backend as a disk queue's records would be; a V2 connection subscribes
