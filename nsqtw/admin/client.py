@@ -44,7 +44,6 @@ from twisted.web.client import (
     HTTPConnectionPool,
     RedirectAgent,
     ResponseFailed,
-    _HTTP11ClientFactory,
 )
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IPolicyForHTTPS
@@ -53,6 +52,7 @@ from zope.interface import implementer
 from nsqtw._go.strconv import quote
 from nsqtw.net.listen import join_host_port
 from nsqtw.net.tls import client_trust_root
+from nsqtw.net.twisted_privates import quiet_pool
 from nsqtw.protocol.auth import https_endpoint
 
 __all__ = ["AdminHTTPClient", "UpstreamError", "client_tls_policy", "decode_json"]
@@ -62,11 +62,6 @@ _ACCEPT = "application/vnd.nsq; version=1.0"
 _BIG_BODY = 256 * 1024
 #: the most an upstream answer may hold (a node's /stats with every client is far below)
 _MAX_BODY = 256 * 1024 * 1024
-
-
-
-class _QuietFactory(_HTTP11ClientFactory):
-    noisy = False
 
 
 class UpstreamError(Exception):
@@ -220,6 +215,10 @@ def _go_text(where: str, target: _Target, failure: BaseException) -> str:
 class _NameAsIsEndpoint(HostnameEndpoint):
     """A HostnameEndpoint that resolves a host name as it is given (``my_host`` included).
 
+    It overrides Twisted's private ``_hostAsBytesAndText``: listed, with
+    why, in :data:`nsqtw.net.twisted_privates.OVERRIDDEN`, which a test
+    checks against the installed Twisted.
+
     Twisted's refuses names that are not valid IDNA 2008, underscores among
     them; Go's client and the system resolver take them, so nsqadmin reaches a
     node registered as ``my_host``. :func:`_target` has already checked the
@@ -274,7 +273,7 @@ class AdminHTTPClient:
         self.request_timeout = request_timeout
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = 4
-        self.pool._factory = _QuietFactory  # no "Starting factory" line per connection
+        quiet_pool(self.pool)  # no "Starting factory" line per connection
         endpoints = _EndpointFactory(reactor, policy or BrowserLikePolicyForHTTPS(), connect_timeout)
         agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self.pool)
         # what treq would add (redirects of GETs, gzip), without its IDNA mapping of the host

@@ -1,4 +1,9 @@
-"""twistd plugin glue for ``twistd nsqtw-admin``: options in, service out."""
+"""twistd plugin glue for ``twistd nsqtw-admin``: options in, service out.
+
+The service (and with it Twisted's reactor) is imported in
+:func:`makeService`, after nsqtw's reactor is installed, unless ``twistd
+--reactor`` chose one (:func:`nsqtw.net.reactor.install_for_daemon`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from nsqtw.admin.options import AdminOptions
 from nsqtw.admin.options import AdminTwistdOptions as Options
 from nsqtw.log import start_daemon
 from nsqtw.net.listen import split_host_port
+from nsqtw.net.reactor import install_for_daemon
 
 __all__ = ["Options", "makeService"]
 
@@ -31,6 +37,7 @@ def _resolve_addresses(opts: AdminOptions) -> None:
 
 def makeService(config: Options) -> IService:
     opts = config.admin
+    install_for_daemon()  # before start_daemon: its log writer imports the reactor
     start_daemon("nsqadmin", opts.version, opts.log_level, opts.log_prefix,
                  getattr(config, "parent", None))
     _resolve_addresses(opts)

@@ -29,6 +29,7 @@ from nsqtw.interfaces import IConnectionDelegate, IStreamCodec
 from nsqtw.log import Logger
 from nsqtw.net.listen import client_endpoint, split_host_port
 from nsqtw.net.tls import client_trust_root
+from nsqtw.net.twisted_privates import WRITE_BUFFER_ATTRIBUTES, write_buffer_empty
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
@@ -314,17 +315,18 @@ def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
     write then meets and reports) is queued with ``transport.write``; when
     Twisted holds something, ``data`` is queued behind it. The order of the
     bytes is kept either way. None for any other transport (TLS, a test's
-    transport), or a Twisted whose TCP transport lacks the buffers looked at.
+    transport), or a Twisted whose TCP transport lacks the buffers looked at
+    (read through :mod:`nsqtw.net.twisted_privates`).
     """
     if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
         return None
-    if not all(hasattr(transport, a) for a in ("socket", "dataBuffer", "offset", "_tempDataBuffer")):
+    if not hasattr(transport, "socket") or not all(hasattr(transport, a) for a in WRITE_BUFFER_ATTRIBUTES):
         return None
     sock = transport.socket
 
     def send(data: bytes) -> None:
         t = transport
-        if t._tempDataBuffer or t.offset != len(t.dataBuffer) or not t.connected or t.disconnecting:
+        if not write_buffer_empty(t) or not t.connected or t.disconnecting:
             t.write(data)
             return
         try:

@@ -38,6 +38,14 @@ from nsqtw._go.path import clean_path
 from nsqtw._go.query import parse_query
 from nsqtw.http.direct import MAX_DIRECT_HEAD, DirectRequest, parse_simple_get
 from nsqtw.log import Logger
+from nsqtw.net.twisted_privates import (
+    drop_transfer_decoder,
+    handling_request,
+    on_request_line,
+    received_header_size,
+    transfer_decoder,
+    waiting_for_transport,
+)
 
 if TYPE_CHECKING:
     from klein import Klein
@@ -146,10 +154,11 @@ class GoHTTPChannel(HTTPChannel):
     request runs on what was kept and the connection closes after the
     answer (Go's "413 and close", not a drain of an endless upload).
 
-    The overrides touch twisted.web internals (``_transferDecoder``, the
-    first-line flag, ``_respondToBadRequestAndDisconnect``); the unit tests
-    in ``tests/unit/test_http_api.py::TwistedPrivatesTests`` fail loudly if
-    a Twisted release renames them.
+    The overrides read twisted.web internals (the body decoder, the
+    first-line flag, the header byte count) through
+    :mod:`nsqtw.net.twisted_privates`, and override its private
+    ``_respondToBadRequestAndDisconnect``; ``tests/unit/test_twisted_privates.py``
+    fails if a Twisted release changes them.
     """
 
     MAX_LENGTH = MAX_HEADER_BYTES
@@ -241,7 +250,7 @@ class GoHTTPChannel(HTTPChannel):
 
     def _direct_next(self) -> None:
         self._direct_call = None
-        if self._waitingForTransport:
+        if waiting_for_transport(self):
             return  # the client is not reading its answers: go on when it does (resumeProducing)
         self.transport.resumeProducing()  # type: ignore[union-attr]
         self.dataReceived(b"")
@@ -293,10 +302,10 @@ class GoHTTPChannel(HTTPChannel):
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
 
     def lineReceived(self, line: bytes) -> None:
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+        if received_header_size(self) + len(line) > self.totalHeadersSize:
             self._refuse(_TOO_LARGE)
             return
-        if getattr(self, "_HTTPChannel__first_line", 0) and not line.isascii():
+        if on_request_line(self) and not line.isascii():
             line = _escape_target(line)
         super().lineReceived(line)  # type: ignore[no-untyped-call]
 
@@ -307,7 +316,7 @@ class GoHTTPChannel(HTTPChannel):
         self._refuse(_BAD_REQUEST)
 
     def _refuse(self, answer: bytes) -> None:
-        if not self._refused and not self._handlingRequest:
+        if not self._refused and not handling_request(self):
             self._refused = True
             self.transport.write(answer)  # type: ignore[union-attr]
         self.loseConnection()
@@ -315,8 +324,8 @@ class GoHTTPChannel(HTTPChannel):
     def rawDataReceived(self, data: bytes) -> None:
         super().rawDataReceived(data)
         request = self.requests[-1] if self.requests else None
-        if self._transferDecoder is not None and getattr(request, "over_limit", False):  # a BoundedRequest's
-            self._transferDecoder = None
+        if transfer_decoder(self) is not None and getattr(request, "over_limit", False):  # a BoundedRequest's
+            drop_transfer_decoder(self)
             self.persistent = False
             self.cut_off()
             self.allContentReceived()  # type: ignore[no-untyped-call]

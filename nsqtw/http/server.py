@@ -15,6 +15,7 @@ from typing import Any
 from twisted.web.server import Request, Site
 
 from nsqtw.http.base import DISCARD_LIMIT, GoHTTPAPI, GoHTTPChannel
+from nsqtw.net.twisted_privates import request_target
 
 __all__ = ["BoundedRequest", "RequestSite"]
 
@@ -39,12 +40,12 @@ class BoundedRequest(Request):
 
     def _limit(self) -> int:
         api = getattr(getattr(self.channel, "site", None), "api", None)
-        # twisted.web keeps the request target only in HTTPChannel's private ``_path``
-        # until the body is in (tests/unit/test_http_api.py::TwistedPrivatesTests guards
-        # it); without it, every route gets the largest limit, which still answers right.
-        target = getattr(self.channel, "_path", None)
+        # twisted.web keeps the request target only in a private attribute until the body
+        # is in (nsqtw.net.twisted_privates); without it, every route gets the largest
+        # limit, which still answers right.
+        target = request_target(self.channel)
         if isinstance(api, GoHTTPAPI):
-            return api.body_limit(target if isinstance(target, bytes) else b"")
+            return api.body_limit(target or b"")
         return 5 * 1024 * 1024 + 1
 
     def gotLength(self, length: int | None) -> None:

@@ -26,18 +26,23 @@ microseconds of work, the wake-up is a small share of it, and a spinning
 reactor only takes a core from the clients it shares the machine with
 (measured: docs/performance.md, "Busy polling"). The cost that remains:
 while short commands keep coming less than ``limit`` apart, the reactor
-thread is busy between them; ``--busy-poll=0`` turns it off.
+thread is busy between them, a core the clients on the same machine
+cannot use. So it is off unless asked for (nsqd's ``--busy-poll``).
+
+Only nsqtw's reactor (:mod:`nsqtw.net.epollreactor`) waits through a
+:class:`BusyPoll`; :func:`busy_poll_of` finds it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["BusyPoll", "DEFAULT_LIMIT"]
+__all__ = ["BusyPoll", "DEFAULT_LIMIT", "busy_poll_of"]
 
-#: nsqd's ``--busy-poll`` default, in seconds (KVM's default halt-polling window is the same 200 µs)
-DEFAULT_LIMIT = 0.0002
+#: nsqd's ``--busy-poll`` default, in seconds: off (a spin buys latency with a core; docs/performance.md)
+DEFAULT_LIMIT = 0.0
 
 Events = list[tuple[int, int]]
 #: ``select.epoll.poll``'s shape: (timeout in seconds, -1 for none; most events)
@@ -92,3 +97,9 @@ class BusyPoll:
             now = self._returned = clock()
             self.spinning = now - start <= limit
         return events
+
+
+def busy_poll_of(reactor: Any) -> BusyPoll | None:
+    """The reactor's :class:`BusyPoll` wait; None for a reactor that is not nsqtw's (its waits are Twisted's)."""
+    poll = getattr(reactor, "busy_poll", None)
+    return poll if isinstance(poll, BusyPoll) else None

@@ -11,9 +11,10 @@ connection-loss handling are unchanged. TLS connections always take
 Twisted's path (the bytes must be encrypted first).
 
 Knowing that "nothing is queued" means reading ``FileDescriptor``'s private
-buffer attributes. :func:`twisted_buffers_understood` checks once, at import,
-that they exist and behave as expected in the installed Twisted; if not,
-:class:`EagerPort` hands out plain ``tcp.Server`` connections (Twisted's
+buffer attributes, through :mod:`nsqtw.net.twisted_privates`.
+:func:`~nsqtw.net.twisted_privates.write_buffers_understood` checks once, at
+import, that they exist and behave as expected in the installed Twisted; if
+not, :class:`EagerPort` hands out plain ``tcp.Server`` connections (Twisted's
 normal write path, TCP_NODELAY still on) and logs why.
 """
 
@@ -21,47 +22,25 @@ from __future__ import annotations
 
 import _socket
 import socket
-from typing import Any, cast
+from typing import Any
 
-from twisted.internet import abstract, defer, error, tcp
-from twisted.internet.interfaces import IListeningPort, IReactorFDSet, IStreamServerEndpoint
+from twisted.internet import defer, error, tcp
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw.log import Logger
+from nsqtw.net.twisted_privates import (
+    WRITE_BUFFER_ATTRIBUTES,
+    cache_port_logger,
+    is_aborting,
+    write_buffer_empty,
+    write_buffers_understood,
+    write_side_closed,
+)
 
 #: how a connection closed by its own side is reported (the reactor reports it so too)
 _CONNECTION_DONE = Failure(error.ConnectionDone())
-
-#: the FileDescriptor attributes :meth:`EagerServer.write` reads
-PRIVATE_ATTRIBUTES = ("_tempDataLen", "offset", "dataBuffer", "_writeDisconnected")
-
-
-def twisted_buffers_understood(fd_class: type[abstract.FileDescriptor] = abstract.FileDescriptor) -> bool:
-    """Whether ``fd_class`` keeps its write buffers the way :class:`EagerServer` assumes.
-
-    A buffered write must show up in ``_tempDataLen`` while ``offset`` and
-    ``dataBuffer`` say nothing was flushed yet, and ``_writeDisconnected``
-    must be a bool. Checked on a scratch instance with a do-nothing reactor.
-    """
-
-    class _Reactor:
-        def addWriter(self, _: object) -> None:
-            pass
-
-        def removeWriter(self, _: object) -> None:
-            pass
-
-    try:
-        fd = fd_class(reactor=cast(IReactorFDSet, _Reactor()))
-        fd.connected = 1
-        if any(not hasattr(fd, name) for name in PRIVATE_ATTRIBUTES):
-            return False
-        fd.write(b"abc")
-        return (fd._tempDataLen == 3 and fd.offset == 0
-                and fd.dataBuffer == b"" and fd._writeDisconnected is False)
-    except Exception:
-        return False
 
 
 class EagerServer(tcp.Server):
@@ -79,6 +58,7 @@ class EagerServer(tcp.Server):
     #: Twisted calls ``shutdown(2)`` before ``close``, "just to be safe" by its own comment:
     #: the socket is close-on-exec and held by this process alone, so ``close`` alone ends
     #: the connection the same way (as Go's ``Close`` does), one system call fewer per connection
+    #: (a private Twisted attribute: listed in ``nsqtw.net.twisted_privates.OVERRIDDEN``)
     _shouldShutdown = False
     #: writes held by :meth:`cork` until :meth:`uncork`; None when not corked
     _corked: list[bytes] | None = None
@@ -124,8 +104,8 @@ class EagerServer(tcp.Server):
         first, by Twisted's way.
         """
         self.uncork()
-        if (self.connected and not self.disconnecting and not self._writeDisconnected and not self.TLS
-                and not self._tempDataLen and self.offset == len(self.dataBuffer)
+        if (self.connected and not self.disconnecting and not write_side_closed(self) and not self.TLS
+                and write_buffer_empty(self)
                 and (self.producer is None or (self.streamingProducer and not self.producerPaused))):
             self.stopReading()  # type: ignore[no-untyped-call]
             self.disconnecting = True
@@ -134,9 +114,9 @@ class EagerServer(tcp.Server):
         super().loseConnection()  # type: ignore[no-untyped-call]
 
     def _close_idle(self) -> None:
-        if not self.connected or self._aborting:  # lost or aborted meanwhile: that is reported instead
+        if not self.connected or is_aborting(self):  # lost or aborted meanwhile: that is reported instead
             return
-        if self._tempDataLen or self.offset != len(self.dataBuffer):
+        if not write_buffer_empty(self):
             # written after loseConnection: Twisted's doWrite sends it, then closes
             self.startWriting()  # type: ignore[no-untyped-call]
             return
@@ -155,11 +135,11 @@ class EagerServer(tcp.Server):
             if data:
                 self._corked.append(data)
             return
-        # Twisted's own buffers (FileDescriptor internals, read here as a subclass):
-        # if anything is queued, or TLS is on, or the connection is closing, append;
-        # likewise for a pull producer, which Twisted asks for more from doWrite
-        if (self.TLS or self._tempDataLen or self.offset != len(self.dataBuffer)
-                or not self.connected or self.disconnecting or self._writeDisconnected
+        # Twisted's own buffers (nsqtw.net.twisted_privates): if anything is queued, or
+        # TLS is on, or the connection is closing, append; likewise for a pull producer,
+        # which Twisted asks for more from doWrite
+        if (self.TLS or not write_buffer_empty(self)
+                or not self.connected or self.disconnecting or write_side_closed(self)
                 or type(data) is not bytes or not data
                 or (self.producer is not None and not self.streamingProducer)):
             super().write(data)  # type: ignore[no-untyped-call]
@@ -185,7 +165,7 @@ class _NoDelayServer(tcp.Server):
 
 
 #: decided once: the eager connection when Twisted's buffers are as expected, else the fallback
-SERVER_CLASS: type[tcp.Server] = EagerServer if twisted_buffers_understood() else _NoDelayServer
+SERVER_CLASS: type[tcp.Server] = EagerServer if write_buffers_understood() else _NoDelayServer
 
 
 _raw_family = _socket.socket.family.__get__
@@ -211,24 +191,20 @@ class AcceptSocket(socket.socket):
         return sock, addr
 
 
-def speed_up_accepts(port: object) -> None:
-    """Make a listening Twisted ``tcp.Port`` accept through :class:`AcceptSocket`, its logger made once.
-
-    ``tcp.Port._logger`` is a Twisted ``Logger`` descriptor, which builds a
-    new Logger (namespace string and all) on every access, and ``doRead``
-    reads it twice per accepting turn: an instance attribute with the same
-    Logger shadows it. Anything but a listening ``tcp.Port`` (a test's
-    memory reactor's port, say) is left as it is.
-    """
-    if not isinstance(port, tcp.Port) or getattr(port, "socket", None) is None:
-        return
-    if type(port.socket) is socket.socket:
-        port.socket.__class__ = AcceptSocket  # same layout (no new slots): the same object
-    port._logger = tcp.Port._logger.__get__(port, type(port))
-
-
 class EagerPort(tcp.Port):
+    """A listening port that accepts through :class:`AcceptSocket` and hands out :data:`SERVER_CLASS`."""
+
     transport = SERVER_CLASS
+
+    def createInternetSocket(self) -> socket.socket:
+        made = super().createInternetSocket()  # type: ignore[no-untyped-call]
+        sock = AcceptSocket(made.family, made.type, made.proto, made.detach())
+        sock.setblocking(False)  # as Twisted made it (a socket made from a descriptor takes the default)
+        return sock
+
+    def startListening(self) -> None:
+        super().startListening()
+        cache_port_logger(self)
 
 
 @implementer(IStreamServerEndpoint)
@@ -250,7 +226,7 @@ class EagerTCPServerEndpoint:
         if SERVER_CLASS is not EagerServer:
             self.log.warn("TCP: this Twisted keeps its write buffers differently than nsqtw expects"
                           " ({attributes}); using Twisted's normal write path",
-                          attributes=", ".join(PRIVATE_ATTRIBUTES))
+                          attributes=", ".join(WRITE_BUFFER_ATTRIBUTES))
         port = self._make_port(factory)
         port.startListening()
         return port

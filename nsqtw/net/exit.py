@@ -8,8 +8,8 @@ written) is recorded here, the reactor stops (every service closes what it
 opened), twistd finishes (the pid file removed, the log closed), and at
 interpreter exit the recorded status is the one the process exits with.
 
-Every read or write of Twisted's private state about the exit
-(``reactor._exitSignal``) sits in this module; ``tests/unit/test_exit.py``
+Twisted's private state about the exit (the signal twistd re-raises) is
+read and cleared through :mod:`nsqtw.net.twisted_privates`, whose test
 fails when Twisted changes it.
 """
 
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsqtw.log import Logger
+from nsqtw.net.twisted_privates import clear_exit_signal, exit_signal
 
 __all__ = ["FAILED", "ProcessExit", "exit_cleanly_after_signal", "fail_start", "process_exit"]
 
@@ -60,8 +61,7 @@ class ProcessExit:
         self.log.critical("FATAL: {reason}", reason=reason)
         self._register(self._exit_now)
         # the stop re-raises no signal: the status above is the one that counts
-        if getattr(reactor, "_exitSignal", None) is not None:
-            reactor._exitSignal = None
+        clear_exit_signal(reactor)
         if getattr(reactor, "running", False):
             reactor.stop()
         else:  # start-up before ``reactor.run()``: stop as soon as it runs
@@ -93,5 +93,5 @@ def exit_cleanly_after_signal(reactor: Any) -> None:
     twistd would re-raise the signal (exit status -15) unless told the stop
     was handled.
     """
-    if getattr(reactor, "_exitSignal", None) in (signal.SIGTERM, signal.SIGINT):
-        reactor._exitSignal = None
+    if exit_signal(reactor) in (signal.SIGTERM, signal.SIGINT):
+        clear_exit_signal(reactor)

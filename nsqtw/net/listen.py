@@ -14,8 +14,7 @@ from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, I
 from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
-from nsqtw.net.dispatch import direct_dispatch
-from nsqtw.net.eager import EagerTCPServerEndpoint, speed_up_accepts
+from nsqtw.net.eager import EagerTCPServerEndpoint
 from nsqtw.net.exit import fail_start, process_exit
 from nsqtw.net.notify import notify
 
@@ -127,8 +126,6 @@ class ListenerService(Service):
     def _bound(self, port: IListeningPort) -> IListeningPort:
         reactor = self.reactor
         self.port = port
-        speed_up_accepts(port)
-        direct_dispatch(reactor)  # once per reactor: the first listener does it
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)

@@ -499,9 +499,10 @@ FLAGS: tuple[Flag, ...] = (
         "busy-poll",
         "duration",
         "nsqtw only: while events arrive, and are handled, in less than this, the reactor looks"
-        " for the next one this long before it sleeps, as Go's scheduler spins, which roughly doubles"
-        " one-connection round trips at the cost of a busy CPU while traffic is brisk; 0 turns"
-        " it off, at most 10ms (see docs/performance.md).",
+        " for the next one this long before it sleeps, as Go's scheduler spins: quicker one-command"
+        " round trips where a core is spare, at the cost of a busy core while traffic is brisk"
+        " (slower where cores are few and shared); 0 (the default) is off, at most 10ms"
+        " (see docs/performance.md).",
         _A,
     ),
 )

@@ -18,7 +18,7 @@ from nsqtw.heap import keep_long_lived_old, release_free_heap
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
-from nsqtw.net.dispatch import busy_poll
+from nsqtw.net.busypoll import busy_poll_of
 from nsqtw.net.exit import exit_cleanly_after_signal, fail_start
 from nsqtw.net.lazy import FirstConnectionFactory
 from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
@@ -248,7 +248,10 @@ class NSQDService(MultiService):
         self.log.info("{banner}", banner=version_banner("nsqd"))
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
         self.log.info("{speedups}", speedups=speedups.NOTE)
-        if busy_poll(self.reactor, self.options.busy_poll) and self.options.busy_poll > 0:
+        poll = busy_poll_of(self.reactor)
+        if poll is not None:
+            poll.limit = self.options.busy_poll
+        if poll is not None and self.options.busy_poll > 0:
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
         keep_long_lived_old()  # queued messages are long-lived

@@ -5,7 +5,9 @@ Only the options are imported when twistd loads the plugin; the service
 options say whether TLS can be needed.  Without any TLS option pyOpenSSL is
 kept out of the process before the reactor is first imported: Twisted's
 reactor loads it (with cryptography) only to offer TLS, about 12 MB of idle
-RSS that such a node never uses (``docs/performance.md``, Memory).
+RSS that such a node never uses (``docs/performance.md``, Memory). Then the
+reactor is installed: nsqtw's own unless ``twistd --reactor`` chose one
+(:func:`nsqtw.net.reactor.install_for_daemon`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import cast
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
+from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
 
@@ -24,6 +27,7 @@ __all__ = ["Options", "makeService"]
 def makeService(config: Options) -> IService:
     # before anything imports the reactor (NSQDService below)
     keep_openssl_out(config.nsqd.needs_openssl)
+    install_for_daemon()  # before start_daemon: its log writer imports the reactor
     start_daemon("nsqd", config.nsqd.version, config.nsqd.log_level, config.nsqd.log_prefix,
                  getattr(config, "parent", None))
     from nsqtw.nsqd.service import InstantiateError, NSQDService

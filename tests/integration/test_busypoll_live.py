@@ -1,4 +1,5 @@
-"""--busy-poll on a real daemon: it says so at start-up, serves as before, and sleeps once traffic stops.
+"""--busy-poll on a real daemon (off by default): it says so at start-up, serves as before, and sleeps
+once traffic stops.
 
 Spinning trades CPU for latency only while traffic is brisk; the promise
 that matters for a node at rest is that it goes back to sleep. The
@@ -26,14 +27,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("flag", ["", "--busy-poll=0", "--busy-poll=10ms"], ids=["default", "off", "10ms"])
+@pytest.mark.parametrize("flag", ["", "--busy-poll=0", "--busy-poll=200us", "--busy-poll=10ms"],
+                         ids=["default", "off", "200us", "10ms"])
 def test_round_trips_then_sleep(daemon_factory, flag: str) -> None:
     d = daemon_factory(*([flag] if flag else []))
+    assert any("reactor class: nsqtw.net.epollreactor.NSQTWReactor" in line for line in d.output), d.output[:12]
     said = [line for line in d.output if "busy polling:" in line]
-    if flag == "--busy-poll=0":
-        assert said == []
+    if flag in ("", "--busy-poll=0"):  # off by default
+        assert said == [], said
     else:
-        limit = "10ms" if flag else "200µs"
+        limit = flag.split("=")[1].replace("us", "µs")
         assert said and f"up to {limit} while traffic is brisk" in said[0], d.output[:12]
 
     p = Client(d.tcp_address)

@@ -9,10 +9,11 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.net.busypoll import DEFAULT_LIMIT, BusyPoll
-from nsqtw.net.dispatch import busy_poll
+from nsqtw.net.busypoll import DEFAULT_LIMIT, BusyPoll, busy_poll_of
 
 epollreactor = pytest.importorskip("twisted.internet.epollreactor")
+
+from nsqtw.net.epollreactor import NSQTWReactor  # noqa: E402 (Linux only, as epoll)
 
 US = 1e-6
 LIMIT = 200 * US
@@ -156,29 +157,36 @@ class BusyPollTests(SynchronousTestCase):
             ep.work(5 * US)
         self.assertEqual(blocking_calls(ep), [-1], "only the first wait slept")
 
-    def test_default_limit(self) -> None:
-        self.assertEqual(DEFAULT_LIMIT, 0.0002)
+    def test_off_by_default(self) -> None:
+        """nsqd's ``--busy-poll`` default: no spinning (a spin costs a core; docs/performance.md)."""
+        self.assertEqual(DEFAULT_LIMIT, 0.0)
+        ep, poll = make([10 * US, 20 * US, 30 * US], limit=DEFAULT_LIMIT)
+        for _ in range(3):
+            poll(None, 8)
+        self.assertEqual(ep.calls, [(-1, True)] * 3, "every wait a plain blocking one")
 
 
 class InstallTests(SynchronousTestCase):
-    def test_sets_the_limit_of_the_epoll_reactors_poll_step(self) -> None:
+    def test_nsqtws_reactor_waits_through_a_busy_poll_that_is_off_until_set(self) -> None:
+        reactor = NSQTWReactor()
+        self.addCleanup(reactor._poller.close)
+        poll = busy_poll_of(reactor)
+        assert poll is not None
+        self.assertIs(poll, reactor.busy_poll)
+        self.assertEqual(poll.limit, 0.0)
+
+    def test_other_reactors_have_none(self) -> None:
+        self.assertIsNone(busy_poll_of(Clock()))
         reactor: Any = epollreactor.EPollReactor()
         self.addCleanup(reactor._poller.close)
-        self.assertTrue(busy_poll(reactor, 100 * US))
-        self.assertIsInstance(reactor._nsqtw_direct_dispatch, BusyPoll)
-        self.assertEqual(reactor._nsqtw_direct_dispatch.limit, 100 * US)
-        self.assertTrue(busy_poll(reactor, 0.0))
-        self.assertEqual(reactor._nsqtw_direct_dispatch.limit, 0.0)
-
-    def test_other_reactors_are_left_alone(self) -> None:
-        self.assertFalse(busy_poll(Clock(), LIMIT))
+        self.assertIsNone(busy_poll_of(reactor))
 
     def test_a_spinning_reactor_still_reads_its_sockets(self) -> None:
         from twisted.internet.abstract import FileDescriptor
 
-        reactor: Any = epollreactor.EPollReactor()
+        reactor = NSQTWReactor()
         self.addCleanup(reactor._poller.close)
-        busy_poll(reactor, LIMIT)
+        reactor.busy_poll.limit = LIMIT
         a, b = socket.socketpair()
         self.addCleanup(a.close)
         self.addCleanup(b.close)
@@ -193,7 +201,7 @@ class InstallTests(SynchronousTestCase):
                 got.append(a.recv(100))
 
         reactor.addReader(Reader(reactor))
-        poll = reactor._nsqtw_direct_dispatch
+        poll = reactor.busy_poll
         poll.spinning = True
         b.sendall(b"one")
         reactor.doIteration(None)

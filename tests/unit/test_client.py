@@ -197,7 +197,7 @@ class ProtocolTests(SynchronousTestCase):
             def __init__(self, sock: socket.socket) -> None:  # no reactor: only what send looks at
                 self.socket = sock
                 self.connected = 1
-                self._tempDataBuffer: list[bytes] = []
+                self._tempDataLen = 0
                 self.queued: list[bytes] = []
 
             def write(self, data: bytes) -> None:
@@ -212,10 +212,10 @@ class ProtocolTests(SynchronousTestCase):
         assert send is not None
         send(b"FIN x\n")
         self.assertEqual((b.recv(100), t.queued), (b"FIN x\n", []))
-        t._tempDataBuffer = [b"queued"]
+        t._tempDataLen = len(b"queued")
         send(b"NOP\n")
         self.assertEqual(t.queued, [b"NOP\n"])
-        t._tempDataBuffer = []
+        t._tempDataLen = 0
         t.queued.clear()
         big = b"m" * (16 << 20)  # more than the socket takes at once
         send(big)

@@ -1,4 +1,9 @@
-"""nsqtw.net.dispatch: the epoll reactor's events without the legacy log context per event."""
+"""nsqtw.net.epollreactor: nsqtw's reactor dispatches events without the legacy log context per event.
+
+Also how a daemon gets it: installed by the taps when no reactor is
+installed yet, by name with ``twistd --reactor=nsqtw``, and any other
+reactor left as it is (nsqtw.net.reactor).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.python import log as legacy_log
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.net.dispatch import direct_dispatch
-
 epollreactor = pytest.importorskip("twisted.internet.epollreactor")
+
+from nsqtw.net.epollreactor import NSQTWReactor  # noqa: E402 (Linux only, as epoll)
 
 
 class Reader(FileDescriptor):
@@ -51,22 +56,22 @@ class Reader(FileDescriptor):
 
 class DirectDispatchTests(SynchronousTestCase):
     def setUp(self) -> None:
-        self.reactor = epollreactor.EPollReactor()
+        self.reactor = NSQTWReactor()
         self.addCleanup(self.reactor._poller.close)
         self.a, self.b = socket.socketpair()
         self.addCleanup(self.a.close)
         self.addCleanup(self.b.close)
         self.a.setblocking(False)
 
-    def test_installed_once_and_only_on_the_epoll_reactor(self) -> None:
-        self.assertTrue(direct_dispatch(self.reactor))
-        self.assertFalse(direct_dispatch(self.reactor))
-        from twisted.internet.task import Clock
-
-        self.assertFalse(direct_dispatch(Clock()))
+    def test_is_an_epoll_reactor_whose_poll_step_is_its_own(self) -> None:
+        """A subclass of Twisted's epoll reactor that overrides the poll step, not an instance patched."""
+        self.assertIsInstance(self.reactor, epollreactor.EPollReactor)
+        self.assertIs(NSQTWReactor.doIteration, NSQTWReactor.doPoll)
+        self.assertIsNot(NSQTWReactor.doIteration, epollreactor.EPollReactor.doIteration)
+        self.assertNotIn("doIteration", vars(self.reactor))
+        self.assertEqual(self.reactor.busy_poll.limit, 0.0, "busy polling is off until asked for")
 
     def test_ready_descriptors_are_read_without_the_legacy_context(self) -> None:
-        direct_dispatch(self.reactor)
         reader = Reader(self.reactor, self.a)
         self.reactor.addReader(reader)
         self.b.sendall(b"hello")
@@ -77,17 +82,18 @@ class DirectDispatchTests(SynchronousTestCase):
         self.assertEqual(reader.got, [b"hello"])
 
     def test_twisteds_own_poll_for_comparison(self) -> None:
-        """Without it, Twisted's poll step labels the call with the prefix (what is given up)."""
-        reader = Reader(self.reactor, self.a)
-        self.reactor.addReader(reader)
+        """Twisted's own epoll reactor labels the call with the prefix (what is given up)."""
+        reactor = epollreactor.EPollReactor()
+        self.addCleanup(reactor._poller.close)
+        reader = Reader(reactor, self.a)
+        reactor.addReader(reader)
         self.b.sendall(b"x")
-        self.reactor.doIteration(0)
+        reactor.doIteration(0)
         self.assertEqual(reader.got, [b"x"])
         self.assertEqual(reader.contexts[0]["system"], "ReaderPrefix")
 
     def test_an_escaping_exception_is_logged_with_the_prefix_and_goes_no_further(self) -> None:
         """A peer's close makes _doReadOrWrite call connectionLost, which raises here."""
-        direct_dispatch(self.reactor)
         reader = Reader(self.reactor, self.a, boom=True)
         self.reactor.addReader(reader)
         logged: list[dict[str, Any]] = []
@@ -98,3 +104,56 @@ class DirectDispatchTests(SynchronousTestCase):
         self.assertEqual(len(reader.lost), 1)
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertTrue(any(e.get("system") == "ReaderPrefix" and e.get("isError") for e in logged))
+
+
+def _run(code: str) -> list[str]:
+    """Run ``code`` in a fresh interpreter (no reactor imported yet) on this checkout; its stdout lines."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=60, check=True)
+    return done.stdout.split()
+
+
+class InstallTests(SynchronousTestCase):
+    """Which reactor a daemon gets: nsqtw's when none is installed yet, else the one installed, unchanged."""
+
+    def test_a_daemon_gets_nsqtws_reactor_when_none_is_installed(self) -> None:
+        out = _run("from nsqtw.net.reactor import install_for_daemon\n"
+                   "print(install_for_daemon())\n"
+                   "from twisted.internet import reactor\n"
+                   "print(type(reactor).__qualname__)\n")
+        self.assertEqual(out, ["True", "NSQTWReactor"])
+
+    def test_a_reactor_installed_before_is_kept_and_the_daemon_says_so(self) -> None:
+        """``twistd --reactor=poll`` installs its reactor first: it runs unchanged, and one line says so."""
+        out = _run("from twisted.internet import pollreactor\n"
+                   "pollreactor.install()\n"
+                   "from twisted.logger import globalLogPublisher\n"
+                   "said = []\n"
+                   "globalLogPublisher.addObserver(said.append)\n"
+                   "from nsqtw.net.reactor import install_for_daemon\n"
+                   "print(install_for_daemon())\n"
+                   "from twisted.internet import reactor\n"
+                   "print(type(reactor).__qualname__, hasattr(reactor, 'busy_poll'))\n"
+                   "reactor.callWhenRunning(reactor.stop)\n"
+                   "reactor.run()\n"
+                   "print(sum('--busy-poll has no effect' in e.get('log_format', '')"
+                   " and e.get('reactor') == 'twisted.internet.pollreactor.PollReactor' for e in said))\n")
+        self.assertEqual(out, ["False", "PollReactor", "False", "1"])
+
+    def test_twistd_can_name_it(self) -> None:
+        """The reactor plugin: ``twistd --reactor=nsqtw`` installs nsqtw's reactor by name."""
+        from twisted.application.reactors import getReactorTypes
+
+        [plugin] = [r for r in getReactorTypes() if r.shortName == "nsqtw"]
+        self.assertEqual(plugin.moduleName, "nsqtw.net.reactor")
+        out = _run("from twisted.application.reactors import installReactor\n"
+                   "installReactor('nsqtw')\n"
+                   "from twisted.internet import reactor\n"
+                   "print(type(reactor).__qualname__)\n")
+        self.assertEqual(out, ["NSQTWReactor"])

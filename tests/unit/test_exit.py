@@ -1,21 +1,17 @@
 """A failed start ends the process with status 1 once twistd is done; SIGTERM ends it with 0.
 
 twistd has no public way to choose the exit status; :mod:`nsqtw.net.exit`
-records it and leans on Twisted's private ``_exitSignal``. The guards below
-fail when Twisted changes what that module relies on.
+records it and leans on Twisted's private ``_exitSignal`` (read through
+nsqtw.net.twisted_privates; tests/unit/test_twisted_privates.py guards it).
 """
 
 from __future__ import annotations
 
-import inspect
 import signal
 from typing import Any
 
-from twisted.application import app
-from twisted.internet import base
 from twisted.internet.testing import MemoryReactor
 from twisted.logger import LogLevel, globalLogPublisher
-from twisted.scripts import twistd
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.net.exit import ProcessExit, exit_cleanly_after_signal
@@ -77,20 +73,3 @@ class SignalExitTests(SynchronousTestCase):
             reactor._exitSignal = sig  # type: ignore[attr-defined]
             exit_cleanly_after_signal(reactor)
             self.assertEqual(reactor._exitSignal, expected)  # type: ignore[attr-defined]
-
-
-class TwistedPrivateStateTests(SynchronousTestCase):
-    """What nsqtw.net.exit relies on in Twisted: fails when an upgrade changes it."""
-
-    def test_reactor_records_the_signal_that_stopped_it(self) -> None:
-        """Reactors keep ``_exitSignal`` (None until a signal stops them), set by their signal handlers."""
-        self.assertIn("_exitSignal", vars(base.ReactorBase))
-        self.assertIsNone(base.ReactorBase._exitSignal)
-        self.assertIn("self._exitSignal = number", inspect.getsource(base.ReactorBase))
-
-    def test_twistd_re_raises_that_signal_and_otherwise_exits_0(self) -> None:
-        """twistd reads the reactor's ``_exitSignal`` after ``run()`` and re-raises it; no exit status."""
-        self.assertIn("reactor._exitSignal", inspect.getsource(app.ApplicationRunner.startReactor))
-        run_app = inspect.getsource(twistd.runApp)
-        self.assertIn("runner._exitSignal", run_app)
-        self.assertNotIn("exit(", run_app.replace("_exitWithSignal(", ""))

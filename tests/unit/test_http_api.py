@@ -658,47 +658,9 @@ class StatsTests(SynchronousTestCase):
 
 
 
-class TwistedPrivatesTests(SynchronousTestCase):
-    """The private twisted.web attributes nsqtw reads are still there and mean the same."""
-
-    def test_http_channel_keeps_request_target_in_path(self) -> None:
-        """HTTPChannel stores the request target in ``_path`` before the body arrives."""
-        from twisted.internet.testing import StringTransport
-        from twisted.web.http import HTTPChannel
-
-        seen: list[object] = []
-
-        class Probe(BoundedRequest):
-            def gotLength(self, length: int | None) -> None:
-                seen.append(getattr(self.channel, "_path", "MISSING"))
-
-        from twisted.web.resource import Resource
-        from twisted.web.server import Site
-
-        channel = HTTPChannel()
-        channel.site = Site(Resource())
-        channel.requestFactory = Probe
-        channel.makeConnection(StringTransport())
-        channel.dataReceived(b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n")
-        self.assertEqual(seen, [b"/pub?topic=t"],
-                         "twisted.web.http.HTTPChannel no longer keeps _path: update BoundedRequest._limit")
-        channel.connectionLost(None)
-
-    def test_http_channel_says_when_its_transport_is_full(self) -> None:
-        """HTTPChannel sets ``_waitingForTransport`` while paused as a producer: GoHTTPChannel._direct_next
-        reads it to hold pipelined answers for a client that does not read them."""
-        from twisted.internet.testing import StringTransport
-        from twisted.web.http import HTTPChannel
-
-        channel = HTTPChannel()
-        channel.makeConnection(StringTransport())
-        message = "twisted.web.http.HTTPChannel no longer keeps _waitingForTransport: update GoHTTPChannel"
-        self.assertIs(getattr(channel, "_waitingForTransport", None), False, message)
-        channel.pauseProducing()
-        self.assertIs(getattr(channel, "_waitingForTransport", None), True, message)
-        channel.resumeProducing()
-        self.assertIs(getattr(channel, "_waitingForTransport", None), False, message)
-        channel.connectionLost(None)
+class RequestTargetTests(SynchronousTestCase):
+    """What a request does when twisted.web's private request target is missing
+    (tests/unit/test_twisted_privates.py checks that it is there)."""
 
     def test_missing_path_falls_back_to_largest_limit(self) -> None:
         """Without ``_path`` a request still gets a body limit large enough for every route."""
