@@ -95,6 +95,8 @@ class Channel:
         self.delivery: IChannelDelivery = mode.for_channel(self)
         #: the memory queue's bound, as the delivery mode sets it (read for every batch a topic hands off)
         self.mem_limit: int = self.delivery.mem_queue_size
+        #: the topic hands this channel its batches through the mode's journaled ``put_handoff``
+        self.journaled: bool = self.delivery.journaled
         self._next = self.delivery.next_messages
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
@@ -606,13 +608,14 @@ def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) ->
     What :meth:`Channel.put_many` does for them, in one loop with no call
     per channel: a topic with thousands of channels runs this for each
     batch it hands off (docs/performance.md, "Fan-out"). Returns the
-    channels left for :meth:`Channel.put_many` (closing, or short of room).
+    channels left for :meth:`Channel.put_many` (closing, or short of room)
+    and for the journaled ones' hand-off.
     """
     n = len(msgs)
     left = []
     for channel in channels:
         memory = channel.memory
-        if channel.exiting or channel.mem_limit - len(memory) < n:
+        if channel.exiting or channel.journaled or channel.mem_limit - len(memory) < n:
             left.append(channel)
             continue
         channel.message_count += n

@@ -9,7 +9,7 @@ it safe. After kill -9 the journals rebuild exactly the unfinished messages
 (see docs/durability.md). Ephemeral topics and channels fall back to the
 buffered mode: they keep nothing on disk by definition.
 
-This is one of the delivery strategies Topic and Channel are given
+This is one of the delivery modes whose answers Topic and Channel ask for
 (:mod:`nsqtw.core.delivery` holds the other two); it lives in storage
 because it is built on the journal.
 """
@@ -17,31 +17,24 @@ because it is built on the journal.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet import defer
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from nsqtw.core.delivery import (
-    TOPIC_BATCH,
-    BufferedDelivery,
-    Handoff,
-    HandoffLedger,
-    HandoffSlot,
-    durable_backend,
-    wait_while_node_behind,
-)
+from nsqtw.core.delivery import BufferedDelivery
+from nsqtw.core.handoff import durable_backend
 from nsqtw.core.message import MSG_ID_LENGTH, Message
 from nsqtw.errors import BackendError, ExitingError
-from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery
+from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery, Position
 from nsqtw.names import backend_name
 
 if TYPE_CHECKING:
     from nsqtw.core.channel import Channel
     from nsqtw.core.topic import Topic
-    from nsqtw.storage.journal import Journal, Position
+    from nsqtw.storage.journal import Journal
 
 __all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery"]
 
@@ -60,7 +53,7 @@ class DurableDelivery:
     def for_topic(self, topic: Topic) -> ITopicDelivery:
         if topic.ephemeral:
             return self.fallback.for_topic(topic)
-        return DurableTopicDelivery(topic, self.journal_factory(backend_name(topic.name)))
+        return DurableTopicDelivery(self.journal_factory(backend_name(topic.name)), topic.clock)
 
     def for_channel(self, channel: Channel) -> IChannelDelivery:
         if channel.ephemeral or channel.topic_ephemeral:
@@ -71,116 +64,44 @@ class DurableDelivery:
 
 @implementer(ITopicDelivery)
 class DurableTopicDelivery:
-    """Every message goes to the topic's disk queue; publishers wait for its fsync."""
+    """Every message goes to the topic's disk queue; publishers wait for its fsync; the
+    topic's read position passes a batch only once every durable channel has it safe.
+
+    The journal keeps the due times of DPUB messages in the queue (nsqd's
+    record has no field for them).
+    """
 
     mem_queue_size = 0
     wait_for_write = True
+    commit_after_handoff = True
 
-    def __init__(self, topic: Topic, journal: Journal) -> None:
-        self.topic = topic
-        #: the due times of DPUB messages in the queue (nsqd's record has no field for them)
+    def __init__(self, journal: Journal, clock: IReactorTime) -> None:
         self.journal = journal
-        self._backend = durable_backend(topic.backend)
-        self._ledger = HandoffLedger(topic, self._backend, journal.drop_dues)
-        self._handoff = HandoffSlot()
+        self._clock = clock
 
     def published(self, delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
         if delayed:  # DPUB delays (see Message.deadline)
             journal = self.journal
-            now = self.topic.clock.seconds()
+            now = self._clock.seconds()
             for m in delayed:
                 journal.due(m.id, now + m.deadline)
             written.addCallback(lambda _: journal.synced())
         return written
 
-    def distribute(self) -> bool:
-        """Hand a batch to every channel, a slice of them per step (:class:`Handoff`); the
-        topic's read position moves past it only once every durable channel has it safe.
+    def dues(self) -> Mapping[bytes, float]:
+        return self.journal.dues
 
-        After a restart the topic re-reads what it had not committed; a
-        channel's journal says how far it had got (``handoff_floor``) and
-        the records before that are not given to it again.
-        """
-        topic = self.topic
-        if topic.exiting:
-            return False
-        more = self._handoff.step()
-        if more is not None:
-            return more or self._backend.depth() > 0
-        channels = list(topic.channels.values())
-        if not channels or topic.paused:
-            return False
-        backend = self._backend
-        for channel in channels:
-            delivery = channel.delivery
-            if isinstance(delivery, DurableChannelDelivery) and (
-                    delivery.write_error() is not None or delivery.journal.behind()):
-                # a durable channel cannot take writes, or its journal is far behind on
-                # fsyncs: wait rather than skip it (memory stays bounded meanwhile)
-                topic.clock.callLater(1.0, topic.wake)
-                return False
-        if wait_while_node_behind(topic, lambda _: topic.wake()):
-            return False
-        records = backend.read_positions(TOPIC_BATCH)
-        if not records:
-            return False
-        mark = backend.read_mark()
-        msgs: list[Message] = []
-        positions: list[tuple[int, int]] = []
-        for data, num, pos in records:
-            msg = topic.decode(data)
-            if msg is not None:
-                msgs.append(msg)
-                positions.append((num, pos))
-        due_ids = topic.apply_dues(msgs, self.journal.dues) if topic.restored_due or self.journal.dues else []
-        end = (records[-1][1], records[-1][2])
-        waits: list[Deferred[None]] = []
-        shared = len(channels) > 1
-
-        def give(slice_: list[Channel]) -> None:
-            for channel in slice_:
-                delivery = channel.delivery
-                batch = msgs
-                try:
-                    if isinstance(delivery, DurableChannelDelivery):
-                        floor = delivery.handoff_floor
-                        if floor is not None:
-                            batch = [m for m, p in zip(msgs, positions, strict=True) if p > floor]
-                            if end >= floor:
-                                delivery.handoff_floor = None
-                        waits.append(delivery.put_handoff(batch, end))
-                    else:
-                        channel.put_many(batch, shared=shared)
-                except (ExitingError, BackendError) as e:
-                    topic.log.error("TOPIC({topic}): failed to put msg(s) to channel({channel}) - {error}",
-                                    topic=topic.name, channel=channel.name, error=e)
-                    if isinstance(delivery, DurableChannelDelivery):
-                        waits.append(defer.fail(e))
-
-        handoff = Handoff(topic, channels, len(msgs), give, lambda _: self._ledger.add(mark, waits, due_ids))
-        return self._handoff.begin(handoff) or backend.depth() > 0
-
-    def deferred_due(self) -> dict[bytes, float]:
-        due = dict(self.topic.restored_due)
-        due.update(self.journal.dues)
-        return due
+    def committed(self, due_ids: list[bytes]) -> None:
+        self.journal.drop_dues(due_ids)
 
     def health(self) -> str | None:
         return self.journal.error
 
     def close(self) -> Deferred[object]:
-        return ensureDeferred(self._close())
-
-    async def _close(self) -> object:
-        topic = self.topic
-        self._handoff.finish()  # the channels not reached yet get it before they close
-        # let hand-offs under way finish, so the read position persisted is exact
-        await DeferredList(self._ledger.under_way(), consumeErrors=True)
-        await DeferredList([c.close() for c in topic.channels.values()], consumeErrors=True)
-        await topic.backend.close()
-        # the due times it holds go to nsqtw.deferred.json (see NSQD.deferred_due)
-        await self.journal.remove()
-        return None
+        # the topic's queue is closed: the due times the journal holds went to
+        # nsqtw.deferred.json with the topic's (see NSQD.deferred_due)
+        d: Deferred[Any] = self.journal.remove()
+        return d
 
     def delete(self) -> Deferred[object]:
         d: Deferred[Any] = self.journal.remove()
@@ -192,6 +113,7 @@ class DurableChannelDelivery:
     """Whatever leaves the channel's queue is journaled first (memory holds only journal-owned messages)."""
 
     mem_queue_size = sys.maxsize
+    journaled = True
 
     def __init__(self, channel: Channel, journal: Journal) -> None:
         self.channel = channel
@@ -218,10 +140,10 @@ class DurableChannelDelivery:
                              " ({deferred} deferred)", topic=channel.topic_name, channel=channel.name,
                              count=len(recovered), deferred=len(channel.deferred))
 
-    def write_error(self) -> str | None:
-        """Why the channel's queue refuses writes right now, or ``None``."""
-        error: str | None = self._backend.write_error
-        return error
+    def refuses_handoff(self) -> bool:
+        """The channel's queue cannot take writes, or its journal is far behind on fsyncs:
+        the topic waits rather than skip it (memory stays bounded meanwhile)."""
+        return self._backend.write_error is not None or self.journal.behind()
 
     def _journal_snapshot(self) -> Iterable[tuple[Message, float]]:
         channel = self.channel
@@ -307,6 +229,9 @@ class DurableChannelDelivery:
         channel = self.channel
         if channel.exiting:
             raise ExitingError()
+        floor = self.handoff_floor
+        if floor is not None and pos >= floor:
+            self.handoff_floor = None  # past what it had before the restart
         if not msgs:
             return succeed(None)
         channel.message_count += len(msgs)
