@@ -172,23 +172,43 @@ class ITopicDelivery(Interface):
 
 
 class IChannelDelivery(Interface):
-    """How one channel takes messages out of its queue and keeps track of them (a delivery mode)."""
+    """What one channel's delivery mode answers; the channel's own pump asks (a delivery mode).
+
+    The channel reads its queue and hands messages to its clients itself
+    (``nsqtw.core.channel.Channel.next_messages``); the mode says which
+    records come next and records what leaves the queue.
+    """
 
     mem_queue_size = Attribute("int: messages the channel keeps in memory before it writes to its backend.")
     journaled = Attribute(
-        "bool: whether the topic hands this channel its batches through ``put_handoff`` (straight into its"
-        " disk queue, journaled) and waits for each, instead of the channel's ``put_many``.")
+        "bool: whether the topic hands this channel its batches straight into its disk queue"
+        " (``nsqtw.core.handoff.put_journaled``) and waits for each, instead of through ``Channel.put_many``.")
     handoff_floor = Attribute(
         "The topic's queue position up to which its records reached this channel before a restart, or None.")
 
+    def restored() -> list[tuple[Any, float]]:
+        """Messages (``nsqtw.core.message.Message``) kept across a crash, each with its due time (0: now)."""
+
     def refuses_handoff() -> bool:
-        """Whether the topic must wait before handing this channel more (its files failing or behind)."""
+        """Whether the topic must wait before handing this channel more (the mode's files failing or behind)."""
 
-    def put_handoff(msgs: list[Any], pos: Position) -> Deferred[None]:
-        """(journaled modes) Messages from the topic, up to its record ``pos``; fires once they are safe."""
+    def handed_off(pos: Position) -> None:
+        """The topic's records up to ``pos`` are safe in the channel's queue: record it."""
 
-    def next_messages(n: int) -> list[Any]:
-        """Up to ``n`` messages (``nsqtw.core.message.Message``) to deliver now, oldest first."""
+    def synced() -> Deferred[None]:
+        """Fires once everything the mode recorded so far is on disk."""
+
+    def may_take() -> bool:
+        """Whether messages may leave the queue now (if not, the mode wakes the channel when they may)."""
+
+    def read(n: int) -> list[bytes]:
+        """Up to ``n`` more records from the channel's backend, oldest first."""
+
+    def owns(msg_id: bytes) -> bool:
+        """Whether the mode already holds a message of that ID (a copy handed over twice around a crash)."""
+
+    def taking(msgs: list[Any]) -> None:
+        """These messages leave the queue for delivery (record them before they go)."""
 
     def deferred(msg: Any, when: float) -> None:
         """``msg`` waits until ``when`` (DPUB, REQ with a delay)."""
@@ -202,8 +222,12 @@ class IChannelDelivery(Interface):
     def health() -> str | None:
         """``None``, or what is failing in this mode's own files."""
 
-    def close() -> Deferred[None]:
-        """Graceful stop: everything the channel holds goes to its backend, which closes."""
+    def flushed() -> None:
+        """A graceful stop put every message the channel held back into its queue."""
+
+    def close(keep: bool) -> Deferred[None]:
+        """The channel's queue is closed: this mode's own files are done with (``keep``: something
+        failed, keep them for the next start)."""
 
     def delete() -> None:
         """The channel is deleted: drop this mode's own files."""

@@ -104,27 +104,32 @@ class PlainChannelDelivery:
     handoff_floor: Position | None = None
 
     def __init__(self, channel: Channel) -> None:
-        self.channel = channel
         self.mem_queue_size: int = channel.options_mem_queue_size
+        self._backend = channel.backend
+
+    def restored(self) -> list[tuple[Message, float]]:
+        return []
 
     def refuses_handoff(self) -> bool:
         return False
 
-    def put_handoff(self, msgs: list[Message], pos: Position) -> Deferred[None]:
-        raise TypeError("a buffered channel takes a topic's batches through put_many")
+    def handed_off(self, pos: Position) -> None:
+        pass
 
-    def next_messages(self, n: int) -> list[Message]:
-        channel = self.channel
-        out: list[Message] = []
-        if channel.backend.depth():
-            out = channel.decode_all(channel.backend.read(n))
-            if channel.restored_due:
-                now = channel.clock.seconds()
-                out = [msg for msg in out if not channel.defer_restored(msg, now)]
-        k = min(n - len(out), len(channel.memory))
-        if k > 0:
-            out.extend(channel.take_queued(k))
-        return out
+    def synced(self) -> Deferred[None]:
+        return succeed(None)
+
+    def may_take(self) -> bool:
+        return True
+
+    def read(self, n: int) -> list[bytes]:
+        return self._backend.read(n)
+
+    def owns(self, msg_id: bytes) -> bool:
+        return False
+
+    def taking(self, msgs: list[Message]) -> None:
+        pass
 
     def deferred(self, msg: Message, when: float) -> None:
         pass
@@ -138,9 +143,11 @@ class PlainChannelDelivery:
     def health(self) -> str | None:
         return None
 
-    def close(self) -> Deferred[None]:
-        self.channel.flush_or_log()
-        return self.channel.backend.close()
+    def flushed(self) -> None:
+        pass
+
+    def close(self, keep: bool) -> Deferred[None]:
+        return succeed(None)
 
     def delete(self) -> None:
         pass

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet import defer
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, succeed
 
-from nsqtw.core.channel import put_in_memory
 from nsqtw.core.message import MIN_VALID_MSG_LENGTH, record_id
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IDurableBackendQueue, Position, ReadMark
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from nsqtw.core.message import Message
 
 __all__ = ["BACKLOG_BYTES", "BACKLOG_LIMIT", "HANDOFF_SLICE", "TOPIC_BATCH", "Batch", "Handoff", "HandoffLedger",
-           "HandoffSlot", "durable_backend", "is_behind"]
+           "HandoffSlot", "durable_backend", "is_behind", "put_in_memory", "put_journaled", "when_written"]
 
 #: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192
@@ -60,6 +59,78 @@ def durable_backend(backend: IBackendQueue) -> IDurableBackendQueue:
     if not IDurableBackendQueue.providedBy(backend):
         raise TypeError(f"this delivery mode needs disk queues, not {backend!r}")
     return IDurableBackendQueue(backend)
+
+
+def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) -> list[Channel]:
+    """A topic's batch (no DPUB delays) queued on every channel whose memory queue has room for it all.
+
+    What :meth:`Channel.put_many` does for them, in one loop with no call
+    per channel: a topic with thousands of channels runs this for each
+    batch it hands off (docs/performance.md, "Fan-out"). Returns the
+    channels left for :meth:`Channel.put_many` (closing, or short of room)
+    and for :func:`put_journaled` (journaled).
+    """
+    n = len(msgs)
+    left = []
+    for channel in channels:
+        memory = channel.memory
+        if channel.exiting or channel.journaled or channel.mem_limit - len(memory) < n:
+            left.append(channel)
+            continue
+        channel.message_count += n
+        memory.extend(msgs)
+        if shared:
+            channel.shared = True
+        if channel.clients:
+            channel.wake()
+    return left
+
+
+def when_written(backend: IBackendQueue, closing: Callable[[], bool]) -> Deferred[Any]:
+    """Fires once ``backend`` has written everything put so far, through failed attempts
+    (a full disk keeps the records and retries); fails only if ``closing()`` meanwhile."""
+    d: Deferred[Any] = backend.written()
+    d.addErrback(lambda f: f if closing() else when_written(backend, closing))
+    return d
+
+
+def put_journaled(channel: Channel, msgs: list[Message], pos: Position) -> Deferred[None]:
+    """A journaled channel's copy of a topic's batch, up to the topic's record ``pos``.
+
+    The ready ones go straight into the channel's backend (its memory queue
+    holds only what the journal owns). Fires once all of them are safe
+    there: written, the hand-off recorded by the channel's delivery mode,
+    the DPUB ones deferred, and the mode's records synced. Raises
+    ExitingError or BackendError.
+    """
+    if channel.exiting:
+        raise ExitingError()
+    floor = channel.handoff_floor
+    if floor is not None and pos >= floor:
+        channel.handoff_floor = None  # past what it had before the restart
+    if not msgs:
+        return succeed(None)
+    channel.message_count += len(msgs)
+    ready = [m for m in msgs if not m.deadline]  # DPUB delays: see Message.deadline
+    later = [m for m in msgs if m.deadline]
+    if ready:
+        channel.backend.put_many([m.encode() for m in ready])
+        channel.wake()
+    return ensureDeferred(_journal_handoff(channel, bool(ready), later, pos))
+
+
+async def _journal_handoff(channel: Channel, wrote: bool, later: list[Message], pos: Position) -> None:
+    if wrote:
+        await when_written(channel.backend, lambda: channel.exiting or channel.owner.exiting)
+    # Recorded only now: the queue's copies are written, and none of them
+    # has been taken yet (reads come back after this write's callback), so
+    # no record about them can precede this one.
+    channel.delivery.handed_off(pos)
+    if later:
+        now = channel.clock.seconds()
+        for m in later:
+            channel.defer_published(m.copy(), now)  # (other channels hold the same object)
+    await channel.delivery.synced()
 
 
 class Handoff:
@@ -188,8 +259,7 @@ class Batch:
         for channel in channels:
             try:
                 if channel.journaled:
-                    delivery = channel.delivery
-                    self._waits.append(delivery.put_handoff(self._after(delivery.handoff_floor), self.end()))
+                    self._waits.append(put_journaled(channel, self._after(channel.handoff_floor), self.end()))
                     continue
                 msgs, encoded = self.for_channel(channel.room())
                 channel.put_many(msgs, encoded, shared=self.shared, delayed=self.delayed)
@@ -205,7 +275,8 @@ class Batch:
         if ledger is None:
             return
         waits = self._waits
-        waits.extend(ledger.when_written(c.backend) for c in channels if not c.journaled)
+        topic = self.topic
+        waits.extend(when_written(c.backend, lambda: topic.exiting) for c in channels if not c.journaled)
         ledger.add(self._mark, waits, self._due_ids)
 
     def end(self) -> Position:
@@ -289,13 +360,6 @@ class HandoffLedger:
         d: Deferred[Any] = DeferredList(waits, consumeErrors=True)
         self._under_way.add(d)
         d.addCallback(self._handed_off, entry, d)
-
-    def when_written(self, backend: IBackendQueue) -> Deferred[Any]:
-        """Fires once ``backend`` has written everything put so far, through failed attempts
-        (a full disk keeps the records and retries); fails only if the topic is closing meanwhile."""
-        d: Deferred[Any] = backend.written()
-        d.addErrback(lambda f: f if self.topic.exiting else self.when_written(backend))
-        return d
 
     def under_way(self) -> list[Deferred[Any]]:
         """The hand-offs not finished yet (a graceful stop waits for them)."""

@@ -98,7 +98,7 @@ class FanoutTests(SynchronousTestCase):
         """Everything the channel would deliver, in order."""
         out: list[Message] = []
         for _ in range(50):
-            out.extend(channel.delivery.next_messages(1000))
+            out.extend(channel.next_messages(1000))
             self.settle()
         return out
 

@@ -388,7 +388,7 @@ class DiskFullHandoffTests(SynchronousTestCase):
         self.assertEqual(channel.depth(), 3000)
         got = []
         while channel.depth():
-            got.extend(m.body for m in channel.delivery.next_messages(500))
+            got.extend(m.body for m in channel.next_messages(500))
             self.settle(0.01)
         self.assertEqual(got, bodies)
 
