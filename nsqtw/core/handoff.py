@@ -37,7 +37,7 @@ BACKLOG_LIMIT = 10000
 BACKLOG_BYTES = 16 * 1024 * 1024
 
 
-class Topic(Protocol):
+class TopicView(Protocol):
     """What the hand-off needs of the topic that runs it (``nsqtw.core.topic.Topic``, which
     imports this module)."""
 
@@ -145,7 +145,7 @@ class Handoff:
     skipped; channels created meanwhile get the next batch.
     """
 
-    def __init__(self, topic: Topic, channels: list[Channel], batch: Batch) -> None:
+    def __init__(self, topic: TopicView, channels: list[Channel], batch: Batch) -> None:
         self.topic = topic
         self.channels = channels
         self.batch = batch
@@ -222,7 +222,7 @@ class Batch:
     topic's read position passes it.
     """
 
-    def __init__(self, topic: Topic, due: list[Message], records: list[bytes], decoded: list[Message],
+    def __init__(self, topic: TopicView, due: list[Message], records: list[bytes], decoded: list[Message],
                  tail: list[Message], shared: bool, ledger: HandoffLedger | None = None,
                  read: list[tuple[bytes, int, int]] | None = None, mark: ReadMark | None = None,
                  due_ids: list[bytes] | None = None) -> None:
@@ -291,8 +291,7 @@ class Batch:
         if floor is None:
             return msgs
         at = {record_id(d): (num, pos) for d, num, pos in self._read if len(d) >= MIN_VALID_MSG_LENGTH}
-        out = [m for m in msgs if at.get(m.id, floor) > floor]
-        return out
+        return [m for m in msgs if (pos := at.get(m.id)) is None or pos > floor]  # (None: from memory)
 
     def for_channel(self, room: int) -> tuple[list[Message], list[bytes]]:
         """What a channel whose memory queue has ``room`` takes: Messages, then records for its backend."""
@@ -337,7 +336,7 @@ class HandoffLedger:
     mode says so (``commit_after_handoff``).
     """
 
-    def __init__(self, topic: Topic, backend: IDurableBackendQueue,
+    def __init__(self, topic: TopicView, backend: IDurableBackendQueue,
                  on_commit: Callable[[list[bytes]], None]) -> None:
         self.topic = topic
         self.backend = backend
