@@ -63,6 +63,8 @@ class Topic:
         self.backend = backend
         self.clock = clock
         self.channels: dict[str, Channel] = {}
+        #: those of them the topic hands batches to through their journals (see _must_wait)
+        self._journaled: list[Channel] = []
         #: channels deleted so far (a hand-off under way leaves them out, see delivery.Handoff)
         self.channel_deletions = 0
         self.memory: deque[Message] = deque()
@@ -244,8 +246,8 @@ class Topic:
         ``--max-unwritten-bytes``: the copies would only add to the memory
         waiting for the disks.
         """
-        for channel in channels:
-            if channel.journaled and channel.delivery.refuses_handoff():
+        for channel in self._journaled:
+            if channel.delivery.refuses_handoff():
                 self.clock.callLater(1.0, self.wake)
                 return True
         unwritten = self.owner.unwritten
@@ -399,6 +401,8 @@ class Topic:
                 raise ExitingError()
             channel = self.owner.make_channel(self, name)
             self.channels[name] = channel
+            if channel.journaled:
+                self._journaled.append(channel)
             self.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
             self.owner.channel_created(self, channel)
             self._pump.wake()
@@ -408,6 +412,8 @@ class Topic:
         """Remove a channel and its data; raises KeyError when there is none."""
         channel = self.channels.pop(name)
         self.channel_deletions += 1
+        if channel in self._journaled:
+            self._journaled.remove(channel)
         self.log.info("TOPIC({topic}): deleting channel {channel}", topic=self.name, channel=name)
         d = channel.delete()
         self.owner.channel_deleted(self, channel)
@@ -484,6 +490,7 @@ class Topic:
             channel = self.channels.pop(name)
             ds.append(channel.delete())
             self.owner.channel_deleted(self, channel)
+        self._journaled.clear()
         self.memory.clear()
         ds.append(self.backend.delete())
         ds.append(self.delivery.delete())

@@ -1,0 +1,3 @@
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from nsqtw.storage import durable
