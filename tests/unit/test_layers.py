@@ -9,6 +9,8 @@ counts as the module ``a.b`` when there is one, else as ``a``.
 from __future__ import annotations
 
 import ast
+import shutil
+import tempfile
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -175,8 +177,8 @@ class LayerTests(SynchronousTestCase):
     def test_checker_catches_what_it_must(self) -> None:
         """A type-only import of storage in core, core in the interfaces, nsqd in the client, and a
         loop of three modules are each reported; a package's own modules and the root are not."""
-        sample = Path(self.mktemp())
-        sample.mkdir()
+        sample = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, sample)
         core = sample / "core.py"
         core.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nsqtw.storage import durable\n")
         self.assertEqual(forbidden("core", imports_of(core)), ["nsqtw.storage.durable"])
