@@ -1,9 +1,15 @@
-"""The zope interfaces at nsqtw's seams."""
+"""The zope interfaces at nsqtw's seams.
+
+This module imports nothing of nsqtw, so every layer can import it. Where a
+method takes or returns one of nsqtw's own objects (a topic, a channel, a
+message, an auth answer), the signature says ``Any`` and the docstring
+names the class; the implementations declare the real type.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
@@ -13,11 +19,8 @@ T = TypeVar("T")
 #: an opaque token for "every record read so far" (epoch, total read, file number, position)
 ReadMark = tuple[int, int, int, int]
 
-if TYPE_CHECKING:
-    from nsqtw.core.channel import Channel
-    from nsqtw.core.message import Message
-    from nsqtw.core.topic import Topic
-    from nsqtw.protocol.auth import AuthState
+#: a topic's or channel's disk queue position: (file number, offset past a record)
+Position = tuple[int, int]
 
 
 class IBackendQueue(Interface):
@@ -39,7 +42,7 @@ class IBackendQueue(Interface):
         While the disk fails, records are still taken: they wait in memory
         and are written, in order, once it accepts again (``health()`` says
         why meanwhile). Callers bound that memory by asking ``backlog()``
-        before they put (:func:`nsqtw.core.delivery.is_behind`).
+        before they put (:func:`nsqtw.core.handoff.is_behind`).
         """
 
     def put_many(records: Sequence[bytes]) -> None:
@@ -130,48 +133,84 @@ class IDiskExecutor(Interface):
 
 
 class ITopicDelivery(Interface):
-    """How one topic's messages reach its backend and move on to its channels (a delivery mode).
+    """What one topic's delivery mode answers; the topic's own pump asks (a delivery mode).
 
     nsqd's own behaviour, ``--sync-every=1``'s commit-after-write and
-    ``--durable-delivery`` differ exactly here; the Topic calls these and
-    never asks which mode it is in.
+    ``--durable-delivery`` differ exactly here. The topic reads its queue and
+    hands each batch to its channels itself (``nsqtw.core.topic.Topic.distribute``);
+    the mode answers in plain values and never drives the topic.
     """
 
-    mem_queue_size = Attribute("Messages the topic keeps in memory before it writes to its backend.")
-    wait_for_write = Attribute("Whether a publisher whose messages went to the backend waits for the write.")
+    mem_queue_size = Attribute("int: messages the topic keeps in memory before it writes to its backend.")
+    wait_for_write = Attribute("bool: whether a publisher whose messages went to the backend waits for the write.")
+    commit_after_handoff = Attribute(
+        "bool: whether the topic's read position may pass a batch only once every channel has it safe"
+        " (the backend must then be an IDurableBackendQueue).")
 
-    def distribute() -> bool:
-        """Copy one batch to every channel; True when more is waiting (another turn)."""
-
-    def published(delayed: list[Message], written: Deferred[None]) -> Deferred[None]:
+    def published(delayed: list[Any], written: Deferred[None]) -> Deferred[None]:
         """Some of a publish went to the backend; returns what its publisher waits on (``written`` or later).
 
-        ``delayed``: those of them with a DPUB delay (``Message.deadline``),
-        which a record has no field for; usually none.
+        ``delayed``: those of them (``nsqtw.core.message.Message``) with a
+        DPUB delay (``Message.deadline``), which a record has no field for;
+        usually none.
         """
 
-    def deferred_due() -> dict[bytes, float]:
-        """Due times of DPUB messages in the topic's queue, to keep across a restart."""
+    def dues() -> Mapping[bytes, float]:
+        """Due times (unix seconds) the mode keeps for DPUB messages in the topic's queue, by ID."""
+
+    def committed(due_ids: list[bytes]) -> None:
+        """The topic's read position passed these DPUB messages: the mode may forget their due times."""
 
     def health() -> str | None:
         """``None``, or what is failing in this mode's own files."""
 
     def close() -> Deferred[object]:
-        """Graceful stop: hand-offs under way finish, channels and backend close."""
+        """The topic stopped gracefully and its backend closed: this mode's own files are done with."""
 
     def delete() -> Deferred[object]:
         """Remove this mode's own files for the topic (the backend is deleted by the topic)."""
 
 
 class IChannelDelivery(Interface):
-    """How one channel takes messages out of its queue and keeps track of them (a delivery mode)."""
+    """What one channel's delivery mode answers; the channel's own pump asks (a delivery mode).
 
-    mem_queue_size = Attribute("Messages the channel keeps in memory before it writes to its backend.")
+    The channel reads its queue and hands messages to its clients itself
+    (``nsqtw.core.channel.Channel.next_messages``); the mode says which
+    records come next and records what leaves the queue.
+    """
 
-    def next_messages(n: int) -> list[Message]:
-        """Up to ``n`` messages to deliver now, oldest first."""
+    mem_queue_size = Attribute("int: messages the channel keeps in memory before it writes to its backend.")
+    journaled = Attribute(
+        "bool: whether the topic hands this channel its batches straight into its disk queue"
+        " (``nsqtw.core.handoff.put_journaled``) and waits for each, instead of through ``Channel.put_many``.")
+    handoff_floor = Attribute(
+        "The topic's queue position up to which its records reached this channel before a restart, or None.")
 
-    def deferred(msg: Message, when: float) -> None:
+    def restored() -> list[tuple[Any, float]]:
+        """Messages (``nsqtw.core.message.Message``) kept across a crash, each with its due time (0: now)."""
+
+    def refuses_handoff() -> bool:
+        """Whether the topic must wait before handing this channel more (the mode's files failing or behind)."""
+
+    def handed_off(pos: Position) -> None:
+        """The topic's records up to ``pos`` are safe in the channel's queue: record it."""
+
+    def synced() -> Deferred[None]:
+        """Fires once everything the mode recorded so far is on disk."""
+
+    def may_take() -> bool:
+        """Whether messages may leave the queue now (if not, the mode wakes the channel when they may)."""
+
+    def read(n: int) -> list[bytes]:
+        """Up to ``n`` more records from the channel's backend, oldest first."""
+
+    def owns(msg_id: bytes) -> bool:
+        """Whether the mode already holds a message of that ID (a copy handed over twice around a crash)."""
+
+    def taking(msgs: list[Any]) -> None:
+        """These messages leave the queue for delivery (record them before they go)."""
+
+    def deferred(msg: Any, when: float) -> None:
         """``msg`` waits until ``when`` (DPUB, REQ with a delay)."""
 
     def finished(msg_ids: list[bytes]) -> None:
@@ -183,21 +222,25 @@ class IChannelDelivery(Interface):
     def health() -> str | None:
         """``None``, or what is failing in this mode's own files."""
 
-    def close() -> Deferred[None]:
-        """Graceful stop: everything the channel holds goes to its backend, which closes."""
+    def flushed() -> None:
+        """A graceful stop put every message the channel held back into its queue."""
+
+    def close(keep: bool) -> Deferred[None]:
+        """The channel's queue is closed: this mode's own files are done with (``keep``: something
+        failed, keep them for the next start)."""
 
     def delete() -> None:
         """The channel is deleted: drop this mode's own files."""
 
 
 class IDeliveryMode(Interface):
-    """Makes each topic's and channel's delivery strategy (one object per node)."""
+    """Makes each topic's and channel's delivery mode (one object per node)."""
 
-    def for_topic(topic: Topic) -> ITopicDelivery:
-        """The strategy of a new topic (its backend is already set)."""
+    def for_topic(topic: Any) -> ITopicDelivery:
+        """The mode of a new ``nsqtw.core.topic.Topic`` (its backend is already set)."""
 
-    def for_channel(channel: Channel) -> IChannelDelivery:
-        """The strategy of a new channel (its backend is already set)."""
+    def for_channel(channel: Any) -> IChannelDelivery:
+        """The mode of a new ``nsqtw.core.channel.Channel`` (its backend is already set)."""
 
 
 class ITopicOwner(Interface):
@@ -206,19 +249,19 @@ class ITopicOwner(Interface):
     options = Attribute("The node's options.")
     unwritten = Attribute("The node's UnwrittenBytes: hand-offs wait while it is over its bound.")
 
-    def make_channel(topic: Topic, name: str) -> Channel:
-        """A new channel of ``topic`` with its backend and delivery mode."""
+    def make_channel(topic: Any, name: str) -> Any:
+        """A new ``nsqtw.core.channel.Channel`` of ``topic`` with its backend and delivery mode."""
 
-    def channel_created(topic: Topic, channel: Channel) -> None:
+    def channel_created(topic: Any, channel: Any) -> None:
         """``channel`` was added to ``topic``."""
 
-    def channel_deleted(topic: Topic, channel: Channel) -> None:
+    def channel_deleted(topic: Any, channel: Any) -> None:
         """``channel`` was removed from ``topic``."""
 
     def state_changed() -> None:
         """A topic or channel was paused or unpaused (metadata to persist)."""
 
-    def topic_unused(topic: Topic) -> None:
+    def topic_unused(topic: Any) -> None:
         """An ephemeral topic lost its last channel: the owner deletes it."""
 
 
@@ -231,7 +274,7 @@ class IChannelOwner(Interface):
     def state_changed() -> None:
         """The channel was paused or unpaused."""
 
-    def channel_unused(channel: Channel) -> None:
+    def channel_unused(channel: Any) -> None:
         """An ephemeral channel lost its last client: the topic deletes it."""
 
 
@@ -245,8 +288,8 @@ class IConsumer(Interface):
     def ready_capacity() -> int:
         """How many more messages the client can take now (RDY minus in flight; 0 when paused)."""
 
-    def deliver(messages: list[Message]) -> None:
-        """Send these messages (already marked in flight) to the client."""
+    def deliver(messages: list[Any]) -> None:
+        """Send these messages (``nsqtw.core.message.Message``, already marked in flight) to the client."""
 
     def messages_finished(count: int) -> None:
         """``count`` of this client's in-flight messages were FINed (a run of FINs, counted once)."""
@@ -291,7 +334,7 @@ class IStreamCodec(Interface):
 class IAuthorizer(Interface):
     """Answers an AUTH secret with the client's authorizations (nsqd's auth server client)."""
 
-    def query(remote_ip: str, tls: bool, secret: str, common_name: str) -> Deferred[AuthState]:
+    def query(remote_ip: str, tls: bool, secret: str, common_name: str) -> Deferred[Any]:
         """A Deferred firing with an :class:`nsqtw.protocol.auth.AuthState`, or failing with the reason."""
 
 

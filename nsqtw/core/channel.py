@@ -7,13 +7,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from nsqtw.core.message import (
     Message,
     copy_messages,
-    decode_message,
     decode_messages,
     end_flight,
     message_ids,
@@ -22,7 +21,7 @@ from nsqtw.core.message import (
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
-from nsqtw.interfaces import IBackendQueue, IChannelDelivery, IChannelOwner, IConsumer, IDeliveryMode
+from nsqtw.interfaces import IBackendQueue, IChannelDelivery, IChannelOwner, IConsumer, IDeliveryMode, Position
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.observe.quantile import Quantile
@@ -68,7 +67,7 @@ class Channel:
 
         self.memory: deque[Message] = deque()
         #: the memory queue may hold Message objects other channels hold too (see put_many)
-        self._shared = False
+        self.shared = False
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
         #: client id -> the IDs of its messages in flight and when each was sent (so a
@@ -95,7 +94,12 @@ class Channel:
         self.delivery: IChannelDelivery = mode.for_channel(self)
         #: the memory queue's bound, as the delivery mode sets it (read for every batch a topic hands off)
         self.mem_limit: int = self.delivery.mem_queue_size
-        self._next = self.delivery.next_messages
+        #: the topic hands this channel its batches straight into its backend and waits for each
+        #: (:func:`nsqtw.core.handoff.put_journaled`)
+        self.journaled: bool = self.delivery.journaled
+        #: the topic's records up to this position reached this channel before a restart
+        self.handoff_floor: Position | None = self.delivery.handoff_floor
+        self._restore(self.delivery.restored())
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -138,7 +142,7 @@ class Channel:
                 else:
                     ready.append(m)
         if shared and ready:
-            self._shared = True
+            self.shared = True
         if ready or records:
             self._queue(ready, records)
 
@@ -156,8 +160,8 @@ class Channel:
         else:
             pop = memory.popleft
             out = [pop() for _ in range(n)]
-        if self._shared:
-            self._shared = bool(memory)
+        if self.shared:
+            self.shared = bool(memory)
             out = copy_messages(out)
         return out
 
@@ -245,18 +249,72 @@ class Channel:
         if self.clients:
             self._pump.wake()
 
+    def _restore(self, restored: list[tuple[Message, float]]) -> None:
+        """Messages the delivery mode kept across a crash, each with its due time (0: now)."""
+        if not restored:
+            return
+        now = self.clock.seconds()
+        for msg, due in restored:
+            if due > now:
+                self.deferred.push(msg, due)
+                self.arm(due)
+            else:
+                self.memory.append(msg)
+        self.log.info("CHANNEL({topic}:{channel}): recovered {count} unfinished messages from its journal"
+                      " ({deferred} deferred)", topic=self.topic_name, channel=self.name,
+                      count=len(restored), deferred=len(self.deferred))
+
     # -- delivery ---------------------------------------------------------
 
-    def decode(self, data: bytes) -> Message | None:
-        """A record from the backend as a Message; a bad one is logged and skipped, as nsqd does."""
-        try:
-            return decode_message(data)
-        except ValueError as e:
-            self._bad_record(e)
-            return None
+    def next_messages(self, n: int) -> list[Message]:
+        """Up to ``n`` messages to deliver now, oldest first: the backend's, then memory's.
+
+        The delivery mode says which records come next (``read``), which
+        messages it already owns (a copy handed over twice around a crash),
+        and is told what leaves the queue before it leaves (``taking``).
+        """
+        delivery = self.delivery
+        if not delivery.may_take():
+            return []  # (the mode wakes the channel when it may again)
+        out: list[Message] = []
+        if self.backend.depth():
+            seen: set[bytes] = set()
+            for _ in range(8):  # a few batches at most, while every copy read is one already owned
+                records = delivery.read(n - len(out))
+                if not records:
+                    break
+                msgs = self.decode_all(records)
+                if self.journaled:
+                    msgs = self._fresh(msgs, seen)
+                if self.restored_due:
+                    now = self.clock.seconds()
+                    msgs = [msg for msg in msgs if not self.defer_restored(msg, now)]
+                out.extend(msgs)
+                if out or not self.journaled:
+                    break
+            else:
+                if not out and self.backend.depth():
+                    self.wake()  # all skipped so far: more next turn
+        k = min(n - len(out), len(self.memory))
+        if k > 0:
+            out.extend(self.take_queued(k))
+        delivery.taking(out)
+        return out
+
+    def _fresh(self, msgs: list[Message], seen: set[bytes]) -> list[Message]:
+        """``msgs`` but the copies the delivery mode already owns, or already read."""
+        owns = self.delivery.owns
+        out = []
+        for msg in msgs:
+            mid = msg.id
+            if owns(mid) or mid in seen:
+                continue
+            seen.add(mid)
+            out.append(msg)
+        return out
 
     def decode_all(self, records: list[bytes]) -> list[Message]:
-        """Records from the backend as Messages, the bad ones logged and skipped (:meth:`decode`)."""
+        """Records from the backend as Messages; a bad one is logged and skipped, as nsqd does."""
         return decode_messages(records, self._bad_record)
 
     def _bad_record(self, error: ValueError) -> None:
@@ -290,7 +348,7 @@ class Channel:
         while wanting and budget > 0 and not exhausted:
             still = []
             for client, cap in wanting:
-                msgs = self._next(min(cap, budget, 64))
+                msgs = self.next_messages(min(cap, budget, 64))
                 if not msgs:
                     exhausted = True
                     break
@@ -525,11 +583,15 @@ class Channel:
         self.delivery.emptied()
         return self.backend.empty()
 
-    def all_pending(self) -> Iterable[Message]:
-        """Every message the channel still owes a FIN: queued, in flight, deferred."""
-        yield from self.memory
-        yield from self.in_flight.live.values()
-        yield from self.deferred.live.values()
+    def pending(self) -> Iterable[tuple[Message, float]]:
+        """Every message the channel still owes a FIN, with its due time: queued and in
+        flight (0), deferred (when it is due)."""
+        for m in self.memory:
+            yield m, 0.0
+        for m in self.in_flight.live.values():
+            yield m, 0.0
+        for m in self.deferred.live.values():
+            yield m, m.deadline
 
     def deferred_due(self) -> dict[bytes, float]:
         """Due times of the deferred messages, to keep across a restart."""
@@ -566,9 +628,21 @@ class Channel:
         self._timer = None
 
     def close(self) -> Deferred[None]:
-        """Graceful stop: flush everything to the backend and close it."""
+        """Graceful stop: flush everything to the backend and close it (then the delivery
+        mode's own files: kept if anything failed)."""
         self._stop()
-        return self.delivery.close()
+        return ensureDeferred(self._close())
+
+    async def _close(self) -> None:
+        flushed = self.flush_or_log()
+        if flushed:
+            self.delivery.flushed()
+        try:
+            await self.backend.close()
+        except Exception:
+            await self.delivery.close(keep=True)
+            raise
+        await self.delivery.close(keep=not flushed)
 
     def delete(self) -> Deferred[None]:
         """Drop the channel: disconnect its clients, forget its messages, remove its backend."""
@@ -598,27 +672,3 @@ class Channel:
             "timeout_count": self.timeout_count,
             "finish_count": self.finish_count,
         }
-
-
-def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) -> list[Channel]:
-    """A topic's batch (no DPUB delays) queued on every channel whose memory queue has room for it all.
-
-    What :meth:`Channel.put_many` does for them, in one loop with no call
-    per channel: a topic with thousands of channels runs this for each
-    batch it hands off (docs/performance.md, "Fan-out"). Returns the
-    channels left for :meth:`Channel.put_many` (closing, or short of room).
-    """
-    n = len(msgs)
-    left = []
-    for channel in channels:
-        memory = channel.memory
-        if channel.exiting or channel.mem_limit - len(memory) < n:
-            left.append(channel)
-            continue
-        channel.message_count += n
-        memory.extend(msgs)
-        if shared:
-            channel._shared = True
-        if channel.clients:
-            channel._pump.wake()
-    return left

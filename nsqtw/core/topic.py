@@ -6,11 +6,20 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from nsqtw.core.delivery import is_behind
+from nsqtw.core.handoff import (
+    BACKLOG_LIMIT,
+    TOPIC_BATCH,
+    Batch,
+    Handoff,
+    HandoffLedger,
+    HandoffSlot,
+    durable_backend,
+    is_behind,
+)
 from nsqtw.core.message import (
     MIN_VALID_MSG_LENGTH,
     Message,
@@ -22,7 +31,7 @@ from nsqtw.core.message import (
 )
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
-from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner
+from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner, ReadMark
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 
@@ -35,9 +44,12 @@ class Topic:
     """Messages published to one topic, before they are copied to channels.
 
     While a topic has no channel, or is paused, messages wait here (memory up
-    to ``--mem-queue-size``, then the backend), as in nsqd. How they reach
-    the backend and the channels is the delivery mode's
-    (:class:`~nsqtw.interfaces.ITopicDelivery`); the topic only asks it.
+    to ``--mem-queue-size``, then the backend), as in nsqd. The topic's pump
+    (:meth:`distribute`) copies them to every channel; the delivery mode
+    (:class:`~nsqtw.interfaces.ITopicDelivery`) only answers its questions:
+    how much to keep in memory, whether publishers wait for the write,
+    whether the read position may pass a batch before the channels have it
+    safe, which due times it keeps.
     """
 
     log = Logger()
@@ -51,6 +63,8 @@ class Topic:
         self.backend = backend
         self.clock = clock
         self.channels: dict[str, Channel] = {}
+        #: those of them the topic hands batches to through their journals (see _must_wait)
+        self._journaled: list[Channel] = []
         #: channels deleted so far (a hand-off under way leaves them out, see delivery.Handoff)
         self.channel_deletions = 0
         self.memory: deque[Message] = deque()
@@ -61,9 +75,16 @@ class Topic:
         #: due times (unix seconds) of DPUB messages in the queue at the last graceful stop
         self.restored_due: dict[bytes, float] = {}
         self.delivery: ITopicDelivery = mode.for_topic(self)
+        #: batches handed off but not yet safe in every channel (when the mode commits after the hand-off)
+        self._ledger: HandoffLedger | None = None
+        if self.delivery.commit_after_handoff:
+            self._ledger = HandoffLedger(self, durable_backend(backend), self.delivery.committed)
+        self._handoff = HandoffSlot()
+        #: waiting for a channel's disk, or the node's, to catch up before copying more
+        self._held = False
         #: publishers waiting for the backend's backlog to fall under the bound
         self._room_waiters: list[Deferred[None]] = []
-        self._pump = Pump(clock, self.delivery.distribute, f"TOPIC({name})")
+        self._pump = Pump(clock, self.distribute, f"TOPIC({name})")
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
 
@@ -85,8 +106,8 @@ class Topic:
         The one admission rule of TCP and HTTP publishers, asked *before* the
         data is accepted (:meth:`NSQD.wait_for_room`). While the disk is slow
         or failing, the backlog stops draining, so the memory it holds stays
-        under :data:`~nsqtw.core.delivery.BACKLOG_LIMIT` records /
-        :data:`~nsqtw.core.delivery.BACKLOG_BYTES` plus one publish.
+        under :data:`~nsqtw.core.handoff.BACKLOG_LIMIT` records /
+        :data:`~nsqtw.core.handoff.BACKLOG_BYTES` plus one publish.
         """
         return not is_behind(self.backend)
 
@@ -189,7 +210,102 @@ class Topic:
             return delivery.published(delayed, self.backend.written())
         return None
 
-    # -- helpers for the delivery modes -------------------------------------
+    # -- the pump: copy batches to the channels ------------------------------
+
+    def distribute(self) -> bool:
+        """The pump's body: hand one batch to every channel, a slice of them per step
+        (:class:`~nsqtw.core.handoff.Handoff`); True when more is waiting (another turn).
+
+        A batch is read from the backend first, then from memory. With more
+        than one channel the channels share the batch's Message objects: a
+        channel copies a message only as it takes it out of its memory queue
+        (:meth:`Channel.put_many`, ``shared``). When the delivery mode
+        commits after the hand-off, the read position passes the batch only
+        once every channel has it safe (:class:`~nsqtw.core.handoff.HandoffLedger`).
+        """
+        if self.exiting:
+            return False
+        more = self._handoff.step()
+        if more is not None:
+            return more or bool(self.memory) or self.backend.depth() > 0
+        channels = list(self.channels.values())
+        if not channels or self.paused or self._held or self._must_wait(channels):
+            return False
+        batch = self._take_batch(channels)
+        if batch is None:
+            return False
+        return self._handoff.begin(Handoff(self, channels, batch)) or bool(self.memory) or self.backend.depth() > 0
+
+    def _must_wait(self, channels: list[Channel]) -> bool:
+        """Whether a channel, or the node, cannot take more now; if so the pump comes back later.
+
+        A journaled channel whose journal or disk refuses a hand-off is asked
+        again in a second. A channel whose disk is behind (:func:`is_behind`)
+        holds the batches here, where their own backlog pauses publishers,
+        until it has caught up; so does the node's unwritten total over
+        ``--max-unwritten-bytes``: the copies would only add to the memory
+        waiting for the disks.
+        """
+        for channel in self._journaled:
+            if channel.delivery.refuses_handoff():
+                self.clock.callLater(1.0, self.wake)
+                return True
+        unwritten = self.owner.unwritten
+        # while no single queue could be over the bound, no need to ask thousands of channels
+        if unwritten.total > BACKLOG_LIMIT * MIN_VALID_MSG_LENGTH:
+            for channel in channels:
+                if is_behind(channel.backend):
+                    self._hold(channel.backend.written())
+                    return True
+        if unwritten.over():
+            self._hold(unwritten.when_under())
+            return True
+        return False
+
+    def _hold(self, until: Deferred[None]) -> None:
+        self._held = True
+        until.addBoth(self._release)
+
+    def _release(self, _: object) -> None:
+        self._held = False
+        self.wake()
+
+    def _take_batch(self, channels: list[Channel]) -> Batch | None:
+        """The next batch: records from the backend (as many decoded as the emptiest channel
+        memory takes, beyond its room a channel puts records in its backend as they were
+        read), then messages from memory."""
+        ledger = self._ledger
+        due: list[Message] = []  # DPUB messages read back with a due time
+        due_ids: list[bytes] = []
+        records: list[bytes] = []
+        decoded: list[Message] = []
+        read: list[tuple[bytes, int, int]] | None = None
+        mark: ReadMark | None = None
+        if self.backend.depth():
+            if ledger is None:
+                records = self.backend.read(TOPIC_BATCH)
+            else:
+                read = ledger.backend.read_positions(TOPIC_BATCH)
+                records = [r[0] for r in read]
+                mark = ledger.backend.read_mark()
+            kept = self.delivery.dues()
+            due, decoded, records = self.split_records(records, max(c.room() for c in channels), kept)
+            if due:
+                due_ids = self.apply_dues(due, kept)
+        memory = self.memory
+        k = min(TOPIC_BATCH - len(due) - len(records), len(memory))
+        tail: list[Message] = []
+        if k == len(memory):
+            tail = list(memory)
+            memory.clear()
+        elif k > 0:
+            pop = memory.popleft
+            tail = [pop() for _ in range(k)]
+        if not (due or records or tail):
+            if ledger is not None and read:  # every record read was bad (each logged): pass them
+                ledger.add(mark, [])
+            return None
+        return Batch(self, due, records, decoded, tail, len(channels) > 1, ledger, read, mark, due_ids)
 
     def decode(self, data: bytes) -> Message | None:
         """A record from the backend as a Message; a bad one is logged and skipped, as nsqd does."""
@@ -206,11 +322,13 @@ class Topic:
     def _bad_record(self, error: ValueError) -> None:
         self.log.error("TOPIC({topic}): failed to decode message - {error}", topic=self.name, error=error)
 
-    def split_records(self, records: list[bytes], n: int) -> tuple[list[Message], list[Message], list[bytes]]:
+    def split_records(self, records: list[bytes], n: int, kept: Mapping[bytes, float]
+                      ) -> tuple[list[Message], list[Message], list[bytes]]:
         """Records read from the backend, for channels whose memory queues take at most ``n`` more.
 
-        Returns the DPUB messages among them kept across the last stop
-        (their ID in ``restored_due``), decoded to wait for their time
+        Returns the DPUB messages among them whose due time the topic knows
+        (their ID in ``restored_due``, kept across the last stop, or in
+        ``kept``, the delivery mode's), decoded to wait for their time
         (:meth:`apply_dues`); the first ``n`` of the others decoded; and all
         those others still encoded. A channel puts what its memory queue
         has no room for into its backend in the encoding it was read in
@@ -221,10 +339,10 @@ class Topic:
         """
         due: list[Message] = []
         restored = self.restored_due
-        if restored:
+        if restored or kept:
             others = []
             for data in records:
-                if len(data) >= MIN_VALID_MSG_LENGTH and record_id(data) in restored:
+                if len(data) >= MIN_VALID_MSG_LENGTH and ((mid := record_id(data)) in restored or mid in kept):
                     due.append(decode_message(data))
                 else:
                     others.append(data)
@@ -269,7 +387,9 @@ class Topic:
 
     def deferred_due(self) -> dict[bytes, float]:
         """Due times of DPUB messages still in the queue, to keep across a restart."""
-        return self.delivery.deferred_due()
+        due = dict(self.restored_due)
+        due.update(self.delivery.dues())
+        return due
 
     # -- channels ---------------------------------------------------------
 
@@ -281,6 +401,8 @@ class Topic:
                 raise ExitingError()
             channel = self.owner.make_channel(self, name)
             self.channels[name] = channel
+            if channel.journaled:
+                self._journaled.append(channel)
             self.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
             self.owner.channel_created(self, channel)
             self._pump.wake()
@@ -290,6 +412,8 @@ class Topic:
         """Remove a channel and its data; raises KeyError when there is none."""
         channel = self.channels.pop(name)
         self.channel_deletions += 1
+        if channel in self._journaled:
+            self._journaled.remove(channel)
         self.log.info("TOPIC({topic}): deleting channel {channel}", topic=self.name, channel=name)
         d = channel.delete()
         self.owner.channel_deleted(self, channel)
@@ -341,7 +465,22 @@ class Topic:
     def close(self) -> Deferred[Any]:
         """Graceful stop: every message goes to its backend, every backend closes."""
         self._stop()
-        return self.delivery.close()
+        return ensureDeferred(self._close())
+
+    async def _close(self) -> None:
+        self._handoff.finish()  # the channels not reached yet get it before they flush
+        if self._ledger is not None:
+            # let the channels' writes under way finish, so the read position persisted is exact
+            await DeferredList(self._ledger.under_way(), consumeErrors=True)
+        await DeferredList([c.close() for c in self.channels.values()], consumeErrors=True)
+        try:
+            if self.memory:
+                self.backend.put_many([m.encode() for m in self.memory])
+                self.memory.clear()
+        except BackendError as e:
+            self.log.error("TOPIC({topic}): failed to flush - {error}", topic=self.name, error=e)
+        await self.backend.close()
+        await self.delivery.close()  # the mode's own files (not if the backend failed to close)
 
     def delete(self) -> Deferred[Any]:
         """Remove the topic, its channels and their data."""
@@ -351,6 +490,7 @@ class Topic:
             channel = self.channels.pop(name)
             ds.append(channel.delete())
             self.owner.channel_deleted(self, channel)
+        self._journaled.clear()
         self.memory.clear()
         ds.append(self.backend.delete())
         ds.append(self.delivery.delete())

@@ -47,7 +47,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
 from nsqtw.core.message import Message
-from nsqtw.interfaces import IDiskExecutor
+from nsqtw.interfaces import IDiskExecutor, Position
 from nsqtw.log import Logger
 from nsqtw.storage.atomic import atomic_write, fsync_dir
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
@@ -88,8 +88,6 @@ _DUE = struct.Struct(">16sq")  # id, due ms
 _TYPES = {t: bytes((t,)) for t in (REC_MESSAGE, REC_STATE, REC_FIN, REC_TAKEN, REC_HANDOFF, REC_CLEAR,
                                    REC_DUE)}
 _CRC_SEED = {t: zlib.crc32(b) for t, b in _TYPES.items()}
-
-Position = tuple[int, int]
 
 
 class JournalError(Exception):

@@ -100,6 +100,44 @@ class DurableTests(SynchronousTestCase):
             self.clock.advance(0.1)
         self.assertEqual(sorted(b for _, _, b in delivered), [b"m%03d" % i + b"x" * 200 for i in range(100)])
 
+    def test_topic_holds_batches_while_a_channel_journal_is_behind(self) -> None:
+        """While a durable channel's journal is past its bound (fsyncs failing), the topic hands
+        it nothing more and keeps the messages in its own queue; synced again, every one arrives."""
+        from nsqtw.storage import journal as journal_module
+        self.patch(journal_module, "PENDING_LIMIT_BYTES", 5_000)
+        nsqd = self.build()
+        topic = nsqd.get_topic("t")
+        channel = topic.get_channel("c")
+        p, t = self.consumer(nsqd, 100)
+        self.journal_fails = True
+        first = [b"a%03d" % i + b"x" * 200 for i in range(100)]
+        nsqd.publish("t", first)
+        delivered = []
+        for _ in range(10):
+            self.settle()
+            self.clock.advance(0.1)
+            delivered.extend(self.messages(t))
+        journal = channel.delivery.journal  # type: ignore[attr-defined]
+        self.assertTrue(journal.behind())
+        handed = channel.message_count
+        later = [b"b%03d" % i for i in range(50)]
+        nsqd.publish("t", later)
+        for _ in range(30):
+            self.settle()
+            self.clock.advance(0.1)
+            delivered.extend(self.messages(t))
+        self.assertEqual(channel.message_count, handed)
+        self.assertEqual(topic.depth(), 50)
+        self.journal_fails = False
+        for _ in range(60):
+            self.settle()
+            self.clock.advance(0.1)
+            got = self.messages(t)
+            delivered.extend(got)
+            p.dataReceived(b"".join(encode_command(b"FIN", msg_id) for _, msg_id, _ in got))
+        self.assertEqual(sorted(b for _, _, b in delivered), sorted(first + later))
+        self.assertEqual(topic.depth(), 0)
+
     def consumer(self, nsqd: NSQD, rdy: int) -> tuple[Any, Any]:
         p, t = connect(nsqd, self.clock)
         p.dataReceived(encode_command(b"SUB", b"t", b"c"))

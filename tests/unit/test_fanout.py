@@ -14,7 +14,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core import delivery
+from nsqtw.core import handoff
 from nsqtw.core.channel import Channel
 from nsqtw.core.message import Message
 from nsqtw.core.nsqd import NSQD
@@ -37,7 +37,7 @@ class FanoutTests(SynchronousTestCase):
         self.addCleanup(shutil.rmtree, self.path)
         self.clock = Clock()
         self.clock.advance(EPOCH)
-        self.patch(delivery, "HANDOFF_SLICE", SLICE)
+        self.patch(handoff, "HANDOFF_SLICE", SLICE)
 
     def disk(self, options: Any, durable: bool = False) -> Callable[[str], DiskQueue]:
         lo, hi = nsqd_msg_size_limits(options.max_msg_size)
@@ -91,14 +91,14 @@ class FanoutTests(SynchronousTestCase):
             topic.get_channel(f"c{i}")
         self.settle()
         nsqd.publish("t", [b"m%03d" % i for i in range(MESSAGES)])
-        topic.delivery.distribute()  # the first slice only (the pump's turn has not come)
+        topic.distribute()  # the first slice only (the pump's turn has not come)
         return topic
 
     def drain(self, channel: Channel) -> list[Message]:
         """Everything the channel would deliver, in order."""
         out: list[Message] = []
         for _ in range(50):
-            out.extend(channel.delivery.next_messages(1000))
+            out.extend(channel.next_messages(1000))
             self.settle()
         return out
 

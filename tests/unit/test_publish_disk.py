@@ -104,7 +104,7 @@ class DiskPublishTests(SynchronousTestCase):
         """Past BACKLOG_LIMIT unwritten records, publishers wait for the disk (backpressure), checked
         before the data is accepted: the MPUB that crosses the bound is answered, the next one waits
         unread and is taken only once there is room."""
-        from nsqtw.core.delivery import BACKLOG_LIMIT
+        from nsqtw.core.handoff import BACKLOG_LIMIT
         from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build()
@@ -131,7 +131,7 @@ class DiskPublishTests(SynchronousTestCase):
     def test_publisher_waits_when_disk_falls_behind_in_bytes(self) -> None:
         """Past BACKLOG_BYTES unwritten bytes, publishers wait too: large messages cannot pile up
         10,000 deep (16 KiB ones would hold 160 MiB)."""
-        from nsqtw.core.delivery import BACKLOG_BYTES
+        from nsqtw.core.handoff import BACKLOG_BYTES
         from nsqtw.protocol.wire import encode_mpub
         self.executor = HeldExecutor()
         self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
@@ -265,7 +265,7 @@ class DiskPublishTests(SynchronousTestCase):
         The rest waits in the topic's own queue, whose backlog paces the
         publishers: a slow channel disk cannot grow the daemon's memory.
         """
-        from nsqtw.core.delivery import BACKLOG_LIMIT, TOPIC_BATCH
+        from nsqtw.core.handoff import BACKLOG_LIMIT, TOPIC_BATCH
         from nsqtw.protocol.wire import encode_mpub
         held = HeldExecutor()  # the channel's disk thread, run only when the test says so
         options = make_options(mem_queue_size=0)
@@ -365,7 +365,7 @@ class DiskFullHandoffTests(SynchronousTestCase):
         """Topic paused with 3,000 acknowledged messages, the disk fills, the topic is unpaused:
         health is NOK with the error, nothing is dropped; space back: all 3,000 reach the channel
         in order and health is OK."""
-        from nsqtw.core.delivery import BACKLOG_LIMIT
+        from nsqtw.core.handoff import BACKLOG_LIMIT
         topic = self.nsqd.get_topic("full")
         channel = topic.get_channel("c")
         topic.pause()
@@ -388,7 +388,7 @@ class DiskFullHandoffTests(SynchronousTestCase):
         self.assertEqual(channel.depth(), 3000)
         got = []
         while channel.depth():
-            got.extend(m.body for m in channel.delivery.next_messages(500))
+            got.extend(m.body for m in channel.next_messages(500))
             self.settle(0.01)
         self.assertEqual(got, bodies)
 
