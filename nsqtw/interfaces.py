@@ -356,3 +356,19 @@ class IConnectionDelegate(Interface):
 
     def on_close(conn: object, reason: Exception) -> None:
         """A connection that had completed its handshake is gone."""
+
+
+class IHTTPAPI(Interface):
+    """What an HTTP listener's connections and requests ask of the API they serve
+    (``nsqtw.http.base.GoHTTPAPI``): its direct routes, its TLS rule, its body limits, its resource."""
+
+    direct_routes = Attribute("GET paths answered ahead of Klein: path bytes -> handler method name")
+    tls_enabled = Attribute("True on an HTTPS listener")
+    tls_required = Attribute("True when nsqd's --tls-required refuses plain HTTP")
+
+    def body_limit(target: bytes) -> int:
+        """How many body bytes a request to ``target`` may keep."""
+
+    def resource() -> Any:
+        """The twisted.web resource requests are rendered by (an ``IResource``)."""
+

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # the connection's consumer side, to avoid an import cycle
-    from nsqtw.client.consumer import _ConsumerConn
+__all__ = ["Message", "MessageOwner"]
 
-__all__ = ["Message"]
+
+class MessageOwner(Protocol):
+    """What a message needs of the connection that delivered it (the consumer's side of it)."""
+
+    address: str
+
+    def finish(self, msg: Message) -> None: ...
+
+    def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None: ...
+
+    def touch(self, msg: Message) -> None: ...
 
 
 class Message:
@@ -23,7 +32,7 @@ class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "_conn", "_responded", "_auto")
 
     def __init__(self, id: bytes, body: bytes, timestamp: int, attempts: int,
-                 conn: _ConsumerConn) -> None:
+                 conn: MessageOwner) -> None:
         self.id = id
         self.body = body
         self.timestamp = timestamp

@@ -2,7 +2,7 @@
 
 ``twisted.web.server`` imports ``twisted.spread``, templates, ``xml.sax`` and
 hyperlink (about 3 MB of RSS); a node whose HTTP so far is health checks
-(``GET /ping``, answered by :class:`nsqtw.http.base.GoHTTPChannel` itself)
+(``GET /ping``, answered by :class:`nsqtw.http.channel.GoHTTPChannel` itself)
 never needs it. :meth:`nsqtw.http.base.GoSite.request_site` imports this
 module and makes the :class:`RequestSite` its requests run against.
 """
@@ -14,7 +14,8 @@ from typing import Any
 
 from twisted.web.server import Request, Site
 
-from nsqtw.http.base import DISCARD_LIMIT, GoHTTPAPI, GoHTTPChannel
+from nsqtw.http.channel import DISCARD_LIMIT, GoHTTPChannel
+from nsqtw.interfaces import IHTTPAPI
 from nsqtw.net.twisted_privates import request_target
 
 __all__ = ["BoundedRequest", "RequestSite"]
@@ -44,8 +45,9 @@ class BoundedRequest(Request):
         # is in (nsqtw.net.twisted_privates); without it, every route gets the largest
         # limit, which still answers right.
         target = request_target(self.channel)
-        if isinstance(api, GoHTTPAPI):
-            return api.body_limit(target or b"")
+        if IHTTPAPI.providedBy(api):
+            limit: int = api.body_limit(target or b"")
+            return limit
         return 5 * 1024 * 1024 + 1
 
     def gotLength(self, length: int | None) -> None:
@@ -94,6 +96,6 @@ class RequestSite(Site):
     nothing per request; ``api`` gives a request its body limit.
     """
 
-    def __init__(self, api: GoHTTPAPI, request_factory: Any = None, **kwargs: Any) -> None:
+    def __init__(self, api: Any, request_factory: Any = None, **kwargs: Any) -> None:
         super().__init__(api.resource(), request_factory or BoundedRequest, **kwargs)  # type: ignore[no-untyped-call]
         self.api = api

@@ -60,7 +60,7 @@ OVERRIDDEN: tuple[tuple[str, str, str, str], ...] = (
      " call more per connection"),
     ("twisted.internet.endpoints.HostnameEndpoint", "_hostAsBytesAndText", "nsqtw.admin.client._NameAsIsEndpoint",
      "nsqadmin reaches a node registered under a name IDNA 2008 refuses (``my_host``), as Go's resolver does"),
-    ("twisted.web.http.HTTPChannel", "_respondToBadRequestAndDisconnect", "nsqtw.http.base.GoHTTPChannel",
+    ("twisted.web.http.HTTPChannel", "_respondToBadRequestAndDisconnect", "nsqtw.http.channel.GoHTTPChannel",
      "a malformed request gets Go's 400 text instead of twisted.web's"),
 )
 

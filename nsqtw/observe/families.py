@@ -9,6 +9,8 @@ docs/metrics.md lists every metric.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any, cast
@@ -23,9 +25,8 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from nsqtw import NSQD_VERSION
-from nsqtw.observe.metrics import thread_count
 
-__all__ = ["channel_families", "client_families", "families", "node_families", "topic_families"]
+__all__ = ["channel_families", "client_families", "families", "node_families", "thread_count", "topic_families"]
 
 _TOPIC = ("topic",)
 _CHANNEL = ("topic", "channel")
@@ -35,6 +36,14 @@ _NS = 1e9
 
 #: how Prometheus writes a float label (``le``, ``quantile``): Go's formatting (untyped in the library)
 _go_float = cast(Callable[[float], str], floatToGoString)
+
+
+def thread_count() -> int:
+    """Threads of this process, Python's and any other (``/proc``), else the ones Python knows."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def families(snap: Mapping[str, Any]) -> Iterator[Metric]:

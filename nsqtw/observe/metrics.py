@@ -20,8 +20,6 @@ docs/metrics.md lists every metric.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +31,7 @@ from nsqtw.observe.stats import SLICE_SECONDS, run_in_slices, snapshot_steps
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-__all__ = ["SLICE_SECONDS", "NSQDCollector", "NSQDMetrics", "run_in_slices", "thread_count"]
-
-def thread_count() -> int:
-    """Threads of this process, Python's and any other (``/proc``), else the ones Python knows."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
-
+__all__ = ["SLICE_SECONDS", "NSQDCollector", "NSQDMetrics", "run_in_slices"]
 
 class NSQDMetrics:
     """Takes the node's snapshot for a scrape and hands it to :attr:`collector`.

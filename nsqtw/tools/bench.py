@@ -18,76 +18,26 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import resource
 import struct
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.python.failure import Failure
+from twisted.internet.defer import Deferred
 
 from nsqtw._go.duration import format_duration, parse_duration
 from nsqtw.client import Config, Consumer, Message, Producer
 from nsqtw.tools.daemons import process_cpu
-
-
-def _new_reactor() -> Any:
-    """A reactor of this worker's own (not the global one: a forked worker must share no epoll set)."""
-    try:
-        from twisted.internet.epollreactor import EPollReactor
-    except ImportError:  # not Linux
-        from twisted.internet.selectreactor import SelectReactor
-
-        return SelectReactor()
-    return EPollReactor()
-
-
-def _in_reactor(work: Callable[[Any], Deferred[Any]]) -> Any:
-    """Run ``work(reactor)`` in a fresh reactor of this process until its Deferred fires; its result.
-
-    A failure is raised here (the worker reports it instead of a count)."""
-    reactor = _new_reactor()
-    outcome: list[Any] = []
-
-    def start() -> None:
-        d = maybeDeferred(work, reactor)
-        d.addBoth(outcome.append)
-        d.addBoth(lambda _: reactor.stop())
-
-    reactor.callWhenRunning(start)
-    reactor.run(installSignalHandlers=False)
-    if not outcome:
-        raise RuntimeError("the reactor stopped before the worker finished")
-    if isinstance(outcome[0], Failure):
-        outcome[0].raiseException()
-    return outcome[0]
-
-
-def _at(reactor: Any, when: float, call: Callable[[], Any]) -> None:
-    """Call ``call`` at wall-clock time ``when`` (at once if that has passed)."""
-    reactor.callLater(max(0.0, when - time.time()), call)
-
-
-def _run_in_worker(out: Any, work: Callable[[Any], Deferred[int]]) -> None:
-    """A worker's end: its count and CPU use, or the error that stopped it."""
-    try:
-        count = _in_reactor(work)
-    except Exception as e:
-        out.put((None, f"{e!r}"))
-        return
-    out.put((count, resource.getrusage(resource.RUSAGE_SELF)))
-
-
-#: how long a worker waits for its connection (and subscription) before it gives up
-_CONNECT_WAIT = 10.0
-
-
-def _when_connected(client: Producer | Consumer, reactor: Any) -> Deferred[None]:
-    d = client.when_connected()
-    d.addTimeout(_CONNECT_WAIT, reactor)
-    return d
+from nsqtw.tools.workers import (
+    CONNECT_WAIT,
+    WorkerError,
+    at,
+    collect,
+    in_reactor,
+    run_in_worker,
+    run_workers,
+    when_connected,
+)
 
 
 def _writer_worker(address: str, topic: str, size: int, batch: int, pub: bool, runfor: float,
@@ -121,12 +71,12 @@ def _writer_worker(address: str, topic: str, size: int, batch: int, pub: bool, r
                 nonlocal end
                 end = time.monotonic() + runfor
                 send()
-            _at(reactor, start_at, go)
+            at(reactor, start_at, go)
 
-        _when_connected(producer, reactor).addCallbacks(begin, done.errback)
+        when_connected(producer, reactor).addCallbacks(begin, done.errback)
         return done
 
-    _run_in_worker(out, work)
+    run_in_worker(out, work)
 
 
 def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: float,
@@ -159,38 +109,12 @@ def _reader_worker(address: str, topic: str, channel: str, rdy: int, runfor: flo
                 counting = True
                 consumer.change_max_in_flight(rdy)
                 reactor.callLater(runfor, finish)
-            _at(reactor, start_at, go)
+            at(reactor, start_at, go)
 
-        _when_connected(consumer, reactor).addCallbacks(begin, done.errback)
+        when_connected(consumer, reactor).addCallbacks(begin, done.errback)
         return done
 
-    _run_in_worker(out, work)
-
-
-def fill(address: str, topic: str, size: int, batch: int, count: int) -> None:
-    """Publish ``count`` messages of ``size`` bytes as MPUBs of ``batch``, each answered OK (from a worker)."""
-    _run_workers(_fill_worker, (address, topic, size, batch, count), 1)
-
-
-def _fill_worker(address: str, topic: str, size: int, batch: int, count: int, out: Any) -> None:
-    def work(reactor: Any) -> Deferred[int]:
-        producer = Producer([address], Config(), reactor=reactor)
-        bodies = [b"m" * size] * batch
-        done: Deferred[int] = Deferred()
-        left = count // batch
-
-        def send(_: Any = None) -> None:
-            nonlocal left
-            if left == 0:
-                done.callback(count // batch * batch)
-                return
-            left -= 1
-            producer.multi_publish(topic, bodies).addCallbacks(send, done.errback)
-
-        _when_connected(producer, reactor).addCallbacks(send, done.errback)
-        return done
-
-    _run_in_worker(out, work)
+    run_in_worker(out, work)
 
 
 #: latency bodies start with this and the run's own 8 random bytes, then the send time
@@ -202,7 +126,7 @@ def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor:
                        start_at: float, sent_total: Any, tag: bytes, subscribed: Any, out: Any) -> None:
     """PUB at a fixed rate, each waiting for its OK: the run's tag, then the send time
     (CLOCK_MONOTONIC, system-wide). Starts once the subscriber is subscribed."""
-    subscribed.wait(_CONNECT_WAIT)
+    subscribed.wait(CONNECT_WAIT)
     pad = b"a" * max(0, size - len(tag) - _TIME.size)
     interval = 1.0 / rate
 
@@ -232,13 +156,13 @@ def _latency_publisher(address: str, topic: str, rate: float, size: int, runfor:
                 nonlocal start
                 start = time.monotonic()
                 tick()
-            _at(reactor, start_at, go)
+            at(reactor, start_at, go)
 
-        _when_connected(producer, reactor).addCallbacks(begin, done.errback)
+        when_connected(producer, reactor).addCallbacks(begin, done.errback)
         return done
 
     try:
-        sent = _in_reactor(work)
+        sent = in_reactor(work)
     except Exception as e:
         out.put(("error", f"latency publisher: {e!r}"))
         return
@@ -278,11 +202,11 @@ def _latency_subscriber(address: str, topic: str, channel: str, runfor: float, s
             subscribed.set()
             check()
 
-        _when_connected(consumer, reactor).addCallbacks(joined, done.errback)
+        when_connected(consumer, reactor).addCallbacks(joined, done.errback)
         return done
 
     try:
-        _in_reactor(work)
+        in_reactor(work)
     except Exception as e:
         subscribed.set()
         out.put(("error", f"latency subscriber: {e!r}"))
@@ -295,40 +219,6 @@ def _percentile(sorted_values: list[float], q: float) -> float:
         return float("nan")
     i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
     return sorted_values[i]
-
-
-class WorkerError(RuntimeError):
-    """A worker could not do its part (no connection, an error from nsqd...)."""
-
-
-def _collect(procs: list[Any], out: Any) -> list[Any]:
-    """One result from each started process; a process that died without one is an error."""
-    import queue
-
-    results: list[Any] = []
-    while len(results) < len(procs):
-        try:
-            results.append(out.get(timeout=1.0))
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs) and out.empty():
-                raise WorkerError("a worker process died without a result") from None
-    for p in procs:
-        p.join()
-    return results
-
-
-def _run_workers(target: Any, args: tuple[Any, ...], workers: int) -> list[Any]:
-    """``workers`` forked processes running ``target(*args, out)``: their (count, rusage) results."""
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=args + (out,)) for _ in range(workers)]
-    for p in procs:
-        p.start()
-    results = _collect(procs, out)
-    errors = [r[1] for r in results if r[0] is None]
-    if errors:
-        raise WorkerError(f"{len(errors)} of {workers} workers failed: {errors[0]}")
-    return results
 
 
 def _process_cpu(pid: int | None) -> float:
@@ -426,10 +316,10 @@ def _run(ns: argparse.Namespace) -> None:
     cpu_before = _process_cpu(ns.daemon_pid)
     if ns.mode in ("writer", "reader"):
         if ns.mode == "writer":
-            results = _run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
+            results = run_workers(_writer_worker, (ns.nsqd_tcp_address, ns.topic, ns.size, ns.batch_size,
                                                     ns.pub, runfor, start_at), ns.workers)
         else:
-            results = _run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
+            results = run_workers(_reader_worker, (ns.nsqd_tcp_address, ns.topic, ns.channel, ns.rdy,
                                                     runfor, start_at), ns.workers)
         daemon_cpu = _process_cpu(ns.daemon_pid) - cpu_before if ns.daemon_pid else None
         print(_report(ns.mode, sum(r[0] for r in results), ns.size, runfor, results, ns.json, daemon_cpu))
@@ -445,7 +335,7 @@ def _run(ns: argparse.Namespace) -> None:
                                                               runfor, start_at, sent_total, tag, subscribed, out))]
         for p in procs:
             p.start()
-        got = dict(_collect(procs, out))
+        got = dict(collect(procs, out))
         if "error" in got:
             raise WorkerError(got["error"])
         sent, lat = got["sent"], got["latencies"]

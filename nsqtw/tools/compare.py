@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
-from nsqtw.tools.bench import fill
 from nsqtw.tools.daemons import nsqtw_command, process_cpu, rss_bytes, start_listening
 from nsqtw.tools.fanout import FanoutResult, messages_for, run_fanout
+from nsqtw.tools.workers import fill
 
 __all__ = ["FANOUT", "Figure", "Measure", "compare", "compare_fanout", "main", "render_fanout"]
 

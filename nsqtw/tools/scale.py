@@ -26,6 +26,7 @@ from twisted.internet.threads import blockingCallFromThread
 
 from nsqtw.client import Config, Consumer, Message
 from nsqtw.tools.daemons import process_cpu
+from nsqtw.tools.workers import new_reactor
 
 __all__ = ["ScaleResult", "run_scale"]
 
@@ -88,12 +89,10 @@ class _Subscribers:
     CONCURRENCY = 64
 
     def __init__(self, tcp: str) -> None:
-        from nsqtw.tools.bench import _new_reactor
-
         self.address = tcp
         self.wanted: list[tuple[str, str]] = []
         self.consumers: list[Consumer] = []
-        self.reactor = _new_reactor()
+        self.reactor = new_reactor()
         self._thread = threading.Thread(target=self.reactor.run, kwargs={"installSignalHandlers": False},
                                         daemon=True)
 
