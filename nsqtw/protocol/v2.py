@@ -31,7 +31,7 @@ from nsqtw.protocol.auth import AuthState
 from nsqtw.protocol.authz import ClientAuth
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.identify import DEFAULT_OUTPUT_BUFFER_SIZE, apply_settings, decode_identify, negotiate
-from nsqtw.protocol.wire import Command, LineTooLong, V2Parser
+from nsqtw.protocol.wire import BODY_COMMANDS, Command, LineTooLong, V2Parser
 
 STATE_INIT = 0
 STATE_DISCONNECTED = 1
@@ -291,39 +291,8 @@ class V2Protocol(Protocol):
             if steps & 7 == 0 and now() > deadline:
                 self._yield_slice()
                 return
-            if self.channel is not None and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING):
-                ids = parser.take_fins()
-                if ids:
-                    self._restart_read_deadline()
-                    self._fin_many(ids)
-                    continue
-                reqs = parser.take_reqs(REQS_PER_SLICE - requeued)
-                if reqs:
-                    self._restart_read_deadline()
-                    self._req_many(reqs)
-                    requeued += len(reqs)
-                    if requeued >= REQS_PER_SLICE:
-                        # each comes back through the channel's pump on the next turn: as many
-                        # as that may take before the others get the reactor
-                        self._yield_slice()
-                        return
-                    steps |= 7  # a run is worth eight commands: look at the clock next
-                    continue
-            known = self._known_topics
-            if known is not None and not self._need_tls and not self.auth.required:
-                # a publisher's next PUB/MPUB to a topic it published to before, taken whole
-                found = parser.take_publish(known)
-                if found is not None:
-                    self._restart_read_deadline()
-                    try:
-                        self._publish(*found)
-                    except NSQError as e:
-                        self._send_error(e)
-                    if self._decoder is None and not parser.buffered():
-                        return  # the usual case: the read held this one command
-                    continue
             try:
-                cmd = parser.next_command()
+                cmd = parser.next_command(REQS_PER_SLICE - requeued)
             except NSQError as e:
                 self._send_error(e)
                 return
@@ -341,6 +310,16 @@ class V2Protocol(Protocol):
                 self._dispatch(cmd)
             except NSQError as e:
                 self._send_error(e)
+            if not parser.buffered() and self._decoder is None:
+                return  # the usual case: the read held this one command
+            if cmd.reqs is not None:
+                requeued += len(cmd.reqs)
+                if requeued >= REQS_PER_SLICE:
+                    # each comes back through the channel's pump on the next turn: as many
+                    # as that may take before the others get the reactor
+                    self._yield_slice()
+                    return
+                steps |= 7  # a run is worth eight commands: look at the clock next
 
     def _yield_slice(self) -> None:
         """Stop reading until the next reactor turn; then carry on where this slice stopped."""
@@ -391,22 +370,16 @@ class V2Protocol(Protocol):
             self._corked = []
             self.transport.write(b"".join(corked))  # type: ignore[union-attr]
 
-    def _tls_required(self, name: bytes) -> NSQError:
-        return fatal("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
-
     def _check_header(self, name: bytes, args: list[bytes]) -> None:
-        """What nsqd checks before it reads a command's body."""
+        """What nsqd checks of every command before it reads anything after its line.
+
+        The parser calls this for each command (once for a run of FINs or
+        REQs): TLS first, the one place it is checked, then a body
+        command's state, parameters and topic.
+        """
         if self._need_tls and name != b"IDENTIFY":
-            raise self._tls_required(name)
-        if name == b"IDENTIFY":
-            if self.state != STATE_INIT:
-                raise fatal("E_INVALID", "cannot IDENTIFY in current state")
-        elif name == b"AUTH":
-            if self.state != STATE_INIT:
-                raise fatal("E_INVALID", "cannot AUTH in current state")
-            if len(args) != 0:
-                raise fatal("E_INVALID", "AUTH invalid number of parameters")
-        elif name == b"PUB":
+            raise fatal("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
+        if name == b"PUB":
             self._topic_arg(b"PUB", args, 1)
         elif name == b"MPUB":
             # nsqd's MPUB repeats the code inside its description
@@ -416,7 +389,17 @@ class V2Protocol(Protocol):
             if self.auth.required:
                 # nsqd checks MPUB's authorization before reading its body
                 self._authorize("MPUB", topic, "", None)
-        elif name == b"DPUB":
+        elif name not in BODY_COMMANDS:
+            return
+        elif name == b"IDENTIFY":
+            if self.state != STATE_INIT:
+                raise fatal("E_INVALID", "cannot IDENTIFY in current state")
+        elif name == b"AUTH":
+            if self.state != STATE_INIT:
+                raise fatal("E_INVALID", "cannot AUTH in current state")
+            if len(args) != 0:
+                raise fatal("E_INVALID", "AUTH invalid number of parameters")
+        else:  # DPUB
             self._topic_arg(b"DPUB", args, 2)
             self._dpub_timeout(args[1])
 
@@ -458,18 +441,22 @@ class V2Protocol(Protocol):
 
     def _dispatch(self, cmd: Command) -> None:
         name = cmd.name
-        if self._need_tls and name != b"IDENTIFY":
-            raise self._tls_required(name)
-        if name == b"FIN":
-            self._fin(cmd.args)
-        elif name == b"RDY":
-            self._rdy(cmd.args)
-        elif name == b"PUB":
+        if name == b"PUB":
             self._publish(b"PUB", self._topic_name(name, cmd.args[0]), [cmd.body or b""])
         elif name == b"MPUB":
             self._publish(b"MPUB", self._topic_name(name, cmd.args[0]), cmd.messages or [])
+        elif name == b"FIN":
+            if cmd.ids is not None:
+                self._fin_run(cmd.ids)
+            else:
+                self._fin(cmd.args)
+        elif name == b"RDY":
+            self._rdy(cmd.args)
         elif name == b"REQ":
-            self._req(cmd.args)
+            if cmd.reqs is not None:
+                self._req_run(cmd.reqs)
+            else:
+                self._req(cmd.args)
         elif name == b"TOUCH":
             self._touch(cmd.args)
         elif name == b"NOP":
@@ -719,15 +706,24 @@ class V2Protocol(Protocol):
         return msg_id
 
     def _fin(self, args: list[bytes]) -> None:
-        self._fin_many([self._message_id("FIN", args, 1)])
+        self._finish([self._message_id("FIN", args, 1)])
 
-    def _fin_many(self, msg_ids: list[bytes]) -> None:
+    def _fin_run(self, msg_ids: list[bytes]) -> None:
+        """A run of plain ``FIN <id>`` lines: each line's only possible error is the state's."""
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise fatal("E_INVALID", "cannot FIN in current state")
+        self._finish(msg_ids)
+
+    def _finish(self, msg_ids: list[bytes]) -> None:
         assert self.channel is not None
         for msg_id, e in self.channel.finish_many(self, msg_ids):
             self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
 
-    def _req_many(self, reqs: list[tuple[bytes, int]]) -> None:
-        """A run of plain ``REQ <id> <ms>`` lines (:meth:`V2Parser.take_reqs`): one call on the channel."""
+    def _req_run(self, reqs: list[tuple[bytes, int]]) -> None:
+        """A run of plain ``REQ <id> <ms>`` lines (:class:`~nsqtw.protocol.wire.Command`'s ``reqs``):
+        one call on the channel."""
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise fatal("E_INVALID", "cannot REQ in current state")
         max_ms = self.nsqd.options.max_req_timeout * 1000
         if any(ms > max_ms for _, ms in reqs):
             for msg_id, ms in reqs:  # a timeout out of range is logged and clamped, one by one

@@ -125,7 +125,8 @@ class CompressionTests(SynchronousTestCase):
 class TLSRequiredTests(SynchronousTestCase):
     def test_commands_before_tls_are_refused(self) -> None:
         """With --tls-required every command but IDENTIFY is E_INVALID ... (TLS required), before its body."""
-        for command in (b"PUB t\n", b"SUB t c\n", b"AUTH\n", b"NOP\n", b"FOO\n"):
+        for command in (b"PUB t\n", b"SUB t c\n", b"AUTH\n", b"NOP\n", b"FOO\n",
+                        b"FIN 0123456789abcdef\nFIN 0123456789abcdef\n", b"REQ 0123456789abcdef 0\n"):
             nsqd, clock = make_nsqd(tls_required=1)
             proto, transport = connect(nsqd, clock)
             proto.dataReceived(command)

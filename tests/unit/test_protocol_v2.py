@@ -609,8 +609,8 @@ class StatsTests(SynchronousTestCase):
         self.assertEqual(struct.unpack(">i", t.value()[:4])[0], 6)
 
 
-class FastPublishTests(SynchronousTestCase):
-    """A publisher's repeated PUB/MPUB goes through V2Parser.take_publish: same answers, same messages."""
+class PublishStreamTests(SynchronousTestCase):
+    """A publisher's stream of PUBs and MPUBs: the same answers and messages however it is cut."""
 
     STREAM = [encode_command(b"PUB", b"t", body=b"a"),
               encode_command(b"PUB", b"t", body=b"b") + encode_mpub(b"t", [b"c", b"d"])
@@ -619,32 +619,22 @@ class FastPublishTests(SynchronousTestCase):
               encode_command(b"PUB", b"t", body=b"g")[9:] + b"NOP\n" + encode_mpub(b"u", [b"h"]),
               b"PUB t\n" + struct.pack(">i", 0)]  # E_BAD_MESSAGE, fatal
 
-    def run_stream(self, fast: bool) -> tuple[bytes, dict[str, list[bytes]], dict[str, int], int]:
+    def run_stream(self, reads: list[bytes]) -> tuple[bytes, dict[str, list[bytes]], dict[str, int]]:
         nsqd, clock = make_nsqd()
         proto, transport = connect(nsqd, clock)
-        taken = []
-        real = proto.parser.take_publish
-
-        def take_publish(known: dict[bytes, str]) -> object:
-            found = real(known) if fast else None
-            if found is not None:
-                taken.append(found)
-            return found
-
-        proto.parser.take_publish = take_publish  # type: ignore[method-assign]
-        for data in self.STREAM:
+        for data in reads:
             proto.dataReceived(data)
             settle(clock)
         bodies = {name: [m.body for m in topic.memory] for name, topic in nsqd.topics.items()}
-        return transport.value(), bodies, dict(proto.pub_counts), len(taken)
+        return transport.value(), bodies, dict(proto.pub_counts)
 
-    def test_same_answers_and_messages_as_the_generic_path(self) -> None:
-        """Every command after a topic's first publish is taken whole, with the generic path's
-        outcome: the OKs, the messages in order, the counts, the fatal error at the end."""
-        answers, bodies, counts, taken = self.run_stream(fast=True)
-        self.assertEqual((answers, bodies, counts), self.run_stream(fast=False)[:3])
-        # PUB t b, MPUB t, PUB u f and MPUB u; PUB t g arrived cut off, so the generic path took it
-        self.assertEqual(taken, 4)
+    def test_same_answers_and_messages_in_any_chunking(self) -> None:
+        """As sent, byte by byte and in one read: the OKs, the messages in order, the counts,
+        the fatal error at the end."""
+        answers, bodies, counts = self.run_stream(self.STREAM)
+        whole = b"".join(self.STREAM)
+        self.assertEqual((answers, bodies, counts), self.run_stream([whole[i:i + 1] for i in range(len(whole))]))
+        self.assertEqual((answers, bodies, counts), self.run_stream([whole]))
         self.assertEqual(bodies, {"t": [b"a", b"b", b"c", b"d", b"g"], "u": [b"e", b"f", b"h"]})
         self.assertEqual(counts, {"t": 5, "u": 3})
         frames = read_frames(answers)
@@ -662,6 +652,19 @@ class FastPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(transport),
                          [(FRAME_TYPE_ERROR, b"E_INVALID cannot PUB in current state (TLS required)")])
         self.assertEqual([m.body for m in nsqd.topics["t"].memory], [b"a"])
+
+
+class RunStateTests(SynchronousTestCase):
+    """A run of FINs or REQs before SUB is refused as its first line alone would be."""
+
+    def test_runs_before_sub_are_refused(self) -> None:
+        for name, line in ((b"FIN", b"FIN 0123456789abcdef\n"), (b"REQ", b"REQ 0123456789abcdef 0\n")):
+            nsqd, clock = make_nsqd()
+            proto, transport = connect(nsqd, clock)
+            proto.dataReceived(line * 3 + b"NOP\n")
+            self.assertEqual(take_frames(transport),
+                             [(FRAME_TYPE_ERROR, b"E_INVALID cannot " + name + b" in current state")])
+            self.assertTrue(transport.disconnecting)
 
 
 class AdminTests(SynchronousTestCase):
