@@ -177,7 +177,7 @@ class TLSHandshakeTests(SynchronousTestCase):
 
     def test_handshake_must_finish_in_time(self) -> None:
         """Once a ClientHello starts TLS the handshake has TLS_HANDSHAKE_TIMEOUT seconds; then abort."""
-        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+        from nsqtw.protocol.handshake import TLS_HANDSHAKE_TIMEOUT
 
         for finished in (False, True):
             proto, transport, clock = self._connect()
@@ -195,7 +195,7 @@ class TLSHandshakeTests(SynchronousTestCase):
 
     def test_silence_gets_nsqds_timeout_error_in_plain_text(self) -> None:
         """No byte within the deadline: E_IDENTIFY_FAILED ... i/o timeout, as Go nsqd's read deadline says."""
-        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+        from nsqtw.protocol.handshake import TLS_HANDSHAKE_TIMEOUT
 
         proto, transport, clock = self._connect()
         clock.advance(TLS_HANDSHAKE_TIMEOUT + 0.01)

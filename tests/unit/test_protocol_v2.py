@@ -8,7 +8,7 @@ import struct
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
+from nsqtw.protocol.v2 import ClientState
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, read_frames, reference, take_frames
 
@@ -407,7 +407,7 @@ class FlightTests(SynchronousTestCase):
         [(_, msg_id, _)] = c.messages()
         c.send(b"CLS\n")
         self.assertEqual(take_frames(c.transport), [(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")])
-        self.assertEqual(c.proto.state, STATE_CLOSING)
+        self.assertEqual(c.proto.state, ClientState.CLOSING)
         c.send(b"RDY 10\n")
         c.fin(msg_id)
         self.assertEqual(take_frames(c.transport), [])
@@ -595,7 +595,7 @@ class StatsTests(SynchronousTestCase):
         c.send(b"REQ " + msgs[1][1] + b" 0\n")
         stats = c.proto.stats()
         self.assertEqual((stats["client_id"], stats["hostname"], stats["user_agent"], stats["state"]),
-                         ("me", "h", "ua/1", STATE_SUBSCRIBED))
+                         ("me", "h", "ua/1", ClientState.SUBSCRIBED))
         self.assertEqual((stats["ready_count"], stats["message_count"], stats["finish_count"],
                           stats["requeue_count"], stats["in_flight_count"]), (5, 4, 1, 1, 2))
 
@@ -784,23 +784,33 @@ class SliceTests(SynchronousTestCase):
         self.assertEqual(take_frames(ot), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertTrue(flooder.parser.buffered() > 0)  # the flood is still waiting its turns
 
-    def test_a_slice_and_a_disk_wait_compose(self) -> None:
-        """A publish waiting on the disk and a used-up slice: reading resumes only when both are over."""
+    def test_a_slice_and_a_disk_wait_follow_each_other(self) -> None:
+        """A used-up slice, then a publish waiting on the disk: reading resumes after each is over."""
+        from twisted.internet.defer import Deferred
+
+        from nsqtw.protocol.v2 import Input
         nsqd, clock = make_nsqd()
         proto, transport = self._sliced(nsqd, clock, 2)
-        from twisted.internet.defer import Deferred
-        written: Deferred = Deferred()
-        proto._block_until(written, lambda _: None)
         proto._yield_slice()
-        one_turn(clock)  # the slice is over, the wait is not: still paused
-        self.assertEqual(transport.producerState, "paused")
-        self.assertTrue(proto._blocked)
-        proto._yield_slice()
-        written.callback(None)  # the wait is over, the slice is not
-        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual((transport.producerState, proto._input), ("paused", Input.YIELDED))
         one_turn(clock)
-        self.assertEqual(transport.producerState, "producing")
-        self.assertFalse(proto._blocked)
+        self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
+        written: Deferred[None] = Deferred()
+        proto._block_until(written, lambda _: None)
+        one_turn(clock)  # a turn passes, the write does not: still paused
+        self.assertEqual((transport.producerState, proto._input), ("paused", Input.WAITING))
+        written.callback(None)
+        self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
+
+    def test_a_closed_connection_stays_closed_after_a_run_of_reqs(self) -> None:
+        """A run of REQs whose error closes the connection does not yield a slice: it stays closed."""
+        from nsqtw.protocol.v2 import REQS_PER_SLICE, Input
+        nsqd, clock = make_nsqd()
+        proto, transport = connect(nsqd, clock)
+        proto.dataReceived(b"REQ 0123456789abcdef 0\n" * REQS_PER_SLICE + b"NOP\n")
+        self.assertEqual(proto._input, Input.CLOSED)
+        one_turn(clock)
+        self.assertEqual(proto._input, Input.CLOSED)
 
 
 class GarbageTests(SynchronousTestCase):
