@@ -126,8 +126,6 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         #: Apart from :attr:`_input`: a client that reads slowly may still publish, and one
         #: that waits on a publish may still be sent the messages it subscribed to
         self._paused_writing = False
-        #: frames waiting to be sent at the end of the current run of commands
-        self._corked: list[bytes] | None = None
         self.channel: Channel | None = None
         # IDENTIFY-able settings, nsqd's defaults (the option-derived ones are set above)
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
@@ -209,9 +207,8 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
             self._cancel_timers()
             if abort:
                 self.transport.abortConnection()  # type: ignore[union-attr]
-                return
-            self._uncork()
-            self.transport.loseConnection()  # type: ignore[union-attr]
+            else:
+                self.transport.loseConnection()  # type: ignore[union-attr]
 
     # -- reading ----------------------------------------------------------
 
@@ -236,18 +233,22 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         transport stops reading and the rest waits for the next reactor
         turn, after every other connection has had its turn. Order and
         content are unchanged; TCP flow control slows the flooder down.
+
+        Meanwhile the transport is corked when it can be (a listener's
+        connections can: :class:`nsqtw.net.eager.EagerServer`), so the
+        answers of every command run now leave in one send.
         """
-        if self._corked is not None:  # run from within a command (a publish's write was done)
+        transport: Any = self.transport
+        cork = getattr(transport, "cork", None)
+        if cork is None:
             self._run_commands()
             return
         # the answers and messages of all commands run now go out in one write
-        self._corked = []
+        cork()
         try:
             self._run_commands()
         finally:
-            corked, self._corked = self._corked, None
-            if corked and self._input is not Input.CLOSED:
-                self.transport.write(b"".join(corked))  # type: ignore[union-attr]
+            transport.uncork()
 
     def _run_commands(self) -> None:
         parser = self.parser
@@ -325,18 +326,13 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
             self._close()
 
     def _write(self, data: bytes) -> None:
-        """Send a frame; while commands are being run, frames wait to go out together."""
-        if self._corked is not None:
-            self._corked.append(data)
-        else:
-            self.transport.write(data)  # type: ignore[union-attr]
+        self.transport.write(data)  # type: ignore[union-attr]
 
     def _uncork(self) -> None:
-        """Send the frames gathered so far (before a close, or a change of encoding)."""
-        corked = self._corked
-        if corked:
-            self._corked = []
-            self.transport.write(b"".join(corked))  # type: ignore[union-attr]
+        """Send what the transport holds back now (before the stream changes its encoding)."""
+        uncork = getattr(self.transport, "uncork", None)
+        if uncork is not None:
+            uncork()
 
     def _check_header(self, name: bytes, args: list[bytes]) -> None:
         """What nsqd checks of every command before it reads anything after its line.

@@ -7,8 +7,8 @@ import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.protocol.v2 import ClientState
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, frame
+from nsqtw.protocol.v2 import ClientState, V2Factory
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, read_frames, reference, take_frames
 
@@ -665,6 +665,38 @@ class RunStateTests(SynchronousTestCase):
             self.assertEqual(take_frames(transport),
                              [(FRAME_TYPE_ERROR, b"E_INVALID cannot " + name + b" in current state")])
             self.assertTrue(transport.disconnecting)
+
+
+class CorkTests(SynchronousTestCase):
+    """Over a listener's connection (EagerServer, on a real socket pair) the answers to one
+    read's commands leave in one send, corked by the transport."""
+
+    def test_one_send_per_read(self) -> None:
+        import socket
+
+        from twisted.internet.testing import MemoryReactorClock
+
+        from nsqtw.net import eager
+        from tests.unit.test_eager import _CountingSocket
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        listener.close()
+        self.addCleanup(peer.close)
+        ours.setblocking(False)
+        sock = _CountingSocket(ours)
+        nsqd, clock = make_nsqd()
+        proto = V2Factory(nsqd, clock).buildProtocol(None)
+        server = eager.EagerServer(sock, proto, ("127.0.0.1", 1234), None, 1, MemoryReactorClock())
+        proto.makeConnection(server)
+        self.addCleanup(lambda: server.connected and server.abortConnection())
+        proto.dataReceived(b"  V2" + encode_command(b"PUB", b"t", body=b"a") + b"NOP\n"
+                           + encode_mpub(b"t", [b"b", b"c"]) + b"FOO\n")
+        ok = frame(FRAME_TYPE_RESPONSE, b"OK")
+        self.assertEqual(sock.sends, [ok + ok + frame(FRAME_TYPE_ERROR, b"E_INVALID invalid command FOO")])
+        proto.dataReceived(b"")  # closed: nothing more is sent
+        self.assertEqual(len(sock.sends), 1)
 
 
 class AdminTests(SynchronousTestCase):
