@@ -62,6 +62,16 @@ class ChunkingTests(SynchronousTestCase):
         self.assertIsNone(parser.next_command())
         self.assertEqual(seen, [(b"PUB", [b"topic"])])
 
+    def test_header_check_sees_every_command_once(self) -> None:
+        """Every command's line goes through the header check before it is handed out; a run
+        of FINs or REQs once, with no arguments."""
+        seen: list[tuple[bytes, list[bytes]]] = []
+        parser = V2Parser(MAX_MSG, MAX_BODY, check_header=lambda n, a: seen.append((n, a)), expect_magic=False)
+        parser.feed(b"FIN 0123456789abcdef\n" * 2 + b"RDY 1\n" + b"REQ 0123456789abcdef 5\n" * 2 + b"NOP\n")
+        while parser.next_command() is not None:
+            pass
+        self.assertEqual(seen, [(b"FIN", []), (b"RDY", [b"1"]), (b"REQ", []), (b"NOP", [])])
+
     def test_in_command_tracks_partial_frames(self) -> None:
         """in_command() is true while a frame is half-received (used for read deadlines)."""
         parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
