@@ -63,11 +63,11 @@ class Handshake:
     #: reads through the negotiated compression, when there is one
     _decoder: IStreamCodec | None
     _handshake_call: IDelayedCall | None
+    #: sends what the transport holds back (see V2Protocol)
+    _uncork: Callable[[], None]
 
     if TYPE_CHECKING:
         def _write(self, data: bytes) -> None: ...
-
-        def _uncork(self) -> None: ...
 
         def _send_error(self, e: NSQError) -> None: ...
 
