@@ -172,10 +172,9 @@ class V2Parser:
                 end = nl
                 if length and buf[end - 1] == 13:  # optional \r
                     end -= 1
-                params = bytes(buf[pos:end]).split(b" ")
+                args = bytes(buf[pos:end]).split(b" ")
+                name = args.pop(0)
                 pos = self._pos = nl + 1
-                name = params[0]
-                args = params[1:]
                 self._check_header(name, args)
                 if name not in BODY_COMMANDS:
                     return Command(name, args)
