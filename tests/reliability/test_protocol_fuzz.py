@@ -119,7 +119,8 @@ def _chunkings(data: bytes) -> st.SearchStrategy[list[int]]:
 
 
 def _parse(data: bytes, chunks: list[int]) -> list[object]:
-    """Feed ``data`` in pieces; record commands and the final error, check the bound after each feed."""
+    """Feed ``data`` in pieces; record commands (each line of a run apart) and the final error,
+    check the bound after each feed."""
     parser = V2Parser(MAX_MSG, MAX_BODY)
     out: list[object] = []
     pos = 0
@@ -130,7 +131,13 @@ def _parse(data: bytes, chunks: list[int]) -> list[object]:
         pos += step
         try:
             while (cmd := parser.next_command()) is not None:
-                out.append(cmd)
+                # a run of FINs or REQs holds what had arrived: one command per line, compared
+                if cmd.ids is not None:
+                    out.extend(cmd._replace(ids=[i]) for i in cmd.ids)
+                elif cmd.reqs is not None:
+                    out.extend(cmd._replace(reqs=[r]) for r in cmd.reqs)
+                else:
+                    out.append(cmd)
         except NSQError as e:
             assert e.fatal
             out.append(str(e))

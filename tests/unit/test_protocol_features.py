@@ -125,7 +125,8 @@ class CompressionTests(SynchronousTestCase):
 class TLSRequiredTests(SynchronousTestCase):
     def test_commands_before_tls_are_refused(self) -> None:
         """With --tls-required every command but IDENTIFY is E_INVALID ... (TLS required), before its body."""
-        for command in (b"PUB t\n", b"SUB t c\n", b"AUTH\n", b"NOP\n", b"FOO\n"):
+        for command in (b"PUB t\n", b"SUB t c\n", b"AUTH\n", b"NOP\n", b"FOO\n",
+                        b"FIN 0123456789abcdef\nFIN 0123456789abcdef\n", b"REQ 0123456789abcdef 0\n"):
             nsqd, clock = make_nsqd(tls_required=1)
             proto, transport = connect(nsqd, clock)
             proto.dataReceived(command)
@@ -176,7 +177,7 @@ class TLSHandshakeTests(SynchronousTestCase):
 
     def test_handshake_must_finish_in_time(self) -> None:
         """Once a ClientHello starts TLS the handshake has TLS_HANDSHAKE_TIMEOUT seconds; then abort."""
-        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+        from nsqtw.protocol.handshake import TLS_HANDSHAKE_TIMEOUT
 
         for finished in (False, True):
             proto, transport, clock = self._connect()
@@ -194,7 +195,7 @@ class TLSHandshakeTests(SynchronousTestCase):
 
     def test_silence_gets_nsqds_timeout_error_in_plain_text(self) -> None:
         """No byte within the deadline: E_IDENTIFY_FAILED ... i/o timeout, as Go nsqd's read deadline says."""
-        from nsqtw.protocol.v2 import TLS_HANDSHAKE_TIMEOUT
+        from nsqtw.protocol.handshake import TLS_HANDSHAKE_TIMEOUT
 
         proto, transport, clock = self._connect()
         clock.advance(TLS_HANDSHAKE_TIMEOUT + 0.01)

@@ -7,8 +7,8 @@ import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.protocol.v2 import STATE_CLOSING, STATE_SUBSCRIBED
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, frame
+from nsqtw.protocol.v2 import ClientState, V2Factory
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, read_frames, reference, take_frames
 
@@ -407,7 +407,7 @@ class FlightTests(SynchronousTestCase):
         [(_, msg_id, _)] = c.messages()
         c.send(b"CLS\n")
         self.assertEqual(take_frames(c.transport), [(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")])
-        self.assertEqual(c.proto.state, STATE_CLOSING)
+        self.assertEqual(c.proto.state, ClientState.CLOSING)
         c.send(b"RDY 10\n")
         c.fin(msg_id)
         self.assertEqual(take_frames(c.transport), [])
@@ -595,7 +595,7 @@ class StatsTests(SynchronousTestCase):
         c.send(b"REQ " + msgs[1][1] + b" 0\n")
         stats = c.proto.stats()
         self.assertEqual((stats["client_id"], stats["hostname"], stats["user_agent"], stats["state"]),
-                         ("me", "h", "ua/1", STATE_SUBSCRIBED))
+                         ("me", "h", "ua/1", ClientState.SUBSCRIBED))
         self.assertEqual((stats["ready_count"], stats["message_count"], stats["finish_count"],
                           stats["requeue_count"], stats["in_flight_count"]), (5, 4, 1, 1, 2))
 
@@ -609,8 +609,8 @@ class StatsTests(SynchronousTestCase):
         self.assertEqual(struct.unpack(">i", t.value()[:4])[0], 6)
 
 
-class FastPublishTests(SynchronousTestCase):
-    """A publisher's repeated PUB/MPUB goes through V2Parser.take_publish: same answers, same messages."""
+class PublishStreamTests(SynchronousTestCase):
+    """A publisher's stream of PUBs and MPUBs: the same answers and messages however it is cut."""
 
     STREAM = [encode_command(b"PUB", b"t", body=b"a"),
               encode_command(b"PUB", b"t", body=b"b") + encode_mpub(b"t", [b"c", b"d"])
@@ -619,32 +619,22 @@ class FastPublishTests(SynchronousTestCase):
               encode_command(b"PUB", b"t", body=b"g")[9:] + b"NOP\n" + encode_mpub(b"u", [b"h"]),
               b"PUB t\n" + struct.pack(">i", 0)]  # E_BAD_MESSAGE, fatal
 
-    def run_stream(self, fast: bool) -> tuple[bytes, dict[str, list[bytes]], dict[str, int], int]:
+    def run_stream(self, reads: list[bytes]) -> tuple[bytes, dict[str, list[bytes]], dict[str, int]]:
         nsqd, clock = make_nsqd()
         proto, transport = connect(nsqd, clock)
-        taken = []
-        real = proto.parser.take_publish
-
-        def take_publish(known: dict[bytes, str]) -> object:
-            found = real(known) if fast else None
-            if found is not None:
-                taken.append(found)
-            return found
-
-        proto.parser.take_publish = take_publish  # type: ignore[method-assign]
-        for data in self.STREAM:
+        for data in reads:
             proto.dataReceived(data)
             settle(clock)
         bodies = {name: [m.body for m in topic.memory] for name, topic in nsqd.topics.items()}
-        return transport.value(), bodies, dict(proto.pub_counts), len(taken)
+        return transport.value(), bodies, dict(proto.pub_counts)
 
-    def test_same_answers_and_messages_as_the_generic_path(self) -> None:
-        """Every command after a topic's first publish is taken whole, with the generic path's
-        outcome: the OKs, the messages in order, the counts, the fatal error at the end."""
-        answers, bodies, counts, taken = self.run_stream(fast=True)
-        self.assertEqual((answers, bodies, counts), self.run_stream(fast=False)[:3])
-        # PUB t b, MPUB t, PUB u f and MPUB u; PUB t g arrived cut off, so the generic path took it
-        self.assertEqual(taken, 4)
+    def test_same_answers_and_messages_in_any_chunking(self) -> None:
+        """As sent, byte by byte and in one read: the OKs, the messages in order, the counts,
+        the fatal error at the end."""
+        answers, bodies, counts = self.run_stream(self.STREAM)
+        whole = b"".join(self.STREAM)
+        self.assertEqual((answers, bodies, counts), self.run_stream([whole[i:i + 1] for i in range(len(whole))]))
+        self.assertEqual((answers, bodies, counts), self.run_stream([whole]))
         self.assertEqual(bodies, {"t": [b"a", b"b", b"c", b"d", b"g"], "u": [b"e", b"f", b"h"]})
         self.assertEqual(counts, {"t": 5, "u": 3})
         frames = read_frames(answers)
@@ -662,6 +652,51 @@ class FastPublishTests(SynchronousTestCase):
         self.assertEqual(take_frames(transport),
                          [(FRAME_TYPE_ERROR, b"E_INVALID cannot PUB in current state (TLS required)")])
         self.assertEqual([m.body for m in nsqd.topics["t"].memory], [b"a"])
+
+
+class RunStateTests(SynchronousTestCase):
+    """A run of FINs or REQs before SUB is refused as its first line alone would be."""
+
+    def test_runs_before_sub_are_refused(self) -> None:
+        for name, line in ((b"FIN", b"FIN 0123456789abcdef\n"), (b"REQ", b"REQ 0123456789abcdef 0\n")):
+            nsqd, clock = make_nsqd()
+            proto, transport = connect(nsqd, clock)
+            proto.dataReceived(line * 3 + b"NOP\n")
+            self.assertEqual(take_frames(transport),
+                             [(FRAME_TYPE_ERROR, b"E_INVALID cannot " + name + b" in current state")])
+            self.assertTrue(transport.disconnecting)
+
+
+class CorkTests(SynchronousTestCase):
+    """Over a listener's connection (EagerServer, on a real socket pair) the answers to one
+    read's commands leave in one send, corked by the transport."""
+
+    def test_one_send_per_read(self) -> None:
+        import socket
+
+        from twisted.internet.testing import MemoryReactorClock
+
+        from nsqtw.net import eager
+        from tests.unit.test_eager import _CountingSocket
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        listener.close()
+        self.addCleanup(peer.close)
+        ours.setblocking(False)
+        sock = _CountingSocket(ours)
+        nsqd, clock = make_nsqd()
+        proto = V2Factory(nsqd, clock).buildProtocol(None)
+        server = eager.EagerServer(sock, proto, ("127.0.0.1", 1234), None, 1, MemoryReactorClock())
+        proto.makeConnection(server)
+        self.addCleanup(lambda: server.connected and server.abortConnection())
+        proto.dataReceived(b"  V2" + encode_command(b"PUB", b"t", body=b"a") + b"NOP\n"
+                           + encode_mpub(b"t", [b"b", b"c"]) + b"FOO\n")
+        ok = frame(FRAME_TYPE_RESPONSE, b"OK")
+        self.assertEqual(sock.sends, [ok + ok + frame(FRAME_TYPE_ERROR, b"E_INVALID invalid command FOO")])
+        proto.dataReceived(b"")  # closed: nothing more is sent
+        self.assertEqual(len(sock.sends), 1)
 
 
 class AdminTests(SynchronousTestCase):
@@ -781,23 +816,33 @@ class SliceTests(SynchronousTestCase):
         self.assertEqual(take_frames(ot), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertTrue(flooder.parser.buffered() > 0)  # the flood is still waiting its turns
 
-    def test_a_slice_and_a_disk_wait_compose(self) -> None:
-        """A publish waiting on the disk and a used-up slice: reading resumes only when both are over."""
+    def test_a_slice_and_a_disk_wait_follow_each_other(self) -> None:
+        """A used-up slice, then a publish waiting on the disk: reading resumes after each is over."""
+        from twisted.internet.defer import Deferred
+
+        from nsqtw.protocol.v2 import Input
         nsqd, clock = make_nsqd()
         proto, transport = self._sliced(nsqd, clock, 2)
-        from twisted.internet.defer import Deferred
-        written: Deferred = Deferred()
-        proto._block_until(written, lambda _: None)
         proto._yield_slice()
-        one_turn(clock)  # the slice is over, the wait is not: still paused
-        self.assertEqual(transport.producerState, "paused")
-        self.assertTrue(proto._blocked)
-        proto._yield_slice()
-        written.callback(None)  # the wait is over, the slice is not
-        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual((transport.producerState, proto._input), ("paused", Input.YIELDED))
         one_turn(clock)
-        self.assertEqual(transport.producerState, "producing")
-        self.assertFalse(proto._blocked)
+        self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
+        written: Deferred[None] = Deferred()
+        proto._block_until(written, lambda _: None)
+        one_turn(clock)  # a turn passes, the write does not: still paused
+        self.assertEqual((transport.producerState, proto._input), ("paused", Input.WAITING))
+        written.callback(None)
+        self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
+
+    def test_a_closed_connection_stays_closed_after_a_run_of_reqs(self) -> None:
+        """A run of REQs whose error closes the connection does not yield a slice: it stays closed."""
+        from nsqtw.protocol.v2 import REQS_PER_SLICE, Input
+        nsqd, clock = make_nsqd()
+        proto, transport = connect(nsqd, clock)
+        proto.dataReceived(b"REQ 0123456789abcdef 0\n" * REQS_PER_SLICE + b"NOP\n")
+        self.assertEqual(proto._input, Input.CLOSED)
+        one_turn(clock)
+        self.assertEqual(proto._input, Input.CLOSED)
 
 
 class GarbageTests(SynchronousTestCase):

@@ -9,13 +9,14 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core.message import FRAME_TYPE_ERROR
-from nsqtw.protocol.wire import V2Parser, req_run
+from nsqtw.protocol.wire import Command, V2Parser
 from tests.helpers import make_nsqd, take_frames
 from tests.unit.test_protocol_v2 import Consumer, publish
 
 
 class ReqRunTests(SynchronousTestCase):
-    """``take_reqs`` takes only the lines nsqd would read as a plain REQ with two arguments."""
+    """A run of REQ lines is one command only for the lines nsqd would read as a plain REQ with
+    two arguments; the rest are parsed one by one."""
 
     def test_plain_lines_are_taken_the_rest_left(self) -> None:
         ids = [b"%016x" % i for i in range(5)]
@@ -26,16 +27,40 @@ class ReqRunTests(SynchronousTestCase):
             with self.subTest(tail=tail):
                 parser = V2Parser(1024, 4096, expect_magic=False)
                 parser.feed(data + tail)
-                self.assertEqual(parser.take_reqs(), [(i, n) for n, i in enumerate(ids)])
-                self.assertEqual(parser.take_reqs(), [])
-                if tail.endswith(b"\n"):
-                    self.assertIsNotNone(parser.next_command())  # the generic parser gets it
+                self.assertEqual(parser.next_command(),
+                                 Command(b"REQ", [], reqs=[(i, n) for n, i in enumerate(ids)]))
+                cmd = parser.next_command()
+                if tail.startswith(b"FIN"):
+                    self.assertEqual(cmd, Command(b"FIN", [], ids=[ids[0]]))
+                elif tail.endswith(b"\n"):
+                    assert cmd is not None
+                    self.assertIsNone(cmd.reqs)  # a line of its own, its arguments as sent
+                    self.assertEqual(cmd.args, tail.rstrip(b"\r\n").split(b" ")[1:])
+                else:
+                    self.assertIsNone(cmd)
 
     def test_at_most_limit_at_once(self) -> None:
+        """A run carries at most the number of REQs the caller asks for; the rest come next."""
         data = b"".join(b"REQ %016x 0\n" % i for i in range(300))
-        reqs, end = req_run(data, 0, 128)
-        self.assertEqual(len(reqs), 128)
-        self.assertEqual(end, 128 * len(b"REQ 0000000000000000 0\n"))
+        parser = V2Parser(1024, 4096, expect_magic=False)
+        parser.feed(data)
+        sizes = []
+        while (cmd := parser.next_command(128)) is not None:
+            assert cmd.reqs is not None
+            sizes.append(len(cmd.reqs))
+        self.assertEqual(sizes, [128, 128, 44])
+        parser.feed(data[:46])
+        cmd = parser.next_command(1)
+        assert cmd is not None and cmd.reqs is not None
+        self.assertEqual(len(cmd.reqs), 1)
+
+    def test_not_inside_a_body(self) -> None:
+        """Bytes that look like REQ lines inside a PUB body are body bytes."""
+        body = b"REQ 0123456789abcdef 0\n"
+        parser = V2Parser(1024, 4096, expect_magic=False)
+        parser.feed(b"PUB t\n" + len(body).to_bytes(4, "big") + body + body)
+        self.assertEqual(parser.next_command(), Command(b"PUB", [b"t"], body=body))
+        self.assertEqual(parser.next_command(), Command(b"REQ", [], reqs=[(b"0123456789abcdef", 0)]))
 
 
 class RequeueRunTests(SynchronousTestCase):
