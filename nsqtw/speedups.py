@@ -7,12 +7,16 @@ so both builds give the same results (the protocol, message and segment
 tests run against both: ``.ci/run``). A compiled module sits beside its
 ``.py`` and Python's import prefers it; this module decides, before any of
 them is imported (``nsqtw/__init__.py`` calls :func:`install`), whether the
-compiled ones are used. They are all used or none is:
+compiled ones are used. They are all used or none is (compiled code calls
+the other compiled modules directly, and half a build would mix two kinds
+of Message):
 
 - ``NSQTW_NO_SPEEDUPS`` in the environment chooses the ``.py`` files on
   purpose;
-- a build older than its source (an in-place build left behind by an edit,
-  say) is not used: ``python setup.py build_ext --inplace`` rebuilds it.
+- a build that lacks a part (the install found no compiler) is not used;
+- in a checkout, a build older than a source (an in-place build left
+  behind by an edit) is not used: ``python setup.py build_ext --inplace``
+  rebuilds it.
 
 :data:`NOTE` is the line the daemons log at start-up.
 """
