@@ -5,7 +5,7 @@ own source with mypyc where mypy (a build requirement, pyproject.toml) and a
 C compiler are found. Each extension is ``optional``: where one cannot be
 built the package installs as plain Python, which gives the same results
 (nsqtw/speedups.py says how the choice is made and logged). In a checkout,
-``python setup.py build_ext --inplace`` builds them beside their ``.py``
+``python setup.py build_ext --inplace --force`` builds them beside their ``.py``
 files, as ``pip install -e .`` does.
 """
 

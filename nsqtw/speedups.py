@@ -15,7 +15,7 @@ of Message):
   purpose;
 - a build that lacks a part (the install found no compiler) is not used;
 - in a checkout, a build older than a source (an in-place build left
-  behind by an edit) is not used: ``python setup.py build_ext --inplace``
+  behind by an edit) is not used: ``python setup.py build_ext --inplace --force``
   rebuilds it.
 
 :data:`NOTE` is the line the daemons log at start-up.
@@ -72,7 +72,7 @@ def _choose(modules: Sequence[str] = MODULES, root: str = _ROOT) -> tuple[bool, 
              and os.path.getmtime(os.path.join(root, *name.split(".")) + ".py") > built]
     if stale:
         return False, (f"compiled speed-ups: the build is older than {', '.join(stale)} (rebuild with "
-                       "`python setup.py build_ext --inplace`), using the pure-Python path")
+                       "`python setup.py build_ext --inplace --force`), using the pure-Python path")
     return True, f"compiled speed-ups: in use (mypyc: {', '.join(modules)})"
 
 
