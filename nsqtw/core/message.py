@@ -146,7 +146,8 @@ def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
     Each message's data is its ID then its body, formatted in one step.
     ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
     """
-    return [Message(_with_id(b"", v, b), timestamp, 0, delay) for v, b in zip(values, bodies, strict=True)]
+    _check_paired(values, bodies)
+    return [Message(_with_id(b"", values[i], bodies[i]), timestamp, 0, delay) for i in range(len(bodies))]
 
 
 def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -> list[bytes]:
@@ -154,12 +155,19 @@ def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -
 
     What ``Message(b"%016x%b" % (value, body), timestamp).encode()`` gives for
     each, without the Message: a topic writes every message past its
-    ``--mem-queue-size`` to its backend so (:meth:`Topic.publish`), at a
-    third of the cost (a fresh message's attempts are 0, so the ten-byte
-    header is the same for the whole batch).
+    ``--mem-queue-size`` to its backend so (:meth:`Topic.publish`). A fresh
+    message's attempts are 0, so the ten-byte header is the same for the
+    whole batch.
     """
-    head = _HEADER.pack(timestamp, 0)
-    return [_with_id(head, v, b) for v, b in zip(values, bodies, strict=True)]
+    _check_paired(values, bodies)
+    head = timestamp.to_bytes(8, "big", signed=True) + b"\x00\x00"  # attempts 0
+    return [_with_id(head, values[i], bodies[i]) for i in range(len(bodies))]
+
+
+def _check_paired(values: Sequence[int], bodies: Sequence[bytes]) -> None:
+    """ValueError unless there is one ID value for each body (as ``zip(..., strict=True)`` would say)."""
+    if len(values) != len(bodies):
+        raise ValueError(f"{len(values)} ID values for {len(bodies)} bodies")
 
 
 def _with_id(prefix: bytes, value: int, body: bytes) -> bytes:
