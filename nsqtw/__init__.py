@@ -1,5 +1,9 @@
 """nsqtw: NSQ's nsqd and nsqlookupd on Twisted."""
 
+from nsqtw import speedups as _speedups
+
+_speedups.install()  # before any compiled module is imported: the compiled build or the .py files
+
 __version__ = "0.1.0"
 
 #: The nsqd version nsqtw speaks for (IDENTIFY, /info, /stats).

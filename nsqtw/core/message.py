@@ -1,24 +1,40 @@
-"""One NSQ message, its wire frame and nsqd's disk encoding."""
+"""One NSQ message, its wire frame and nsqd's disk encoding.
+
+The batch functions here run for every message published, delivered and
+finished, so setup.py compiles this module with mypyc where it can
+(nsqtw/speedups.py): compiled, :class:`Message` is a native class whose
+fields the functions here read and write in place, and the big-endian
+fields go through librt's ``BytesWriter`` and readers without a Python
+call. The same source runs as plain Python where it is not compiled
+(``.ci/run`` runs tests/unit/test_message.py against both).
+"""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
-from nsqtw.speedups import COMPILED
+from librt.strings import BytesWriter, read_i64_be, write_i32_be, write_i64_be
+from mypy_extensions import i64
 
-MSG_ID_LENGTH = 16
+from nsqtw import speedups
+
+MSG_ID_LENGTH: Final = 16
 #: timestamp (8) + attempts (2) + id (16): the smallest valid encoded message.
-MIN_VALID_MSG_LENGTH = 8 + 2 + MSG_ID_LENGTH
+MIN_VALID_MSG_LENGTH: Final = 8 + 2 + MSG_ID_LENGTH
 
-FRAME_TYPE_RESPONSE = 0
-FRAME_TYPE_ERROR = 1
-FRAME_TYPE_MESSAGE = 2
+FRAME_TYPE_RESPONSE: Final = 0
+FRAME_TYPE_ERROR: Final = 1
+FRAME_TYPE_MESSAGE: Final = 2
 
-_HEADER = struct.Struct(">qH")
-_FRAME_HEADER = struct.Struct(">ii")
-_MSG_FRAME_HEADER = struct.Struct(">iiqH")
+_HEADER: Final = struct.Struct(">qH")
+_FRAME_HEADER: Final = struct.Struct(">ii")
+#: each byte's two hex digits, for the IDs of new messages (``b"%016x" % value``)
+_HEX_PAIRS: Final = tuple(b"%02x" % n for n in range(256))
+#: an ID value is below this (64 bits); from _ID_SIGN up it is negative as a signed 64-bit int
+_ID_LIMIT: Final = 1 << 64
+_ID_SIGN: Final = 1 << 63
 
 
 class Message:
@@ -37,7 +53,7 @@ class Message:
     delivery fields are reset when it leaves flight, so queues hold no
     reference cycles for the garbage collector to chase. Six slots keep the
     object at 80 bytes with the collector's header (seven or eight would
-    take 96).
+    take 96); compiled, a native class has a pointer more (88).
     """
 
     __slots__ = ("data", "id", "timestamp", "attempts", "client", "deadline")
@@ -120,8 +136,7 @@ def _decode_run(records: list[bytes]) -> list[Message] | None:
     """Every record decoded, or None when one is too short: one length check, one comprehension."""
     if records and min(map(len, records)) < MIN_VALID_MSG_LENGTH:
         return None
-    unpack = _HEADER.unpack_from
-    return [Message(data[10:], *unpack(data)) for data in records]
+    return [Message(data[10:], read_i64_be(data, 0), data[8] << 8 | data[9]) for data in records]
 
 
 def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float = 0.0,
@@ -131,7 +146,8 @@ def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
     Each message's data is its ID then its body, formatted in one step.
     ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
     """
-    return [Message(b"%016x%b" % (v, b), timestamp, 0, delay) for v, b in zip(values, bodies, strict=True)]
+    _check_paired(values, bodies)
+    return [Message(_with_id(b"", values[i], bodies[i]), timestamp, 0, delay) for i in range(len(bodies))]
 
 
 def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -> list[bytes]:
@@ -139,12 +155,38 @@ def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -
 
     What ``Message(b"%016x%b" % (value, body), timestamp).encode()`` gives for
     each, without the Message: a topic writes every message past its
-    ``--mem-queue-size`` to its backend so (:meth:`Topic.publish`), at a
-    third of the cost (a fresh message's attempts are 0, so the ten-byte
-    header is the same for the whole batch).
+    ``--mem-queue-size`` to its backend so (:meth:`Topic.publish`). A fresh
+    message's attempts are 0, so the ten-byte header is the same for the
+    whole batch.
     """
-    head = _HEADER.pack(timestamp, 0)
-    return [b"%b%016x%b" % (head, v, b) for v, b in zip(values, bodies, strict=True)]
+    _check_paired(values, bodies)
+    head = timestamp.to_bytes(8, "big", signed=True) + b"\x00\x00"  # attempts 0
+    return [_with_id(head, values[i], bodies[i]) for i in range(len(bodies))]
+
+
+def _check_paired(values: Sequence[int], bodies: Sequence[bytes]) -> None:
+    """ValueError unless there is one ID value for each body (as ``zip(..., strict=True)`` would say)."""
+    if len(values) != len(bodies):
+        raise ValueError(f"{len(values)} ID values for {len(bodies)} bodies")
+
+
+def _with_id(prefix: bytes, value: int, body: bytes) -> bytes:
+    """``prefix + b"%016x" % value + body`` for an ID value of 64 bits, in one allocation.
+
+    The ID's digits are looked up a byte at a time: compiled, that is a
+    few machine instructions a byte and one ``bytes`` made of the parts,
+    where ``%x`` would go through the interpreter's formatting; plain
+    Python pays more for it.
+    """
+    if not 0 <= value < _ID_LIMIT:
+        raise OverflowError(f"message ID value out of range ({value})")
+    # as a signed 64-bit int: compiled, the shifts below are then machine
+    # instructions, where the IDs (most above 2**62) would be Python ints
+    v = i64(value - _ID_LIMIT) if value >= _ID_SIGN else i64(value)
+    pairs = _HEX_PAIRS
+    return b"%b%b%b%b%b%b%b%b%b%b" % (prefix, pairs[(v >> 56) & 0xFF], pairs[(v >> 48) & 0xFF],
+                                      pairs[(v >> 40) & 0xFF], pairs[(v >> 32) & 0xFF], pairs[(v >> 24) & 0xFF],
+                                      pairs[(v >> 16) & 0xFF], pairs[(v >> 8) & 0xFF], pairs[v & 0xFF], body)
 
 
 def record_id(data: bytes) -> bytes:
@@ -155,11 +197,23 @@ def record_id(data: bytes) -> bytes:
 def frames(messages: list[Message]) -> bytes:
     """The MESSAGE frames of a batch, back to back: one write to a consumer.
 
-    :meth:`Message.frame` inlined, as this runs for every message delivered.
+    Each frame is its size, its type, the timestamp, the attempts and the
+    data; the numbers are big-endian as ``struct``'s ``>iiqH`` writes them,
+    and one out of its field's range raises (OverflowError or ValueError).
     """
-    pack = _MSG_FRAME_HEADER.pack
-    return b"".join([pack(14 + len(m.data), FRAME_TYPE_MESSAGE, m.timestamp, m.attempts) + m.data
-                     for m in messages])
+    out = BytesWriter()
+    for m in messages:
+        data = m.data
+        write_i32_be(out, 14 + len(data))
+        write_i32_be(out, FRAME_TYPE_MESSAGE)
+        write_i64_be(out, m.timestamp)
+        attempts = m.attempts
+        if not 0 <= attempts <= 0xFFFF:
+            raise OverflowError(f"attempts out of range ({attempts})")
+        out.append(attempts >> 8)
+        out.append(attempts & 0xFF)
+        out.write(data)
+    return out.getvalue()
 
 
 def copy_messages(messages: list[Message]) -> list[Message]:
@@ -209,21 +263,8 @@ def end_flight(live: dict[bytes, Message], owned: dict[bytes, float], client: An
     return failed
 
 
-#: the pure-Python definitions, kept whichever are in use (tests compare the two)
-PURE: dict[str, Any] = {"frames": frames, "decode_run": _decode_run, "message_ids": message_ids,
-                        "start_flight": start_flight, "end_flight": end_flight, "encode_new": encode_new}
-
-
-#: whether the compiled speed-ups are in use (``nsqtw-bench compare`` prints it)
-SPEEDUPS = COMPILED is not None
-if COMPILED is not None:
-    COMPILED.bind(Message)  # where Message keeps its slots, for the C functions to fill them
-    frames = COMPILED.frames  # noqa: F811 -- the compiled versions of the same functions
-    _decode_run = COMPILED.decode_messages
-    message_ids = COMPILED.message_ids
-    start_flight = COMPILED.start_flight
-    end_flight = COMPILED.end_flight
-    encode_new = COMPILED.encode_new
+#: whether this module is the compiled build (``nsqtw-bench compare`` prints it)
+SPEEDUPS: Final = speedups.IN_USE
 
 
 def frame(frame_type: int, data: bytes) -> bytes:

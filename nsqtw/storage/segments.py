@@ -1,4 +1,4 @@
-"""go-diskqueue's files: segment and metadata formats, positions, reads, writes, corruption.
+"""go-diskqueue's files: positions, reads, writes, corruption.
 
 Go nsqd keeps each topic's and channel's overflow in nsqio/go-diskqueue files:
 ``NAME.diskqueue.%06d.dat`` segments of ``[int32 big-endian size][data]``
@@ -6,32 +6,26 @@ records and ``NAME.diskqueue.meta.dat`` holding
 ``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``. :class:`DiskState`
 owns those files and go-diskqueue's positions; it runs only on its queue's
 disk executor and touches only bytes and files; what it wants logged travels
-back with each result (:class:`OpResult`).
+back with each result (:class:`OpResult`). The bytes inside the files are
+:mod:`nsqtw.storage.formats`'s.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from twisted.logger import LogLevel
 
-from nsqtw.core.message import MIN_VALID_MSG_LENGTH
-from nsqtw.speedups import COMPILED
 from nsqtw.storage.atomic import atomic_write, fsync_dir
 from nsqtw.storage.executor import Reply
+from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, parse_meta, read_size, split_records
 
-__all__ = ["PURE_FRAME_RECORDS", "PURE_SPLIT_RECORDS", "Consumption", "DiskState", "OpResult", "ReadChunk",
-           "frame_records", "nsqd_msg_size_limits", "split_records"]
+__all__ = ["Consumption", "DiskState", "OpResult", "ReadChunk", "nsqd_msg_size_limits"]
 
-
-_SIZE = struct.Struct(">i")
-_META_RE = re.compile(rb"\A(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n")
 
 #: (level, format, fields) of a log event produced on the disk thread
 _LogEvent = tuple[LogLevel, str, dict[str, Any]]
@@ -40,70 +34,6 @@ _LogEvent = tuple[LogLevel, str, dict[str, Any]]
 Consumption = tuple[int, int, int]
 #: records read ahead from one segment: (file_num, position of the first, their data)
 ReadChunk = tuple[int, int, list[bytes]]
-
-
-def nsqd_msg_size_limits(max_msg_size: int) -> tuple[int, int]:
-    """The (min, max) record sizes nsqd gives go-diskqueue for ``--max-msg-size``."""
-    return MIN_VALID_MSG_LENGTH, max_msg_size + MIN_VALID_MSG_LENGTH
-
-
-def split_records(buf: bytes, max_records: int, min_size: int, max_size: int) -> tuple[list[bytes], int]:
-    """The whole, valid records at the start of ``buf`` (at most ``max_records``): their data and the bytes they take.
-
-    Stops before the first record that ``buf`` cuts short or whose size is
-    outside ``[min_size, max_size]``; what is wrong with that one matters only
-    when it comes first, and :meth:`DiskState._read_records` then looks at it
-    itself. This is the loop a disk thread runs for every record it reads
-    back, holding the GIL the reactor's thread waits for: it has a compiled
-    twin in nsqtw.speedups, which gives the same results
-    (tests/unit/test_segments.py).
-    """
-    out: list[bytes] = []
-    off = 0
-    end = len(buf)
-    unpack = _SIZE.unpack_from
-    while len(out) < max_records and end - off >= 4:
-        (size,) = unpack(buf, off)
-        if size < min_size or size > max_size or end - off - 4 < size:
-            break
-        off += 4
-        out.append(buf[off:off + size])
-        off += size
-    return out, off
-
-
-def frame_records(batch: list[bytes], start: int, room: int, min_size: int, max_size: int,
-                  ) -> tuple[bytes, int]:
-    """``batch[start:]`` framed as segment records, ``[int32 size][data]`` back to back, and how many.
-
-    Takes the first record whatever its size (the caller has rolled to a
-    fresh segment if it must) and then as many as fit in ``room`` bytes;
-    stops before a record whose size is outside ``[min_size, max_size]``
-    (the caller reports it). Like :func:`split_records`, a loop per record
-    on a disk thread, with a compiled twin (tests/unit/test_segments.py).
-    """
-    parts: list[bytes] = []
-    pack = _SIZE.pack
-    used = 0
-    i, n = start, len(batch)
-    while i < n:
-        data = batch[i]
-        size = len(data)
-        if size < min_size or size > max_size or (i > start and used + 4 + size > room):
-            break
-        parts.append(pack(size))
-        parts.append(data)
-        used += 4 + size
-        i += 1
-    return b"".join(parts), i - start
-
-
-#: the pure-Python definitions, kept whichever are in use (tests compare the two)
-PURE_SPLIT_RECORDS = split_records
-PURE_FRAME_RECORDS = frame_records
-if COMPILED is not None:
-    split_records = COMPILED.split_records
-    frame_records = COMPILED.frame_records
 
 
 class _ReadError(Exception):
@@ -252,12 +182,12 @@ class DiskState:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {error}",
                       name=self.name, error=str(e))
             return 0
-        m = _META_RE.match(text)
-        if m is None:
+        meta = parse_meta(text)
+        if meta is None:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - bad format {text!r}",
                       name=self.name, text=text[:100])
             return 0
-        depth, rnum, rpos, wnum, wpos = (int(g) for g in m.groups())
+        depth, rnum, rpos, wnum, wpos = meta
         self.depth = depth
         self.read_file_num, self.read_pos = rnum, rpos
         self.cursor_file_num, self.cursor_pos = rnum, rpos
@@ -338,14 +268,8 @@ class DiskState:
 
     def _whole_records(self, tail: bytes) -> tuple[int, int]:
         """How far the whole, valid records at the start of ``tail`` reach, and how many they are."""
-        off = count = 0
-        while len(tail) - off >= 4:
-            (rsize,) = _SIZE.unpack_from(tail, off)
-            if rsize < self.min_msg_size or rsize > self.max_msg_size or off + 4 + rsize > len(tail):
-                break
-            off += 4 + rsize
-            count += 1
-        return off, count
+        records, off = split_records(tail, len(tail), self.min_msg_size, self.max_msg_size)
+        return off, len(records)
 
     def _count_salvaged_tail(self, path: str, size: int) -> None:
         """Count the records the reader will salvage past a stale writePos in the depth.
@@ -369,8 +293,7 @@ class DiskState:
 
     def _persist_metadata(self) -> None:
         """Replace the metadata file atomically (go-diskqueue does not fsync the directory)."""
-        text = (f"{self.depth}\n{self.read_file_num},{self.read_pos}\n"
-                f"{self.write_file_num},{self.write_pos}\n").encode("ascii")
+        text = format_meta(self.depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos)
         # go-diskqueue ignores the temp file's Sync error too
         atomic_write(self.meta_file_name(), text, fsync=self.fsync_fn, ignore_fsync_error=True,
                      sync_dir=False)
@@ -688,7 +611,7 @@ class DiskState:
             # the first record is not whole and valid in what was read: find out why
             if len(buf) < 4:
                 raise _ReadError("EOF" if not buf else "unexpected EOF")
-            (size,) = _SIZE.unpack_from(buf, 0)
+            size = read_size(buf)
             if size < self.min_msg_size or size > self.max_msg_size:
                 # no reasonable guarantee where the next record would begin
                 raise _ReadError(f"invalid message read size ({size})")

@@ -12,6 +12,7 @@ one), never from the base interpreter's.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,13 +22,17 @@ import sys
 import tarfile
 import urllib.request
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+from nsqtw import speedups
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the builds here run without build isolation: the compiled speed-ups need mypyc from this environment
+CAN_COMPILE = bool(shutil.which("cc")) and importlib.util.find_spec("mypyc") is not None
 
 
 def _copy_checkout(dest: Path) -> Path:
@@ -98,7 +103,7 @@ def _package_files() -> set[str]:
 def test_sdist_and_wheel_carry_the_package(dists: dict[str, Path]) -> None:
     """The sdist holds every file of the package and what building needs; the wheel every file
     that runs (the admin's pages, the twistd plugins, py.typed) and, where a C compiler works,
-    the compiled speed-ups."""
+    the compiled speed-ups (the mypyc build of nsqtw.speedups.MODULES)."""
     with tarfile.open(dists["sdist"]) as tar:
         top = tar.getnames()[0].split("/")[0]
         in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
@@ -108,8 +113,22 @@ def test_sdist_and_wheel_carry_the_package(dists: dict[str, Path]) -> None:
         in_wheel = set(whl.namelist())
     runs = {n for n in _package_files() if not n.endswith(".c")}
     assert runs - in_wheel == set(), sorted(runs - in_wheel)
-    if shutil.which("cc"):
-        assert any(n.startswith("_nsqtw_speedups") and n.endswith(".so") for n in in_wheel), sorted(in_wheel)
+    if CAN_COMPILE:
+        assert _compiled(in_wheel) == _COMPILED, sorted(in_wheel)
+
+
+#: the files of the mypyc build (nsqtw/speedups.py): its shared library and one module per compiled .py
+_COMPILED = {speedups.GROUP} | set(speedups.MODULES)
+
+
+def _compiled(names: Iterable[str]) -> set[str]:
+    """Which parts of the mypyc build are among these paths (relative to site-packages or the checkout)."""
+    found = set()
+    for name in names:
+        stem, dot, rest = name.partition(".")
+        if dot and rest.endswith(".so"):
+            found.add(stem.replace("/", "."))
+    return found & _COMPILED
 
 
 def _ping(daemon: Daemon) -> str:
@@ -121,8 +140,9 @@ def _ping(daemon: Daemon) -> str:
 def test_installed_package_runs(tmp_path: Path, dists: dict[str, Path], how: str) -> None:
     """After the install, ``twistd -n nsqtw``, ``nsqtw-lookupd`` and ``nsqtw-admin`` start and answer
     /ping, the package and its plugins come from this install, and the ``nsqtw`` command works. The
-    compiled speed-ups come with the wheel where a C compiler works; the sdist installed where the
-    compiler fails (``CC=false``) installs without them."""
+    compiled speed-ups come with the wheel where a C compiler works and are in use; the sdist
+    installed where the compiler fails (``CC=false``) installs without them and runs the same
+    modules from their ``.py`` files."""
     python = make_venv(tmp_path / "venv")
     venv = tmp_path / "venv"
     env = clean_env()
@@ -141,16 +161,18 @@ def test_installed_package_runs(tmp_path: Path, dists: dict[str, Path], how: str
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = json.loads(subprocess.run(
-        [str(python), "-c", "import json, importlib, nsqtw; from nsqtw.core import message as m; "
-                            "print(json.dumps([nsqtw.__file__, m.SPEEDUPS and "
-                            "importlib.import_module('_nsqtw_speedups').__file__]))"],
+        [str(python), "-c", "import json, nsqtw; from nsqtw import speedups; from nsqtw.core import message as m; "
+                            "print(json.dumps([nsqtw.__file__, m.__file__, speedups.IN_USE, speedups.NOTE]))"],
         env=env, cwd=elsewhere, capture_output=True, text=True, check=True).stdout)
-    assert where[0].startswith(str(home)), where
-    built = sorted(p.name for p in home.rglob("_nsqtw_speedups*.so"))
+    assert where[0].startswith(str(home)) and where[1].startswith(str(home)), where
+    built = _compiled(str(p.relative_to(home)).split("site-packages/")[-1] for p in home.rglob("*.so"))
     if how == "sdist-no-compiler":
-        assert built == [], built  # (the running environment may hold a build of its own)
-    elif shutil.which("cc"):
-        assert built and str(where[1]).startswith(str(home)), where + [done.stdout, done.stderr]
+        # installed, and as plain Python: the same modules from their .py files
+        assert (built, where[1].endswith(".py"), where[2]) == (set(), True, False), where
+        assert "not built" in where[3], where
+    elif CAN_COMPILE:
+        assert (built, where[2]) == (_COMPILED, True), where + [done.stdout, done.stderr]
+        assert not where[1].endswith(".py") and where[3].startswith("compiled speed-ups: in use"), where
     # the three daemons, as twistd runs them, answer /ping
     daemons: list[Daemon] = []
     try:

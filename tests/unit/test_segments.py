@@ -1,7 +1,9 @@
 """The per-record loops a disk thread runs: splitting a segment read into records, framing records to write.
 
-Both have compiled twins (nsqtw/_speedups.c); whichever is in use must give
-exactly what the pure-Python definition gives, including where each stops.
+nsqtw.storage.formats is compiled where it can be (nsqtw/speedups.py);
+.ci/run runs this module against the compiled build and the pure one. Each
+must give what a plain ``struct`` reading of the format gives, including
+where it stops.
 """
 
 from __future__ import annotations
@@ -11,14 +13,26 @@ import struct
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.core import message
-from nsqtw.storage.segments import PURE_FRAME_RECORDS, PURE_SPLIT_RECORDS, frame_records, split_records
+from nsqtw.storage.formats import frame_records, split_records
 
 MIN, MAX = 4, 40
 
 
 def record(data: bytes) -> bytes:
     return struct.pack(">i", len(data)) + data
+
+
+def split_by_struct(buf: bytes, max_records: int) -> tuple[list[bytes], int]:
+    """The test's own reading of a segment: each size with ``struct``, records up to the first bad or cut one."""
+    out: list[bytes] = []
+    off = 0
+    while len(out) < max_records and len(buf) - off >= 4:
+        (size,) = struct.unpack_from(">i", buf, off)
+        if not MIN <= size <= MAX or len(buf) - off - 4 < size:
+            break
+        out.append(buf[off + 4:off + 4 + size])
+        off += 4 + size
+    return out, off
 
 
 class SplitRecordsTests(SynchronousTestCase):
@@ -37,10 +51,9 @@ class SplitRecordsTests(SynchronousTestCase):
             self.assertEqual(split_records(bad + good, 10, MIN, MAX), ([], 0), bad)
         self.assertEqual(split_records(b"", 10, MIN, MAX), ([], 0))
 
-    def test_compiled_and_pure_agree(self) -> None:
+    def test_random_runs_read_as_struct_reads_them(self) -> None:
         """Random runs of good and bad records, cut anywhere, with any limit: the same records, the same end."""
         rng = random.Random(17)
-        implementations = [PURE_SPLIT_RECORDS, split_records]
         for _ in range(3000):
             parts = []
             for _ in range(rng.randrange(8)):
@@ -49,9 +62,7 @@ class SplitRecordsTests(SynchronousTestCase):
             buf = b"".join(parts)
             buf = buf[:rng.randrange(len(buf) + 1)]
             limit = rng.randrange(10)
-            got = [impl(buf, limit, MIN, MAX) for impl in implementations]
-            self.assertEqual(got[0], got[1], (buf, limit))
-        self.assertEqual(split_records is PURE_SPLIT_RECORDS, not message.SPEEDUPS)
+            self.assertEqual(split_records(buf, limit, MIN, MAX), split_by_struct(buf, limit), (buf, limit))
 
 
 class FrameRecordsTests(SynchronousTestCase):
@@ -72,16 +83,18 @@ class FrameRecordsTests(SynchronousTestCase):
         self.assertEqual(frame_records(batch, 1, 100, MIN, MAX), (b"", 0))
         self.assertEqual(frame_records([b"x" * 41], 0, 100, MIN, MAX), (b"", 0))
 
-    def test_compiled_and_pure_agree_and_split_undoes_them(self) -> None:
+    def test_random_batches_frame_as_struct_packs_them_and_split_undoes_them(self) -> None:
         rng = random.Random(23)
-        implementations = [PURE_FRAME_RECORDS, frame_records]
         for _ in range(3000):
             batch = [bytes(rng.randrange(256) for _ in range(rng.choice([rng.randrange(MIN, MAX + 1)] * 5 + [2, 45])))
                      for _ in range(rng.randrange(8))]
             start = rng.randrange(len(batch) + 1)
             room = rng.randrange(120)
-            got = [impl(batch, start, room, MIN, MAX) for impl in implementations]
-            self.assertEqual(got[0], got[1], (batch, start, room))
-            framed, count = got[0]
-            self.assertEqual(split_records(framed, 100, MIN, MAX), (batch[start:start + count], len(framed)))
-        self.assertEqual(frame_records is PURE_FRAME_RECORDS, not message.SPEEDUPS)
+            framed, count = frame_records(batch, start, room, MIN, MAX)
+            taken = batch[start:start + count]
+            self.assertEqual(framed, b"".join(map(record, taken)), (batch, start, room))
+            fits = [i for i in range(1, len(batch) - start + 1)
+                    if all(MIN <= len(d) <= MAX for d in batch[start:start + i])
+                    and (i == 1 or sum(4 + len(d) for d in batch[start:start + i]) <= room)]
+            self.assertEqual(count, max(fits, default=0), (batch, start, room))
+            self.assertEqual(split_records(framed, 100, MIN, MAX), (taken, len(framed)))
