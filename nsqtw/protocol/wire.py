@@ -18,31 +18,57 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from nsqtw.errors import NSQError, fatal
 
-MAGIC_V2 = b"  V2"
+MAGIC_V2: Final = b"  V2"
 #: nsqd reads commands through a 16 KiB buffer; a longer line ends the connection.
-MAX_LINE_LENGTH = 16 * 1024
+MAX_LINE_LENGTH: Final = 16 * 1024
 #: the most REQ lines one command carries unless the caller asks for fewer
-REQS_PER_RUN = 128
+REQS_PER_RUN: Final = 128
 
-BODY_COMMANDS = frozenset((b"PUB", b"DPUB", b"MPUB", b"IDENTIFY", b"AUTH"))
+BODY_COMMANDS: Final = frozenset((b"PUB", b"DPUB", b"MPUB", b"IDENTIFY", b"AUTH"))
 
-_INT32 = struct.Struct(">i")
+_INT32: Final = struct.Struct(">i")
 
-(_MAGIC, _LINE, _SIZE, _BODY, _MPUB_COUNT, _MPUB_SIZE, _MPUB_BODY) = range(7)
+_MAGIC: Final = 0
+_LINE: Final = 1
+_SIZE: Final = 2
+_BODY: Final = 3
+_MPUB_COUNT: Final = 4
+_MPUB_SIZE: Final = 5
+_MPUB_BODY: Final = 6
 
 #: ``FIN `` + a 16-byte message ID + newline
-_FIN_LINE = 21
+_FIN_LINE: Final = 21
 #: a run of ``FIN <id>\n`` lines whose 16-byte ID nsqd would take as one argument: no
 #: space or newline in it, and not ending in the ``\r`` of a ``\r\n`` line end
-_FIN_RUN = re.compile(rb"(?:FIN [^ \n]{15}[^ \r\n]\n)+")
+_FIN_RUN: Final = re.compile(rb"(?:FIN [^ \n]{15}[^ \r\n]\n)+")
+#: the ID of one plain FIN line, and of 64 in a row
+_FIN_ID: Final = struct.Struct("4x16sx")
+_FIN_IDS: Final = struct.Struct("4x16sx" * 64)
 #: one ``REQ <id> <timeout>\n`` line nsqd would take as two arguments: an ID of 16 bytes
 #: without space or newline, a timeout of plain decimal digits that fits any int, a bare ``\n``
-_REQ_LINE = re.compile(rb"REQ ([^ \n]{16}) ([0-9]{1,9})\n")
+_REQ_LINE: Final = re.compile(rb"REQ ([^ \n]{16}) ([0-9]{1,9})\n")
 
+
+
+def _plain_fins(lines: bytes, count: int) -> bool:
+    """Whether ``lines`` is ``count`` plain FIN lines (see :meth:`V2Parser._take_fins`):
+    each column of the 21-byte lines checked at once, and the spaces and newlines counted."""
+    return (lines[0::21] == b"F" * count and lines[1::21] == b"I" * count and lines[2::21] == b"N" * count
+            and lines[3::21] == b" " * count and lines[20::21] == b"\n" * count
+            and lines.count(b" ") == count and lines.count(b"\n") == count and b"\r" not in lines[19::21])
+
+
+def _split_fins(lines: bytes, count: int, ids: list[bytes]) -> None:
+    """Append the IDs of ``count`` plain FIN lines to ``ids``: 64 lines per ``struct`` call."""
+    whole = count - count % 64
+    for group in _FIN_IDS.iter_unpack(lines[:whole * _FIN_LINE]):
+        ids.extend(group)
+    for (msg_id,) in _FIN_ID.iter_unpack(lines[whole * _FIN_LINE:]):
+        ids.append(msg_id)
 
 class Command(NamedTuple):
     """A parsed command: its name, its space-separated arguments and its body.
@@ -259,14 +285,35 @@ class V2Parser:
 
     def _take_fins(self, pos: int) -> list[bytes]:
         """The IDs of the run of plain FIN lines at ``pos``, consumed; [] leaves the line
-        to the generic parse (whose errors are nsqd's)."""
-        run = _FIN_RUN.match(self._buf, pos)
-        if run is None:
-            return []
-        end = run.end()
-        self._pos = end
-        lines = bytes(self._buf[pos:end])
-        return [lines[i:i + 16] for i in range(4, end - pos, _FIN_LINE)]
+        to the generic parse (whose errors are nsqd's).
+
+        A plain line is ``FIN `` and a 16-byte ID nsqd would take as one
+        argument (no space or newline in it, not ending in the ``\r`` of a
+        ``\r\n`` line end), then ``\n``. The lines are looked at a piece at a
+        time (growing, so a lone FIN before a large body copies little); a
+        piece of nothing but plain lines is checked and split in a few bulk
+        operations (:func:`_plain_fins`, ``struct``), anything else by
+        :data:`_FIN_RUN`, which finds where the run ends.
+        """
+        buf = self._buf
+        ids: list[bytes] = []
+        lines_wanted = 64
+        while True:
+            count = min(lines_wanted, (len(buf) - pos) // _FIN_LINE)
+            if count == 0:
+                break
+            lines = bytes(buf[pos:pos + count * _FIN_LINE])
+            if not _plain_fins(lines, count):
+                run = _FIN_RUN.match(lines)
+                count = 0 if run is None else run.end() // _FIN_LINE
+                lines = lines[:count * _FIN_LINE]
+            _split_fins(lines, count, ids)
+            pos += count * _FIN_LINE
+            if count < lines_wanted:
+                break
+            lines_wanted *= 4
+        self._pos = pos
+        return ids
 
     def _take_reqs(self, pos: int, limit: int) -> list[tuple[bytes, int]]:
         """(ID, timeout in ms) of up to ``limit`` plain REQ lines at ``pos``, consumed."""
@@ -392,10 +439,10 @@ def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
     return b"REQ " + msg_id + b" " + str(delay_ms).encode() + b"\n"
 
 
-NOP = b"NOP\n"
-CLS = b"CLS\n"
+NOP: Final = b"NOP\n"
+CLS: Final = b"CLS\n"
 
-_FRAME_HEADER = struct.Struct(">ii")
+_FRAME_HEADER: Final = struct.Struct(">ii")
 
 
 def split_frames(buf: bytearray) -> list[tuple[int, bytes]]:

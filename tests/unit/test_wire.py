@@ -221,6 +221,22 @@ class FinRunTests(SynchronousTestCase):
             self.assertIsNone(cmd.ids, line)
             self.assertNotEqual([len(a) for a in cmd.args], [16], line)
 
+    def test_long_runs_stop_at_the_first_odd_line(self) -> None:
+        """Runs longer than the pieces they are checked in (64 lines, then 256, ...) end exactly
+        at the first line that is not plain, wherever it falls, and go on after it."""
+        ids = [f"{i:016x}".encode() for i in range(400)]
+        for odd in (b"FIN 0123456 89abcdef\n", b"FIN 0123456789abcde\r\n", b"RDY 1\n", b"FIN 0123\n"):
+            for at in (0, 1, 63, 64, 65, 319, 320, 399):
+                parser = self.parser(b"".join(b"FIN " + i + b"\n" for i in ids[:at]) + odd
+                                     + b"".join(b"FIN " + i + b"\n" for i in ids[at:]))
+                if at:
+                    self.assertEqual(parser.next_command(), Command(b"FIN", [], ids=ids[:at]), (odd, at))
+                cmd = parser.next_command()
+                assert cmd is not None
+                self.assertIsNone(cmd.ids, (odd, at))
+                self.assertEqual(parser.next_command(), Command(b"FIN", [], ids=ids[at:]), (odd, at))
+                self.assertIsNone(parser.next_command())
+
     def test_runs_match_the_line_by_line_parse(self) -> None:
         """Over random mixes of plain and odd FIN lines, the IDs of the runs are exactly the
         arguments of the lines a line-by-line split would give as one 16-byte ID."""
