@@ -27,6 +27,7 @@ from nsqtw.client.config import Config
 from nsqtw.client.errors import ConnectionClosed, NSQClientError, NSQErrorResponse
 from nsqtw.interfaces import IConnectionDelegate, IStreamCodec
 from nsqtw.log import Logger
+from nsqtw.net.eager import send_now
 from nsqtw.net.listen import client_endpoint, split_host_port
 from nsqtw.net.tls import client_trust_root
 from nsqtw.net.twisted_privates import WRITE_BUFFER_ATTRIBUTES, write_buffer_empty
@@ -329,12 +330,7 @@ def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
         if not write_buffer_empty(t) or not t.connected or t.disconnecting:
             t.write(data)
             return
-        try:
-            n = sock.send(data)
-        except OSError:  # EAGAIN, or an error the transport's own write meets and reports
-            n = 0
-        if n < len(data):
-            t.write(data[n:] if n else data)
+        send_now(sock, data, t.write)
 
     return send
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import _socket
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, error, tcp
@@ -41,6 +42,23 @@ from nsqtw.net.twisted_privates import (
 
 #: how a connection closed by its own side is reported (the reactor reports it so too)
 _CONNECTION_DONE = Failure(error.ConnectionDone())
+
+
+def send_now(sock: socket.socket, data: bytes, queue: Callable[[bytes], object]) -> None:
+    """Send ``data`` on ``sock`` at once; hand what it does not take to ``queue`` (Twisted's write).
+
+    The caller has checked that Twisted holds nothing unsent for the
+    connection, so the order of the bytes is kept. On any error (``EAGAIN``,
+    or a broken connection) everything goes to ``queue``, whose own write
+    then meets the error and reports it. Used by :class:`EagerServer` and by
+    the client library's connections (:func:`nsqtw.client.conn.direct_sender`).
+    """
+    try:
+        sent = sock.send(data)
+    except OSError:
+        sent = 0
+    if sent < len(data):
+        queue(data[sent:] if sent else data)
 
 
 class EagerServer(tcp.Server):
@@ -144,16 +162,7 @@ class EagerServer(tcp.Server):
                 or (self.producer is not None and not self.streamingProducer)):
             super().write(data)  # type: ignore[no-untyped-call]
             return
-        try:
-            sent = self.socket.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            # Let Twisted's write path find the broken connection and report it.
-            super().write(data)  # type: ignore[no-untyped-call]
-            return
-        if sent < len(data):
-            super().write(data[sent:] if sent else data)  # type: ignore[no-untyped-call]
+        send_now(self.socket, data, super().write)
 
 
 class _NoDelayServer(tcp.Server):
