@@ -20,6 +20,9 @@ import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
+from librt.strings import read_i32_be
+from mypy_extensions import i64
+
 from nsqtw.errors import NSQError, fatal
 
 MAGIC_V2: Final = b"  V2"
@@ -342,22 +345,22 @@ class V2Parser:
         left = self._mpub_left
         if not left or self._mpub_end <= pos:
             return pos
-        total = self._mpub_total
+        total: i64 = self._mpub_total
         # one copy of what has arrived of the declared body, sliced from (a bytearray slice
         # is a copy too); messages past the declared size go one by one
         data = bytes(self._buf[pos:self._mpub_end])
-        end = len(data)
-        max_msg = self.max_msg_size
-        max_body = self.max_body_size
-        append = self._messages.append
-        unpack = _INT32.unpack_from
-        at = 0
+        end: i64 = len(data)
+        max_msg: i64 = self.max_msg_size
+        max_body: i64 = self.max_body_size
+        messages = self._messages
+        at: i64 = 0
+        # machine integers and librt's reader when compiled: no Python int or tuple per message
         while left and end - at >= 4:
-            (size,) = unpack(data, at)
+            size: int = read_i32_be(data, at)
             start = at + 4
             if size <= 0 or size > max_msg or total + 4 + size > max_body or end - start < size:
                 break
-            append(data[start:start + size])
+            messages.append(data[start:start + size])
             at = start + size
             total += 4 + size
             left -= 1
