@@ -29,11 +29,8 @@ FRAME_TYPE_MESSAGE: Final = 2
 
 _HEADER: Final = struct.Struct(">qH")
 _FRAME_HEADER: Final = struct.Struct(">ii")
-#: each byte's two hex digits, for the IDs of new messages (``b"%016x" % value``)
-_HEX_PAIRS: Final = tuple(b"%02x" % n for n in range(256))
-#: an ID value is below this (64 bits); from _ID_SIGN up it is negative as a signed 64-bit int
+#: an ID value is below this (64 bits)
 _ID_LIMIT: Final = 1 << 64
-_ID_SIGN: Final = 1 << 63
 
 
 class Message:
@@ -163,18 +160,13 @@ def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -
     return [head + ids[16 * i:16 * i + 16] + bodies[i] for i in range(len(bodies))]
 
 
-def _check_paired(values: Sequence[int], bodies: Sequence[bytes]) -> None:
-    """ValueError unless there is one ID value for each body (as ``zip(..., strict=True)`` would say)."""
-    if len(values) != len(bodies):
-        raise ValueError(f"{len(values)} ID values for {len(bodies)} bodies")
-
-
 def _hex_ids(values: Sequence[int], bodies: Sequence[bytes]) -> bytes:
     """The 16 hex digits (``b"%016x"``) of every ID value, back to back: one ``struct`` pack and
     one ``hex`` for the batch, where formatting each ID on its own cost more than the rest of
     a message's encoding. ValueError unless there is one value per body; OverflowError for
     a value outside 64 bits."""
-    _check_paired(values, bodies)
+    if len(values) != len(bodies):  # as zip(..., strict=True) would say
+        raise ValueError(f"{len(values)} ID values for {len(bodies)} bodies")
     try:
         packed = struct.pack(f">{len(values)}Q", *values)
     except struct.error:

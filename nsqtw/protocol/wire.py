@@ -60,9 +60,10 @@ _REQ_LINE: Final = re.compile(rb"REQ ([^ \n]{16}) ([0-9]{1,9})\n")
 def _plain_fins(lines: bytes, count: int) -> bool:
     """Whether ``lines`` is ``count`` plain FIN lines (see :meth:`V2Parser._take_fins`):
     each column of the 21-byte lines checked at once, and the spaces and newlines counted."""
-    return (lines[0::21] == b"F" * count and lines[1::21] == b"I" * count and lines[2::21] == b"N" * count
-            and lines[3::21] == b" " * count and lines[20::21] == b"\n" * count
-            and lines.count(b" ") == count and lines.count(b"\n") == count and b"\r" not in lines[19::21])
+    n = _FIN_LINE
+    return (lines[0::n] == b"F" * count and lines[1::n] == b"I" * count and lines[2::n] == b"N" * count
+            and lines[3::n] == b" " * count and lines[20::n] == b"\n" * count
+            and lines.count(b" ") == count and lines.count(b"\n") == count and b"\r" not in lines[19::n])
 
 
 def _split_fins(lines: bytes, count: int, ids: list[bytes]) -> None:
