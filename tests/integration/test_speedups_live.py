@@ -8,7 +8,7 @@ client checks the same things of both: every message once, from memory and
 from the disk queue (``--mem-queue-size=50``), its ID and timestamp as
 published, attempts counted up by a REQ and a timeout, and each daemon's
 start-up line saying which path it runs. A publisher's repeated PUBs and
-MPUBs, which the daemon takes in one step (``V2Parser.take_publish``),
+MPUBs, each taken in the call that read its line (``V2Parser.next_command``),
 whole, pipelined or cut between reads, get the answers and the errors nsqd
 gives, and their messages arrive once, in order.
 """
