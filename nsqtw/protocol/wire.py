@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Final
 
 from librt.strings import read_i32_be
 from mypy_extensions import i64
@@ -74,21 +74,46 @@ def _split_fins(lines: bytes, count: int, ids: list[bytes]) -> None:
     for (msg_id,) in _FIN_ID.iter_unpack(lines[whole * _FIN_LINE:]):
         ids.append(msg_id)
 
-class Command(NamedTuple):
+class Command:
     """A parsed command: its name, its space-separated arguments and its body.
 
     ``body`` is the single body of PUB, DPUB, IDENTIFY and AUTH; ``messages``
     the list of bodies of an MPUB. A run of plain FIN lines is one command
     named FIN with no arguments and ``ids`` (in order); a run of plain REQ
     lines one named REQ with ``reqs``, each (ID, timeout in ms).
+
+    A plain class with its own ``__init__`` rather than a NamedTuple or a
+    dataclass: compiled, it is a native class that compiled code makes with
+    one C call, where those two run a generated Python ``__init__`` or
+    ``__new__`` for every command. Compared by value.
     """
 
-    name: bytes
-    args: list[bytes]
-    body: bytes | None = None
-    messages: list[bytes] | None = None
-    ids: list[bytes] | None = None
-    reqs: list[tuple[bytes, int]] | None = None
+    __slots__ = ("name", "args", "body", "messages", "ids", "reqs")
+
+    def __init__(self, name: bytes, args: list[bytes], body: bytes | None = None,
+                 messages: list[bytes] | None = None, ids: list[bytes] | None = None,
+                 reqs: list[tuple[bytes, int]] | None = None) -> None:
+        self.name = name
+        self.args = args
+        self.body = body
+        self.messages = messages
+        self.ids = ids
+        self.reqs = reqs
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.name, self.args, self.body, self.messages, self.ids, self.reqs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Command):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        raise TypeError("unhashable type: 'Command'")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in zip(self.__slots__, self._fields(), strict=True) if v is not None)
+        return f"Command({shown})"
 
 
 class LineTooLong(Exception):
@@ -110,6 +135,14 @@ class V2Parser:
     (nsqd validates the state, the parameters and the topic name first, so
     their errors win) and before a command is handed out. For a run of FINs
     or REQs it is called once, with no arguments.
+
+    The input is kept as ``bytes``, not a growing ``bytearray``: a read that
+    finds everything before it parsed becomes the buffer as it is, with no
+    copy, and compiled, every slice, byte and size read of ``bytes`` is a
+    direct C operation. Reads that arrive while a command waits for more
+    are held aside and joined once the command can go on (its body or
+    size has arrived, or its line has ended), so a large body arriving in
+    many reads is copied once, not once per read.
     """
 
     def __init__(self, max_msg_size: int, max_body_size: int,
@@ -117,8 +150,14 @@ class V2Parser:
         self.max_msg_size = max_msg_size
         self.max_body_size = max_body_size
         self._check_header = check_header
-        self._buf = bytearray()
+        #: the input; from ``_pos`` on, not parsed yet
+        self._buf = b""
         self._pos = 0
+        #: reads that arrived while the command under way waits for more (see :meth:`feed`)
+        self._chunks: list[bytes] = []
+        self._chunk_bytes = 0
+        #: the bytes past ``_pos`` the command under way needs before parsing can go on
+        self._want = 0
         self._state = _MAGIC if expect_magic else _LINE
         self._name = b""
         self._args: list[bytes] = []
@@ -127,15 +166,36 @@ class V2Parser:
         self._mpub_left = 0
         #: the MPUB's size so far: its count and the messages read
         self._mpub_total = 0
-        #: where the body an MPUB declared ends (its messages may read past it, as in nsqd)
+        #: where the body an MPUB declared ends in ``_buf`` (its messages may read past it, as in nsqd)
         self._mpub_end = 0
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        pos = self._pos
+        if pos == len(self._buf) and not self._chunks:
+            # everything before was parsed (the usual case): this read is the input
+            self._mpub_end -= pos
+            self._buf = data
+            self._pos = 0
+            return
+        self._chunks.append(data)
+        self._chunk_bytes += len(data)
+        have = len(self._buf) - pos + self._chunk_bytes
+        # a command line waits for its newline (or for being too long to wait any more)
+        if have >= self._want or (self._state == _LINE and b"\n" in data):
+            self._join()
+
+    def _join(self) -> None:
+        """Make the unparsed input and the reads held aside one buffer."""
+        pos = self._pos
+        self._buf = b"".join([self._buf[pos:], *self._chunks])
+        self._mpub_end -= pos
+        self._pos = 0
+        self._chunks = []
+        self._chunk_bytes = 0
 
     def buffered(self) -> int:
         """Bytes received and not yet parsed into a command."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._chunk_bytes
 
     def take_buffered(self) -> bytes:
         """Hand over the bytes not parsed yet and forget them.
@@ -143,14 +203,14 @@ class V2Parser:
         After IDENTIFY negotiates TLS or compression the rest of the stream
         is in the new encoding; what already arrived belongs to that layer.
         """
-        data = bytes(self._buf[self._pos:])
-        self._buf.clear()
-        self._pos = 0
+        self._join()
+        data = self._buf
+        self._buf = b""
         return data
 
     def in_command(self) -> bool:
         """True while part of a command has been read (a frame is incomplete)."""
-        return self._state != _LINE or self._pos < len(self._buf)
+        return self._state != _LINE or self.buffered() > 0
 
     def release(self) -> None:
         """The connection is gone: drop the input and the header check.
@@ -162,8 +222,10 @@ class V2Parser:
         milliseconds under connection churn.
         """
         self._check_header = _no_check
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
+        self._chunks = []
+        self._chunk_bytes = 0
         self._messages = []
 
     def next_command(self, max_reqs: int = REQS_PER_RUN) -> Command | None:
@@ -179,30 +241,35 @@ class V2Parser:
         buf = self._buf
         state = self._state
         pos = self._pos
+        # what a read held aside must bring before it is joined (see feed); meaningful
+        # only when this call stops for lack of input, else any read is joined
+        self._want = 0
+        want = 4
         while True:
             if state == _LINE:
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
                     if len(buf) - pos > MAX_LINE_LENGTH:
                         raise LineTooLong()
+                    want = MAX_LINE_LENGTH + 1
                     break
                 length = nl - pos
                 if length >= MAX_LINE_LENGTH:
                     raise LineTooLong()
-                if length == _FIN_LINE - 1 and buf.startswith(b"FIN ", pos):
-                    ids = self._take_fins(pos)
+                if length == _FIN_LINE - 1 and buf[pos] == 70 and buf[pos + 1] == 73 and buf[pos + 2] == 78:
+                    ids = self._take_fins(pos)  # "FIN"
                     if ids:
                         self._check_header(b"FIN", [])
                         return Command(b"FIN", [], None, None, ids)
-                elif 21 < length < 31 and max_reqs > 0 and buf.startswith(b"REQ ", pos):
-                    reqs = self._take_reqs(pos, max_reqs)
+                elif 21 < length < 31 and max_reqs > 0 and buf[pos] == 82 and buf[pos + 1] == 69:
+                    reqs = self._take_reqs(pos, max_reqs)  # "RE"
                     if reqs:
                         self._check_header(b"REQ", [])
                         return Command(b"REQ", [], None, None, None, reqs)
                 end = nl
                 if length and buf[end - 1] == 13:  # optional \r
                     end -= 1
-                args = bytes(buf[pos:end]).split(b" ")
+                args = buf[pos:end].split(b" ")
                 name = args.pop(0)
                 pos = self._pos = nl + 1
                 self._check_header(name, args)
@@ -214,7 +281,7 @@ class V2Parser:
             if state == _SIZE:
                 if len(buf) - pos < 4:
                     break
-                (size,) = _INT32.unpack_from(buf, pos)
+                size = read_i32_be(buf, pos)
                 pos += 4
                 name = self._name
                 if name == b"MPUB":
@@ -231,18 +298,15 @@ class V2Parser:
             if state == _BODY:
                 end = pos + self._need
                 if len(buf) < end:
+                    want = self._need
                     break
-                body = bytes(buf[pos:end])
                 self._state = _LINE
-                if end == len(buf):
-                    buf.clear()  # the usual case: the read held this one command
-                    end = 0
                 self._pos = end
-                return Command(self._name, self._args, body)
+                return Command(self._name, self._args, buf[pos:end])
             if state == _MPUB_COUNT:
                 if len(buf) - pos < 4:
                     break
-                (count,) = _INT32.unpack_from(buf, pos)
+                count = read_i32_be(buf, pos)
                 pos += 4
                 # each message takes at least 5 bytes (size + one byte of body)
                 if count <= 0 or count > (self.max_body_size - 4) // 5:
@@ -256,35 +320,33 @@ class V2Parser:
                     messages = self._messages
                     self._messages = []
                     self._state = _LINE
-                    if pos == len(buf):
-                        buf.clear()
-                        pos = 0
                     self._pos = pos
                     return Command(self._name, self._args, None, messages)
                 if len(buf) - pos < 4:
                     break
-                (size,) = _INT32.unpack_from(buf, pos)
+                size = read_i32_be(buf, pos)
                 pos += 4
                 self._check_mpub_message(size)
                 state = _MPUB_BODY
             if state == _MPUB_BODY:
                 need = self._need
                 if len(buf) - pos < need:
+                    want = need
                     break
-                self._messages.append(bytes(buf[pos:pos + need]))
+                self._messages.append(buf[pos:pos + need])
                 pos += need
                 self._mpub_left -= 1
                 state = _MPUB_SIZE
             elif state == _MAGIC:
                 if len(buf) - pos < 4:
                     break
-                if bytes(buf[pos:pos + 4]) != MAGIC_V2:
+                if buf[pos:pos + 4] != MAGIC_V2:
                     raise NSQError("E_BAD_PROTOCOL")
                 pos += 4
                 state = self._state = _LINE
         self._state = state
         self._pos = pos
-        self._compact()
+        self._want = want
         return None
 
     def _take_fins(self, pos: int) -> list[bytes]:
@@ -306,7 +368,7 @@ class V2Parser:
             count = min(lines_wanted, (len(buf) - pos) // _FIN_LINE)
             if count == 0:
                 break
-            lines = bytes(buf[pos:pos + count * _FIN_LINE])
+            lines = buf[pos:pos + count * _FIN_LINE]
             if not _plain_fins(lines, count):
                 run = _FIN_RUN.match(lines)
                 count = 0 if run is None else run.end() // _FIN_LINE
@@ -346,34 +408,27 @@ class V2Parser:
         left = self._mpub_left
         if not left or self._mpub_end <= pos:
             return pos
+        buf = self._buf
         total: i64 = self._mpub_total
-        # one copy of what has arrived of the declared body, sliced from (a bytearray slice
-        # is a copy too); messages past the declared size go one by one
-        data = bytes(self._buf[pos:self._mpub_end])
-        end: i64 = len(data)
+        # messages past the declared size go one by one
+        end: i64 = min(len(buf), self._mpub_end)
         max_msg: i64 = self.max_msg_size
         max_body: i64 = self.max_body_size
         messages = self._messages
-        at: i64 = 0
+        at: i64 = pos
         # machine integers and librt's reader when compiled: no Python int or tuple per message
         while left and end - at >= 4:
-            size: int = read_i32_be(data, at)
+            size = i64(read_i32_be(buf, at))
             start = at + 4
             if size <= 0 or size > max_msg or total + 4 + size > max_body or end - start < size:
                 break
-            messages.append(data[start:start + size])
+            messages.append(buf[start:start + size])
             at = start + size
             total += 4 + size
             left -= 1
         self._mpub_left = left
         self._mpub_total = total
-        return pos + at
-
-    def _compact(self) -> None:
-        if self._pos:
-            del self._buf[:self._pos]
-            self._mpub_end -= self._pos
-            self._pos = 0
+        return at
 
     def _bad_size(self, size: int) -> NSQError:
         """nsqd's error for a body size out of range (the caller found it so)."""

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nsqtw.errors import NSQError
-from nsqtw.protocol.wire import MAX_LINE_LENGTH, LineTooLong, V2Parser
+from nsqtw.protocol.wire import MAX_LINE_LENGTH, Command, LineTooLong, V2Parser
 from tests.daemon import Daemon
 from tests.helpers import connect, make_nsqd, read_frames
 from tests.rawclient import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, OK, Client, Closed, pub
@@ -133,9 +133,9 @@ def _parse(data: bytes, chunks: list[int]) -> list[object]:
             while (cmd := parser.next_command()) is not None:
                 # a run of FINs or REQs holds what had arrived: one command per line, compared
                 if cmd.ids is not None:
-                    out.extend(cmd._replace(ids=[i]) for i in cmd.ids)
+                    out.extend(Command(cmd.name, cmd.args, ids=[i]) for i in cmd.ids)
                 elif cmd.reqs is not None:
-                    out.extend(cmd._replace(reqs=[r]) for r in cmd.reqs)
+                    out.extend(Command(cmd.name, cmd.args, reqs=[r]) for r in cmd.reqs)
                 else:
                     out.append(cmd)
         except NSQError as e:
