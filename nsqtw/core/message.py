@@ -11,6 +11,7 @@ call. The same source runs as plain Python where it is not compiled
 
 from __future__ import annotations
 
+import binascii
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -29,6 +30,7 @@ FRAME_TYPE_MESSAGE: Final = 2
 
 _HEADER: Final = struct.Struct(">qH")
 _FRAME_HEADER: Final = struct.Struct(">ii")
+_ID: Final = struct.Struct(">Q")
 #: an ID value is below this (64 bits)
 _ID_LIMIT: Final = 1 << 64
 
@@ -135,7 +137,7 @@ def _decode_run(records: list[bytes]) -> list[Message] | None:
     return [Message(data[10:], read_i64_be(data, 0), data[8] << 8 | data[9]) for data in records]
 
 
-def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float = 0.0,
+def new_messages(values: Sequence[int], bodies: list[bytes], timestamp: int, delay: float = 0.0,
                  ) -> list[Message]:
     """Freshly published messages from their ID values (``b"%016x" % value``) and bodies.
 
@@ -143,36 +145,64 @@ def new_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
     ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
     """
     ids = _hex_ids(values, bodies)
-    return [Message(ids[16 * i:16 * i + 16] + bodies[i], timestamp, 0, delay) for i in range(len(bodies))]
+    return [Message(ids[16 * i:16 * i + 16] + body, timestamp, 0, delay) for i, body in enumerate(bodies)]
 
 
-def encode_new(timestamp: int, values: Sequence[int], bodies: Sequence[bytes]) -> list[bytes]:
+def encode_new(timestamp: int, values: Sequence[int], bodies: list[bytes]) -> list[bytes]:
     """nsqd's encoding of freshly published messages, made straight from their ID values and bodies.
 
     What ``Message(b"%016x%b" % (value, body), timestamp).encode()`` gives for
     each, without the Message: a topic writes every message past its
     ``--mem-queue-size`` to its backend so (:meth:`Topic.publish`). A fresh
     message's attempts are 0, so the ten-byte header is the same for the
-    whole batch.
+    whole batch, and so is the part of the IDs :func:`_id_digits` finds
+    shared: each record is that start, the rest of its ID and its body.
+    The bodies are a list, not any sequence: compiled, a list's items are
+    read without a Python call.
     """
-    ids = _hex_ids(values, bodies)
-    head = timestamp.to_bytes(8, "big", signed=True) + b"\x00\x00"  # attempts 0
-    return [head + ids[16 * i:16 * i + 16] + bodies[i] for i in range(len(bodies))]
+    prefix, rest, width = _id_digits(values, bodies)
+    start = _HEADER.pack(timestamp, 0) + prefix  # attempts 0
+    return [start + rest[width * i:width * i + width] + body for i, body in enumerate(bodies)]
 
 
-def _hex_ids(values: Sequence[int], bodies: Sequence[bytes]) -> bytes:
+#: ``000`` to ``fff`` back to back: the last three hex digits of the IDs of one millisecond
+_HEX3: Final = b"".join(b"%03x" % i for i in range(4096))
+
+
+def _id_digits(values: Sequence[int], bodies: list[bytes]) -> tuple[bytes, bytes, int]:
+    """The 16 hex digits of every ID value as a prefix they all share, then the rest of each,
+    back to back, each ``width`` long.
+
+    The IDs of one publish are usually one ``range`` within one millisecond
+    (:meth:`nsqtw.core.guid.GUIDFactory.new_values`): they differ only in
+    the last three digits, which are a slice of :data:`_HEX3`, so the batch
+    needs one format for its prefix and nothing per message. Any other
+    values get all 16 digits each (:func:`_hex_ids`). Errors as
+    :func:`_hex_ids` gives them.
+    """
+    n = len(values)
+    if isinstance(values, range) and n and n == len(bodies) and values.step == 1:
+        first = values.start
+        low = first & 0xFFF
+        if first >= 0 and values.stop <= _ID_LIMIT and low + n <= 4096:
+            return b"%013x" % (first >> 12), _HEX3[3 * low:3 * (low + n)], 3
+    return b"", _hex_ids(values, bodies), 16
+
+
+def _hex_ids(values: Sequence[int], bodies: list[bytes]) -> bytes:
     """The 16 hex digits (``b"%016x"``) of every ID value, back to back: one ``struct`` pack and
-    one ``hex`` for the batch, where formatting each ID on its own cost more than the rest of
+    one hexlify for the batch, where formatting each ID on its own cost more than the rest of
     a message's encoding. ValueError unless there is one value per body; OverflowError for
     a value outside 64 bits."""
     if len(values) != len(bodies):  # as zip(..., strict=True) would say
         raise ValueError(f"{len(values)} ID values for {len(bodies)} bodies")
     try:
-        packed = struct.pack(f">{len(values)}Q", *values)
+        # one message (a PUB) needs no format made for its count
+        packed = _ID.pack(values[0]) if len(values) == 1 else struct.pack(f">{len(values)}Q", *values)
     except struct.error:
         bad = next(v for v in values if not 0 <= v < _ID_LIMIT)
         raise OverflowError(f"message ID value out of range ({bad})") from None
-    return packed.hex().encode()
+    return binascii.hexlify(packed)
 
 
 def record_id(data: bytes) -> bytes:

@@ -204,16 +204,20 @@ class BatchTests(SynchronousTestCase):
     def test_fresh_records(self) -> None:
         """Records made straight from ID values and bodies are what building each Message and
         encoding it gives (header with attempts 0, 16 hex digits, body), from a range or a
-        list of values; values and bodies must pair up, and an ID value must fit 64 bits."""
+        list of values; values and bodies must pair up, and an ID value must fit 64 bits.
+        The ranges include ones within one millisecond's 4096 IDs (their shared digits are
+        formatted once), ones that cross into the next, the top of 64 bits and a step."""
         bodies = [b"", b"x", b"\x00" * 300, b"body"]
         for timestamp in (0, -1, 1795341386123456789):
-            for values in (range(7, 11), [0, 2**64 - 1, 0xABCDEF, 1 << 63]):
+            for values in (range(7, 11), [0, 2**64 - 1, 0xABCDEF, 1 << 63], range(4092, 4096),
+                           range(4094, 4098), range(0x0B1E5A3F00000FFE, 0x0B1E5A3F00001002),
+                           range(2**64 - 4, 2**64), range(10, 18, 2)):
                 with self.subTest(timestamp=timestamp, values=values):
                     expected = [Message(b"%016x%b" % (v, b), timestamp).encode()
                                 for v, b in zip(values, bodies, strict=True)]
                     self.assertEqual(message.encode_new(timestamp, values, bodies), expected)
                     self.assertEqual([message.decode_message(r).body for r in expected], bodies)
-        self.assertEqual(message.encode_new(5, (), []), [])
+        self.assertEqual(message.encode_new(5, [], []), [])
         self.assertRaises(ValueError, message.encode_new, 5, (1, 2), [b"a"])
         self.assertRaises(ValueError, message.encode_new, 5, (1,), [b"a", b"b"])
         for value in (-1, 2**64):
