@@ -330,7 +330,9 @@ def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
         if not write_buffer_empty(t) or not t.connected or t.disconnecting:
             t.write(data)
             return
-        send_now(sock, data, t.write)
+        rest = send_now(sock, data)
+        if rest:
+            t.write(rest)
 
     return send
 

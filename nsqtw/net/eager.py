@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import _socket
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, error, tcp
@@ -35,6 +34,7 @@ from nsqtw.net.twisted_privates import (
     WRITE_BUFFER_ATTRIBUTES,
     cache_port_logger,
     is_aborting,
+    may_send_now,
     write_buffer_empty,
     write_buffers_understood,
     write_side_closed,
@@ -44,21 +44,22 @@ from nsqtw.net.twisted_privates import (
 _CONNECTION_DONE = Failure(error.ConnectionDone())
 
 
-def send_now(sock: socket.socket, data: bytes, queue: Callable[[bytes], object]) -> None:
-    """Send ``data`` on ``sock`` at once; hand what it does not take to ``queue`` (Twisted's write).
+def send_now(sock: socket.socket, data: bytes) -> bytes:
+    """Send ``data`` on ``sock`` at once; what it did not take, for Twisted's write to queue.
 
     The caller has checked that Twisted holds nothing unsent for the
-    connection, so the order of the bytes is kept. On any error (``EAGAIN``,
-    or a broken connection) everything goes to ``queue``, whose own write
-    then meets the error and reports it. Used by :class:`EagerServer` and by
-    the client library's connections (:func:`nsqtw.client.conn.direct_sender`).
+    connection, so the order of the bytes is kept, and hands what comes
+    back (usually ``b""``) to Twisted's ``write``. On any error (``EAGAIN``,
+    or a broken connection) all of ``data`` comes back, and Twisted's own
+    write then meets the error and reports it. Used by :class:`EagerServer`
+    and by the client library's connections
+    (:func:`nsqtw.client.conn.direct_sender`).
     """
     try:
         sent = sock.send(data)
     except OSError:
-        sent = 0
-    if sent < len(data):
-        queue(data[sent:] if sent else data)
+        return data
+    return data[sent:] if sent < len(data) else b""
 
 
 class EagerServer(tcp.Server):
@@ -96,7 +97,7 @@ class EagerServer(tcp.Server):
         """Send what was written since :meth:`cork` (in one write), and stop holding."""
         corked, self._corked = self._corked, None
         if corked:
-            self.write(b"".join(corked))
+            self.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     def writeSequence(self, iovec: Any) -> None:
         if type(iovec) is list and all(type(part) is bytes for part in iovec):
@@ -156,13 +157,14 @@ class EagerServer(tcp.Server):
         # Twisted's own buffers (nsqtw.net.twisted_privates): if anything is queued, or
         # TLS is on, or the connection is closing, append; likewise for a pull producer,
         # which Twisted asks for more from doWrite
-        if (self.TLS or not write_buffer_empty(self)
-                or not self.connected or self.disconnecting or write_side_closed(self)
-                or type(data) is not bytes or not data
+        if (self.TLS or not self.connected or self.disconnecting or type(data) is not bytes or not data
+                or not may_send_now(self)
                 or (self.producer is not None and not self.streamingProducer)):
             super().write(data)  # type: ignore[no-untyped-call]
             return
-        send_now(self.socket, data, super().write)
+        rest = send_now(self.socket, data)
+        if rest:
+            super().write(rest)  # type: ignore[no-untyped-call]
 
 
 class _NoDelayServer(tcp.Server):

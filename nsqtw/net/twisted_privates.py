@@ -165,6 +165,12 @@ def write_buffers_understood(fd_class: type | None = None) -> bool:
         return False
 
 
+def may_send_now(fd: Any) -> bool:
+    """Both at once, for the write path: nothing waits in ``fd``'s buffers
+    (:func:`write_buffer_empty`) and its write side is open (not :func:`write_side_closed`)."""
+    return not fd._tempDataLen and fd.offset == len(fd.dataBuffer) and not fd._writeDisconnected
+
+
 def write_side_closed(fd: Any) -> bool:
     """``FileDescriptor._writeDisconnected``: ``loseWriteConnection`` took effect; nothing more may be sent."""
     closed: bool = fd._writeDisconnected

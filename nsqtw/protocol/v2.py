@@ -251,61 +251,59 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         turn, after every other connection has had its turn. Order and
         content are unchanged; TCP flow control slows the flooder down.
 
-        Meanwhile the transport is corked when it can be (a listener's
-        connections can: :class:`nsqtw.net.eager.EagerServer`), so the
-        answers of every command run now leave in one send.
+        When more than the command at hand has arrived, the transport is
+        corked where it can be (a listener's connections can:
+        :class:`nsqtw.net.eager.EagerServer`), so the answers of every
+        command run now leave in one send. A read that holds one command,
+        the usual case, needs no cork: its answer is its one write.
         """
-        cork = self._cork
-        if cork is None:
-            self._run_commands()
-            return
-        # the answers and messages of all commands run now go out in one write
-        cork()
-        try:
-            self._run_commands()
-        finally:
-            self._uncork()
-
-    def _run_commands(self) -> None:
         parser = self.parser
         now = self._now
         deadline = now() + self.slice_seconds
         steps = 0
         requeued = 0
-        while self._input is _RUNNING:
-            steps += 1
-            if steps & 7 == 0 and now() > deadline:
-                self._yield_slice()
-                return
-            try:
-                cmd = parser.next_command(REQS_PER_SLICE - requeued)
-            except NSQError as e:
-                self._send_error(e)
-                return
-            except LineTooLong:
-                self.log.error("ERROR: client({client}) - failed to read command - line too long",
-                               client=self)
-                self._close()
-                return
-            if cmd is None:
-                if self._decoder is None or not self._decompress_more():
-                    return
-                continue
-            self._restart_read_deadline()
-            try:
-                self._dispatch(cmd)
-            except NSQError as e:
-                self._send_error(e)
-            if not parser.buffered() and self._decoder is None:
-                return  # the usual case: the read held this one command
-            if cmd.reqs is not None and self._input is _RUNNING:
-                requeued += len(cmd.reqs)
-                if requeued >= REQS_PER_SLICE:
-                    # each comes back through the channel's pump on the next turn: as many
-                    # as that may take before the others get the reactor
+        corked = False
+        try:
+            while self._input is _RUNNING:
+                steps += 1
+                if steps & 7 == 0 and now() > deadline:
                     self._yield_slice()
                     return
-                steps |= 7  # a run is worth eight commands: look at the clock next
+                try:
+                    cmd = parser.next_command(REQS_PER_SLICE - requeued)
+                except NSQError as e:
+                    self._send_error(e)
+                    return
+                except LineTooLong:
+                    self.log.error("ERROR: client({client}) - failed to read command - line too long",
+                                   client=self)
+                    self._close()
+                    return
+                if cmd is None:
+                    if self._decoder is None or not self._decompress_more():
+                        return
+                    continue
+                if not corked and self._cork is not None and (parser.buffered() or self._decoder is not None):
+                    self._cork()  # more commands follow this one: their answers go out together
+                    corked = True
+                self._restart_read_deadline()
+                try:
+                    self._dispatch(cmd)
+                except NSQError as e:
+                    self._send_error(e)
+                if not parser.buffered() and self._decoder is None:
+                    return  # the usual case: the read held this one command
+                if cmd.reqs is not None and self._input is _RUNNING:
+                    requeued += len(cmd.reqs)
+                    if requeued >= REQS_PER_SLICE:
+                        # each comes back through the channel's pump on the next turn: as many
+                        # as that may take before the others get the reactor
+                        self._yield_slice()
+                        return
+                    steps |= 7  # a run is worth eight commands: look at the clock next
+        finally:
+            if corked:
+                self._uncork()
 
     def _yield_slice(self) -> None:
         """Stop reading until the next reactor turn; then carry on where this slice stopped."""

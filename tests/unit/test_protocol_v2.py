@@ -698,6 +698,38 @@ class CorkTests(SynchronousTestCase):
         proto.dataReceived(b"")  # closed: nothing more is sent
         self.assertEqual(len(sock.sends), 1)
 
+    def test_cork_only_when_more_than_one_command_arrived(self) -> None:
+        """A read holding one command is answered by its one write without corking; a read
+        holding several corks once, and each read is still one send."""
+        import socket
+
+        from twisted.internet.testing import MemoryReactorClock
+
+        from nsqtw.net import eager
+        from tests.unit.test_eager import _CountingSocket
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        peer = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+        listener.close()
+        self.addCleanup(peer.close)
+        ours.setblocking(False)
+        sock = _CountingSocket(ours)
+        nsqd, clock = make_nsqd()
+        proto = V2Factory(nsqd, clock).buildProtocol(None)
+        server = eager.EagerServer(sock, proto, ("127.0.0.1", 1234), None, 1, MemoryReactorClock())
+        corks: list[None] = []
+        cork = server.cork
+        server.cork = lambda: (corks.append(None), cork())[1]  # type: ignore[method-assign]
+        proto.makeConnection(server)
+        self.addCleanup(lambda: server.connected and server.abortConnection())
+        ok = frame(FRAME_TYPE_RESPONSE, b"OK")
+        proto.dataReceived(b"  V2" + encode_command(b"PUB", b"t", body=b"a"))
+        self.assertEqual((sock.sends, len(corks)), ([ok], 0))
+        proto.dataReceived(encode_command(b"PUB", b"t", body=b"b") + encode_command(b"PUB", b"t", body=b"c"))
+        self.assertEqual((sock.sends, len(corks)), ([ok, ok + ok], 1))
+        self.assertIsNone(server._corked)
+
 
 class AdminTests(SynchronousTestCase):
     def test_empty_channel_clears_client_in_flight(self) -> None:

@@ -268,10 +268,18 @@ class WriteBufferTests(SynchronousTestCase):
         fd = abstract.FileDescriptor(reactor)  # type: ignore[no-untyped-call]
         fd.connected = 1
         self.assertTrue(tp.write_buffer_empty(fd))
+        self.assertTrue(tp.may_send_now(fd))
         fd.write(b"abc")  # type: ignore[no-untyped-call]
         self.assertFalse(tp.write_buffer_empty(fd))
+        self.assertFalse(tp.may_send_now(fd))
         self.assertFalse(tp.write_side_closed(fd))
         self.assertFalse(tp.is_aborting(tcp.Connection))  # the class default an unaborted connection reads
+        empty = abstract.FileDescriptor(reactor)  # type: ignore[no-untyped-call]
+        empty.connected = 1
+        empty._writeDisconnected = True  # what loseWriteConnection's doWrite leaves
+        self.assertTrue(tp.write_buffer_empty(empty))
+        self.assertTrue(tp.write_side_closed(empty))
+        self.assertFalse(tp.may_send_now(empty))
 
 
 class PortLoggerTests(SynchronousTestCase):
