@@ -6,8 +6,10 @@ A V2 connection is fed ``N`` (default 100,000) one-message commands of 200
 B, each as its own read, as a publisher waiting for every ``OK`` sends
 them: ``MPUB`` of one (what ``bench_writer -batch-size=1`` sends) and
 ``PUB``. What runs is the daemon's own code from ``dataReceived`` to the
-``OK``: the parse, the checks, new IDs, the topic's memory queue. The
-collector runs with the thresholds the daemon sets. Prints the best of
+``OK``: the parse, the checks, new IDs, the topic's memory queue. Then
+MPUBs of 200 such messages (``bench_writer``'s default), ``N / 200`` of
+them, reported per message. The collector runs with the thresholds the
+daemon sets. Prints the best of
 ``REPS`` (default 5) runs, process CPU per command: a steadier A/B than a
 live run on a shared two-core machine (docs/performance.md).
 
@@ -41,12 +43,15 @@ from nsqtw.storage.segments import nsqd_msg_size_limits
 BODY = b"x" * 200
 MPUB_OF_ONE = b"MPUB rt\n" + struct.pack(">iii", 4 + 4 + len(BODY), 1, len(BODY)) + BODY
 PUB = b"PUB rt\n" + struct.pack(">i", len(BODY)) + BODY
+#: what ``bench_writer`` sends by default: MPUBs of 200 messages
+MPUB_OF_200 = (b"MPUB rt\n" + struct.pack(">ii", 4 + 200 * (4 + len(BODY)), 200)
+               + (struct.pack(">i", len(BODY)) + BODY) * 200)
 
 
-def run(command: bytes, n: int, data_path: str | None = None) -> float:
+def run(command: bytes, n: int, data_path: str | None = None, per_command: int = 1) -> float:
     clock = Clock()
     clock.advance(1795341386.0)
-    options = dataclasses.replace(defaults(), mem_queue_size=0 if data_path else 2 * n)
+    options = dataclasses.replace(defaults(), mem_queue_size=0 if data_path else 2 * n * per_command)
     backend: Any = None
     if data_path is not None:
         lo, hi = nsqd_msg_size_limits(options.max_msg_size)
@@ -70,7 +75,7 @@ def run(command: bytes, n: int, data_path: str | None = None) -> float:
     answers = transport.value()
     if answers.count(b"OK") != n:
         raise SystemExit(f"expected {n} OKs, got: {answers[:200]!r}")
-    return spent / n * 1e6
+    return spent / n / per_command * 1e6
 
 
 def main() -> None:
@@ -78,12 +83,15 @@ def main() -> None:
     n = int(os.environ.get("N", "100000"))
     reps = int(os.environ.get("REPS", "5"))
     disk = bool(os.environ.get("DISK"))
-    for name, command in (("MPUB of one", MPUB_OF_ONE), ("PUB", PUB)):
+    for name, command, count in (("MPUB of one", MPUB_OF_ONE, 1), ("PUB", PUB, 1),
+                                 ("MPUB of 200", MPUB_OF_200, 200)):
         spent = []
+        commands = max(1, n // count)
         for _ in range(reps):
             with tempfile.TemporaryDirectory() as d:
-                spent.append(run(command, n, d if disk else None))
-        print(f"{name}{' to disk' if disk else ''}: {min(spent):.2f} µs CPU a command")
+                spent.append(run(command, commands, d if disk else None, count))
+        what = "a command" if count == 1 else "a message"
+        print(f"{name}{' to disk' if disk else ''}: {min(spent):.2f} µs CPU {what}")
 
 
 if __name__ == "__main__":
