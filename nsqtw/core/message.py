@@ -160,6 +160,8 @@ def encode_new(timestamp: int, values: Sequence[int], bodies: list[bytes]) -> li
     The bodies are a list, not any sequence: compiled, a list's items are
     read without a Python call.
     """
+    if len(bodies) == 1:  # a PUB: nothing to share, the batch's work is the message's
+        return [_HEADER.pack(timestamp, 0) + _hex_ids(values, bodies) + bodies[0]]
     prefix, rest, width = _id_digits(values, bodies)
     start = _HEADER.pack(timestamp, 0) + prefix  # attempts 0
     return [start + rest[width * i:width * i + width] + body for i, body in enumerate(bodies)]

@@ -217,6 +217,10 @@ class BatchTests(SynchronousTestCase):
                                 for v, b in zip(values, bodies, strict=True)]
                     self.assertEqual(message.encode_new(timestamp, values, bodies), expected)
                     self.assertEqual([message.decode_message(r).body for r in expected], bodies)
+        for values in (range(5, 6), [2**64 - 1], [0]):  # one message: a PUB's batch
+            with self.subTest(values=values):
+                self.assertEqual(message.encode_new(7, values, [b"x"]),
+                                 [Message(b"%016x%b" % (values[0], b"x"), 7).encode()])
         self.assertEqual(message.encode_new(5, [], []), [])
         self.assertRaises(ValueError, message.encode_new, 5, (1, 2), [b"a"])
         self.assertRaises(ValueError, message.encode_new, 5, (1,), [b"a", b"b"])

@@ -1,0 +1,78 @@
+"""Instructions per command of the publish path, counted by valgrind: an A/B that noise cannot move.
+
+Usage: python benchmarks/instructions.py TREE [TREE ...]   (needs valgrind; WHAT in the environment)
+
+A shared machine moves timings by tens of percent from one minute to the
+next; the number of instructions a command costs does not move. For each
+tree (a checkout, with its compiled build if it has one) this runs
+``pub_cpu.py``'s in-process publish twice under ``valgrind --tool=callgrind``,
+with few and with more commands, and prints the difference per command
+(per message for ``mpub200``), so start-up and imports cancel out.
+
+``WHAT`` (default ``pub,mpub1disk,mpub200disk``), comma-separated:
+``pub``, ``mpub1``, ``mpub200``, each optionally with ``disk`` (a real disk
+queue, as ``DISK=1`` gives ``pub_cpu.py``). Instructions are not time (a
+cache miss costs more than an add) but two builds of the same code that
+differ by a tenth in instructions differ in time the same way, while a
+timed A/B on a loaded two-core machine cannot show a tenth.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: (commands in the short run, in the long run, messages per command)
+SIZES = {"pub": (200, 1200, 1), "mpub1": (200, 1200, 1), "mpub200": (10, 60, 200)}
+
+_CHILD = """
+import importlib.util, sys, tempfile
+spec = importlib.util.spec_from_file_location("pub_cpu", sys.argv[1])
+pc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pc)
+from nsqtw.heap import keep_long_lived_old
+keep_long_lived_old()
+what, n = sys.argv[2], int(sys.argv[3])
+command, per = {"pub": (pc.PUB, 1), "mpub1": (pc.MPUB_OF_ONE, 1), "mpub200": (pc.MPUB_OF_200, 200)}[
+    what.removesuffix("disk")]
+with tempfile.TemporaryDirectory() as d:
+    pc.run(command, n, d if what.endswith("disk") else None, per)
+"""
+
+
+def instructions(tree: str, what: str, commands: int) -> int:
+    """Instructions valgrind counts for a whole run of ``commands`` commands of ``tree``'s code."""
+    with tempfile.TemporaryDirectory() as scratch:
+        child = os.path.join(scratch, "child.py")
+        with open(child, "w") as f:
+            f.write(_CHILD)
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, child,
+             os.path.join(HERE, "pub_cpu.py"), what, str(commands)],
+            env=env, capture_output=True, text=True, check=False)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"{tree} {what}: the run failed:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    trees = sys.argv[1:]
+    if not trees:
+        raise SystemExit(__doc__)
+    for what in os.environ.get("WHAT", "pub,mpub1disk,mpub200disk").split(","):
+        few, more, per = SIZES[what.removesuffix("disk")]
+        for tree in trees:
+            spent = instructions(tree, what, more) - instructions(tree, what, few)
+            unit = "a message" if per > 1 else "a command"
+            print(f"{tree}: {what}: {spent / ((more - few) * per):,.0f} instructions {unit}")
+
+
+if __name__ == "__main__":
+    main()
