@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, frame
-from nsqtw.protocol.v2 import ClientState, V2Factory
+from nsqtw.protocol.v2 import ClientState, V2Factory, V2Protocol
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, one_turn, read_frames, reference, take_frames
 
@@ -671,7 +672,9 @@ class CorkTests(SynchronousTestCase):
     """Over a listener's connection (EagerServer, on a real socket pair) the answers to one
     read's commands leave in one send, corked by the transport."""
 
-    def test_one_send_per_read(self) -> None:
+    def connection(self) -> tuple[V2Protocol, Any, Any]:
+        """A V2 connection over an EagerServer on one end of a real socket pair, not yet
+        connected to its protocol: (protocol, transport, the socket counting its sends)."""
         import socket
 
         from twisted.internet.testing import MemoryReactorClock
@@ -689,8 +692,12 @@ class CorkTests(SynchronousTestCase):
         nsqd, clock = make_nsqd()
         proto = V2Factory(nsqd, clock).buildProtocol(None)
         server = eager.EagerServer(sock, proto, ("127.0.0.1", 1234), None, 1, MemoryReactorClock())
-        proto.makeConnection(server)
         self.addCleanup(lambda: server.connected and server.abortConnection())
+        return proto, server, sock
+
+    def test_one_send_per_read(self) -> None:
+        proto, server, sock = self.connection()
+        proto.makeConnection(server)
         proto.dataReceived(b"  V2" + encode_command(b"PUB", b"t", body=b"a") + b"NOP\n"
                            + encode_mpub(b"t", [b"b", b"c"]) + b"FOO\n")
         ok = frame(FRAME_TYPE_RESPONSE, b"OK")
@@ -701,28 +708,11 @@ class CorkTests(SynchronousTestCase):
     def test_cork_only_when_more_than_one_command_arrived(self) -> None:
         """A read holding one command is answered by its one write without corking; a read
         holding several corks once, and each read is still one send."""
-        import socket
-
-        from twisted.internet.testing import MemoryReactorClock
-
-        from nsqtw.net import eager
-        from tests.unit.test_eager import _CountingSocket
-
-        listener = socket.create_server(("127.0.0.1", 0))
-        peer = socket.create_connection(listener.getsockname())
-        ours, _ = listener.accept()
-        listener.close()
-        self.addCleanup(peer.close)
-        ours.setblocking(False)
-        sock = _CountingSocket(ours)
-        nsqd, clock = make_nsqd()
-        proto = V2Factory(nsqd, clock).buildProtocol(None)
-        server = eager.EagerServer(sock, proto, ("127.0.0.1", 1234), None, 1, MemoryReactorClock())
+        proto, server, sock = self.connection()
         corks: list[None] = []
         cork = server.cork
         server.cork = lambda: (corks.append(None), cork())[1]  # type: ignore[method-assign]
         proto.makeConnection(server)
-        self.addCleanup(lambda: server.connected and server.abortConnection())
         ok = frame(FRAME_TYPE_RESPONSE, b"OK")
         proto.dataReceived(b"  V2" + encode_command(b"PUB", b"t", body=b"a"))
         self.assertEqual((sock.sends, len(corks)), ([ok], 0))
