@@ -190,6 +190,24 @@ class WholePublishTests(SynchronousTestCase):
         self.assertEqual(parser.next_command(), Command(b"NOP", []))
 
 
+    def test_reads_arriving_mid_body_are_joined_once(self) -> None:
+        """A body arriving in many reads is held aside read by read and joined once it is whole
+        (the input is not copied again at every read), with nothing lost in between."""
+        body = bytes(range(256)) * 3
+        data = encode_command(b"PUB", b"t", body=body)
+        parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
+        parser.feed(data[:20])  # the line, the size and the body's first bytes
+        self.assertIsNone(parser.next_command())
+        for at in range(20, len(data) - 10, 50):
+            parser.feed(data[at:min(at + 50, len(data) - 10)])
+            self.assertIsNone(parser.next_command())
+            self.assertEqual(len(parser._buf), 20)  # the first read, not yet joined with the rest
+            self.assertEqual(parser.buffered(), min(at + 50, len(data) - 10) - 10)  # past the line and size
+        parser.feed(data[-10:])
+        self.assertEqual(parser.next_command(), Command(b"PUB", [b"t"], body=body))
+        self.assertEqual((parser.buffered(), parser.in_command()), (0, False))
+
+
 class FinRunTests(SynchronousTestCase):
     def parser(self, data: bytes) -> V2Parser:
         parser = V2Parser(MAX_MSG, MAX_BODY, expect_magic=False)
