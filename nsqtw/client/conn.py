@@ -30,7 +30,7 @@ from nsqtw.log import Logger
 from nsqtw.net.eager import send_now
 from nsqtw.net.listen import client_endpoint, split_host_port
 from nsqtw.net.tls import client_trust_root
-from nsqtw.net.twisted_privates import WRITE_BUFFER_ATTRIBUTES, write_buffer_empty
+from nsqtw.net.twisted_privates import WRITE_BUFFER_ATTRIBUTES, may_send_now
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
@@ -327,7 +327,7 @@ def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
 
     def send(data: bytes) -> None:
         t = transport
-        if not write_buffer_empty(t) or not t.connected or t.disconnecting:
+        if not t.connected or t.disconnecting or not may_send_now(t):
             t.write(data)
             return
         rest = send_now(sock, data)

@@ -97,7 +97,7 @@ class EagerServer(tcp.Server):
         """Send what was written since :meth:`cork` (in one write), and stop holding."""
         corked, self._corked = self._corked, None
         if corked:
-            self.write(corked[0] if len(corked) == 1 else b"".join(corked))
+            self.write(b"".join(corked))  # one piece: join hands back that same object
 
     def writeSequence(self, iovec: Any) -> None:
         if type(iovec) is list and all(type(part) is bytes for part in iovec):
