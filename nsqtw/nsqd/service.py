@@ -14,7 +14,7 @@ from twisted.internet.protocol import Factory
 from nsqtw import speedups, version_banner
 from nsqtw._go.duration import format_duration
 from nsqtw.core.nsqd import NSQD
-from nsqtw.heap import keep_long_lived_old, release_free_heap
+from nsqtw.heap import keep_long_lived_old, release_free_heap, return_big_blocks
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
@@ -255,6 +255,7 @@ class NSQDService(MultiService):
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
         keep_long_lived_old()  # queued messages are long-lived
+        return_big_blocks()  # a freed MPUB's megabyte goes back to the system, not into the heap
         d = ensureDeferred(self._start())
         d.addErrback(self._start_failed)
         return d

@@ -110,13 +110,17 @@ def test_slow_consumer_memory_bounded_others_keep_receiving(daemon_factory) -> N
     assert alone_stats["depth"] + alone_stats["in_flight_count"] == total
     assert alone_stats["backend_depth"] > total // 2  # spilled to disk
     end = rss_kib(d)
-    # 128 MiB went through, twice over (two channels). Memory levels off: queues,
-    # read-ahead, and up to 16 MiB per disk queue waiting for its thread (three here),
-    # so the second half's 64 MiB (128 MiB counting both channels) adds well under that
-    # if nothing grows without bound. The allocator keeps some of what it frees, and
-    # how full the three backlogs are at the two samples depends on the machine's load.
-    assert peak - before < 128 * 1024, (before, half, end, peak)
-    assert end - half < 56 * 1024, (before, half, end, peak)
+    # 128 MiB went through, twice over (two channels). Memory levels off at what the
+    # daemon may hold: up to 16 MiB per disk queue waiting for its thread (three here),
+    # a 1 MiB read-ahead chunk per queue and its records, 100 messages per memory queue,
+    # what the three consumers' transports hold, and the MPUB being parsed: about
+    # 70 MiB at most, however much was published. The second half's 64 MiB (128 MiB
+    # counting both channels) adds only what the backlogs differ by between the two
+    # samples. Freed megabyte blocks go back to the system (nsqtw.heap.return_big_blocks);
+    # with glibc's sliding threshold they stayed in the heap and these were 96-109 MiB
+    # and 47-59 MiB.
+    assert peak - before < 96 * 1024, (before, half, end, peak)
+    assert end - half < 32 * 1024, (before, half, end, peak)
 
     # once the stuck consumer goes, what it held goes to the reader: every message exactly once
     stuck.close()

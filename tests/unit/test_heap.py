@@ -1,4 +1,5 @@
-"""release_free_heap: glibc's malloc_trim(0) when the C library has it; keep_long_lived_old: the GC thresholds."""
+"""release_free_heap: glibc's malloc_trim(0) when the C library has it; return_big_blocks: a fixed mmap threshold;
+keep_long_lived_old: the GC thresholds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import platform
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.heap import GC_THRESHOLDS, keep_long_lived_old, release_free_heap
+from nsqtw.heap import (
+    GC_THRESHOLDS,
+    M_MMAP_THRESHOLD,
+    MMAP_THRESHOLD,
+    keep_long_lived_old,
+    release_free_heap,
+    return_big_blocks,
+)
 
 
 class FakeLibc:
@@ -17,6 +25,16 @@ class FakeLibc:
     def malloc_trim(self, pad: int) -> int:
         self.calls.append(pad)
         return 1
+
+
+class FakeMallopt:
+    def __init__(self, answer: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.answer = answer
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return self.answer
 
 
 class ReleaseFreeHeapTests(SynchronousTestCase):
@@ -35,6 +53,40 @@ class ReleaseFreeHeapTests(SynchronousTestCase):
         if platform.libc_ver()[0] != "glibc":
             self.skipTest("not glibc")
         self.assertTrue(release_free_heap())
+
+
+class ReturnBigBlocksTests(SynchronousTestCase):
+    def test_fixes_the_mmap_threshold(self) -> None:
+        """glibc's M_MMAP_THRESHOLD (-3) is set to 128 KiB, which also stops glibc raising it."""
+        libc = FakeMallopt()
+        self.assertTrue(return_big_blocks(libc, {}))
+        self.assertEqual(libc.calls, [(-3, 128 * 1024)])
+        self.assertEqual((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (-3, 131072))
+
+    def test_a_refused_value_says_so(self) -> None:
+        """mallopt answers 0 when it takes no value: the caller hears False."""
+        self.assertFalse(return_big_blocks(FakeMallopt(answer=0), {}))
+
+    def test_the_users_threshold_wins(self) -> None:
+        """A threshold given to glibc in the environment is left alone, either way of giving it."""
+        for environ in ({"MALLOC_MMAP_THRESHOLD_": "1048576"},
+                        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"}):
+            libc = FakeMallopt()
+            self.assertFalse(return_big_blocks(libc, environ))
+            self.assertEqual(libc.calls, [])
+        libc = FakeMallopt()
+        self.assertTrue(return_big_blocks(libc, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}))
+        self.assertEqual(libc.calls, [(-3, 131072)])
+
+    def test_without_mallopt_does_nothing(self) -> None:
+        """A C library without mallopt is left alone."""
+        self.assertFalse(return_big_blocks(object(), {}))
+
+    def test_runs_on_this_system(self) -> None:
+        """On glibc the real call is made and accepted (mallopt answers 1)."""
+        if platform.libc_ver()[0] != "glibc":
+            self.skipTest("not glibc")
+        self.assertTrue(return_big_blocks(environ={}))
 
 
 class KeepLongLivedOldTests(SynchronousTestCase):
