@@ -136,6 +136,24 @@ class FanoutTests(SynchronousTestCase):
         nsqd.get_topic("t").get_channel("paused").pause()
         self.check("buffered", names)
 
+    def test_a_pub_reaches_at_most_handoff_channels_a_step(self) -> None:
+        """One message to many channels: however few copies that is, a step reaches at most
+        HANDOFF_CHANNELS channels; every channel gets every PUB once, in order."""
+        self.patch(handoff, "HANDOFF_CHANNELS", 7)
+        nsqd = self.build("buffered")
+        topic = nsqd.get_topic("t")
+        names = [f"c{i}" for i in range(CHANNELS)]
+        for name in names:
+            topic.get_channel(name)
+        self.settle()
+        steps = self.watch_steps(topic)
+        for i in range(3):
+            nsqd.publish("t", [b"p%d" % i])
+            self.settle()
+        self.assertEqual(steps, [7, 7, 7, 7, 7, 5] * 3)
+        for name in names:
+            self.assertEqual([m.body for m in self.drain(topic.channels[name])], [b"p0", b"p1", b"p2"], name)
+
     def test_channel_memory_overflows_to_disk(self) -> None:
         """--mem-queue-size=7: each channel keeps 7 in memory and writes the rest; each gets every one once.
 
