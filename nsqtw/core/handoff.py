@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from nsqtw.core.message import Message
 
 __all__ = ["BACKLOG_BYTES", "BACKLOG_LIMIT", "HANDOFF_CHANNELS", "HANDOFF_SLICE", "TOPIC_BATCH", "Batch", "Handoff",
-           "HandoffLedger", "HandoffSlot", "durable_backend", "is_behind", "put_in_memory", "put_journaled", "when_written"]
+           "HandoffLedger", "HandoffSlot", "durable_backend", "is_behind", "put_in_memory", "put_journaled",
+           "when_written"]
 
 #: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192

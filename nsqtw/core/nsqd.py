@@ -74,6 +74,7 @@ class NSQD:
         #: batches being published a slice per reactor turn (:meth:`publish`)
         self.sliced_publishes: set[SlicedPublish] = set()
         #: bytes waiting in memory for the disk over all the node's disk queues (the node-wide bound)
+        self._set_aside = 0
         self.unwritten = UnwrittenBytes(int(getattr(options, "max_unwritten_bytes", DEFAULT_MAX_UNWRITTEN)))
         #: run-time settings PUT /config can change
         self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
@@ -216,8 +217,14 @@ class NSQD:
                     channel.restored_due = ids
 
     def segments_set_aside(self) -> int:
-        """Corrupt segments the node's disk queues renamed to ``.bad`` since it started."""
-        return sum(int(getattr(b, "segments_set_aside", 0)) for b in self.backends())
+        """Corrupt segments the node's disk queues renamed to ``.bad`` since it started (those of
+        topics and channels deleted since too): kept as they are counted, so a ``/stats`` of one
+        channel of a topic with thousands costs no walk over all of them."""
+        return self._set_aside
+
+    def count_set_aside(self, segments: int) -> None:
+        """A disk queue renamed ``segments`` corrupt segments to ``.bad``."""
+        self._set_aside += segments
 
     def backends(self) -> list[IBackendQueue]:
         out = []

@@ -198,7 +198,8 @@ class NSQDService(MultiService):
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
                          durable=self.durable, sync_schedule=self.sync_schedule,
-                         fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten)
+                         fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
+                         on_set_aside=self.nsqd.count_set_aside)
 
     def _make_journal(self, name: str) -> Journal:
         journal = Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),

@@ -85,6 +85,7 @@ class DiskQueue:
         durable: bool = False,
         sync_schedule: SyncSchedule | None = None,
         unwritten: UnwrittenBytes | None = None,
+        on_set_aside: Callable[[int], None] | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -134,6 +135,9 @@ class DiskQueue:
         self._corruption: str | None = None
         #: segments renamed to ``.bad`` since the queue was opened (an nsqtw /stats field)
         self.segments_set_aside = 0
+        #: told of each such renaming too: the node's count, which a filtered /stats reads
+        #: without walking every queue
+        self._on_set_aside = on_set_aside
         #: failed hand-offs of writes to disk since the queue was opened (retries count again;
         #: ``/metrics``' nsqd_disk_write_errors_total)
         self.write_errors = 0
@@ -439,7 +443,10 @@ class DiskQueue:
             self._disk_more = result.more
             if result.corruption is not None:
                 self._corruption = result.corruption
-            self.segments_set_aside += result.set_aside
+            if result.set_aside:
+                self.segments_set_aside += result.set_aside
+                if self._on_set_aside is not None:
+                    self._on_set_aside(result.set_aside)
             if result.sync_error is not None:
                 self._sync_done(result.sync_error or None)
         return result.value

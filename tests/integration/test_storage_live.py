@@ -62,6 +62,9 @@ def test_corrupt_segment_is_set_aside(tmp_path, daemon_factory) -> None:
     with urllib.request.urlopen(f"http://{d2.http_address}/stats?format=json") as r:
         stats = json.load(r)
     assert stats["health"] == "OK" and stats["segments_set_aside"] == 1
+    # a /stats of one channel reads the node's count, kept as queues set segments aside
+    with urllib.request.urlopen(f"http://{d2.http_address}/stats?format=json&topic=t&channel=c") as r:
+        assert json.load(r)["segments_set_aside"] == 1
     d2.wait_output("saving bad file as")
     assert "#error" in d2.read_output()
     Client(d2.tcp_address).pub("t", b"still-works")

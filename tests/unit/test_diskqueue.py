@@ -364,9 +364,11 @@ class CorruptionTests(DiskQueueTestBase):
         data = bytearray(self.file("t.diskqueue.000001.dat"))
         data[7:11] = struct.pack(">i", 1 << 30)  # second record of segment 1
         self.write_file("t.diskqueue.000001.dat", bytes(data))
-        q = self.open(max_bytes=21)
+        told: list[int] = []
+        q = self.open(max_bytes=21, on_set_aside=told.append)
         self.assertEqual(q.depth(), 9)
         self.assertEqual(self.read_all(q), [rec(i) for i in (0, 1, 2, 3, 6, 7, 8)])
+        self.assertEqual(told, [1])  # the node's count is told as the queue's own grows
         self.assertIn("t.diskqueue.000001.dat.bad", self.listing())
         self.assertNotIn("t.diskqueue.000001.dat", self.listing())
         self.assertEqual(q.depth(), 0)
