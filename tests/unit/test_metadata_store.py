@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
-from nsqtw.storage.metadata import MetadataStore, encode, encode_state, snapshot, write_state
+from nsqtw import NSQD_VERSION
+from nsqtw.storage.metadata import ENCODE_SLICE, MetadataStore, encode, encode_state, snapshot, write_state
 from tests.helpers import make_nsqd
+
+#: Go nsqd v1.3.0's answers and the data dir it wrote (tests/reference/README.md)
+REFERENCE = Path(__file__).parent.parent / "reference"
 
 
 class MetadataStoreTests(SynchronousTestCase):
@@ -80,6 +86,37 @@ class MetadataStoreTests(SynchronousTestCase):
         self.assertEqual([c["name"] for c in doc["topics"][0]["channels"]], ["y", "z"])
         self.assertEqual(doc["topics"][1]["paused"], True)
         self.assertEqual(encode(self.nsqd), encode_state(snapshot(self.nsqd)))
+
+    def test_encoding_is_json_dumps_byte_for_byte(self) -> None:
+        """The document built a channel at a time is json.dumps' (compact) of the same document,
+        for no topics, topics without channels, paused ones, names JSON escapes, and more
+        channels than one slice; and Go nsqd's own nsqd.dat of the same state."""
+        def dumped(state: Any) -> bytes:
+            topics = [{"name": n, "paused": p, "channels": [{"name": c, "paused": q} for c, q in sorted(ch)]}
+                      for n, p, ch in sorted(state)]
+            return json.dumps({"topics": topics, "version": NSQD_VERSION}, separators=(",", ":")).encode()
+        many = [(f"c{i}", i % 3 == 0) for i in range(ENCODE_SLICE * 2 + 7)]
+        for state in ([], [("t", False, [])], [("b", True, [("z", True), ("y", False)]), ("a", False, many)],
+                      [("q\"\u00e9\n", False, [("\u2603", True)])]):
+            self.assertEqual(encode_state(state), dumped(state), state[:1])
+        # Go writes its topics in map order, nsqtw sorted; otherwise the same bytes
+        go = (REFERENCE / "nsqd-1.3.0-datadir" / "nsqd.dat").read_bytes()
+        doc = json.loads(go)
+        self.assertEqual(json.dumps(doc, separators=(",", ":")).encode(), go)
+        doc["topics"].sort(key=lambda t: t["name"])
+        doc["version"] = NSQD_VERSION
+        state = [("ref", False, [("paused_c", True), ("c", False)]), ("paused_t", True, [("pc", False)])]
+        self.assertEqual(encode_state(state), json.dumps(doc, separators=(",", ":")).encode())
+
+    def test_encoding_lets_the_reactor_in_every_slice(self) -> None:
+        """The encoding thread releases the GIL (time.sleep(0)) after every ENCODE_SLICE channels."""
+        from nsqtw.storage import metadata
+
+        sleeps: list[float] = []
+        self.patch(metadata.time, "sleep", sleeps.append)
+        encode_state([("a", False, [(f"c{i}", False) for i in range(ENCODE_SLICE + 1)]),
+                      ("b", False, [(f"c{i}", False) for i in range(ENCODE_SLICE)])])
+        self.assertEqual(sleeps, [0, 0])
 
     def test_failure_reaches_health_and_the_next_change_retries(self) -> None:
         self.nsqd.get_topic("x")
