@@ -10,6 +10,7 @@ daemon's reactor.
     nsqtw-bench latency --rate=5000 --runfor=10s
     nsqtw-bench writer --pub --workers=8 --runfor=10s   # 8 concurrent one-message publishers (PUB)
     nsqtw-bench fanout --channels=50,500,5000 --mode=pub,mpub   # one topic, many channels (tools/fanout.py)
+    nsqtw-bench chaos --duration=60s --seed=1   # a cluster under faults: what it lost (tools/chaos.py)
 """
 
 from __future__ import annotations
@@ -248,8 +249,9 @@ def _report(kind: str, count: int, size: int, duration: float, results: list[Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nsqtw-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale", "fanout", "compare"],
-                        help="compare: Go nsqd and nsqtw side by side (nsqtw-bench compare --help)")
+    parser.add_argument("mode", choices=["writer", "reader", "latency", "scale", "fanout", "compare", "chaos"],
+                        help="compare: Go nsqd and nsqtw side by side (nsqtw-bench compare --help); "
+                             "chaos: a cluster under faults (nsqtw-bench chaos --help)")
     parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
     parser.add_argument("--topic", default="sub_bench")
     parser.add_argument("--channel", default="ch")
@@ -283,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         from nsqtw.tools.compare import main as compare_main
 
         return compare_main(argv[1:])
+    if argv[:1] == ["chaos"]:
+        from nsqtw.tools.chaos import main as chaos_main
+
+        return chaos_main(argv[1:])
     ns = parser.parse_args(argv)
     if ns.mode == "scale":
         from nsqtw.tools.scale import run_scale
