@@ -12,16 +12,21 @@ faults on a schedule drawn from ``--seed``, one at a time:
 - ``lookupd``: kill -9 of nsqlookupd, restarted after a moment (empty, as a
   restarted lookupd is: the nodes register again);
 - ``disk``: one node's data directory (a tmpfs of ``--disk-mb``, mounted for
-  the run; root only) filled to the last byte, then freed.
+  the run; root only) filled to the last byte, then freed;
+- ``spark`` (with ``--spark``): kill -9 of a Spark streaming query's
+  spark-submit process group (:mod:`nsqtw.tools.chaos_spark`), submitted
+  again from its checkpoint after a moment.
 
 Then it clears the faults, stops publishing, waits until every node's channel
 is empty and the consumer has nothing more, and reports: messages
 acknowledged (a publish answered ``OK``), delivered, **lost** (acknowledged
-and never delivered), duplicated (delivered more than once), delivered
+and never delivered), delivered again (the same message, its node and id,
+more than once), published twice (a retry taken by two nodes), delivered
 without an acknowledgement (the publisher gave up on an answer that never
 came, but the node had taken the message), publish retries, and the longest
 time an acknowledged message waited between its ``OK`` and its first
-delivery.
+delivery. With ``--spark``, the same for the query's Parquet sink, read as
+Spark reads it after the query has taken everything and stopped cleanly.
 
 ``--go-nsqd=PATH`` runs the same schedule, seed and load against Go's nsqd
 and the nsqlookupd next to it, after nsqtw's run, and prints both side by
@@ -47,7 +52,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,29 +59,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
+from nsqtw.tools.chaos_cluster import CHANNEL, SPARK_CHANNEL, TOPIC, Cluster, Fault, body_for
+from nsqtw.tools.chaos_spark import DEFAULT_APP, SparkQuery, read_sink
+from nsqtw.tools.chaos_spark import drain as spark_drain
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 
 __all__ = ["FAULTS", "Fault", "Ledger", "Outcome", "main", "render", "run_chaos", "schedule"]
 
-#: the faults a schedule draws from, by name
-FAULTS = ("kill", "stop", "lookupd", "disk")
-TOPIC = "chaos"
-CHANNEL = "ch"
+#: the faults a schedule draws from, by name (``disk`` where a tmpfs can be mounted, ``spark`` with a query)
+FAULTS = ("kill", "stop", "lookupd", "disk", "spark")
 #: how long a fault lasts (seconds, drawn uniformly): a node down, paused, lookupd down, a disk full
-HOLD = {"kill": (0.5, 3.0), "stop": (1.0, 5.0), "lookupd": (0.5, 3.0), "disk": (1.0, 5.0)}
+HOLD = {"kill": (0.5, 3.0), "stop": (1.0, 5.0), "lookupd": (0.5, 3.0), "disk": (1.0, 5.0), "spark": (0.5, 2.0)}
 #: a publisher waits this long for an answer before it tries the next node
 ANSWER_TIMEOUT = 2.0
 _FRAME = struct.Struct(">ii")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault of a schedule: when it starts (seconds into the run), what, on which node, for how long."""
-
-    at: float
-    kind: str
-    node: int
-    hold: float
 
 
 def schedule(seed: int, duration: float, every: float, kinds: Sequence[str], nodes: int) -> list[Fault]:
@@ -95,22 +90,6 @@ def schedule(seed: int, duration: float, every: float, kinds: Sequence[str], nod
         faults.append(Fault(round(t, 3), kind, rng.randrange(nodes), round(hold, 3)))
         t += hold + every * rng.uniform(0.5, 1.5)
     return faults
-
-
-def body_for(seq: int, size: int) -> bytes:
-    """A message body that names its sequence number (what the consumer records), padded to ``size``."""
-    head = b"chaos:%012d:" % seq
-    return head + b"x" * max(0, size - len(head))
-
-
-def seq_of(body: bytes) -> int | None:
-    """The sequence number ``body`` carries, or None for a body this runner did not publish."""
-    if body[:6] != b"chaos:" or body[18:19] != b":":
-        return None
-    try:
-        return int(body[6:18])
-    except ValueError:
-        return None
 
 
 class Ledger:
@@ -232,95 +211,6 @@ class Publisher(threading.Thread):
             self.sock = None
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` loopback ports free now, chosen once so that a restarted daemon listens where it did."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-@dataclass
-class Daemon:
-    """One process of the cluster: how to start it, where it listens, its log."""
-
-    name: str
-    cmd: list[str]
-    tcp: int
-    http: int
-    log: str
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) at start-up; see {self.log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/ping", timeout=1.0):
-                    pass
-                socket.create_connection(("127.0.0.1", self.tcp), timeout=1.0).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not listen within {timeout:.0f} s; see {self.log}")
-
-    def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-
-
-class Disk:
-    """A node's data directory on a tmpfs of its own, which a fault fills and then frees."""
-
-    def __init__(self, path: str, megabytes: int) -> None:
-        self.path = path
-        self.ballast = os.path.join(path, "chaos-ballast")
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
-                                capture_output=True)
-        self.mounted = result.returncode == 0
-
-    def fill(self) -> None:
-        st = os.statvfs(self.path)
-        fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            try:
-                os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
-            except OSError:
-                pass
-            try:  # whatever fallocate left (the daemon's own writes meanwhile): write until ENOSPC
-                while os.write(fd, bytes(4096)):
-                    pass
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
-
-    def free(self) -> None:
-        try:
-            os.unlink(self.ballast)
-        except FileNotFoundError:
-            pass
-
-    def unmount(self) -> None:
-        if self.mounted:
-            subprocess.run(["umount", "-l", self.path], capture_output=True)
-
-
 @dataclass
 class Outcome:
     """What one run published, delivered, lost and duplicated."""
@@ -334,8 +224,10 @@ class Outcome:
     acknowledged: int = 0
     delivered: int = 0
     lost: int = 0
-    duplicated: int = 0
+    #: deliveries of a message beyond its first (the same node and id again)
     extra_copies: int = 0
+    #: bodies the cluster took as two messages or more (a publisher's retry after a lost answer)
+    republished: int = 0
     unacknowledged_delivered: int = 0
     retries: int = 0
     retry_reasons: dict[str, int] = field(default_factory=dict)
@@ -345,14 +237,44 @@ class Outcome:
     left_on_nodes: int = 0
     lost_examples: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: with a Spark query: how often it was submitted, and its sink's rows, lost and extra copies
+    spark_submits: int = 0
+    spark_rows: int = 0
+    spark_lost: int = 0
+    spark_extra_copies: int = 0
+    spark_republished: int = 0
 
 
-def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, float]]) -> Outcome:
-    """Fill ``outcome``'s counts from what was acknowledged and what the consumer recorded."""
+def _copies(seen: Iterator[tuple[int, str]]) -> tuple[int, int, int]:
+    """Bodies seen, extra copies of one NSQ message (its node and id), bodies taken as several messages."""
+    copies: Counter[str] = Counter()
+    messages: dict[int, set[str]] = {}
+    for seq, message in seen:
+        copies[message] += 1
+        messages.setdefault(seq, set()).add(message)
+    return len(messages), sum(n - 1 for n in copies.values()), sum(1 for m in messages.values() if len(m) > 1)
+
+
+def tally_sink(outcome: Outcome, ledger: Ledger, rows: list[tuple[int, str]]) -> None:
+    """The Spark sink's counts: acknowledged messages missing from it, and rows beyond one per message."""
+    outcome.spark_rows = len(rows)
+    present = {seq for seq, _ in rows}
+    outcome.spark_lost = sum(1 for seq in ledger.acked if seq not in present)
+    _, outcome.spark_extra_copies, outcome.spark_republished = _copies(iter(rows))
+
+
+def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, float, str]]) -> Outcome:
+    """Fill ``outcome``'s counts from what was acknowledged and what the consumer recorded.
+
+    A body can reach the consumer twice in two ways: the same NSQ message
+    delivered again (a redelivery: its node and id repeat), or the body
+    published twice, when a publisher retried on another node after an
+    answer that never came (two messages). They are counted apart.
+    """
     first: dict[int, float] = {}
-    copies: Counter[int] = Counter()
-    for seq, when in deliveries:
-        copies[seq] += 1
+    seen: list[tuple[int, str]] = []
+    for seq, when, message in deliveries:
+        seen.append((seq, message))
         if seq not in first:
             first[seq] = when
     acked = ledger.acked
@@ -362,8 +284,7 @@ def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, floa
     lost = sorted(seq for seq in acked if seq not in first)
     outcome.lost = len(lost)
     outcome.lost_examples = lost[:20]
-    outcome.duplicated = sum(1 for n in copies.values() if n > 1)
-    outcome.extra_copies = sum(n - 1 for n in copies.values())
+    _, outcome.extra_copies, outcome.republished = _copies(iter(seen))
     outcome.unacknowledged_delivered = sum(1 for seq in first if seq not in acked)
     outcome.retries = ledger.retries
     outcome.retry_reasons = dict(ledger.errors)
@@ -372,106 +293,13 @@ def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, floa
     return outcome
 
 
-def read_deliveries(path: str) -> Iterator[tuple[int, float]]:
-    """The consumer's record: one ``SEQ TIME`` line per message it was handed."""
+def read_deliveries(path: str) -> Iterator[tuple[int, float, str]]:
+    """The consumer's record: one ``SEQ TIME NODE/ID`` line per message it was handed."""
     with open(path) as f:
         for line in f:
             parts = line.split()
-            if len(parts) == 2 and parts[0].isdigit():
-                yield int(parts[0]), float(parts[1])
-
-
-class Cluster:
-    """``nodes`` nsqd processes and one nsqlookupd on loopback, with the faults of a schedule."""
-
-    def __init__(self, work: str, nsqd: list[str], lookupd: list[str], nodes: int, flags: list[str],
-                 disk_mb: int) -> None:
-        ports = free_ports(2 + 2 * nodes)
-        self.lookupd = Daemon("nsqlookupd", lookupd + [f"--tcp-address=127.0.0.1:{ports[0]}",
-                                                       f"--http-address=127.0.0.1:{ports[1]}",
-                                                       "--broadcast-address=127.0.0.1"],
-                              ports[0], ports[1], os.path.join(work, "nsqlookupd.log"))
-        self.nodes: list[Daemon] = []
-        self.disks: list[Disk] = []
-        for i in range(nodes):
-            data = os.path.join(work, f"node{i}")
-            os.makedirs(data)
-            self.disks.append(Disk(data, disk_mb) if disk_mb else _NoDisk(data))
-            tcp, http = ports[2 + 2 * i], ports[3 + 2 * i]
-            cmd = nsqd + [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
-                          f"--data-path={data}", "--broadcast-address=127.0.0.1",
-                          f"--lookupd-tcp-address=127.0.0.1:{ports[0]}", *flags]
-            self.nodes.append(Daemon(f"node{i}", cmd, tcp, http, os.path.join(work, f"node{i}.log")))
-
-    @property
-    def can_fill_disks(self) -> bool:
-        return all(d.mounted for d in self.disks)
-
-    def start(self) -> None:
-        self.lookupd.start()
-        for node in self.nodes:
-            node.start()
-            for path in (f"/topic/create?topic={TOPIC}", f"/channel/create?topic={TOPIC}&channel={CHANNEL}"):
-                req = urllib.request.Request(f"http://127.0.0.1:{node.http}{path}", method="POST", data=b"")
-                urllib.request.urlopen(req, timeout=5.0).close()
-
-    def inject(self, fault: Fault, halt: threading.Event) -> None:
-        """Apply ``fault``, hold it (or until ``halt``), then undo it."""
-        node = self.nodes[fault.node]
-        if fault.kind == "kill":
-            node.kill()
-            halt.wait(fault.hold)
-            node.start()
-        elif fault.kind == "stop":
-            node.signal(signal.SIGSTOP)
-            halt.wait(fault.hold)
-            node.signal(signal.SIGCONT)
-        elif fault.kind == "lookupd":
-            self.lookupd.kill()
-            halt.wait(fault.hold)
-            self.lookupd.start()
-        elif fault.kind == "disk":
-            disk = self.disks[fault.node]
-            disk.fill()
-            halt.wait(fault.hold)
-            disk.free()
-
-    def left(self) -> int:
-        """Messages the nodes still hold for the channel (topic and channel depth, in flight, deferred)."""
-        total = 0
-        for node in self.nodes:
-            url = f"http://127.0.0.1:{node.http}/stats?format=json&topic={TOPIC}&channel={CHANNEL}"
-            with urllib.request.urlopen(url, timeout=5.0) as r:
-                stats = json.load(r)
-            for topic in stats.get("topics") or ():
-                total += topic.get("depth", 0)
-                for ch in topic.get("channels") or ():
-                    total += ch.get("depth", 0) + ch.get("in_flight_count", 0) + ch.get("deferred_count", 0)
-        return total
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.signal(signal.SIGCONT)
-            node.signal(signal.SIGTERM)
-        self.lookupd.signal(signal.SIGTERM)
-        for d in [*self.nodes, self.lookupd]:
-            if d.proc is not None:
-                try:
-                    d.proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    d.kill()
-        for disk in self.disks:
-            disk.free()
-            disk.unmount()
-
-
-class _NoDisk(Disk):
-    """A data directory with no tmpfs under it (``--disk-mb=0``, or not root): the disk fault is not drawn."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.ballast = os.path.join(path, "chaos-ballast")
-        self.mounted = False
+            if len(parts) == 3 and parts[0].isdigit():
+                yield int(parts[0]), float(parts[1]), parts[2]
 
 
 def _consumer_command(lookupd_http: int, out: str) -> list[str]:
@@ -494,18 +322,20 @@ def _workdir(keep: str) -> Iterator[str]:
 def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str], *, nodes: int = 3,
               duration: float = 60.0, every: float = 5.0, seed: int = 1, kinds: Sequence[str] = FAULTS,
               publishers: int = 3, rate: float = 300.0, batch: int = 1, size: int = 64, disk_mb: int = 64,
-              drain_timeout: float = 120.0, keep: str = "", log: Any = None) -> Outcome:
+              drain_timeout: float = 120.0, keep: str = "", spark_app: str = "", log: Any = None) -> Outcome:
     """One run: start the cluster, publish and consume through the schedule's faults, drain, count."""
     def say(text: str) -> None:
         if log is not None:
             print(f"[{daemon}] {text}", file=log, flush=True)
 
     with _workdir(keep) as work:
-        cluster = Cluster(work, nsqd, lookupd, nodes, flags, disk_mb if "disk" in kinds else 0)
-        usable = [k for k in kinds if k != "disk" or cluster.can_fill_disks]
+        cluster = Cluster(work, nsqd, lookupd, nodes, flags, disk_mb if "disk" in kinds else 0, bool(spark_app))
+        if spark_app:
+            cluster.spark = SparkQuery(spark_app, work, f"127.0.0.1:{cluster.lookupd.http}", TOPIC)
+        usable = [k for k in kinds if (k != "disk" or cluster.can_fill_disks) and (k != "spark" or spark_app)]
         faults = schedule(seed, duration, every, usable, nodes)
         outcome = Outcome(daemon, " ".join(flags), seed, duration, dict(Counter(f.kind for f in faults)))
-        if len(usable) < len(kinds):
+        if "disk" in kinds and "disk" not in usable:
             outcome.problems.append("disk fault skipped: a tmpfs could not be mounted (needs root)")
         ledger = Ledger()
         halt = threading.Event()
@@ -516,6 +346,9 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
             with open(os.path.join(work, "consumer.log"), "ab") as clog:
                 consumer = subprocess.Popen(_consumer_command(cluster.lookupd.http, out), stdout=clog,
                                             stderr=clog, stdin=subprocess.DEVNULL)
+            if cluster.spark is not None:
+                cluster.spark.start()
+                say(f"Spark query's driver: pid {cluster.spark.driver_pid()}")
             addresses = [("127.0.0.1", n.tcp) for n in cluster.nodes]
             pubs = [Publisher(i, addresses, ledger, rate / publishers, batch, size, halt)
                     for i in range(publishers)]
@@ -532,6 +365,11 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
                 p.join(ANSWER_TIMEOUT * 2)
             say(f"published {ledger.published}, acknowledged {len(ledger.acked)}; draining")
             outcome.drained, outcome.drain_seconds, outcome.left_on_nodes = _drain(cluster, out, drain_timeout)
+            if cluster.spark is not None:
+                if not spark_drain(cluster.spark, lambda: cluster.left(SPARK_CHANNEL, held=False), drain_timeout):
+                    outcome.problems.append(f"wedged: the Spark query did not take everything in {drain_timeout:.0f} s")
+                outcome.spark_submits = cluster.spark.submits
+                tally_sink(outcome, ledger, read_sink(cluster.spark.output, work))
         except RuntimeError as e:
             outcome.problems.append(str(e))
         finally:
@@ -548,7 +386,8 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
         if not outcome.drained:
             outcome.problems.append(f"wedged: {outcome.left_on_nodes} messages still on the nodes after"
                                     f" {drain_timeout:.0f} s")
-        say(f"lost {outcome.lost}, duplicated {outcome.duplicated}")
+        say(f"lost {outcome.lost}, delivered again {outcome.extra_copies}"
+            + (f"; Spark sink lost {outcome.spark_lost}, extra {outcome.spark_extra_copies}" if spark_app else ""))
         return outcome
 
 
@@ -572,10 +411,15 @@ def _drain(cluster: Cluster, out: str, timeout: float) -> tuple[bool, float, int
 
 
 ROWS = (("acknowledged", "acknowledged (OK)"), ("delivered", "delivered (distinct)"),
-        ("lost", "**lost** (acknowledged, never delivered)"), ("duplicated", "delivered more than once"),
-        ("extra_copies", "extra copies delivered"),
+        ("lost", "**lost** (acknowledged, never delivered)"),
+        ("extra_copies", "delivered again (the same message)"),
+        ("republished", "published twice (a retry after a lost answer)"),
         ("unacknowledged_delivered", "delivered, never acknowledged"), ("retries", "publish retries"),
         ("max_wait", "longest wait, OK to delivery (s)"), ("drain_seconds", "drain (s)"))
+SPARK_ROWS = (("spark_submits", "Spark query submitted"), ("spark_rows", "Spark sink rows"),
+              ("spark_lost", "**Spark sink lost** (acknowledged, not in the sink)"),
+              ("spark_extra_copies", "Spark sink: the same message twice"),
+              ("spark_republished", "Spark sink: published twice"))
 
 
 def render(outcomes: Sequence[Outcome]) -> str:
@@ -583,7 +427,7 @@ def render(outcomes: Sequence[Outcome]) -> str:
     head = "| | " + " | ".join(f"{o.daemon} {o.flags}".strip() for o in outcomes) + " |"
     lines = [head, "|---" * (len(outcomes) + 1) + "|"]
     faults = ", ".join(f"{n} {k}" for k, n in sorted(outcomes[0].faults.items())) if outcomes else ""
-    for key, label in ROWS:
+    for key, label in ROWS + (SPARK_ROWS if any(o.spark_submits for o in outcomes) else ()):
         lines.append(f"| {label} | " + " | ".join(str(getattr(o, key)) for o in outcomes) + " |")
     lines.append(f"\nseed {outcomes[0].seed}, {outcomes[0].duration:.0f} s, faults: {faults or 'none'}"
                  if outcomes else "")
@@ -611,6 +455,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--flags", default="", help="flags for every nsqd (Go's and nsqtw's)")
     parser.add_argument("--nsqtw-flags", default="", help="flags for nsqtw's nsqd only, e.g. --durable-delivery")
     parser.add_argument("--go-nsqd", default="", help="Go nsqd to run side by side (nsqlookupd beside it)")
+    parser.add_argument("--spark", nargs="?", const=DEFAULT_APP, default="", metavar="APP",
+                        help="also run a Spark streaming query (spark-submit APP; default: the checkout's "
+                             "examples/spark/nsq_to_parquet.py) and its kill -9 fault")
     parser.add_argument("--keep", default="", help="keep each run's data and logs under this directory")
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
     ns = parser.parse_args(argv)
@@ -632,9 +479,10 @@ def main(argv: list[str]) -> int:
                                 duration=parse_duration(ns.duration), every=parse_duration(ns.fault_every),
                                 seed=seed, kinds=kinds, publishers=ns.publishers, rate=ns.rate,
                                 batch=ns.batch_size, size=ns.size, disk_mb=ns.disk_mb,
-                                drain_timeout=parse_duration(ns.drain_timeout), keep=ns.keep, log=sys.stderr)
+                                drain_timeout=parse_duration(ns.drain_timeout), keep=ns.keep, spark_app=ns.spark,
+                                log=sys.stderr)
             outcomes.append(outcome)
-            failed = failed or not outcome.drained
+            failed = failed or not outcome.drained or bool(outcome.problems and "wedged" in " ".join(outcome.problems))
             if ns.json:
                 print(json.dumps(asdict(outcome)), flush=True)
         if not ns.json:

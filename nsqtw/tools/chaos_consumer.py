@@ -4,7 +4,7 @@
 
 Finds the nodes through nsqlookupd (polled every second) with the
 :mod:`nsqtw.client` Consumer, as an application would, and appends ``SEQ
-TIME`` to ``OUT`` for each message before it is FINed (so a message the
+TIME NODE/ID`` to ``OUT`` for each message before it is FINed (so a message the
 consumer saw counts as delivered even if its FIN is lost with a node). The
 file is flushed every 100 ms and when SIGTERM stops the process.
 """
@@ -18,7 +18,7 @@ from typing import IO
 from twisted.internet.task import LoopingCall
 
 from nsqtw.client import Config, Consumer, Message
-from nsqtw.tools.chaos import seq_of
+from nsqtw.tools.chaos_cluster import seq_of
 
 
 class Recorder:
@@ -29,7 +29,7 @@ class Recorder:
 
     def __call__(self, msg: Message) -> None:
         seq = seq_of(msg.body)
-        self.out.write(f"{'?' if seq is None else seq} {time.time():.6f}\n")
+        self.out.write(f"{'?' if seq is None else seq} {time.time():.6f} {msg.nsqd_address}/{msg.id.decode()}\n")
 
 
 def main(argv: list[str]) -> int:
