@@ -19,7 +19,10 @@ lists the messages of the batch that ends at that offset, per nsqd
 (:func:`encode_ids`). A new process cannot FIN what the old one held, so
 when Spark shows it an offset from before its time (a committed batch whose
 FINs may not have gone out), it FINs those messages on sight when nsqd
-redelivers them instead of emitting them again.
+redelivers them instead of emitting them again. The same holds for a batch
+of this process whose connection was lost after it was planned: the batch
+keeps those messages, and what nsqd redelivers of them once the batch is
+committed is FINed on sight.
 
 Two threads run beside Spark's calls: the I/O thread reads every connection,
 answers heartbeats and TOUCHes held messages before ``msg_timeout``; the
@@ -104,7 +107,8 @@ class Consumer:
         self._per_nsqd: dict[str, int] = {}   # connections wanted per nsqd address
         self._pending: deque[Block] = deque()   # received, in no batch yet
         self._planned: deque[Block] = deque()   # in a batch (seq order), FINed on commit
-        self._skip: dict[str, np.ndarray] = {}  # committed before this process: FIN on sight
+        # committed but never FINed (by an earlier process, or on a connection since lost): FIN on sight
+        self._skip: dict[str, np.ndarray] = {}
         self._base: int | None = None  # seqs <= base were numbered by an earlier process
         self._replayed: set[int] = set()  # ends of earlier batches replayed here as empty
         self._last_seq = 0
@@ -197,7 +201,7 @@ class Consumer:
         else:
             first_wait = 0.0
         with self._cond:
-            replanned = [b for b in self._planned if b.first_seq > start.seq and not b.conn.closed]
+            replanned = [b for b in self._planned if b.first_seq > start.seq]
             n_replanned = sum(len(b) for b in replanned)
             limit = max_rows
             t0 = self.clock()
@@ -238,10 +242,14 @@ class Consumer:
         return result
 
     def messages(self, start: Offset, end: Offset) -> list[Block]:
-        """The messages of the batch ``(start, end]`` still held on a live connection.
+        """The messages of the batch ``(start, end]``, those of a connection lost since included.
 
         A batch planned by an earlier process (a replay after a restart) has
         none here: nsqd redelivers its messages, and they come in a later batch.
+        A batch planned here keeps what it was planned with: its rows do not
+        change when Spark runs it again or a connection goes; what nsqd
+        redelivers of a lost connection's messages is dropped once the batch
+        is committed (:meth:`_acknowledge`).
         """
         sends: list[tuple[NSQConnection, bytes]] = []
         with self._cond:
@@ -252,8 +260,7 @@ class Consumer:
                 self._replayed.add(end.seq)  # not processed: emit on redelivery
                 batch = []
             else:
-                batch = [b for b in self._planned
-                         if start.seq < b.first_seq and b.last_seq <= end.seq and not b.conn.closed]
+                batch = [b for b in self._planned if start.seq < b.first_seq and b.last_seq <= end.seq]
         self._send_all(sends)
         return batch
 
@@ -279,6 +286,11 @@ class Consumer:
                 if not b.conn.closed:
                     sends.append((b.conn, commands(b"FIN", b.ids)))
                     self.stats["finished"] += len(b)
+                else:
+                    # committed, but its connection is gone and the FIN with it: nsqd redelivers
+                    # these (the same ids, on another connection or after the node's restart),
+                    # and they are FINed on sight instead of coming in a second batch
+                    sends.extend(self._skip_ids({b.conn.address: b.ids}))
         return sends
 
     def _skip_ids(self, ids: dict[str, np.ndarray]) -> list[tuple[NSQConnection, bytes]]:
@@ -407,7 +419,8 @@ class Consumer:
                 lost = sum(len(b) for b in self._planned if b.conn is conn)
                 self.stats["lost"] += dropped + lost
                 sends = self._rdy_updates()
-                log.warning("NSQ %s: disconnected; %d received and %d batched messages go back to nsqd",
+                log.warning("NSQ %s: disconnected; %d received messages go back to nsqd; %d batched ones stay"
+                            " in their batch (what nsqd redelivers of them is dropped once it is committed)",
                             conn.address, dropped, lost)
             else:
                 sends = []

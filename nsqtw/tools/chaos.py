@@ -382,6 +382,7 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
                     consumer.kill()
                     outcome.problems.append("the consumer did not stop within 30 s")
             cluster.stop()
+            outcome.problems.extend(cluster.problems)
         tally(outcome, ledger, read_deliveries(out) if os.path.exists(out) else iter(()))
         if not outcome.drained:
             outcome.problems.append(f"wedged: {outcome.left_on_nodes} messages still on the nodes after"

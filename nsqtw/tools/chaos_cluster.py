@@ -112,30 +112,41 @@ class Daemon:
 
 
 class Disk:
-    """A node's data directory on a tmpfs of its own, which a fault fills and then frees."""
+    """A node's data directory on a tmpfs of its own, which a fault fills and then frees.
+
+    :meth:`fill` fills only that tmpfs: it checks that the directory is still
+    a mount point no bigger than the size mounted, and writes at most that
+    size, so a tmpfs unmounted under a running cluster (or never mounted)
+    never turns the fault into filling the machine's own disk.
+    """
 
     def __init__(self, path: str, megabytes: int) -> None:
         self.path = path
         self.ballast = os.path.join(path, "chaos-ballast")
+        self.size = megabytes << 20
         result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
                                 capture_output=True)
         self.mounted = result.returncode == 0
 
-    def fill(self) -> None:
+    def fill(self) -> bool:
+        """Take every free byte of the tmpfs; False (and nothing written) if it is not there any more."""
         st = os.statvfs(self.path)
+        if not (self.mounted and os.path.ismount(self.path) and st.f_blocks * st.f_frsize <= self.size):
+            return False
         fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             try:
-                os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+                os.posix_fallocate(fd, 0, min(st.f_bavail * st.f_frsize, self.size))
             except OSError:
                 pass
             try:  # whatever fallocate left (the daemon's own writes meanwhile): write until ENOSPC
-                while os.write(fd, bytes(4096)):
+                while os.fstat(fd).st_size < self.size and os.write(fd, bytes(4096)):
                     pass
             except OSError:
                 pass
         finally:
             os.close(fd)
+        return True
 
     def free(self) -> None:
         try:
@@ -144,8 +155,8 @@ class Disk:
             pass
 
     def unmount(self) -> None:
-        if self.mounted:
-            subprocess.run(["umount", "-l", self.path], capture_output=True)
+        if self.mounted and os.path.ismount(self.path):
+            subprocess.run(["umount", self.path], capture_output=True)
 
 
 class Cluster:
@@ -155,6 +166,8 @@ class Cluster:
                  disk_mb: int, spark: bool = False) -> None:
         ports = free_ports(2 + 2 * nodes)
         self.channels = [CHANNEL, SPARK_CHANNEL] if spark else [CHANNEL]
+        #: what went wrong with a fault (reported with the run's outcome)
+        self.problems: list[str] = []
         #: the Spark query the ``spark`` fault kills, once the runner has attached one
         self.spark: SparkQuery | None = None
         self.lookupd = Daemon("nsqlookupd", lookupd + [f"--tcp-address=127.0.0.1:{ports[0]}",
@@ -204,7 +217,9 @@ class Cluster:
             self.lookupd.start()
         elif fault.kind == "disk":
             disk = self.disks[fault.node]
-            disk.fill()
+            if not disk.fill():
+                self.problems.append(f"disk fault at {fault.at:.2f}s skipped: {disk.path} is no longer its tmpfs")
+                return
             halt.wait(fault.hold)
             disk.free()
         elif fault.kind == "spark" and self.spark is not None:
@@ -255,4 +270,5 @@ class _NoDisk(Disk):
     def __init__(self, path: str) -> None:
         self.path = path
         self.ballast = os.path.join(path, "chaos-ballast")
+        self.size = 0
         self.mounted = False

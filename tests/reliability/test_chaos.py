@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from nsqtw.tools.chaos import FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
-from nsqtw.tools.chaos_cluster import TOPIC, body_for, seq_of
+from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, seq_of
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 from tests.daemon import ROOT, Daemon
 
@@ -64,6 +64,26 @@ def test_the_tally_counts_lost_redelivered_republished_and_unacknowledged() -> N
     table = render([out])
     assert "| **lost** (acknowledged, never delivered) | 2 |" in table
     assert "lost, the first: [2, 3]" in table
+
+
+def test_the_disk_fault_fills_its_own_tmpfs_and_nothing_else(tmp_path) -> None:
+    """A tmpfs unmounted under the run (or never mounted) is not filled: the fault would fill the machine's disk."""
+    path = tmp_path / "node"
+    path.mkdir()
+    disk = Disk(str(path), 4)
+    try:
+        if disk.mounted:  # root: the real tmpfs fills to the last byte and frees
+            assert disk.fill()
+            assert os.statvfs(path).f_bavail == 0
+            assert os.path.getsize(disk.ballast) <= 4 << 20
+            disk.free()
+            assert os.statvfs(path).f_bavail > 0
+        disk.unmount()
+        assert not os.path.ismount(path)
+        assert not disk.fill()
+        assert not os.path.exists(disk.ballast)
+    finally:
+        disk.unmount()
 
 
 def test_a_publisher_fails_over_to_the_next_node(daemon_factory) -> None:
