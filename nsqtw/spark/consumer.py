@@ -68,26 +68,41 @@ DEFAULT_MAX_RDY = 2500
 
 @dataclass(frozen=True)
 class Offset:
-    """A position in this source: the last sequence number and the ids of its batch."""
+    """A position in this source: the last sequence number and the ids of its batch.
+
+    ``unfinished`` lists, per nsqd, messages of earlier batches that Spark
+    committed but whose FIN could not go out (their connection was lost), so
+    that a process started from this offset still FINs them on sight when
+    nsqd redelivers them. It is written only when there are some.
+    """
 
     seq: int
     ids: dict[str, str] = field(default_factory=dict)
+    unfinished: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Any) -> Offset:
         try:
             seq = int(data["seq"])
             ids = {str(k): str(v) for k, v in (data.get("ids") or {}).items()}
+            unfinished = {str(k): str(v) for k, v in (data.get("unfinished") or {}).items()}
         except (TypeError, KeyError, ValueError, AttributeError):
             raise ValueError(f"not an nsq offset: {data!r}") from None
-        return cls(seq, ids)
+        return cls(seq, ids, unfinished)
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "ids": self.ids}
+        out: dict[str, Any] = {"seq": self.seq, "ids": self.ids}
+        if self.unfinished:
+            out["unfinished"] = self.unfinished
+        return out
 
     def id_arrays(self) -> dict[str, np.ndarray]:
         """The batch's message ids per nsqd address."""
         return {address: decode_ids(text) for address, text in self.ids.items()}
+
+    def unfinished_arrays(self) -> dict[str, np.ndarray]:
+        """Committed messages of earlier batches never FINed, per nsqd address."""
+        return {address: decode_ids(text) for address, text in self.unfinished.items()}
 
     def count(self) -> int:
         return sum(len(a) for a in self.id_arrays().values())
@@ -236,7 +251,8 @@ class Consumer:
                 sends = self._release_late() if available_now else []
                 result = start
             else:
-                result = Offset(batch[-1].last_seq, _ids_of(batch))
+                unfinished = {address: encode_ids(ids) for address, ids in sorted(self._skip.items()) if len(ids)}
+                result = Offset(batch[-1].last_seq, _ids_of(batch), unfinished)
                 sends = []
         self._send_all(sends)
         return result
@@ -255,8 +271,9 @@ class Consumer:
         with self._cond:
             self._last_seq = max(self._last_seq, end.seq)
             if self._earlier(end):
+                sends = self._skip_ids(start.unfinished_arrays())
                 if start.seq not in self._replayed:
-                    sends = self._skip_ids(start.id_arrays())  # committed: FIN on redelivery
+                    sends += self._skip_ids(start.id_arrays())  # committed: FIN on redelivery
                 self._replayed.add(end.seq)  # not processed: emit on redelivery
                 batch = []
             else:
@@ -276,7 +293,9 @@ class Consumer:
             self._last_seq = max(self._last_seq, offset.seq)
             if self._earlier(offset):
                 # its FINs may never have gone out: drop its messages when nsqd redelivers
-                # them, unless this process replayed it as empty (never processed)
+                # them, unless this process replayed it as empty (never processed); those of
+                # earlier batches it lists as unfinished were committed before it in any case
+                sends.extend(self._skip_ids(offset.unfinished_arrays()))
                 if offset.seq not in self._replayed:
                     sends.extend(self._skip_ids(offset.id_arrays()))
                 return sends

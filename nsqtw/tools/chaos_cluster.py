@@ -226,6 +226,7 @@ class Cluster:
             self.spark.kill()
             halt.wait(fault.hold)
             self.spark.start()
+            self.spark.driver_pid()  # back from its checkpoint before the next fault
 
     def left(self, channel: str = CHANNEL, held: bool = True) -> int:
         """Messages the nodes still have for ``channel``: the topic's and channel's depth, deferred, in flight.

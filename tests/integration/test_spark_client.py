@@ -269,6 +269,41 @@ def test_a_lost_connections_batch_keeps_its_messages_and_drops_their_redelivery(
     assert channel_stats(d2, "ev", "sp")["depth"] == 0
 
 
+def test_a_restart_drops_what_a_lost_connection_left_unfinished(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path, consumers: list[Consumer]) -> None:
+    """A batch committed while its node was down cannot be FINed; if the stream process dies before
+    the node comes back, the next process still knows those ids (the offsets carry them) and FINs
+    them on sight instead of emitting them a second time."""
+    data = tmp_path / "durable"
+    data.mkdir()
+    d = daemon_factory("--durable-delivery", data_path=str(data))
+    other = daemon_factory()
+    both = options(d, nsqd_tcp_addresses=f"{d.tcp_address},{other.tcp_address}")
+    publish(d, "ev", [b"k%d" % i for i in range(6)])
+    a = start(consumers, both)
+    end1 = plan_until(a, Offset(0), 6)
+    assert sorted(bodies(a, Offset(0), end1)) == sorted(b"k%d" % i for i in range(6))
+    address = d.tcp_address
+    d.kill()  # the batch's node dies before Spark commits it
+    wait_for(lambda: a.stats["lost"] == 6, what="connection loss noticed")
+    publish(other, "ev", [b"other"])
+    end2 = plan_until(a, end1, 1)  # Spark committed batch 1: its FINs cannot go out
+    assert bodies(a, end1, end2) == [b"other"]
+    assert end2.unfinished and not end1.unfinished
+    a.close()  # the stream process dies too, before the node is back
+    d2 = daemon_factory("--durable-delivery", data_path=str(data), tcp=address)
+    b = start(consumers, both)
+    assert b.plan(end2, None) == end2  # Spark committed batch 2 as well
+    wait_for(lambda: b.stats["skipped"] == 7, timeout=30, what="both batches' redeliveries dropped")
+    publish(d2, "ev", [b"after"])
+    end3 = plan_until(b, end2, 1, timeout=30)
+    assert bodies(b, end2, end3) == [b"after"]
+    b.acknowledge(end3)
+    for node in (d2, other):
+        wait_for(lambda n=node: channel_stats(n, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+        assert channel_stats(node, "ev", "sp")["depth"] == 0
+
+
 def test_lookupd_discovery(daemon_factory: Callable[..., Daemon], lookupd_factory: Callable[..., Any],
                            consumers: list[Consumer]) -> None:
     """With nsqlookupd the consumer finds the topic's nsqds once they appear, re-asking periodically."""
