@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from nsqtw.tools.chaos_cluster import SPARK_CHANNEL, seq_of
 
-__all__ = ["DEFAULT_APP", "SPARK_CHANNEL", "SparkQuery", "drain", "read_sink"]
+__all__ = ["DEFAULT_APP", "SPARK_CHANNEL", "SparkQuery", "drain", "last_batch", "read_sink"]
 
 #: the example pipeline, where nsqtw runs from a checkout
 DEFAULT_APP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -106,10 +106,20 @@ class SparkQuery:
             self.kill()
             raise RuntimeError(f"the Spark query did not stop cleanly; see {self.log}") from None
 
-    def rows(self) -> int:
-        """Rows the sink's committed files hold now, roughly (the files' count is enough to see it grow)."""
-        meta = os.path.join(self.output, "_spark_metadata")
-        return len(os.listdir(meta)) if os.path.isdir(meta) else 0
+    def last_batch(self) -> int:
+        return last_batch(self.output)
+
+
+def last_batch(output: str) -> int:
+    """The last batch a Parquet sink writing to ``output`` has logged (-1 before the first).
+
+    Its log's files are numbered by batch; every tenth is a compaction
+    (``29.compact``) after which older files go, so their count stalls while
+    the numbers go on.
+    """
+    meta = os.path.join(output, "_spark_metadata")
+    names = os.listdir(meta) if os.path.isdir(meta) else []
+    return max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=-1)
 
 
 def drain(query: SparkQuery, waiting: Callable[[], int], timeout: float) -> bool:
@@ -123,10 +133,10 @@ def drain(query: SparkQuery, waiting: Callable[[], int], timeout: float) -> bool
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        logged, since = -1, time.monotonic()
+        logged, since = -2, time.monotonic()
         while time.monotonic() < deadline:
-            if query.rows() != logged:
-                logged, since = query.rows(), time.monotonic()
+            if query.last_batch() != logged:
+                logged, since = query.last_batch(), time.monotonic()
             if waiting() == 0 and time.monotonic() - since >= 3.0:
                 break
             time.sleep(0.5)

@@ -19,6 +19,7 @@ import pytest
 
 from nsqtw.tools.chaos import FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
 from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, seq_of
+from nsqtw.tools.chaos_spark import last_batch
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 from tests.daemon import ROOT, Daemon
 
@@ -84,6 +85,16 @@ def test_the_disk_fault_fills_its_own_tmpfs_and_nothing_else(tmp_path) -> None:
         assert not os.path.exists(disk.ballast)
     finally:
         disk.unmount()
+
+
+def test_the_sinks_last_batch_is_read_from_its_log_numbers_not_its_file_count(tmp_path) -> None:
+    assert last_batch(str(tmp_path)) == -1
+    meta = tmp_path / "_spark_metadata"
+    meta.mkdir()
+    assert last_batch(str(tmp_path)) == -1
+    for name in ("8", "9.compact", "10", "11", ".12.crc"):  # Spark deleted 0-7 after compacting
+        (meta / name).write_text("v1\n")
+    assert last_batch(str(tmp_path)) == 11
 
 
 def test_a_publisher_fails_over_to_the_next_node(daemon_factory) -> None:
