@@ -456,6 +456,22 @@ class Consumer:
         urls = [lookupd_url(a) for a in ep.lookupd_http_addresses]
         return lookup_topic(urls, self.options.topic, timeout=ep.connect.connect_timeout)
 
+    def _discover_at_start(self) -> set[str]:
+        """The first discovery: lookupd is asked again for ``connect_timeout_ms`` before it is an error.
+
+        A query (re)started while nsqlookupd restarts would otherwise fail
+        at once; an address that never answers is still a clear error.
+        """
+        deadline = self.clock() + self.options.endpoints.connect.connect_timeout
+        while True:
+            try:
+                return self._discover()
+            except LookupdUnavailable as e:
+                if self.clock() >= deadline or self._stopped.is_set():
+                    raise
+                log.warning("NSQ discovery: %s; asking again", e)
+                self._stopped.wait(0.5)
+
     def _wanted_connections(self, address: str, first: NSQConnection | None) -> int:
         """How many connections to keep to one nsqd (decided once, from its first IDENTIFY answer)."""
         n = self._per_nsqd.get(address)
@@ -469,7 +485,7 @@ class Consumer:
 
     def _connect_missing(self, initial: bool = False) -> None:
         try:
-            wanted = self._discover()
+            wanted = self._discover_at_start() if initial else self._discover()
         except LookupdUnavailable as e:
             if initial:
                 raise NSQClientError(str(e)) from e

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -317,6 +318,38 @@ def test_lookupd_discovery(daemon_factory: Callable[..., Daemon], lookupd_factor
     end = plan_until(c, Offset(0), 1)
     assert c.addresses() == [nsqd.tcp_address]
     assert bodies(c, Offset(0), end) == [b"found"]
+
+
+def test_a_start_waits_for_lookupd_to_come_back(daemon_factory: Callable[..., Daemon],
+                                                lookupd_factory: Callable[..., Any],
+                                                consumers: list[Consumer]) -> None:
+    """A query (re)started while nsqlookupd is down asks again until it answers (connect_timeout_ms),
+    instead of failing at once; one that never comes back is still a clear error."""
+    lookupd = lookupd_factory("--broadcast-address=127.0.0.1")
+    nsqd = daemon_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lookupd.tcp_address}")
+    publish(nsqd, "ev", [b"x"])
+    tcp, http = lookupd.tcp_address, lookupd.http_address
+    lookupd.kill()
+
+    gone = ReaderOptions.parse({"lookupd_http_addresses": http, "topic": "ev", "channel": "sp",
+                                "connect_timeout_ms": "1500"})
+    began = time.monotonic()
+    with pytest.raises(NSQClientError, match="no lookupd answered"):
+        start(consumers, gone)
+    assert time.monotonic() - began >= 1.4
+
+    c = Consumer(ReaderOptions.parse({"lookupd_http_addresses": http, "topic": "ev", "channel": "sp",
+                                      "connect_timeout_ms": "30000", "lookupd_poll_interval_ms": "200"}))
+    consumers.append(c)
+    starting = threading.Thread(target=c.start)
+    starting.start()
+    time.sleep(1.0)
+    assert starting.is_alive()  # lookupd is still down: the start waits, it has not failed
+    lookupd_factory("--broadcast-address=127.0.0.1", tcp=tcp, http=http)  # back; nsqd registers again
+    starting.join(30)
+    assert not starting.is_alive()
+    end = plan_until(c, Offset(0), 1, timeout=30)
+    assert bodies(c, Offset(0), end) == [b"x"]
 
 
 def test_unreachable_nsqd_is_a_clear_error(nsqd: Daemon) -> None:
