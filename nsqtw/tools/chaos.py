@@ -330,8 +330,9 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
 
     with _workdir(keep) as work:
         cluster = Cluster(work, nsqd, lookupd, nodes, flags, disk_mb if "disk" in kinds else 0, bool(spark_app))
+        query: SparkQuery | None = None
         if spark_app:
-            cluster.spark = SparkQuery(spark_app, work, f"127.0.0.1:{cluster.lookupd.http}", TOPIC)
+            query = cluster.spark = SparkQuery(spark_app, work, f"127.0.0.1:{cluster.lookupd.http}", TOPIC)
         usable = [k for k in kinds if (k != "disk" or cluster.can_fill_disks) and (k != "spark" or spark_app)]
         faults = schedule(seed, duration, every, usable, nodes)
         outcome = Outcome(daemon, " ".join(flags), seed, duration, dict(Counter(f.kind for f in faults)))
@@ -346,9 +347,9 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
             with open(os.path.join(work, "consumer.log"), "ab") as clog:
                 consumer = subprocess.Popen(_consumer_command(cluster.lookupd.http, out), stdout=clog,
                                             stderr=clog, stdin=subprocess.DEVNULL)
-            if cluster.spark is not None:
-                cluster.spark.start()
-                say(f"Spark query's driver: pid {cluster.spark.driver_pid()}")
+            if query is not None:
+                query.start()
+                say(f"Spark query's driver: pid {query.driver_pid()}")
             addresses = [("127.0.0.1", n.tcp) for n in cluster.nodes]
             pubs = [Publisher(i, addresses, ledger, rate / publishers, batch, size, halt)
                     for i in range(publishers)]
@@ -365,13 +366,13 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
                 p.join(ANSWER_TIMEOUT * 2)
             say(f"published {ledger.published}, acknowledged {len(ledger.acked)}; draining")
             outcome.drained, outcome.drain_seconds, outcome.left_on_nodes = _drain(cluster, out, drain_timeout)
-            if cluster.spark is not None:
+            if query is not None:
                 # a query that was killed late resubmits (tens of seconds) and catches up first
                 spark_timeout = drain_timeout + 180
-                if not spark_drain(cluster.spark, lambda: cluster.left(SPARK_CHANNEL, held=False), spark_timeout):
+                if not spark_drain(query, lambda: cluster.left(SPARK_CHANNEL, held=False), spark_timeout):
                     outcome.problems.append(f"wedged: the Spark query did not take everything in {spark_timeout:.0f} s")
-                outcome.spark_submits = cluster.spark.submits
-                tally_sink(outcome, ledger, read_sink(cluster.spark.output, work))
+                outcome.spark_submits = query.submits
+                tally_sink(outcome, ledger, read_sink(query.output, work))
         except RuntimeError as e:
             outcome.problems.append(str(e))
         finally:

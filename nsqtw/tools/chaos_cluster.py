@@ -19,18 +19,25 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from nsqtw.tools.chaos_spark import SparkQuery
-
-__all__ = ["CHANNEL", "SPARK_CHANNEL", "TOPIC", "Cluster", "Daemon", "Disk", "Fault", "body_for", "free_ports",
-           "seq_of"]
+__all__ = ["CHANNEL", "SPARK_CHANNEL", "TOPIC", "Cluster", "Daemon", "Disk", "Fault", "Query", "body_for",
+           "free_ports", "seq_of"]
 
 TOPIC = "chaos"
 CHANNEL = "ch"
 #: the channel of the Spark query (:mod:`nsqtw.tools.chaos_spark`)
 SPARK_CHANNEL = "spark"
+
+
+class Query(Protocol):
+    """What the ``spark`` fault needs of a streaming query (:class:`nsqtw.tools.chaos_spark.SparkQuery`)."""
+
+    def kill(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    def driver_pid(self, timeout: float = ...) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,7 @@ class Cluster:
         #: what went wrong with a fault (reported with the run's outcome)
         self.problems: list[str] = []
         #: the Spark query the ``spark`` fault kills, once the runner has attached one
-        self.spark: SparkQuery | None = None
+        self.spark: Query | None = None
         self.lookupd = Daemon("nsqlookupd", lookupd + [f"--tcp-address=127.0.0.1:{ports[0]}",
                                                        f"--http-address=127.0.0.1:{ports[1]}",
                                                        "--broadcast-address=127.0.0.1"],
