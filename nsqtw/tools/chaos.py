@@ -46,19 +46,19 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
+from nsqtw.protocol.wire import MAGIC_V2, NOP, encode_mpub, encode_pub, split_frames
 from nsqtw.tools.chaos_cluster import CHANNEL, SPARK_CHANNEL, TOPIC, Cluster, Fault, body_for
 from nsqtw.tools.chaos_spark import DEFAULT_APP, SparkQuery, read_sink
 from nsqtw.tools.chaos_spark import drain as spark_drain
@@ -72,7 +72,6 @@ FAULTS = ("kill", "stop", "lookupd", "disk", "spark")
 HOLD = {"kill": (0.5, 3.0), "stop": (1.0, 5.0), "lookupd": (0.5, 3.0), "disk": (1.0, 5.0), "spark": (0.5, 2.0)}
 #: a publisher waits this long for an answer before it tries the next node
 ANSWER_TIMEOUT = 2.0
-_FRAME = struct.Struct(">ii")
 
 
 def schedule(seed: int, duration: float, every: float, kinds: Sequence[str], nodes: int) -> list[Fault]:
@@ -143,6 +142,9 @@ class Publisher(threading.Thread):
         self.size = size
         self.halt = stop
         self.sock: socket.socket | None = None
+        #: what the node sent that is not yet a whole frame, and whole frames not yet read
+        self.buf = bytearray()
+        self.frames: deque[tuple[int, bytes]] = deque()
 
     def run(self) -> None:
         due = time.monotonic()
@@ -164,22 +166,19 @@ class Publisher(threading.Thread):
 
     def _command(self, bodies: list[bytes]) -> bytes:
         topic = TOPIC.encode()
-        if len(bodies) == 1:
-            return b"PUB " + topic + b"\n" + struct.pack(">i", len(bodies[0])) + bodies[0]
-        payload = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
-        return b"MPUB " + topic + b"\n" + struct.pack(">i", len(payload)) + payload
+        return encode_pub(topic, bodies[0]) if len(bodies) == 1 else encode_mpub(topic, bodies)
 
     def _publish(self, command: bytes) -> str | None:
         """Send one PUB/MPUB and read its answer: None on ``OK``, otherwise why not."""
         try:
             if self.sock is None:
                 self.sock = socket.create_connection(self.addresses[self.node], timeout=ANSWER_TIMEOUT)
-                self.sock.sendall(b"  V2")
+                self.sock.sendall(MAGIC_V2)
             self.sock.sendall(command)
             while True:
                 kind, data = self._frame()
                 if kind == 0 and data == b"_heartbeat_":
-                    self.sock.sendall(b"NOP\n")
+                    self.sock.sendall(NOP)
                     continue
                 if kind == 0 and data == b"OK":
                     return None
@@ -190,25 +189,22 @@ class Publisher(threading.Thread):
             return type(e).__name__
 
     def _frame(self) -> tuple[int, bytes]:
-        head = self._exactly(_FRAME.size)
-        size, kind = _FRAME.unpack(head)
-        return kind, self._exactly(size - 4)
-
-    def _exactly(self, n: int) -> bytes:
+        """The next frame from the node: ``(type, data)``."""
         assert self.sock is not None
-        chunks = []
-        while n:
-            chunk = self.sock.recv(n)
+        while not self.frames:
+            chunk = self.sock.recv(65536)
             if not chunk:
                 raise ConnectionResetError("closed by the node")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            self.buf += chunk
+            self.frames.extend(split_frames(self.buf))
+        return self.frames.popleft()
 
     def _drop(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        self.buf.clear()
+        self.frames.clear()
 
 
 @dataclass

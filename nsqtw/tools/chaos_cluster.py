@@ -130,12 +130,12 @@ class Disk:
     """
 
     def __init__(self, path: str, megabytes: int) -> None:
+        """Mount a tmpfs of ``megabytes`` on ``path``; with 0, or where mounting fails (not root), none."""
         self.path = path
         self.ballast = os.path.join(path, "chaos-ballast")
         self.size = megabytes << 20
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
-                                capture_output=True)
-        self.mounted = result.returncode == 0
+        self.mounted = bool(megabytes) and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path], capture_output=True).returncode == 0
 
     def fill(self) -> bool:
         """Take every free byte of the tmpfs; False (and nothing written) if it is not there any more."""
@@ -188,7 +188,7 @@ class Cluster:
         for i in range(nodes):
             data = os.path.join(work, f"node{i}")
             os.makedirs(data)
-            self.disks.append(Disk(data, disk_mb) if disk_mb else _NoDisk(data))
+            self.disks.append(Disk(data, disk_mb))
             tcp, http = ports[2 + 2 * i], ports[3 + 2 * i]
             cmd = nsqd + [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
                           f"--data-path={data}", "--broadcast-address=127.0.0.1",
@@ -279,13 +279,3 @@ class Cluster:
         for disk in self.disks:
             disk.free()
             disk.unmount()
-
-
-class _NoDisk(Disk):
-    """A data directory with no tmpfs under it (``--disk-mb=0``, or not root): the disk fault is not drawn."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.ballast = os.path.join(path, "chaos-ballast")
-        self.size = 0
-        self.mounted = False

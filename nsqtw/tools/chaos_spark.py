@@ -135,8 +135,9 @@ def drain(query: SparkQuery, waiting: Callable[[], int], timeout: float) -> bool
     while time.monotonic() < deadline:
         logged, since = -2, time.monotonic()
         while time.monotonic() < deadline:
-            if query.last_batch() != logged:
-                logged, since = query.last_batch(), time.monotonic()
+            batch = query.last_batch()
+            if batch != logged:
+                logged, since = batch, time.monotonic()
             if waiting() == 0 and time.monotonic() - since >= 3.0:
                 break
             time.sleep(0.5)
