@@ -355,7 +355,7 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
             for fault in faults:
                 halt.wait(max(0.0, began + fault.at - time.monotonic()))
                 say(f"{fault.at:7.2f}s {fault.kind} node{fault.node} for {fault.hold:.2f}s")
-                cluster.inject(fault, threading.Event())
+                cluster.inject(fault)
             halt.wait(max(0.0, began + duration - time.monotonic()))
             halt.set()
             for p in pubs:

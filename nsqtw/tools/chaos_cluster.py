@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -209,32 +208,32 @@ class Cluster:
                 req = urllib.request.Request(f"http://127.0.0.1:{node.http}{path}", method="POST", data=b"")
                 urllib.request.urlopen(req, timeout=5.0).close()
 
-    def inject(self, fault: Fault, halt: threading.Event) -> None:
-        """Apply ``fault``, hold it (or until ``halt``), then undo it."""
+    def inject(self, fault: Fault) -> None:
+        """Apply ``fault``, hold it, then undo it."""
         node = self.nodes[fault.node]
         if fault.kind == "kill":
             node.kill()
-            halt.wait(fault.hold)
+            time.sleep(fault.hold)
             node.start()
         elif fault.kind == "stop":
             node.signal(signal.SIGSTOP)
-            halt.wait(fault.hold)
+            time.sleep(fault.hold)
             node.signal(signal.SIGCONT)
         elif fault.kind == "lookupd":
             self.lookupd.kill()
-            halt.wait(fault.hold)
+            time.sleep(fault.hold)
             self.lookupd.start()
         elif fault.kind == "disk":
             disk = self.disks[fault.node]
             if not disk.fill():
                 self.problems.append(f"disk fault at {fault.at:.2f}s skipped: {disk.path} is no longer its tmpfs")
                 return
-            halt.wait(fault.hold)
+            time.sleep(fault.hold)
             disk.free()
         elif fault.kind == "spark" and self.spark is not None:
             logged = self.spark.last_batch()
             self.spark.kill()
-            halt.wait(fault.hold)
+            time.sleep(fault.hold)
             self.spark.start()
             self.spark.driver_pid()
             # back from its checkpoint and running before the next fault: a batch past the one it
