@@ -73,8 +73,9 @@ class NSQD:
         self.loading = False
         #: batches being published a slice per reactor turn (:meth:`publish`)
         self.sliced_publishes: set[SlicedPublish] = set()
-        #: bytes waiting in memory for the disk over all the node's disk queues (the node-wide bound)
+        #: corrupt segments its disk queues set aside since the start (:meth:`count_set_aside`)
         self._set_aside = 0
+        #: bytes waiting in memory for the disk over all the node's disk queues (the node-wide bound)
         self.unwritten = UnwrittenBytes(int(getattr(options, "max_unwritten_bytes", DEFAULT_MAX_UNWRITTEN)))
         #: run-time settings PUT /config can change
         self.runtime_log_level: str = str(getattr(options, "log_level", "info")).lower()
