@@ -24,6 +24,15 @@ of this process whose connection was lost after it was planned: the batch
 keeps those messages, and what nsqd redelivers of them once the batch is
 committed is FINed on sight.
 
+A batch planned by an earlier process and run again after a restart (Spark
+replays the last uncommitted batch) is rebuilt from nsqd: the dead process's
+messages come back with the same ids, and the replay waits for those its
+offset lists (up to ``replay_timeout_ms``). So a committed offset's ids are
+always the messages its batch wrote, whichever process ran it, and a later
+process may FIN them on sight. Ids the replay did not get back in time are
+written into the next offset (``missed``), so that no later process takes
+them for committed; they come in a later batch when nsqd delivers them.
+
 Two threads run beside Spark's calls: the I/O thread reads every connection,
 answers heartbeats and TOUCHes held messages before ``msg_timeout``; the
 discovery thread (re)connects to nsqds, fixed or found through lookupd. Both
@@ -73,27 +82,33 @@ class Offset:
     ``unfinished`` lists, per nsqd, messages of earlier batches that Spark
     committed but whose FIN could not go out (their connection was lost), so
     that a process started from this offset still FINs them on sight when
-    nsqd redelivers them. It is written only when there are some.
+    nsqd redelivers them. ``missed`` lists messages of the batch before this
+    one that its replay did not get back from nsqd in time: that batch was
+    committed without them, so they are not to be dropped as committed. Both
+    are written only when there are some.
     """
 
     seq: int
     ids: dict[str, str] = field(default_factory=dict)
     unfinished: dict[str, str] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Any) -> Offset:
         try:
             seq = int(data["seq"])
-            ids = {str(k): str(v) for k, v in (data.get("ids") or {}).items()}
-            unfinished = {str(k): str(v) for k, v in (data.get("unfinished") or {}).items()}
+            ids, unfinished, missed = ({str(k): str(v) for k, v in (data.get(name) or {}).items()}
+                                       for name in ("ids", "unfinished", "missed"))
         except (TypeError, KeyError, ValueError, AttributeError):
             raise ValueError(f"not an nsq offset: {data!r}") from None
-        return cls(seq, ids, unfinished)
+        return cls(seq, ids, unfinished, missed)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seq": self.seq, "ids": self.ids}
         if self.unfinished:
             out["unfinished"] = self.unfinished
+        if self.missed:
+            out["missed"] = self.missed
         return out
 
     def id_arrays(self) -> dict[str, np.ndarray]:
@@ -103,6 +118,10 @@ class Offset:
     def unfinished_arrays(self) -> dict[str, np.ndarray]:
         """Committed messages of earlier batches never FINed, per nsqd address."""
         return {address: decode_ids(text) for address, text in self.unfinished.items()}
+
+    def missed_arrays(self) -> dict[str, np.ndarray]:
+        """Messages of the previous batch that were committed without being written, per nsqd address."""
+        return {address: decode_ids(text) for address, text in self.missed.items()}
 
     def count(self) -> int:
         return sum(len(a) for a in self.id_arrays().values())
@@ -125,7 +144,11 @@ class Consumer:
         # committed but never FINed (by an earlier process, or on a connection since lost): FIN on sight
         self._skip: dict[str, np.ndarray] = {}
         self._base: int | None = None  # seqs <= base were numbered by an earlier process
-        self._replayed: set[int] = set()  # ends of earlier batches replayed here as empty
+        # ends of earlier batches replayed here -> their ids nsqd did not give back in time
+        self._replayed: dict[int, dict[str, np.ndarray]] = {}
+        # ids of the batches replayed here and of what their offsets list as missed: never dropped
+        # as committed on the word of an older offset
+        self._kept: dict[str, np.ndarray] = {}
         self._last_seq = 0
         self._last_arrival = 0.0
         self._paused = False  # availableNow is drained: RDY 0
@@ -252,7 +275,9 @@ class Consumer:
                 result = start
             else:
                 unfinished = {address: encode_ids(ids) for address, ids in sorted(self._skip.items()) if len(ids)}
-                result = Offset(batch[-1].last_seq, _ids_of(batch), unfinished)
+                missed = {address: encode_ids(ids)
+                          for address, ids in sorted(self._replayed.get(start.seq, {}).items())}
+                result = Offset(batch[-1].last_seq, _ids_of(batch), unfinished, missed)
                 sends = []
         self._send_all(sends)
         return result
@@ -260,26 +285,19 @@ class Consumer:
     def messages(self, start: Offset, end: Offset) -> list[Block]:
         """The messages of the batch ``(start, end]``, those of a connection lost since included.
 
-        A batch planned by an earlier process (a replay after a restart) has
-        none here: nsqd redelivers its messages, and they come in a later batch.
         A batch planned here keeps what it was planned with: its rows do not
         change when Spark runs it again or a connection goes; what nsqd
         redelivers of a lost connection's messages is dropped once the batch
-        is committed (:meth:`_acknowledge`).
+        is committed (:meth:`_acknowledge`). A batch planned by an earlier
+        process (a replay after a restart) is rebuilt from what nsqd gives
+        back of its ids (:meth:`_replay`).
         """
-        sends: list[tuple[NSQConnection, bytes]] = []
         with self._cond:
             self._last_seq = max(self._last_seq, end.seq)
-            if self._earlier(end):
-                sends = self._skip_ids(start.unfinished_arrays())
-                if start.seq not in self._replayed:
-                    sends += self._skip_ids(start.id_arrays())  # committed: FIN on redelivery
-                self._replayed.add(end.seq)  # not processed: emit on redelivery
-                batch = []
-            else:
-                batch = [b for b in self._planned if start.seq < b.first_seq and b.last_seq <= end.seq]
-        self._send_all(sends)
-        return batch
+            replay = self._earlier(end) and end.seq not in self._replayed
+            if not replay:
+                return [b for b in self._planned if start.seq < b.first_seq and b.last_seq <= end.seq]
+        return self._replay(start, end)
 
     # -- internals (callers hold self._cond unless said otherwise) --------
 
@@ -287,18 +305,104 @@ class Consumer:
         """True for an offset planned by an earlier process (before we numbered anything)."""
         return self._base is None or offset.seq <= self._base
 
+    def _replay(self, start: Offset, end: Offset) -> list[Block]:
+        """Rebuild a batch an earlier process planned: wait for nsqd to redeliver its ids.
+
+        The process that planned ``end`` held its messages unFINed, so nsqd
+        gives them back (at once when that process's connections closed,
+        after ``msg_timeout`` when they vanished) with the same ids. Waiting
+        for them keeps "a committed offset's ids were written" true for every
+        batch, replayed or not, which is what lets the next process drop the
+        ids of a committed offset on sight. Those not back within
+        ``replay_timeout_ms`` go into the next offset as ``missed``.
+
+        ``start`` was committed before ``end`` was planned: its messages (and
+        those it lists as unfinished) are dropped when nsqd redelivers them,
+        except the ones ``end`` holds or lists as missed (a replay of
+        ``start`` that could not write them).
+        """
+        with self._cond:
+            self._kept = _union(self._kept, _union(end.id_arrays(), end.missed_arrays()))
+            committed = _union(start.id_arrays(), start.unfinished_arrays())
+            sends = self._skip_ids(_minus(committed, self._kept))
+        self._send_all(sends)
+        wanted = {address: ids for address, ids in end.id_arrays().items() if len(ids)}
+        expected = sum(len(ids) for ids in wanted.values())
+        deadline = self.clock() + self.options.replay_timeout
+        found: list[Block] = []
+        while True:
+            sends = []
+            with self._cond:
+                found.extend(self._take_ids(wanted))
+                now = self.clock()
+                if not wanted or now >= deadline or self._stopped.is_set():
+                    break
+                if self._held() + sum(len(b) for b in found) >= self._capacity():
+                    # every RDY slot holds newer messages: give them back so the batch's can come
+                    sends = self._requeue_pending()
+                else:
+                    self._cond.wait(min(TICK, deadline - now))
+            self._send_all(sends)
+        with self._cond:
+            seq = start.seq
+            for b in found:
+                b.first_seq = seq + 1
+                seq += len(b)
+            self._planned = deque(sorted([*self._planned, *found], key=lambda b: b.first_seq))
+            self._replayed[end.seq] = wanted
+        missing = sum(len(ids) for ids in wanted.values())
+        if missing:
+            log.warning("NSQ replay of batch (%d, %d]: %d of its %d messages came back from nsqd within"
+                        " replay_timeout_ms; the rest are written by a later batch when they come",
+                        start.seq, end.seq, expected - missing, expected)
+        else:
+            log.info("NSQ replay of batch (%d, %d]: its %d messages came back from nsqd",
+                     start.seq, end.seq, expected)
+        return found
+
+    def _take_ids(self, wanted: dict[str, np.ndarray]) -> list[Block]:
+        """Move the pending messages with these ids out of pending; ``wanted`` keeps the rest."""
+        out: list[Block] = []
+        keep: deque[Block] = deque()
+        for b in self._pending:
+            ids = wanted.get(b.conn.address)
+            if ids is None or b.conn.closed:
+                keep.append(b)
+                continue
+            hit = np.isin(b.ids, ids)
+            if not hit.any():
+                keep.append(b)
+                continue
+            out.append(b.select(hit))
+            if not hit.all():
+                keep.append(b.select(~hit))
+            rest = np.setdiff1d(ids, b.ids[hit])
+            if len(rest):
+                wanted[b.conn.address] = rest
+            else:
+                del wanted[b.conn.address]
+        self._pending = keep
+        return out
+
+    def _requeue_pending(self) -> list[tuple[NSQConnection, bytes]]:
+        """REQ every pending message (in no batch yet): nsqd delivers them again later."""
+        sends = [(b.conn, commands(b"REQ", b.ids, b" 0\n")) for b in self._pending if not b.conn.closed]
+        self.stats["requeued"] += sum(len(b) for b in self._pending if not b.conn.closed)
+        self._pending.clear()
+        return sends
+
     def _acknowledge(self, offset: Offset) -> list[tuple[NSQConnection, bytes]]:
         sends: list[tuple[NSQConnection, bytes]] = []
         with self._cond:
             self._last_seq = max(self._last_seq, offset.seq)
-            if self._earlier(offset):
-                # its FINs may never have gone out: drop its messages when nsqd redelivers
-                # them, unless this process replayed it as empty (never processed); those of
-                # earlier batches it lists as unfinished were committed before it in any case
-                sends.extend(self._skip_ids(offset.unfinished_arrays()))
-                if offset.seq not in self._replayed:
-                    sends.extend(self._skip_ids(offset.id_arrays()))
-                return sends
+            if self._earlier(offset) and offset.seq not in self._replayed:
+                # committed by an earlier process, whose FINs may never have gone out: drop its
+                # messages (and those of earlier batches it lists as unfinished) when nsqd
+                # redelivers them, except what a replay here holds or could not write
+                committed = _union(offset.id_arrays(), offset.unfinished_arrays())
+                return self._skip_ids(_minus(committed, self._kept))
+            if self._earlier(offset):  # replayed here: what it lists as unfinished was committed before it
+                sends.extend(self._skip_ids(_minus(offset.unfinished_arrays(), self._kept)))
             planned = self._planned
             while planned and planned[0].last_seq <= offset.seq:
                 b = planned.popleft()
@@ -623,3 +727,17 @@ def _ids_of(batch: list[Block]) -> dict[str, str]:
     for b in batch:
         ids.setdefault(b.conn.address, []).append(b.ids)
     return {address: encode_ids(np.concatenate(v)) for address, v in sorted(ids.items())}
+
+
+def _union(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ids per nsqd address in ``a`` or ``b``."""
+    out = dict(a)
+    for address, ids in b.items():
+        old = out.get(address)
+        out[address] = ids if old is None else np.union1d(old, ids)
+    return out
+
+
+def _minus(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ids per nsqd address in ``a`` and not in ``b``."""
+    return {address: ids if address not in b else np.setdiff1d(ids, b[address]) for address, ids in a.items()}

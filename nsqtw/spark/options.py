@@ -147,6 +147,7 @@ class ReaderOptions:
     num_partitions: int
     msg_timeout_ms: int
     drain_timeout: float
+    replay_timeout: float
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReaderOptions:
@@ -165,6 +166,7 @@ class ReaderOptions:
             num_partitions=_int(options, "num_partitions", os.cpu_count() or 1),
             msg_timeout_ms=msg_timeout_ms,
             drain_timeout=_int(options, "drain_timeout_ms", 2000, minimum=0) / 1000.0,
+            replay_timeout=_int(options, "replay_timeout_ms", 30000, minimum=0) / 1000.0,
         )
 
 

@@ -181,24 +181,123 @@ def test_restart_drops_committed_redeliveries(nsqd: Daemon, consumers: list[Cons
     assert end.seq == 7 and bodies(b, committed, end) == [b"new"]
 
 
-def test_replayed_batch_is_emitted_again(nsqd: Daemon, consumers: list[Consumer]) -> None:
-    """A batch Spark replays after a restart comes back through nsqd and is emitted, not dropped."""
+def test_a_replayed_batch_is_rebuilt_from_nsqds_redelivery(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """A batch Spark replays after a restart has the messages its offset lists: the new process
+    waits for nsqd to give them back and writes them in that batch, not in a later one."""
     publish(nsqd, "ev", [b"p%d" % i for i in range(6)])
     a = start(consumers, options(nsqd))
     e1 = plan_until(a, Offset(0), 3, max_rows=3)
-    e2 = plan_until(a, e1, 3, max_rows=3)  # FINs batch 1; batch 2 fails in the sink
+    e2 = plan_until(a, e1, 3, max_rows=3)  # FINs batch 1; the process dies before batch 2 runs
     second = sorted(bodies(a, e1, e2))
     wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 3, what="batch 1 FINed")
     a.close()
     b = start(consumers, options(nsqd))
-    assert b.messages(e1, e2) == []  # replayed by Spark: the messages went back to nsqd
-    e3 = plan_until(b, e2, 3)
-    again = rows(b, e2, e3)
+    again = rows(b, e1, e2)
     assert sorted(body for _i, body, _t, _a in again) == second
     assert all(a == 2 for _i, _b, _t, a in again)
+    assert sorted(i for i, _b, _t, _a in again) == sorted(e2.id_arrays()[nsqd.tcp_address].tolist())
+    assert sorted(bodies(b, e1, e2)) == second  # Spark may ask twice: the same rows
+    publish(nsqd, "ev", [b"next"])
+    e3 = plan_until(b, e2, 1)  # Spark committed the replayed batch: its messages are FINed
+    assert bodies(b, e2, e3) == [b"next"] and not e3.missed
     b.acknowledge(e3)
     wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
-    assert b.stats["skipped"] == 0
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
+
+
+def test_a_replay_makes_room_for_its_messages(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """When newer messages fill every RDY slot before the replayed batch's come back, the replay
+    gives the newer ones back (REQ) until its own arrive, instead of waiting out replay_timeout_ms."""
+    publish(nsqd, "ev", [b"p%d" % i for i in range(6)])
+    a = start(consumers, options(nsqd, max_in_flight="3"))
+    e1 = plan_until(a, Offset(0), 3, max_rows=3)
+    e2 = plan_until(a, e1, 3, max_rows=3)
+    second = sorted(bodies(a, e1, e2))
+    publish(nsqd, "ev", [b"q%d" % i for i in range(20)])
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 3, what="batch 1 FINed")
+    a.close()
+    b = start(consumers, options(nsqd, max_in_flight="3", replay_timeout_ms="20000"))
+    began = time.monotonic()
+    assert sorted(bodies(b, e1, e2)) == second
+    assert time.monotonic() - began < 10
+    assert b.stats["requeued"] > 0  # nsqd delivered newer messages first: the slots were freed
+    e3 = plan_until(b, e2, 3)
+    assert all(body.startswith(b"q") for body in bodies(b, e2, e3))
+    b.acknowledge(e3)
+
+
+class Sink:
+    """Spark's file sink as the source sees it: a batch's rows count once it is committed."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[bytes]] = {}
+
+    def run(self, c: Consumer, batch: int, begin: Offset, end: Offset) -> None:
+        """Spark runs ``batch`` and commits it (a batch already in the sink's log is not written)."""
+        written = bodies(c, begin, end)
+        self.batches.setdefault(batch, written)
+
+    def bodies(self) -> list[bytes]:
+        return sorted(b for rows in self.batches.values() for b in rows)
+
+
+def test_two_driver_deaths_a_batch_apart_lose_nothing(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """The first process plans batch 2 and dies; the second replays it, commits it, plans batch 3 and
+    dies before running it; the third replays batch 3. Every message is in the sink once. (Before,
+    the second process wrote batch 2 empty and took its messages into batch 3; the third dropped
+    them as batch 2's committed ones when nsqd redelivered them: one batch lost.)"""
+    sink = Sink()
+    publish(nsqd, "ev", [b"p%d" % i for i in range(6)])
+    a = start(consumers, options(nsqd))
+    e1 = plan_until(a, Offset(0), 3, max_rows=3)
+    sink.run(a, 1, Offset(0), e1)
+    e2 = plan_until(a, e1, 3, max_rows=3)
+    a.close()  # batch 2 planned (in the offset log), never run
+    b = start(consumers, options(nsqd))
+    sink.run(b, 2, e1, e2)  # the replay
+    publish(nsqd, "ev", [b"n%d" % i for i in range(3)])
+    e3 = plan_until(b, e2, 3)
+    b.close()  # batch 3 planned, never run
+    c = start(consumers, options(nsqd))
+    sink.run(c, 3, e2, e3)
+    publish(nsqd, "ev", [b"last"])
+    e4 = plan_until(c, e3, 1)
+    sink.run(c, 4, e3, e4)
+    c.acknowledge(e4)
+    assert sink.bodies() == sorted([b"p%d" % i for i in range(6)] + [b"n0", b"n1", b"n2", b"last"])
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
+
+
+def test_a_replay_without_its_messages_does_not_drop_them_later(nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """A replay whose messages nsqd does not give back within replay_timeout_ms (the old process
+    still holds them) is committed without them; the next offset lists them as missed, so a process
+    that replays the batch after it writes them when they come instead of dropping them as
+    committed."""
+    sink = Sink()
+    publish(nsqd, "ev", [b"p%d" % i for i in range(6)])
+    a = start(consumers, options(nsqd, max_in_flight="3"))  # holding batch 2, a takes nothing newer
+    e1 = plan_until(a, Offset(0), 3, max_rows=3)
+    sink.run(a, 1, Offset(0), e1)
+    e2 = plan_until(a, e1, 3, max_rows=3)  # batch 1 FINed; batch 2's messages stay in flight to a
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 3, what="batch 1 FINed")
+    b = start(consumers, options(nsqd, replay_timeout_ms="300"))
+    sink.run(b, 2, e1, e2)  # nothing comes back: a (a driver on a vanished host) holds them
+    assert sink.batches[2] == []
+    publish(nsqd, "ev", [b"n0"])
+    e3 = plan_until(b, e2, 1)
+    assert e3.missed == e2.ids
+    a.close()  # nsqd gives batch 2's messages back, to b, which dies before running batch 3
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 4, what="redelivered to b")
+    b.close()
+    c = start(consumers, options(nsqd))
+    sink.run(c, 3, e2, e3)
+    e4 = plan_until(c, e3, 3)
+    sink.run(c, 4, e3, e4)
+    c.acknowledge(e4)
+    assert sink.bodies() == sorted([b"p%d" % i for i in range(6)] + [b"n0"])
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
 
 
 def test_available_now_stops_at_start_time(nsqd: Daemon, consumers: list[Consumer]) -> None:

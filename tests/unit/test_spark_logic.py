@@ -105,6 +105,19 @@ class OffsetTests(SynchronousTestCase):
         self.assertEqual(back.id_arrays()["h:1"].tolist(), sorted(ids.tolist()))
         self.assertEqual(back.count(), 2)
         self.assertEqual(Offset.from_json({"seq": 3}), Offset(3))
+        self.assertEqual(Offset(3).to_json(), {"seq": 3, "ids": {}})  # no empty extra fields
+
+    def test_unfinished_and_missed_round_trip(self) -> None:
+        """The ids an offset lists as unfinished (skip on sight) and missed (never skip) survive JSON."""
+        a = encode_ids(np.array([b"0000000000000001"], "S16"))
+        b = encode_ids(np.array([b"0000000000000002"], "S16"))
+        o = Offset(9, {"h:1": a}, unfinished={"h:2": a}, missed={"h:1": b})
+        data = o.to_json()
+        self.assertEqual(set(data), {"seq", "ids", "unfinished", "missed"})
+        back = Offset.from_json(data)
+        self.assertEqual(back, o)
+        self.assertEqual(back.missed_arrays()["h:1"].tolist(), [b"0000000000000002"])
+        self.assertEqual(back.unfinished_arrays()["h:2"].tolist(), [b"0000000000000001"])
 
     def test_older_form(self) -> None:
         """Offsets written by earlier versions (ids simply concatenated) still read."""
@@ -113,7 +126,7 @@ class OffsetTests(SynchronousTestCase):
 
     def test_bad(self) -> None:
         """Something that is not our offset is refused clearly."""
-        for bad in ({}, {"seq": "x"}, [], None, {"seq": 1, "ids": 5}):
+        for bad in ({}, {"seq": "x"}, [], None, {"seq": 1, "ids": 5}, {"seq": 1, "missed": 5}):
             self.assertRaises(ValueError, Offset.from_json, bad)
         for garbled in ("x:!!!", "z:AAAA", "0123"):
             self.assertRaises(ValueError, decode_ids, garbled)
