@@ -73,6 +73,11 @@ REFILL_WAIT = 0.25
 MAX_AUTO_CONNECTIONS = 64
 #: nsqd's default --max-rdy-count, for an nsqd that does not say
 DEFAULT_MAX_RDY = 2500
+#: how long ids to drop on sight are kept (seconds; they go between one and two of these after
+#: they were added): nsqd's default --max-msg-timeout, the longest a message stays in flight, so by
+#: then nsqd has given back whatever a dead process held. Ids it had FINed never come back and
+#: would otherwise be carried in every offset after it.
+SKIP_KEEP = 15 * 60.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,8 @@ class Consumer:
         self._planned: deque[Block] = deque()   # in a batch (seq order), FINed on commit
         # committed but never FINed (by an earlier process, or on a connection since lost): FIN on sight
         self._skip: dict[str, np.ndarray] = {}
+        self._skip_older: dict[str, np.ndarray] = {}  # in _skip since before _skip_turned
+        self._skip_turned = clock()
         self._base: int | None = None  # seqs <= base were numbered by an earlier process
         # ends of earlier batches replayed here -> their ids nsqd did not give back in time
         self._replayed: dict[int, dict[str, np.ndarray]] = {}
@@ -663,6 +670,7 @@ class Consumer:
             for conn in ready:
                 self._read(conn)
             self._touch_due()
+            self._expire_skips()
 
     def _read(self, conn: NSQConnection) -> None:
         try:
@@ -702,6 +710,21 @@ class Consumer:
         self._send_all(rdy_sends)
         if replies:
             self._send_all((conn, r) for r in replies)
+
+    def _expire_skips(self) -> None:
+        """Forget ids to drop on sight that have waited ``SKIP_KEEP`` for a redelivery that never came."""
+        now = self.clock()
+        if now - self._skip_turned < SKIP_KEEP:
+            return
+        with self._cond:
+            self._skip_turned = now
+            expired = _minus(self._skip, _minus(self._skip, self._skip_older))  # in both: kept since the last turn
+            n = sum(len(ids) for ids in expired.values())
+            self._skip = {a: ids for a, ids in _minus(self._skip, expired).items() if len(ids)}
+            self._skip_older = dict(self._skip)
+        if n:
+            log.info("NSQ: %d committed messages were not redelivered within %.0f s; no longer waiting for them",
+                     n, SKIP_KEEP)
 
     def _touch_due(self) -> None:
         """TOUCH held messages halfway to their timeout, so holding them across idle time is safe."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from nsqtw.spark import consumer as consumer_module
 from nsqtw.spark.client import NSQClientError
 from nsqtw.spark.consumer import Consumer, Offset
 from nsqtw.spark.discovery import all_nodes
@@ -179,6 +180,28 @@ def test_restart_drops_committed_redeliveries(nsqd: Daemon, consumers: list[Cons
     publish(nsqd, "ev", [b"new"])
     end = plan_until(b, committed, 1)
     assert end.seq == 7 and bodies(b, committed, end) == [b"new"]
+
+
+def test_ids_that_never_come_back_are_not_carried_for_ever(
+        nsqd: Daemon, consumers: list[Consumer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new process drops a committed offset's messages on sight; those the dead process had
+    FINed never come back, and after SKIP_KEEP they are forgotten instead of being listed as
+    unfinished in every offset after (and checked against every message received)."""
+    monkeypatch.setattr(consumer_module, "SKIP_KEEP", 0.5)
+    publish(nsqd, "ev", [b"r%d" % i for i in range(3)])
+    a = start(consumers, options(nsqd))
+    e1 = plan_until(a, Offset(0), 3)
+    a.acknowledge(e1)  # committed and FINed
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    a.close()
+    b = start(consumers, options(nsqd))
+    publish(nsqd, "ev", [b"x"])
+    e2 = plan_until(b, e1, 1)
+    assert e2.unfinished == e1.ids  # b cannot know they were FINed: it waits for them a while
+    time.sleep(1.5)  # two turns of SKIP_KEEP
+    publish(nsqd, "ev", [b"y"])
+    e3 = plan_until(b, e2, 1)
+    assert bodies(b, e2, e3) == [b"y"] and not e3.unfinished
 
 
 def test_a_replayed_batch_is_rebuilt_from_nsqds_redelivery(nsqd: Daemon, consumers: list[Consumer]) -> None:
