@@ -127,7 +127,7 @@ def node_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
     errors.add_metric([], float(disk.get("write_errors", 0)))
     yield errors
     set_aside = _counter("nsqd_disk_segments_set_aside",
-                         "Corrupt disk queue segments renamed to .bad and skipped since the queues opened.")
+                         "Corrupt disk queue segments renamed to .bad and skipped since the node started.")
     set_aside.add_metric([], float(disk.get("segments_set_aside", snap.get("segments_set_aside", 0))))
     yield set_aside
     fsync = extras.get("fsync")

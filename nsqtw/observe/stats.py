@@ -241,13 +241,13 @@ def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: floa
 class _DiskTotals:
     """What the node's disk queues report, added up while the snapshot walks them (``extras``)."""
 
-    def __init__(self) -> None:
-        self.segments_set_aside = 0
+    def __init__(self, segments_set_aside: int) -> None:
+        # the node's own count, not a sum over the queues: those of a deleted topic stay counted
+        self.segments_set_aside = segments_set_aside
         self.write_errors = 0
         self.unwritable = 0
 
     def add(self, backend: Any) -> None:
-        self.segments_set_aside += int(getattr(backend, "segments_set_aside", 0))
         self.write_errors += int(getattr(backend, "write_errors", 0))
         if getattr(backend, "write_error", None):
             self.unwritable += 1
@@ -293,7 +293,7 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
     topic = topic or ""
     channel = channel or ""
     now = nsqd.clock.seconds()
-    disk = _DiskTotals() if extras else None
+    disk = _DiskTotals(nsqd.segments_set_aside()) if extras else None
     topics: list[dict[str, Any]] | None
     producers: list[dict[str, Any]] | None = None
     if topic and topic not in nsqd.topics:
@@ -341,7 +341,7 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
     if include_mem:
         out["memory"] = memory_stats()
     out["producers"] = producers
-    set_aside = disk.segments_set_aside if disk is not None and not topic else nsqd.segments_set_aside()
+    set_aside = nsqd.segments_set_aside()
     if set_aside:
         # nsqtw only, present only when nonzero so a healthy node's /stats stays Go's shape
         out["segments_set_aside"] = set_aside

@@ -152,7 +152,8 @@ def test_per_client_series_behind_the_flag(daemon_factory) -> None:
 
 
 def test_corrupt_segment_counted(tmp_path, daemon_factory) -> None:
-    """A corrupt segment set aside shows in nsqd_disk_segments_set_aside_total, the node still healthy."""
+    """A corrupt segment set aside shows in nsqd_disk_segments_set_aside_total, the node still healthy,
+    and stays counted once its topic is deleted."""
     data = tmp_path / "c"
     d = daemon_factory("--mem-queue-size=0", "--max-bytes-per-file=1000", data_path=str(data))
     pub = Client(d.tcp_address)
@@ -168,6 +169,9 @@ def test_corrupt_segment_counted(tmp_path, daemon_factory) -> None:
     got = scrape(d2.http_address)
     assert got[("nsqd_disk_segments_set_aside_total", ())] == stats(d2.http_address)["segments_set_aside"] == 1
     assert got[("nsqd_healthy", ())] == 1
+    post(d2.http_address, "/topic/delete?topic=t")  # a counter: deleting the queue takes nothing back
+    got = scrape(d2.http_address)
+    assert got[("nsqd_disk_segments_set_aside_total", ())] == stats(d2.http_address)["segments_set_aside"] == 1
 
 
 def test_disk_write_errors_counted(tmp_path) -> None:
