@@ -146,6 +146,7 @@ class Consumer:
         self._per_nsqd: dict[str, int] = {}   # connections wanted per nsqd address
         self._pending: deque[Block] = deque()   # received, in no batch yet
         self._planned: deque[Block] = deque()   # in a batch (seq order), FINed on commit
+        self._recovering: list[Block] = []      # a replayed batch's messages while it waits for the rest
         # committed but never FINed (by an earlier process, or on a connection since lost): FIN on sight
         self._skip: dict[str, np.ndarray] = {}
         self._skip_older: dict[str, np.ndarray] = {}  # in _skip since before _skip_turned
@@ -336,7 +337,7 @@ class Consumer:
         wanted = {address: ids for address, ids in end.id_arrays().items() if len(ids)}
         expected = sum(len(ids) for ids in wanted.values())
         deadline = self.clock() + self.options.replay_timeout
-        found: list[Block] = []
+        found = self._recovering = []  # TOUCHed with the rest while the wait goes on
         while True:
             sends = []
             with self._cond:
@@ -344,7 +345,7 @@ class Consumer:
                 now = self.clock()
                 if not wanted or now >= deadline or self._stopped.is_set():
                     break
-                if self._held() + sum(len(b) for b in found) >= self._capacity():
+                if self._held() >= self._capacity():
                     # every RDY slot holds newer messages: give them back so the batch's can come
                     sends = self._requeue_pending()
                 else:
@@ -356,6 +357,7 @@ class Consumer:
                 b.first_seq = seq + 1
                 seq += len(b)
             self._planned = deque(sorted([*self._planned, *found], key=lambda b: b.first_seq))
+            self._recovering = []
             self._replayed[end.seq] = wanted
         missing = sum(len(ids) for ids in wanted.values())
         if missing:
@@ -457,10 +459,10 @@ class Consumer:
         return sum(int((b.timestamps <= until).sum()) for b in live)
 
     def _held(self) -> int:
-        return sum(len(b) for b in self._pending) + sum(len(b) for b in self._planned)
+        return sum(len(b) for q in (self._pending, self._planned, self._recovering) for b in q)
 
     def _held_bytes(self) -> int:
-        return sum(b.size for b in self._pending) + sum(b.size for b in self._planned)
+        return sum(b.size for q in (self._pending, self._planned, self._recovering) for b in q)
 
     def _take(self, limit: int | None) -> list[Block]:
         """Number up to ``limit`` eligible pending messages and move them to planned."""
@@ -731,7 +733,7 @@ class Consumer:
         now = self.clock()
         sends = []
         with self._cond:
-            for queue in (self._pending, self._planned):
+            for queue in (self._pending, self._planned, self._recovering):
                 for b in queue:
                     timeout = (b.conn.settings.get("msg_timeout") or 60000) / 1000.0
                     if now - b.touched >= timeout / 2 and not b.conn.closed:

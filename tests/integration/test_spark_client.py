@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from nsqtw.spark import consumer as consumer_module
+from nsqtw.spark.blocks import encode_ids
 from nsqtw.spark.client import NSQClientError
 from nsqtw.spark.consumer import Consumer, Offset
 from nsqtw.spark.discovery import all_nodes
@@ -247,6 +249,28 @@ def test_a_replay_makes_room_for_its_messages(nsqd: Daemon, consumers: list[Cons
     e3 = plan_until(b, e2, 3)
     assert all(body.startswith(b"q") for body in bodies(b, e2, e3))
     b.acknowledge(e3)
+
+
+def test_a_replay_waiting_for_stragglers_keeps_what_came_back_in_flight(
+        nsqd: Daemon, consumers: list[Consumer]) -> None:
+    """While a replay waits for the last of its messages, those already back are TOUCHed like any
+    held message, so nsqd does not time them out and deliver them a second time."""
+    publish(nsqd, "ev", [b"p%d" % i for i in range(3)])
+    a = start(consumers, options(nsqd))
+    e1 = plan_until(a, Offset(0), 3)
+    a.close()
+    address = nsqd.tcp_address
+    straggler = np.array([b"7fffffffffffffff"], "S16")  # an id nsqd never redelivers
+    ids = np.concatenate([e1.id_arrays()[address], straggler])
+    replayed = Offset(e1.seq + 1, {address: encode_ids(ids)})
+    b = start(consumers, options(nsqd, msg_timeout_ms="1000", replay_timeout_ms="3000"))
+    assert sorted(bodies(b, Offset(0), replayed)) == [b"p0", b"p1", b"p2"]  # 3 s: three msg_timeouts
+    s = channel_stats(nsqd, "ev", "sp")
+    assert (s["timeout_count"], s["in_flight_count"]) == (0, 3)
+    assert b.stats["touched"] >= 3
+    nxt = b.plan(replayed, None)
+    assert nxt == replayed and nxt.seq == replayed.seq  # nothing new
+    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
 
 
 class Sink:
