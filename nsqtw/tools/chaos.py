@@ -369,8 +369,8 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
                     outcome.problems.append(f"wedged: the Spark query did not take everything in {spark_timeout:.0f} s")
                 outcome.spark_submits = query.submits
                 tally_sink(outcome, ledger, read_sink(query.output, work))
-        except RuntimeError as e:
-            outcome.problems.append(str(e))
+        except RuntimeError as e:  # a process that would not start: the run ends here, undrained
+            outcome.problems.append(f"run ended early: {e}")
         finally:
             halt.set()
             if consumer is not None:
@@ -383,7 +383,7 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
             cluster.stop()
             outcome.problems.extend(cluster.problems)
         tally(outcome, ledger, read_deliveries(out) if os.path.exists(out) else iter(()))
-        if not outcome.drained:
+        if not outcome.drained and not any(p.startswith("run ended early") for p in outcome.problems):
             outcome.problems.append(f"wedged: {outcome.left_on_nodes} messages still on the nodes after"
                                     f" {drain_timeout:.0f} s")
         say(f"lost {outcome.lost}, delivered again {outcome.extra_copies}"
@@ -471,6 +471,9 @@ def main(argv: list[str]) -> int:
     if ns.go_nsqd:
         go = shlex.split(ns.go_nsqd)
         clusters.append(("go", go, [os.path.join(os.path.dirname(go[0]), "nsqlookupd")], flags))
+    # SIGTERM (a timeout, a CI job cancelled) unwinds like Ctrl-C, so the cluster's processes are
+    # killed and its tmpfs mounts undone instead of outliving the runner
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     failed = False
     for seed in (int(s) for s in ns.seed.split(",")):
         outcomes = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -67,15 +68,46 @@ def seq_of(body: bytes) -> int | None:
         return None
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` loopback ports free now, chosen once so that a restarted daemon listens where it did."""
+#: where Linux says its outgoing connections take their local ports
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def free_ports(count: int, range_file: str = PORT_RANGE_FILE) -> list[int]:
+    """``count`` loopback ports free now, chosen once so that a restarted daemon listens where it did.
+
+    They are taken below the kernel's ephemeral range: while a node is down
+    its port is free, and a port in that range can go to any outgoing
+    connection meanwhile (the runner's own ``/stats`` polls, a client
+    reconnecting to the very port, which then connects to itself), so the
+    node could not listen there again. Where the range cannot be read, any
+    free port is taken.
+    """
+    try:
+        with open(range_file) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    candidates = random.sample(range(max(1024, low - 16384), low), min(count * 8, low - 1024)) if low > 2048 else []
+    ports: list[int] = []
+    for port in candidates:
+        if len(ports) == count:
+            break
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            ports.append(port)
+        except OSError:
+            continue
+        finally:
+            s.close()
     socks = []
     try:
-        for _ in range(count):
+        while len(ports) < count:  # no range to keep out of, or not enough free below it
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            ports.append(s.getsockname()[1])
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from nsqtw.tools.chaos import FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
-from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, seq_of
+from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, free_ports, seq_of
 from nsqtw.tools.chaos_spark import last_batch
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 from tests.daemon import ROOT, Daemon
@@ -95,6 +95,20 @@ def test_the_sinks_last_batch_is_read_from_its_log_numbers_not_its_file_count(tm
     for name in ("8", "9.compact", "10", "11", ".12.crc"):  # Spark deleted 0-7 after compacting
         (meta / name).write_text("v1\n")
     assert last_batch(str(tmp_path)) == 11
+
+
+def test_ports_are_chosen_below_the_ephemeral_range(tmp_path) -> None:
+    """A node's port is free while the node is down: chosen in the kernel's ephemeral range, an
+    outgoing connection could take it meanwhile and the node would not start again there."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("40000\t60999\n")
+    ports = free_ports(8, str(ranges))
+    assert len(set(ports)) == 8 and all(40000 - 16384 <= p < 40000 for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free now
+    ports = free_ports(3, str(tmp_path / "missing"))  # no range known: any free ports
+    assert len(set(ports)) == 3 and all(0 < p < 65536 for p in ports)
 
 
 def test_a_publisher_fails_over_to_the_next_node(daemon_factory) -> None:
