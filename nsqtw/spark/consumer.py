@@ -73,6 +73,9 @@ REFILL_WAIT = 0.25
 MAX_AUTO_CONNECTIONS = 64
 #: nsqd's default --max-rdy-count, for an nsqd that does not say
 DEFAULT_MAX_RDY = 2500
+#: the longest a replay defers the newer messages it gives back to make room (seconds): well
+#: under nsqd's default --max-req-timeout (1 hour), past which nsqd refuses the REQ
+REPLAY_REQ_MAX_DELAY = 60.0
 #: how long ids to drop on sight are kept (seconds; they go between one and two of these after
 #: they were added): nsqd's default --max-msg-timeout, the longest a message stays in flight, so by
 #: then nsqd has given back whatever a dead process held. Ids it had FINed never come back and
@@ -346,8 +349,10 @@ class Consumer:
                 if not wanted or now >= deadline or self._stopped.is_set():
                     break
                 if self._held() >= self._capacity():
-                    # every RDY slot holds newer messages: give them back so the batch's can come
-                    sends = self._requeue_pending()
+                    # every RDY slot holds newer messages: give them back so the batch's can come,
+                    # deferred until the wait ends so that they do not come straight back (a REQ
+                    # without a delay turned into a loop of REQs while the batch's did not come)
+                    sends = self._requeue_pending(min(max(deadline - now, 1.0), REPLAY_REQ_MAX_DELAY))
                 else:
                     self._cond.wait(min(TICK, deadline - now))
             self._send_all(sends)
@@ -393,9 +398,10 @@ class Consumer:
         self._pending = keep
         return out
 
-    def _requeue_pending(self) -> list[tuple[NSQConnection, bytes]]:
-        """REQ every pending message (in no batch yet): nsqd delivers them again later."""
-        sends = [(b.conn, commands(b"REQ", b.ids, b" 0\n")) for b in self._pending if not b.conn.closed]
+    def _requeue_pending(self, delay: float) -> list[tuple[NSQConnection, bytes]]:
+        """REQ every pending message (in no batch yet): nsqd delivers them again after ``delay`` seconds."""
+        tail = b" %d\n" % int(delay * 1000)
+        sends = [(b.conn, commands(b"REQ", b.ids, tail)) for b in self._pending if not b.conn.closed]
         self.stats["requeued"] += sum(len(b) for b in self._pending if not b.conn.closed)
         self._pending.clear()
         return sends
