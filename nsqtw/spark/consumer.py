@@ -401,22 +401,24 @@ class Consumer:
     def _requeue_pending(self, delay: float) -> list[tuple[NSQConnection, bytes]]:
         """REQ every pending message (in no batch yet): nsqd delivers them again after ``delay`` seconds."""
         tail = b" %d\n" % int(delay * 1000)
-        sends = [(b.conn, commands(b"REQ", b.ids, tail)) for b in self._pending if not b.conn.closed]
-        self.stats["requeued"] += sum(len(b) for b in self._pending if not b.conn.closed)
+        live = [b for b in self._pending if not b.conn.closed]
+        self.stats["requeued"] += sum(len(b) for b in live)
         self._pending.clear()
-        return sends
+        return [(b.conn, commands(b"REQ", b.ids, tail)) for b in live]
 
     def _acknowledge(self, offset: Offset) -> list[tuple[NSQConnection, bytes]]:
         sends: list[tuple[NSQConnection, bytes]] = []
         with self._cond:
             self._last_seq = max(self._last_seq, offset.seq)
-            if self._earlier(offset) and offset.seq not in self._replayed:
-                # committed by an earlier process, whose FINs may never have gone out: drop its
-                # messages (and those of earlier batches it lists as unfinished) when nsqd
-                # redelivers them, except what a replay here holds or could not write
-                committed = _union(offset.id_arrays(), offset.unfinished_arrays())
-                return self._skip_ids(_minus(committed, self._kept))
-            if self._earlier(offset):  # replayed here: what it lists as unfinished was committed before it
+            if self._earlier(offset):
+                if offset.seq not in self._replayed:
+                    # committed by an earlier process, whose FINs may never have gone out: drop its
+                    # messages (and those of earlier batches it lists as unfinished) when nsqd
+                    # redelivers them, except what a replay here holds or could not write
+                    committed = _union(offset.id_arrays(), offset.unfinished_arrays())
+                    return self._skip_ids(_minus(committed, self._kept))
+                # replayed here: its messages are planned below; what it lists as unfinished
+                # was committed before it
                 sends.extend(self._skip_ids(_minus(offset.unfinished_arrays(), self._kept)))
             planned = self._planned
             while planned and planned[0].last_seq <= offset.seq:
@@ -505,13 +507,7 @@ class Consumer:
 
     def _release_late(self) -> list[tuple[NSQConnection, bytes]]:
         self._paused = True
-        sends = self._rdy_updates()
-        for b in self._pending:
-            if not b.conn.closed:
-                sends.append((b.conn, commands(b"REQ", b.ids, b" 0\n")))
-                self.stats["requeued"] += len(b)
-        self._pending.clear()
-        return sends
+        return self._rdy_updates() + self._requeue_pending(0.0)
 
     def _capacity(self) -> int:
         return sum(self._rdy_sent.values()) or 1
@@ -726,10 +722,11 @@ class Consumer:
             return
         with self._cond:
             self._skip_turned = now
-            expired = _minus(self._skip, _minus(self._skip, self._skip_older))  # in both: kept since the last turn
-            n = sum(len(ids) for ids in expired.values())
-            self._skip = {a: ids for a, ids in _minus(self._skip, expired).items() if len(ids)}
+            before = sum(len(ids) for ids in self._skip.values())
+            # those in both were already there at the last turn: one to two SKIP_KEEP ago
+            self._skip = {a: ids for a, ids in _minus(self._skip, self._skip_older).items() if len(ids)}
             self._skip_older = dict(self._skip)
+            n = before - sum(len(ids) for ids in self._skip.values())
         if n:
             log.info("NSQ: %d committed messages were not redelivered within %.0f s; no longer waiting for them",
                      n, SKIP_KEEP)

@@ -39,8 +39,6 @@ class Query(Protocol):
 
     def driver_pid(self, timeout: float = ...) -> int: ...
 
-    def last_batch(self) -> int: ...
-
 
 @dataclass(frozen=True)
 class Fault:
