@@ -30,7 +30,7 @@ from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.durable import DurableDelivery
+from nsqtw.storage.durable import DurableDelivery, keep_free
 from nsqtw.storage.executor import DiskLane, DiskPool
 from nsqtw.storage.fsync import FsyncLatency
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
@@ -149,6 +149,8 @@ class NSQDService(MultiService):
         #: one --sync-timeout timer for every disk queue, armed only while one has work
         self.sync_schedule = SyncSchedule(reactor, options.sync_timeout)
         self.meta_executor: DiskLane | None = None
+        #: the data path's filesystem size (--durable-delivery: what its queues keep free depends on it)
+        self._fs_bytes: int | None = None
         #: every fsync of the disk queues and journals, timed on the disk threads (/metrics)
         self.fsync_latency = FsyncLatency()
         #: /metrics: one registry for the HTTP and HTTPS listeners
@@ -195,9 +197,15 @@ class NSQDService(MultiService):
     def _make_backend(self, name: str) -> DiskQueue:
         o = self.options
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
+        reserve = 0
+        if self.durable:
+            if self._fs_bytes is None:
+                st = os.statvfs(self.data_path)
+                self._fs_bytes = st.f_blocks * st.f_frsize
+            reserve = keep_free(self._fs_bytes, channel=":" in name)
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
-                         durable=self.durable, sync_schedule=self.sync_schedule,
+                         durable=self.durable, keep_free=reserve, sync_schedule=self.sync_schedule,
                          fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
                          on_set_aside=self.nsqd.count_set_aside)
 

@@ -83,6 +83,7 @@ class DiskQueue:
         write_fn: Callable[[int, Any], int] = os.write,
         fsync_fn: Callable[[int], None] = os.fsync,
         durable: bool = False,
+        keep_free: int = 0,
         sync_schedule: SyncSchedule | None = None,
         unwritten: UnwrittenBytes | None = None,
         on_set_aside: Callable[[int], None] | None = None,
@@ -102,7 +103,7 @@ class DiskQueue:
         self._read_ahead_bytes = max(read_ahead_bytes, 1)
         self._retry_interval = retry_interval
         self._disk = DiskState(name, data_path, max_bytes_per_file, min_msg_size, max_msg_size,
-                                sync_every, write_fn, fsync_fn, durable)
+                                sync_every, write_fn, fsync_fn, durable, keep_free)
 
         self._depth = 0
         self._epoch = 0  # bumped by empty/delete: results of older operations are stale

@@ -36,7 +36,27 @@ if TYPE_CHECKING:
     from nsqtw.core.topic import Topic
     from nsqtw.storage.journal import Journal
 
-__all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery"]
+__all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery", "keep_free"]
+
+#: the most a durable node keeps free for delivery on its data path's filesystem (see keep_free)
+KEEP_FREE_MAX = 32 << 20
+
+
+def keep_free(fs_bytes: int, channel: bool) -> int:
+    """Bytes a durable queue's writes leave free on a filesystem of ``fs_bytes``.
+
+    Delivery itself needs disk here: whatever leaves a channel's queue is
+    journaled first, and a queue's space comes back only once it is read.
+    On a disk filled to the last byte nothing could be delivered, so nothing
+    read, so no space ever came back, while publishers took every byte a
+    compaction freed. So publishing (a topic's queue) stops while less than
+    an eighth of the filesystem (at most :data:`KEEP_FREE_MAX`) is free, the
+    hand-off into channels' queues at half that, and the journals have the
+    rest: consumers drain the backlog, the drained segments go, publishing
+    resumes.
+    """
+    reserve = min(KEEP_FREE_MAX, fs_bytes // 8)
+    return reserve // 2 if channel else reserve
 
 #: makes the journal of a durable topic or channel from its backend name
 JournalFactory = Callable[[str], "Journal"]

@@ -496,7 +496,11 @@ class Journal:
     # -- writing -------------------------------------------------------------
 
     def _should_compact(self) -> bool:
-        return self._file_bytes >= self._compact_min and self._file_bytes > 2 * self._live_bytes
+        """Past :data:`COMPACT_MIN_BYTES` and twice what the live messages need; after a failed
+        write at any size: on a full disk the space its finished records take is the space
+        the next write needs (two channels' journals of 4 MiB each filled an 8 MiB disk)."""
+        size = self._file_bytes
+        return (size >= self._compact_min or self.error is not None) and size > 2 * self._live_bytes
 
     def _take_snapshot(self) -> _Snapshot:
         """The live state, taken on the reactor without encoding anything (cheap: a tuple per

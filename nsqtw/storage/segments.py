@@ -12,6 +12,7 @@ back with each result (:class:`OpResult`). The bytes inside the files are
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Callable
@@ -34,6 +35,9 @@ _LogEvent = tuple[LogLevel, str, dict[str, Any]]
 Consumption = tuple[int, int, int]
 #: records read ahead from one segment: (file_num, position of the first, their data)
 ReadChunk = tuple[int, int, list[bytes]]
+#: a queue read to its end whose write segment holds at least this much starts a new segment
+#: and removes the old one (see :meth:`DiskState._roll_drained`)
+DRAINED_ROLL_BYTES = 1 << 20
 
 
 class _ReadError(Exception):
@@ -75,6 +79,9 @@ class DiskState:
     #: --durable-delivery: every write batch is fsynced before it counts as
     #: written, and records past a lagging metadata writePos are adopted at load
     durable: bool = False
+    #: a write that would leave less than this many bytes free on the data path's filesystem
+    #: fails as if the disk were full (see :func:`nsqtw.storage.durable.keep_free`)
+    keep_free: int = 0
 
     read_file_num: int = 0
     read_pos: int = 0
@@ -144,10 +151,13 @@ class DiskState:
         return value
 
     def _catch_up(self) -> None:
-        """Remove the segments read to their end and sync if due (:meth:`run` at once, :meth:`run_read` after)."""
-        self._remove_consumed()
+        """Sync if due, then remove the segments read to their end (:meth:`run` at once,
+        :meth:`run_read` after): the metadata names the segment after them before they go,
+        so a crash in between leaves no metadata naming a removed segment. They go even if
+        the sync failed: on a full disk their space is what lets the next one work."""
         if self.need_sync:
             self._sync()
+        self._remove_consumed()
 
     def _result(self, value: Any) -> OpResult:
         """The operation's outputs, handed over and reset for the next one."""
@@ -197,13 +207,19 @@ class DiskState:
         # at writePos would clobber records, so go-diskqueue starts a new
         # segment and lets the reader salvage what lies past writePos
         wpath = self.file_name(wnum)
-        try:
-            size: int | None = os.stat(wpath).st_size
-        except OSError:
-            size = None
-            if wpos > 0:
-                self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {path} is missing",
-                          name=self.name, path=wpath)
+        size = self._segment_size(wnum)
+        if size is None and wpos > 0 and (rnum, rpos) == (wnum, wpos) and depth == 0:
+            # a drained segment removed before the metadata naming its successor was
+            # written (its sync failed, then a crash): carry on from the next one
+            wnum, wpos = wnum + 1, 0
+            self.write_file_num = self.read_file_num = self.cursor_file_num = wnum
+            self.write_pos = self.read_pos = self.cursor_pos = 0
+            self.need_sync = True
+            wpath = self.file_name(wnum)
+            size = self._segment_size(wnum)
+        elif size is None and wpos > 0:
+            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {path} is missing",
+                      name=self.name, path=wpath)
         if size is not None and wpos < size and self.durable:
             self._adopt_tail(wpath, size)
         elif size is not None and wpos < size:
@@ -387,6 +403,8 @@ class DiskState:
         written = 0
         n = len(batch)
         try:
+            if self.keep_free:
+                self._check_room(batch)
             while written < n:
                 size = len(batch[written])
                 if size < self.min_msg_size or size > self.max_msg_size:
@@ -409,6 +427,14 @@ class DiskState:
                       name=self.name, count=len(batch) - written, error=str(e))
             return written, f"DISKQUEUE({self.name}) failed to write: {e}"
         return written, None
+
+    def _check_room(self, batch: list[bytes]) -> None:
+        """Fail the batch with ENOSPC if writing it would leave less than :attr:`keep_free` free."""
+        st = os.statvfs(self.data_path)
+        need = sum(map(len, batch)) + 4 * len(batch)
+        if st.f_bavail * st.f_frsize < self.keep_free + need:
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the last {self.keep_free} bytes"
+                                        " are kept for delivering what is queued)")
 
     def _fsync_written(self) -> None:
         """Durable mode: a batch counts as written only once fsynced.
@@ -475,6 +501,37 @@ class DiskState:
             self._cursor_at_least(num, pos)
         self._normalize_consumed(old)
         self._check_tail_corruption()
+        self._roll_drained()
+
+    def _roll_drained(self) -> None:
+        """A queue read to its end gives its write segment's space back.
+
+        go-diskqueue frees space only when the reader leaves a segment, and
+        the writer leaves one only at ``--max-bytes-per-file`` (100 MiB by
+        default): a queue that is always drained keeps every record it ever
+        held, up to that size. Under ``--durable-delivery`` every message
+        passes through the topic's queue and each channel's, so a small disk
+        filled with records consumers had long finished and publishing
+        stopped (and the journals, which need space to deliver anything,
+        stopped delivery too). Once every record of a segment of
+        :data:`DRAINED_ROLL_BYTES` or more is consumed, the next record goes
+        to a new segment and the old one is removed. The files stay
+        go-diskqueue's: the metadata names the new segment for both the
+        read and the write position, as go-diskqueue's own roll would.
+        """
+        if self.write_pos < min(self.max_bytes_per_file, DRAINED_ROLL_BYTES):
+            return
+        if (self.read_file_num, self.read_pos) != (self.write_file_num, self.write_pos):
+            return
+        self._close_write()
+        self._removable.append(self.write_file_num)
+        self.write_file_num += 1
+        self.write_pos = 0
+        self.read_file_num = self.cursor_file_num = self.write_file_num
+        self.read_pos = self.cursor_pos = 0
+        self._truncate_on_open = False
+        self._segment_unsynced = False  # whatever it held was consumed
+        self.need_sync = True
 
     def _cursor_at_least(self, num: int, pos: int) -> None:
         self.cursor_file_num, self.cursor_pos = max((self.cursor_file_num, self.cursor_pos), (num, pos))
@@ -675,6 +732,7 @@ class DiskState:
         self._apply_consumption(None)
         self._sync()
         self.need_sync = False
+        self._remove_consumed()
         self._close_read()
         self._close_write()
         return result

@@ -328,8 +328,9 @@ class ReadTests(DiskQueueTestBase):
         self.assertIn("t.diskqueue.000001.dat", self.listing())
         self.read_all(q)
         self.successResultOf(q.close())
-        self.assertEqual(self.listing(), ["t.diskqueue.000002.dat", "t.diskqueue.meta.dat"])
-        self.assertEqual(self.meta(), b"0\n2,21\n2,21\n")
+        # the last segment was full and read to its end: it went too (see the drained tests below)
+        self.assertEqual(self.listing(), ["t.diskqueue.meta.dat"])
+        self.assertEqual(self.meta(), b"0\n3,0\n3,0\n")
 
     def test_reader_at_end_when_writer_rolls(self) -> None:
         """A reader that caught up at a full segment moves on when the writer rolls; no .bad file.
@@ -340,15 +341,95 @@ class ReadTests(DiskQueueTestBase):
         q = self.open(max_bytes=14)
         q.put_many([b"aaa", b"bbb"])
         self.clock.advance(0)
-        self.assertEqual(q.read(10), [b"aaa", b"bbb"])
+        self.assertEqual(q._buffer_count, 2)  # read ahead to the end of the full segment
         q.put(b"ccc")
         self.clock.advance(0)
-        self.assertEqual(q.read(10), [b"ccc"])
+        self.assertEqual(self.read_all(q), [b"aaa", b"bbb", b"ccc"])
         self.assertEqual(q.depth(), 0)
         self.assertIsNone(q.health())
         self.successResultOf(q.close())
         self.assertEqual(self.listing(), ["t.diskqueue.000001.dat", "t.diskqueue.meta.dat"])
         self.assertEqual(self.meta(), b"0\n1,7\n1,7\n")
+
+
+class DrainedTests(DiskQueueTestBase):
+    """A queue read to its end gives back a segment of DRAINED_ROLL_BYTES or more (go-diskqueue keeps
+    it until --max-bytes-per-file, so an always-drained queue filled a small disk)."""
+
+    def big(self, i: int) -> bytes:
+        return bytes([65 + i]) * (400 << 10)
+
+    def open_big(self, **kw: Any) -> DiskQueue:
+        return self.open(max_bytes=100 << 20, max_size=1 << 20, **kw)
+
+    def test_a_drained_segment_gives_its_space_back(self) -> None:
+        q = self.open_big()
+        q.put_many(self.big(i) for i in range(3))  # 1.2 MiB
+        self.clock.advance(0)
+        self.assertEqual(self.read_all(q), [self.big(i) for i in range(3)])
+        self.clock.advance(0)  # the next operation tells the disk side what was read
+        self.assertEqual(self.listing(), ["t.diskqueue.meta.dat"])
+        self.assertEqual(self.meta(), b"0\n1,0\n1,0\n")  # named before the old segment went
+        q.put(b"next")
+        self.clock.advance(0)
+        self.assertEqual(self.listing(), ["t.diskqueue.000001.dat", "t.diskqueue.meta.dat"])
+        self.assertEqual(self.read_all(q), [b"next"])
+        self.assertIsNone(q.health())
+        self.assertIsNone(q.corruption)
+        q = self.reopen(q, max_bytes=100 << 20, max_size=1 << 20)
+        self.assertEqual(self.meta(), b"0\n1,8\n1,8\n")
+        self.assertEqual(q.depth(), 0)
+
+    def test_a_small_drained_segment_is_kept(self) -> None:
+        """Under the bound the files are go-diskqueue's exactly: light traffic does not churn segments."""
+        q = self.open_big()
+        q.put_many([b"aaa", b"bbb"])
+        self.clock.advance(0)
+        self.read_all(q)
+        q = self.reopen(q, max_bytes=100 << 20, max_size=1 << 20)
+        self.assertEqual(self.meta(), b"0\n0,14\n0,14\n")
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+
+    def test_a_segment_with_a_record_left_is_kept(self) -> None:
+        q = self.open_big()
+        q.put_many(self.big(i) for i in range(3))
+        self.clock.advance(0)
+        self.assertEqual(q.read(2), [self.big(0), self.big(1)])
+        self.clock.advance(0)
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+        self.assertEqual(self.read_all(q), [self.big(2)])
+        self.assertEqual(q.depth(), 0)
+
+    def test_durable_reads_give_it_back_once_committed(self) -> None:
+        """--durable-delivery: read, but not yet committed (the journal is not fsynced), is not drained."""
+        q = self.open_big(durable=True)
+        q.put_many(self.big(i) for i in range(3))
+        self.clock.advance(0)
+        self.assertEqual(len(q.read_positions(10)), 3)
+        self.clock.advance(0)
+        q.put(b"next")
+        self.clock.advance(0)
+        self.assertIn("t.diskqueue.000000.dat", self.listing())
+        q.commit_read(q.read_mark())
+        self.assertEqual([r[0] for r in q.read_positions(10)], [b"next"])
+        q.commit_read(q.read_mark())
+        self.clock.advance(0)
+        self.assertEqual(q.depth(), 0)
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"0\n1,0\n1,0\n")  # committed to the end: it went
+        self.assertEqual(self.listing(), ["t.diskqueue.meta.dat"])
+
+    def test_a_crash_after_the_old_segment_went_and_before_its_metadata(self) -> None:
+        """The metadata names a drained segment that is gone (its sync failed, then kill -9); the next
+        segment holds acknowledged records: they are read, nothing is called corrupt."""
+        self.write_file("t.diskqueue.meta.dat", b"0\n0,1228812\n0,1228812\n")
+        self.write_file("t.diskqueue.000001.dat", framed(b"acked"))
+        q = self.open_big(durable=True)
+        self.assertEqual(q.depth(), 1)
+        self.assertEqual([r[0] for r in q.read_positions(10)], [b"acked"])
+        self.assertIsNone(q.corruption)
+        self.assertEqual(q.segments_set_aside, 0)
+        self.assertFalse(self.logged("is missing"))
 
 
 class CorruptionTests(DiskQueueTestBase):
@@ -378,7 +459,7 @@ class CorruptionTests(DiskQueueTestBase):
         self.assertIn("positive depth at tail (2), data loss", q.corruption or "")
         self.assertIsNone(q.health())  # recovered from: the queue stays healthy (as Go nsqd)
         self.successResultOf(q.close())
-        self.assertEqual(self.meta(), b"0\n2,21\n2,21\n")
+        self.assertEqual(self.meta(), b"0\n3,0\n3,0\n")  # the full, drained segment 2 went
 
     def test_truncated_record_in_write_segment(self) -> None:
         """A short record in the write segment: .bad, writes move to a new segment, depth corrected."""

@@ -305,6 +305,56 @@ class CompactionTests(JournalTestCase):
         self.assertEqual(j.compactions, 0)
 
 
+    def test_a_failed_write_compacts_at_any_size(self) -> None:
+        """After a failed write the retry compacts however small the file: on a full disk the
+        finished messages' records hold the space the journal needs to go on (below
+        COMPACT_MIN_BYTES a journal of two channels on an 8 MiB disk wedged for good)."""
+        fsync = FlakyFsync(failing=False)
+        live: dict[bytes, Message] = {}
+        j = self.journal(fsync_fn=fsync)
+        j.snapshot = lambda: [(m, 0.0) for m in live.values()]
+        for i in range(50):
+            m = msg(i, b"x" * 100)
+            j.delivering([m])
+            m.attempts += 1
+            if i % 10:
+                j.finished(m.id)
+            else:
+                live[m.id] = m
+            self.settle()
+        self.assertEqual(j.compactions, 0)  # far below COMPACT_MIN_BYTES
+        grown = os.path.getsize(self.file)
+        fsync.failing = True
+        j.taken((0, 99))
+        self.settle()
+        self.assertIn("failed to write", j.health() or "")
+        fsync.failing = False
+        self.clock.advance(1.0)  # the retry
+        self.assertEqual(j.compactions, 1)
+        self.assertIsNone(j.health())
+        self.assertLess(os.path.getsize(self.file), grown // 4)
+        state = replay(self.file)
+        self.assertEqual(set(state.messages), set(live))
+        self.assertEqual(state.taken, (0, 99))
+
+    def test_a_failed_write_of_mostly_live_messages_does_not_compact(self) -> None:
+        """Compacting could not make room there: the retry appends as before."""
+        fsync = FlakyFsync(failing=False)
+        j = self.journal(fsync_fn=fsync)
+        msgs = [msg(i, b"y" * 200) for i in range(50)]
+        j.snapshot = lambda: [(m, 0.0) for m in msgs]
+        j.delivering(msgs)
+        self.settle()
+        fsync.failing = True
+        j.taken((0, 5))
+        self.settle()
+        fsync.failing = False
+        self.clock.advance(1.0)
+        self.assertEqual(j.compactions, 0)
+        self.assertIsNone(j.health())
+        self.assertEqual(replay(self.file).taken, (0, 5))
+
+
 class GroupCommitTests(JournalTestCase):
     def test_records_arriving_during_a_write_go_in_the_next_one(self) -> None:
         """Everything recorded while an fsync runs is written (and synced) together by the next."""
