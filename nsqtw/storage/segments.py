@@ -514,13 +514,14 @@ class DiskState:
         filled with records consumers had long finished and publishing
         stopped (and the journals, which need space to deliver anything,
         stopped delivery too). Once every record of a segment of
-        :data:`DRAINED_ROLL_BYTES` or more is consumed, the next record goes
+        :data:`DRAINED_ROLL_BYTES` or more is consumed (with a smaller
+        ``--max-bytes-per-file`` go-diskqueue's own roll bounds it), the next record goes
         to a new segment and the old one is removed. The files stay
         go-diskqueue's: the metadata names the new segment for both the
         read and the write position, as go-diskqueue's own roll would.
         """
-        if self.write_pos < min(self.max_bytes_per_file, DRAINED_ROLL_BYTES):
-            return
+        if self.write_pos < DRAINED_ROLL_BYTES:
+            return  # smaller segments keep go-diskqueue's layout (and its metadata) exactly
         if (self.read_file_num, self.read_pos) != (self.write_file_num, self.write_pos):
             return
         self._close_write()
