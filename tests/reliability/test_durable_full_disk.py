@@ -9,7 +9,6 @@ delivery needs the journal, which needs disk, so nothing more could be read to m
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import threading
