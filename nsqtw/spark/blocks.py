@@ -39,7 +39,8 @@ ARROW_SCHEMA = pa.schema([
     ("nsqd_address", pa.string()),
 ])
 
-_IDS_DTYPE = np.dtype(f"S{ID_LEN}")
+#: nsqd message ids as numpy holds them (16 ASCII bytes each)
+IDS_DTYPE = np.dtype(f"S{ID_LEN}")
 
 
 def scan_frames(buf: bytes | bytearray | memoryview) -> tuple[list[int], list[tuple[int, bytes]], int]:
@@ -131,7 +132,7 @@ class Block:
         sizes = _gather(raw, at, 4).view(">i4").ravel().astype(np.int64)
         timestamps = _gather(raw, at + 8, 8).view(">i8").ravel().astype(np.int64)
         attempts = _gather(raw, at + 16, 2).view(">u2").ravel().astype(np.int32)
-        ids = _gather(raw, at + 18, ID_LEN).view(_IDS_DTYPE).ravel()
+        ids = _gather(raw, at + 18, ID_LEN).view(IDS_DTYPE).ravel()
         lengths = sizes - (BODY_AT - 4)
         if (lengths < 0).any():
             raise ValueError("message frame shorter than its header")
@@ -226,7 +227,7 @@ def decode_ids(text: str) -> np.ndarray:
             deltas = np.frombuffer(zlib.decompress(base64.b64decode(text[2:], validate=True)), "<u8")
             values = np.cumsum(deltas.astype(np.uint64), dtype=np.uint64)
             hexed = np.frombuffer(_HEX, np.uint8)[((values[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
-            return np.ascontiguousarray(hexed.astype(np.uint8)).view(_IDS_DTYPE).ravel()
+            return np.ascontiguousarray(hexed.astype(np.uint8)).view(IDS_DTYPE).ravel()
         if text.startswith("z:"):
             raw = zlib.decompress(base64.b64decode(text[2:], validate=True))
         else:
@@ -235,7 +236,7 @@ def decode_ids(text: str) -> np.ndarray:
         raise ValueError(f"garbled message ids in an offset: {e}") from None
     if len(raw) % ID_LEN:
         raise ValueError("garbled message ids in an offset: length is not a multiple of 16")
-    return np.frombuffer(raw, _IDS_DTYPE).copy()
+    return np.frombuffer(raw, IDS_DTYPE).copy()
 
 
 # -- Arrow record batches for Spark --------------------------------------------

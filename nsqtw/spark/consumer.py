@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from nsqtw.core.message import FRAME_TYPE_ERROR
-from nsqtw.spark.blocks import Block, commands, decode_ids, encode_ids
+from nsqtw.spark.blocks import IDS_DTYPE, Block, commands, decode_ids, encode_ids
 from nsqtw.spark.client import HEARTBEAT, NSQClientError, NSQConnection, rdy
 from nsqtw.spark.discovery import LookupdUnavailable, lookup_topic
 from nsqtw.spark.options import ReaderOptions, lookupd_url
@@ -160,6 +160,9 @@ class Consumer:
         # ids of the batches replayed here and of what their offsets list as missed: never dropped
         # as committed on the word of an older offset
         self._kept: dict[str, np.ndarray] = {}
+        # batched messages nsqd took back (timed out: a TOUCH came late): it delivers them again,
+        # and once their batch is committed that copy is dropped on sight, not FINed or batched
+        self._timed_out: dict[str, np.ndarray] = {}
         self._last_seq = 0
         self._last_arrival = 0.0
         self._paused = False  # availableNow is drained: RDY 0
@@ -423,14 +426,24 @@ class Consumer:
             planned = self._planned
             while planned and planned[0].last_seq <= offset.seq:
                 b = planned.popleft()
+                ids = b.ids
+                gone = self._timed_out.get(b.conn.address)
+                if gone is not None:
+                    hit = np.isin(ids, gone)
+                    if hit.any():
+                        # nsqd took these back while they were batched: its next copy is
+                        # dropped, like those of a lost connection below
+                        self._timed_out[b.conn.address] = np.setdiff1d(gone, ids[hit])
+                        sends.extend(self._skip_ids({b.conn.address: ids[hit]}))
+                        ids = ids[~hit]
                 if not b.conn.closed:
-                    sends.append((b.conn, commands(b"FIN", b.ids)))
-                    self.stats["finished"] += len(b)
+                    sends.append((b.conn, commands(b"FIN", ids)))
+                    self.stats["finished"] += len(ids)
                 else:
                     # committed, but its connection is gone and the FIN with it: nsqd redelivers
                     # these (the same ids, on another connection or after the node's restart),
                     # and they are FINed on sight instead of coming in a second batch
-                    sends.extend(self._skip_ids({b.conn.address: b.ids}))
+                    sends.extend(self._skip_ids({b.conn.address: ids}))
         return sends
 
     def _skip_ids(self, ids: dict[str, np.ndarray]) -> list[tuple[NSQConnection, bytes]]:
@@ -484,6 +497,16 @@ class Consumer:
             b = pending.popleft()
             if b.conn.closed:
                 continue
+            gone = self._timed_out.get(b.conn.address)
+            if gone is not None and len(gone):
+                # nsqd's new copy of a message an uncommitted batch holds: it waits for that
+                # batch (dropped once it is committed), it is not batched twice
+                again = np.isin(b.ids, gone)
+                if again.any():
+                    keep.append(b.select(again))
+                    b = b.select(~again)
+                    if not len(b):
+                        continue
             if until is not None:
                 eligible = b.timestamps <= until
                 if not eligible.all():
@@ -686,14 +709,27 @@ class Consumer:
             return
         replies: list[bytes] = []
         rdy_sends: list[tuple[NSQConnection, bytes]] = []
+        touch_failed: list[bytes] = []
+        fin_failed: list[bytes] = []
         for ftype, frame in others:
             if frame == HEARTBEAT:
                 replies.append(b"NOP\n")
             elif ftype == FRAME_TYPE_ERROR:
-                log.warning("NSQ %s: %s", conn.address, frame.decode("utf-8", "replace"))
+                code, _, rest = frame.partition(b" ")
+                msg_id = rest.split(b" ")[1] if rest.count(b" ") >= 2 else b""
+                if code in (b"E_TOUCH_FAILED", b"E_FIN_FAILED", b"E_REQ_FAILED") and len(msg_id) == 16:
+                    (fin_failed if code == b"E_FIN_FAILED" else touch_failed).append(msg_id)
+                else:
+                    log.warning("NSQ %s: %s", conn.address, frame.decode("utf-8", "replace"))
+        if touch_failed or fin_failed:
+            with self._cond:
+                replies.extend(data for _, data in self._taken_back(conn, touch_failed, fin_failed))
         if block is not None:
             with self._cond:
                 self.stats["received"] += len(block)
+                again = block.attempts > 1
+                if again.any():
+                    self._redelivered(conn.address, block.ids[again])
                 skip = self._skip.get(conn.address)
                 if skip is not None and len(skip):
                     hit = np.isin(block.ids, skip)
@@ -714,6 +750,48 @@ class Consumer:
         self._send_all(rdy_sends)
         if replies:
             self._send_all((conn, r) for r in replies)
+
+    def _taken_back(self, conn: NSQConnection, touch_failed: list[bytes],
+                    fin_failed: list[bytes]) -> list[tuple[NSQConnection, bytes]]:
+        """nsqd answered a TOUCH, REQ or FIN with "not in flight": it timed those messages out
+        (this process was held up past ``msg_timeout``) and delivers them again, same ids.
+
+        FIN failed: their batch is committed; the copy to come is dropped on sight. TOUCH or REQ
+        failed: a copy in no batch is forgotten (the next one is taken instead), a batched one is
+        remembered so its batch's commit drops the next copy (see :meth:`_redelivered`).
+        """
+        address = conn.address
+        log.warning("NSQ %s: nsqd timed out %d held messages (a TOUCH came too late) and delivers them"
+                    " again; those already in a batch are dropped when they come back",
+                    address, len(touch_failed) + len(fin_failed))
+        if touch_failed:
+            self._redelivered(address, np.array(touch_failed, dtype=IDS_DTYPE))
+        if not fin_failed:
+            return []
+        return self._skip_ids({address: np.array(fin_failed, dtype=IDS_DTYPE)})
+
+    def _redelivered(self, address: str, ids: np.ndarray) -> None:
+        """nsqd no longer holds our copies of ``ids`` (it timed them out, and may have sent them
+        again): an unbatched copy is forgotten, a batched one keeps its batch's rows and the
+        batch's commit drops the new copy (held back from batches meanwhile by :meth:`_take`)."""
+        keep: deque[Block] = deque()
+        for b in self._pending:
+            if b.conn.address == address:
+                old = np.isin(b.ids, ids)
+                if old.any():
+                    b = b.select(~old)
+                    if not len(b):
+                        continue
+            keep.append(b)
+        self._pending = keep
+        for queue in (self._planned, self._recovering):
+            for b in queue:
+                if b.conn.address == address:
+                    hit = np.isin(b.ids, ids)
+                    if hit.any():
+                        old_ids = self._timed_out.get(address)
+                        new_ids = b.ids[hit]
+                        self._timed_out[address] = new_ids if old_ids is None else np.union1d(old_ids, new_ids)
 
     def _expire_skips(self) -> None:
         """Forget ids to drop on sight that have waited ``SKIP_KEEP`` for a redelivery that never came."""
@@ -741,8 +819,13 @@ class Consumer:
                     timeout = (b.conn.settings.get("msg_timeout") or 60000) / 1000.0
                     if now - b.touched >= timeout / 2 and not b.conn.closed:
                         b.touched = now
-                        sends.append((b.conn, commands(b"TOUCH", b.ids)))
-                        self.stats["touched"] += len(b)
+                        ids = b.ids
+                        gone = self._timed_out.get(b.conn.address)
+                        if gone is not None and len(gone) and queue is not self._pending:
+                            ids = ids[~np.isin(ids, gone)]  # nsqd took them back: nothing to TOUCH
+                        if len(ids):
+                            sends.append((b.conn, commands(b"TOUCH", ids)))
+                            self.stats["touched"] += len(ids)
         self._send_all(sends)
 
 
