@@ -717,8 +717,10 @@ class Consumer:
             elif ftype == FRAME_TYPE_ERROR:
                 code, _, rest = frame.partition(b" ")
                 msg_id = rest.split(b" ")[1] if rest.count(b" ") >= 2 else b""
-                if code in (b"E_TOUCH_FAILED", b"E_FIN_FAILED", b"E_REQ_FAILED") and len(msg_id) == 16:
+                if code in (b"E_TOUCH_FAILED", b"E_FIN_FAILED") and len(msg_id) == 16:
                     (fin_failed if code == b"E_FIN_FAILED" else touch_failed).append(msg_id)
+                elif code == b"E_REQ_FAILED":
+                    pass  # given back already (a REQ forgets them here): nsqd sends them again anyway
                 else:
                     log.warning("NSQ %s: %s", conn.address, frame.decode("utf-8", "replace"))
         if touch_failed or fin_failed:
@@ -753,10 +755,10 @@ class Consumer:
 
     def _taken_back(self, conn: NSQConnection, touch_failed: list[bytes],
                     fin_failed: list[bytes]) -> list[tuple[NSQConnection, bytes]]:
-        """nsqd answered a TOUCH, REQ or FIN with "not in flight": it timed those messages out
-        (this process was held up past ``msg_timeout``) and delivers them again, same ids.
+        """nsqd answered a TOUCH or FIN with "not in flight": it timed those messages out (this
+        process was held up past ``msg_timeout``) and delivers them again, same ids.
 
-        FIN failed: their batch is committed; the copy to come is dropped on sight. TOUCH or REQ
+        FIN failed: their batch is committed; the copy to come is dropped on sight. TOUCH
         failed: a copy in no batch is forgotten (the next one is taken instead), a batched one is
         remembered so its batch's commit drops the next copy (see :meth:`_redelivered`).
         """
