@@ -366,7 +366,8 @@ def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str]
                 # a query that was killed late resubmits (tens of seconds) and catches up first
                 spark_timeout = drain_timeout + 180
                 if not spark_drain(query, lambda: cluster.left(SPARK_CHANNEL, held=False), spark_timeout):
-                    outcome.problems.append(f"wedged: the Spark query did not take everything in {spark_timeout:.0f} s")
+                    outcome.problems.append("wedged: the Spark query's backlog did not shrink for"
+                                            f" {spark_timeout:.0f} s")
                 outcome.spark_submits = query.submits
                 tally_sink(outcome, ledger, read_sink(query.output, work))
         except RuntimeError as e:  # a process that would not start: the run ends here, undrained

@@ -129,16 +129,23 @@ def drain(query: SparkQuery, waiting: Callable[[], int], timeout: float) -> bool
     deferred, or in flight to a connection that is gone). The query is done
     when nothing waits and its sink has logged no batch for 3 s (what it holds
     is in its last batches); a clean stop then FINs or gives back what it
-    held, and whatever it gave back needs one more run.
+    held, and whatever it gave back needs one more run. False (wedged) once
+    ``timeout`` passes with the backlog no smaller: a query that restarted
+    often during the run may still be working off a backlog of hundreds of
+    thousands at a thousand a second, which is slow, not stuck.
     """
     deadline = time.monotonic() + timeout
+    least = waiting()
     while time.monotonic() < deadline:
         logged, since = -2, time.monotonic()
         while time.monotonic() < deadline:
             batch = query.last_batch()
             if batch != logged:
                 logged, since = batch, time.monotonic()
-            if waiting() == 0 and time.monotonic() - since >= 3.0:
+            left = waiting()
+            if left < least:
+                least, deadline = left, max(deadline, time.monotonic() + timeout)
+            if left == 0 and time.monotonic() - since >= 3.0:
                 break
             time.sleep(0.5)
         query.stop()
@@ -149,6 +156,7 @@ def drain(query: SparkQuery, waiting: Callable[[], int], timeout: float) -> bool
             return True
         query.start()
         query.driver_pid()
+        least = waiting()  # what the stop gave back: a new backlog, which must shrink in time too
     return False
 
 

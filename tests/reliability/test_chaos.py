@@ -17,9 +17,10 @@ import urllib.request
 
 import pytest
 
+from nsqtw.tools import chaos_spark
 from nsqtw.tools.chaos import FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
 from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, free_ports, seq_of
-from nsqtw.tools.chaos_spark import last_batch
+from nsqtw.tools.chaos_spark import drain, last_batch
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 from tests.daemon import ROOT, Daemon
 
@@ -35,6 +36,52 @@ def test_a_seed_draws_one_schedule_of_faults_that_never_overlap() -> None:
     assert all(f.at < 300.0 for f in first)
     assert {f.kind for f in schedule(7, 120.0, 4.0, ["stop"], 3)} == {"stop"}
     assert schedule(7, 120.0, 4.0, [], 3) == []
+
+
+class SlowQuery:
+    """A stand-in for the Spark query: while it runs, its backlog shrinks by one every 0.4 s, down to
+    ``floor``; a stop freezes it."""
+
+    def __init__(self, backlog: int, floor: int = 0) -> None:
+        self.backlog, self.floor = backlog, floor
+        self.since: float | None = time.monotonic()
+        self.stops = 0
+
+    def waiting(self) -> int:
+        if self.since is None:
+            return self.backlog
+        return max(self.floor, self.backlog - int((time.monotonic() - self.since) / 0.4))
+
+    def last_batch(self) -> int:
+        return 7
+
+    def stop(self) -> None:
+        self.backlog, self.since = self.waiting(), None
+        self.stops += 1
+
+    def start(self) -> None:
+        self.since = time.monotonic()
+
+    def driver_pid(self) -> int:
+        return 1
+
+
+def test_a_spark_backlog_that_keeps_shrinking_is_waited_for_past_the_timeout(monkeypatch) -> None:
+    """Slow is not wedged: a backlog that takes longer than the timeout but shrinks all along drains
+    (a query restarted two dozen times in a 10-minute run still had 60,000 to go after 300 s)."""
+    monkeypatch.setattr(chaos_spark, "MSG_TIMEOUT", 0.5)  # how long a stop's give-back is waited for
+    query = SlowQuery(12)
+    began = time.monotonic()
+    assert drain(query, query.waiting, timeout=2.0)  # type: ignore[arg-type]
+    assert time.monotonic() - began > 4.0 and query.stops == 1
+
+
+def test_a_spark_backlog_that_stops_shrinking_is_wedged(monkeypatch) -> None:
+    monkeypatch.setattr(chaos_spark, "MSG_TIMEOUT", 0.5)
+    query = SlowQuery(12, floor=9)
+    began = time.monotonic()
+    assert not drain(query, query.waiting, timeout=2.0)  # type: ignore[arg-type]
+    assert time.monotonic() - began < 8.0
 
 
 def test_a_body_names_its_sequence_number() -> None:
