@@ -791,9 +791,7 @@ class Consumer:
                 if b.conn.address == address:
                     hit = np.isin(b.ids, ids)
                     if hit.any():
-                        old_ids = self._timed_out.get(address)
-                        new_ids = b.ids[hit]
-                        self._timed_out[address] = new_ids if old_ids is None else np.union1d(old_ids, new_ids)
+                        self._timed_out = _union(self._timed_out, {address: b.ids[hit]})
 
     def _expire_skips(self) -> None:
         """Forget ids to drop on sight that have waited ``SKIP_KEEP`` for a redelivery that never came."""

@@ -212,8 +212,7 @@ class DiskState:
             # a drained segment removed before the metadata naming its successor was
             # written (its sync failed, then a crash): carry on from the next one
             wnum, wpos = wnum + 1, 0
-            self.write_file_num = self.read_file_num = self.cursor_file_num = wnum
-            self.write_pos = self.read_pos = self.cursor_pos = 0
+            self._start_at(wnum)
             self.need_sync = True
             wpath = self.file_name(wnum)
             size = self._segment_size(wnum)
@@ -526,11 +525,7 @@ class DiskState:
             return
         self._close_write()
         self._removable.append(self.write_file_num)
-        self.write_file_num += 1
-        self.write_pos = 0
-        self.read_file_num = self.cursor_file_num = self.write_file_num
-        self.read_pos = self.cursor_pos = 0
-        self._truncate_on_open = False
+        self._start_at(self.write_file_num + 1)
         self._segment_unsynced = False  # whatever it held was consumed
         self.need_sync = True
 
@@ -592,13 +587,15 @@ class DiskState:
         self._close_write()
         for num in range(min(self.read_file_num, self.write_file_num), self.write_file_num + 1):
             self._remove_segment(num)
-        self.write_file_num = max(self.read_file_num, self.write_file_num) + 1
-        self.write_pos = 0
-        self.read_file_num = self.cursor_file_num = self.write_file_num
-        self.read_pos = self.cursor_pos = 0
-        self._truncate_on_open = False
+        self._start_at(max(self.read_file_num, self.write_file_num) + 1)
         self._depth_delta -= self.depth
         self.depth = 0
+
+    def _start_at(self, num: int) -> None:
+        """Read, read-ahead and write positions all at the start of segment ``num`` (nothing queued)."""
+        self.write_file_num = self.read_file_num = self.cursor_file_num = num
+        self.write_pos = self.read_pos = self.cursor_pos = 0
+        self._truncate_on_open = False
 
     def _normalize_cursor(self) -> None:
         """Step read-ahead past fully-read finished segments.

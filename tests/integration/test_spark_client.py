@@ -102,6 +102,17 @@ def bodies(c: Consumer, begin: Offset, end: Offset) -> list[bytes]:
     return [body for _id, body, _ts, _a in rows(c, begin, end)]
 
 
+def only_after(d: Daemon, c: Consumer, end: Offset, timeout: float = 20) -> None:
+    """Publish one more message: the batch after ``end`` (committed) is that message alone; once it
+    is committed the channel is empty, nothing in flight."""
+    publish(d, "ev", [b"after"])
+    nxt = plan_until(c, end, 1, timeout=timeout)  # Spark committed the batch: plan the next
+    assert bodies(c, end, nxt) == [b"after"]
+    c.acknowledge(nxt)
+    wait_for(lambda: channel_stats(d, "ev", "sp")["in_flight_count"] == 0, what="FINs")
+    assert channel_stats(d, "ev", "sp")["depth"] == 0
+
+
 def test_fin_only_after_commit(nsqd: Daemon, consumers: list[Consumer]) -> None:
     """Messages stay in flight while their batch is open and are FINed by commit."""
     publish(nsqd, "ev", [b"m%d" % i for i in range(20)])
@@ -192,13 +203,8 @@ def test_a_batched_message_nsqd_timed_out_and_sent_again_is_written_once(
     wait_for(lambda: c.stats["received"] >= 12, what="nsqd sends them again")
     resume()
     assert sorted(bodies(c, Offset(0), end)) == sorted(b"o%d" % i for i in range(6))
-    publish(nsqd, "ev", [b"after"])
-    nxt = plan_until(c, end, 1)  # Spark committed the first batch: plan the next
-    assert bodies(c, end, nxt) == [b"after"]
+    only_after(nsqd, c, end)
     assert c.stats["skipped"] == 6
-    c.acknowledge(nxt)
-    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
-    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
 
 
 def test_a_batched_message_nsqd_timed_out_and_sends_after_the_commit_is_dropped(
@@ -218,12 +224,7 @@ def test_a_batched_message_nsqd_timed_out_and_sends_after_the_commit_is_dropped(
     c.acknowledge(end)
     urllib.request.urlopen(urllib.request.Request(post % "unpause", method="POST"), timeout=10).close()
     wait_for(lambda: c.stats["skipped"] == 6, what="the copies sent again are FINed on sight")
-    publish(nsqd, "ev", [b"after"])
-    nxt = plan_until(c, end, 1)
-    assert bodies(c, end, nxt) == [b"after"]
-    c.acknowledge(nxt)
-    wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs")
-    assert channel_stats(nsqd, "ev", "sp")["depth"] == 0
+    only_after(nsqd, c, end)
 
 
 def test_restart_drops_committed_redeliveries(nsqd: Daemon, consumers: list[Consumer]) -> None:
@@ -467,13 +468,8 @@ def test_a_lost_connections_batch_keeps_its_messages_and_drops_their_redelivery(
     d2 = daemon_factory("--durable-delivery", data_path=str(data), tcp=address)
     wait_for(lambda: channel_stats(d2, "ev", "sp").get("in_flight_count") == 6, timeout=30,
              what="the restarted node redelivers the batch's messages")
-    publish(d2, "ev", [b"after"])
-    nxt = plan_until(c, end, 1, timeout=30)  # Spark committed the first batch: plan the next
-    assert bodies(c, end, nxt) == [b"after"]
+    only_after(d2, c, end, timeout=30)
     assert c.stats["skipped"] == 6
-    c.acknowledge(nxt)
-    wait_for(lambda: channel_stats(d2, "ev", "sp")["in_flight_count"] == 0, what="FINs")
-    assert channel_stats(d2, "ev", "sp")["depth"] == 0
 
 
 def test_a_restart_drops_what_a_lost_connection_left_unfinished(

@@ -223,12 +223,12 @@ class TornTailTests(JournalTestCase):
 
 
 class CompactionTests(JournalTestCase):
-    def test_compaction_keeps_only_live_messages(self) -> None:
-        """When finished messages dominate, the file is rewritten with the live ones only."""
+    def deliver_mostly_finished(self, j: Journal, count: int) -> dict[bytes, Message]:
+        """Deliver ``count`` messages of 100 bytes one at a time and finish nine in ten; returns the
+        live ones, which are what ``j`` snapshots."""
         live: dict[bytes, Message] = {}
-        j = self.journal(compact_min_bytes=4096)
         j.snapshot = lambda: [(m, 0.0) for m in live.values()]
-        for i in range(200):
+        for i in range(count):
             m = msg(i, b"x" * 100)
             j.delivering([m])
             m.attempts += 1
@@ -237,6 +237,12 @@ class CompactionTests(JournalTestCase):
             else:
                 live[m.id] = m
             self.settle()
+        return live
+
+    def test_compaction_keeps_only_live_messages(self) -> None:
+        """When finished messages dominate, the file is rewritten with the live ones only."""
+        j = self.journal(compact_min_bytes=4096)
+        live = self.deliver_mostly_finished(j, 200)
         j.taken((0, 777))
         self.settle()
         self.assertGreater(j.compactions, 0)
@@ -310,18 +316,8 @@ class CompactionTests(JournalTestCase):
         finished messages' records hold the space the journal needs to go on (below
         COMPACT_MIN_BYTES a journal of two channels on an 8 MiB disk wedged for good)."""
         fsync = FlakyFsync(failing=False)
-        live: dict[bytes, Message] = {}
         j = self.journal(fsync_fn=fsync)
-        j.snapshot = lambda: [(m, 0.0) for m in live.values()]
-        for i in range(50):
-            m = msg(i, b"x" * 100)
-            j.delivering([m])
-            m.attempts += 1
-            if i % 10:
-                j.finished(m.id)
-            else:
-                live[m.id] = m
-            self.settle()
+        live = self.deliver_mostly_finished(j, 50)
         self.assertEqual(j.compactions, 0)  # far below COMPACT_MIN_BYTES
         grown = os.path.getsize(self.file)
         fsync.failing = True
