@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -25,6 +25,9 @@ from nsqtw.interfaces import IBackendQueue, IChannelDelivery, IChannelOwner, ICo
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.observe.quantile import Quantile
+
+if TYPE_CHECKING:
+    from nsqtw.core.parking import Parking
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096
@@ -68,6 +71,9 @@ class Channel:
         self.memory: deque[Message] = deque()
         #: the memory queue may hold Message objects other channels hold too (see put_many)
         self.shared = False
+        #: the topic's shared log, where the channel's copies wait while it has no client
+        #: (:mod:`nsqtw.core.parking`); None: the channel always holds its own
+        self.parking: Parking[Channel] | None = None
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
         #: client id -> the IDs of its messages in flight and when each was sent (so a
@@ -77,7 +83,8 @@ class Channel:
         self.paused = False
         self.exiting = False
 
-        self.message_count = 0
+        #: messages given to the channel's own queues: ``message_count`` less its parked share
+        self.given = 0
         self.requeue_count = 0
         self.timeout_count = 0
         #: messages FINished (nsqd counts these only per client; an nsqtw /metrics figure)
@@ -109,11 +116,48 @@ class Channel:
     # -- queueing ---------------------------------------------------------
 
     def depth(self) -> int:
-        return len(self.memory) + self.backend.depth()
+        return self.in_memory() + self.backend.depth()
+
+    def in_memory(self) -> int:
+        """Messages queued in memory: the memory queue's and, while parked, the share of the topic's log."""
+        parking = self.parking
+        return len(self.memory) + (parking.share(self) if parking is not None else 0)
 
     def room(self) -> int:
         """How many more messages the memory queue takes before they go to the backend."""
-        return max(0, self.mem_limit - len(self.memory))
+        return max(0, self.mem_limit - self.in_memory())
+
+    @property
+    def message_count(self) -> int:
+        """Messages the channel was given (nsqd's ``message_count``), its parked share included."""
+        parking = self.parking
+        return self.given + (parking.share(self) if parking is not None else 0)
+
+    @message_count.setter
+    def message_count(self, value: int) -> None:
+        parking = self.parking
+        self.given = value - (parking.share(self) if parking is not None else 0)
+
+    # -- parking (nsqtw.core.parking) ---------------------------------------
+
+    def may_park(self) -> bool:
+        """Whether the channel's copies may wait in the topic's log: nobody reads them from memory."""
+        return not self.clients and not self.exiting and not self.journaled
+
+    def take_share(self, msgs: Iterable[Message], n: int) -> None:
+        """The parking gives back the ``n`` messages the channel shared while parked: its own
+        queued messages now, after those it had (other channels hold the same objects)."""
+        self.memory.extend(msgs)
+        self.shared = True
+        self.given += n
+
+    def _unpark(self) -> None:
+        if self.parking is not None:
+            self.parking.unpark(self)
+
+    def _park_later(self) -> None:
+        if self.parking is not None and self.may_park():
+            self.parking.want(self)
 
     def put_many(self, msgs: list[Message], records: Sequence[bytes] = (), *, shared: bool = False,
                  delayed: bool | None = None) -> None:
@@ -129,7 +173,8 @@ class Channel:
         """
         if self.exiting:
             raise ExitingError()
-        self.message_count += len(msgs) + len(records)
+        self._unpark()
+        self.given += len(msgs) + len(records)
         ready = msgs
         if delayed is None:
             delayed = any(m.deadline for m in msgs)
@@ -166,6 +211,9 @@ class Channel:
         return out
 
     def _queue(self, msgs: list[Message], records: Sequence[bytes] = ()) -> None:
+        parked = self.parking is not None and self.parking.is_parked(self)
+        if parked:  # (a deferred message came due while nobody reads the channel)
+            self._unpark()
         memory = self.memory
         room = self.room()
         if room >= len(msgs):
@@ -185,6 +233,8 @@ class Channel:
                 raise
         if self.clients:  # else nothing to deliver to: a client's SUB and RDY wake the pump
             self._pump.wake()
+        elif parked:
+            self._park_later()
 
     def defer(self, msg: Message, delay: float, now: float) -> None:
         """``msg`` waits ``delay`` seconds from ``now`` before it is queued again."""
@@ -202,7 +252,7 @@ class Channel:
     def put_deferred(self, msg: Message, delay: float) -> None:
         if self.exiting:
             raise ExitingError()
-        self.message_count += 1
+        self.given += 1
         self.defer(msg, delay, self.clock.seconds())
 
     # -- clients ----------------------------------------------------------
@@ -216,6 +266,7 @@ class Channel:
         limit = self._max_channel_consumers
         if limit and len(self.clients) >= limit:
             raise ValueError("too many consumers")
+        self._unpark()  # its messages are read from the memory queue from now on
         self.clients[client.client_id] = client
         self._owned[client.client_id] = {}
         if client.ready_capacity() > 0:  # a V2 consumer starts at RDY 0: its RDY wakes the pump
@@ -239,6 +290,8 @@ class Channel:
                 pass  # closing (a failing disk keeps them for its retry); logged by _queue
         if not self.clients and self.ephemeral and not self.exiting:
             self.owner.channel_unused(self)
+        elif not self.clients:
+            self._park_later()
 
     def wake(self) -> None:
         """A client's capacity changed (RDY, FIN, resumed writing): deliver.
@@ -572,6 +625,9 @@ class Channel:
 
     def empty(self) -> Deferred[None]:
         """Drop every queued, in-flight and deferred message (nsqd's /channel/empty)."""
+        if self.parking is not None:
+            self.parking.drop_share(self)
+            self._park_later()
         self.memory.clear()
         for m in self.in_flight.clear():
             m.client = None
@@ -586,6 +642,7 @@ class Channel:
     def pending(self) -> Iterable[tuple[Message, float]]:
         """Every message the channel still owes a FIN, with its due time: queued and in
         flight (0), deferred (when it is due)."""
+        self._unpark()
         for m in self.memory:
             yield m, 0.0
         for m in self.in_flight.live.values():
@@ -601,6 +658,7 @@ class Channel:
 
     def flush(self) -> None:
         """Move memory, in-flight and deferred messages into the backend (graceful stop)."""
+        self._unpark()
         msgs = list(self.memory) + self.in_flight.clear() + self.deferred.clear()
         for owned in self._owned.values():
             owned.clear()
@@ -651,6 +709,8 @@ class Channel:
             client.channel_deleted()
         self.clients.clear()
         self._owned.clear()
+        if self.parking is not None:
+            self.parking.leave(self)
         self.memory.clear()
         self.in_flight.clear()
         self.deferred.clear()

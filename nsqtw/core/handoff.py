@@ -82,7 +82,7 @@ def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) ->
         if channel.exiting or channel.journaled or channel.mem_limit - len(memory) < n:
             left.append(channel)
             continue
-        channel.message_count += n
+        channel.given += n
         if one is None:
             memory.extend(msgs)
         else:
@@ -118,7 +118,7 @@ def put_journaled(channel: Channel, msgs: list[Message], pos: Position) -> Defer
         channel.handoff_floor = None  # past what it had before the restart
     if not msgs:
         return succeed(None)
-    channel.message_count += len(msgs)
+    channel.given += len(msgs)
     ready = [m for m in msgs if not m.deadline]  # DPUB delays: see Message.deadline
     later = [m for m in msgs if m.deadline]
     if ready:
@@ -253,6 +253,11 @@ class Batch:
         self._due_ids = due_ids
         #: journaled channels' hand-offs under way (Deferreds, for the ledger)
         self._waits: list[Deferred[Any]] = []
+
+    def plain_messages(self) -> list[Message]:
+        """The whole batch as Messages when every channel with room would queue it as it is
+        (no records left encoded, no DPUB delay), else an empty list."""
+        return self._whole if not self.delayed else []
 
     def give(self, channels: list[Channel]) -> None:
         """Queue the batch on each of ``channels`` (see :meth:`for_channel`).

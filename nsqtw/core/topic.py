@@ -29,6 +29,7 @@ from nsqtw.core.message import (
     new_messages,
     record_id,
 )
+from nsqtw.core.parking import Parking
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner, ReadMark
@@ -80,6 +81,10 @@ class Topic:
         if self.delivery.commit_after_handoff:
             self._ledger = HandoffLedger(self, durable_backend(backend), self.delivery.committed)
         self._handoff = HandoffSlot()
+        #: where the copies of channels without clients wait, one for all of them
+        #: (:mod:`nsqtw.core.parking`); not for a topic that commits after the hand-off, whose
+        #: channels' copies must each be safe before its read position passes them
+        self._parking: Parking[Channel] | None = Parking() if self._ledger is None else None
         #: waiting for a channel's disk, or the node's, to catch up before copying more
         self._held = False
         #: publishers waiting for the backend's backlog to fall under the bound
@@ -93,6 +98,10 @@ class Topic:
 
     def depth(self) -> int:
         return len(self.memory) + self.backend.depth()
+
+    def in_memory(self) -> int:
+        """Messages queued in memory, not yet copied to the channels."""
+        return len(self.memory)
 
     def wake(self) -> None:
         """Run the pump on the next turn (there may be messages to copy)."""
@@ -231,10 +240,29 @@ class Topic:
         channels = list(self.channels.values())
         if not channels or self.paused or self._held or self._must_wait(channels):
             return False
+        parking = self._parking
+        if parking is not None:
+            parking.park_candidates()
         batch = self._take_batch(channels)
         if batch is None:
             return False
+        if parking is not None and len(parking):
+            channels = self._park_batch(parking, batch, channels)
+            if not channels:  # every channel parked: the log has the batch (no ledger to tell)
+                return bool(self.memory) or self.backend.depth() > 0
         return self._handoff.begin(Handoff(self, channels, batch)) or bool(self.memory) or self.backend.depth() > 0
+
+    def _park_batch(self, parking: Parking[Channel], batch: Batch, channels: list[Channel]) -> list[Channel]:
+        """Give ``batch`` to the parked channels at once, through the shared log, and return the
+        channels the hand-off still has to reach: those not parked, and those the log could not
+        carry it for (full, or the batch has records or DPUB delays: they take it the usual way)."""
+        whole = batch.plain_messages()
+        if whole:
+            parking.full_for(len(whole))
+            parking.append(whole)
+        else:
+            parking.unpark_all()
+        return parking.active() if len(parking) else channels
 
     def _must_wait(self, channels: list[Channel]) -> bool:
         """Whether a channel, or the node, cannot take more now; if so the pump comes back later.
@@ -403,6 +431,9 @@ class Topic:
             self.channels[name] = channel
             if channel.journaled:
                 self._journaled.append(channel)
+            if self._parking is not None:
+                channel.parking = self._parking
+                self._parking.join(channel)
             self.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
             self.owner.channel_created(self, channel)
             self._pump.wake()

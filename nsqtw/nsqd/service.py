@@ -97,7 +97,7 @@ def unflushed(nsqd: NSQD) -> list[tuple[str, str]]:
         queues: list[tuple[str, Any, Any]] = [(f"TOPIC({topic.name})", topic, topic.delivery)]
         queues.extend((f"CHANNEL({topic.name}:{c.name})", c, c.delivery) for c in topic.channels.values())
         for what, queue, delivery in queues:
-            counts = {"in memory": len(queue.memory),
+            counts = {"in memory": queue.in_memory(),
                       "records not written": queue.backend.backlog()}
             if hasattr(queue, "in_flight"):
                 counts["in flight"] = len(queue.in_flight)

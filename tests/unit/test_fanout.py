@@ -1,7 +1,10 @@
 """A topic's hand-off to many channels: in bounded slices per pump step, every copy in order, each mode.
 
 Socket-free: a task.Clock, synchronous disk jobs. The slice bound is patched
-small (``HANDOFF_SLICE``) so a few dozen channels need several steps.
+small (``HANDOFF_SLICE``) so a few dozen channels need several steps. The
+channels here have a subscribed client that takes nothing (RDY 0), so each
+takes its copies one by one: a channel without clients shares the topic's
+(tests/unit/test_parking.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.journal import Journal, journal_path, replay
 from nsqtw.storage.segments import nsqd_msg_size_limits
 from tests.helpers import EPOCH, make_options
+from tests.unit.test_parking import Reader
 
 CHANNELS = 40
 MESSAGES = 30
@@ -88,7 +92,7 @@ class FanoutTests(SynchronousTestCase):
         """Topic ``t`` with CHANNELS channels, MESSAGES published and only the first step handed off."""
         topic = nsqd.get_topic("t")
         for i in range(CHANNELS):
-            topic.get_channel(f"c{i}")
+            Reader.subscribe(topic.get_channel(f"c{i}"))
         self.settle()
         nsqd.publish("t", [b"m%03d" % i for i in range(MESSAGES)])
         topic.distribute()  # the first slice only (the pump's turn has not come)
@@ -106,7 +110,7 @@ class FanoutTests(SynchronousTestCase):
         nsqd = self.build(mode)
         topic = nsqd.get_topic("t")
         for name in names:
-            topic.get_channel(name)
+            Reader.subscribe(topic.get_channel(name))
         self.settle()
         steps = self.watch_steps(topic)
         bodies = [b"m%03d" % i for i in range(MESSAGES)]
@@ -144,7 +148,7 @@ class FanoutTests(SynchronousTestCase):
         topic = nsqd.get_topic("t")
         names = [f"c{i}" for i in range(CHANNELS)]
         for name in names:
-            topic.get_channel(name)
+            Reader.subscribe(topic.get_channel(name))
         self.settle()
         steps = self.watch_steps(topic)
         for i in range(3):
