@@ -145,7 +145,12 @@ def new_messages(values: Sequence[int], bodies: list[bytes], timestamp: int, del
     ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
     """
     ids = _hex_ids(values, bodies)
-    return [Message(ids[16 * i:16 * i + 16] + body, timestamp, 0, delay) for i, body in enumerate(bodies)]
+    out: list[Message] = []
+    i = 0
+    for body in bodies:  # (compiled, an index stepped by hand beats enumerate's tuples)
+        out.append(Message(ids[i:i + 16] + body, timestamp, 0, delay))
+        i += 16
+    return out
 
 
 def encode_new(timestamp: int, values: Sequence[int], bodies: list[bytes]) -> list[bytes]:
@@ -164,7 +169,12 @@ def encode_new(timestamp: int, values: Sequence[int], bodies: list[bytes]) -> li
         return [_HEADER.pack(timestamp, 0) + _hex_ids(values, bodies) + bodies[0]]
     prefix, rest, width = _id_digits(values, bodies)
     start = _HEADER.pack(timestamp, 0) + prefix  # attempts 0
-    return [start + rest[width * i:width * i + width] + body for i, body in enumerate(bodies)]
+    out: list[bytes] = []
+    i = 0
+    for body in bodies:  # (compiled, an index stepped by hand beats enumerate's tuples: 67 against 116 ns)
+        out.append(start + rest[i:i + width] + body)
+        i += width
+    return out
 
 
 #: ``000`` to ``fff`` back to back: the last three hex digits of the IDs of one millisecond

@@ -22,6 +22,7 @@ from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
+from nsqtw.storage import segments
 from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
@@ -871,3 +872,40 @@ class ModelTests(DiskQueueTestBase):
         segments = [n for n in self.listing() if n.endswith(".dat") and "meta" not in n]
         self.assertLessEqual(len(segments), 1)
         self.assertFalse([n for n in self.listing() if n.endswith((".bad", ".tmp"))])
+
+
+class IOPieceTests(DiskQueueTestBase):
+    """Writes and read-aheads move at most IO_PIECE bytes a call: their buffers stay under glibc's mmap
+    threshold (nsqtw.heap), where a bigger one was mapped, faulted in page by page and unmapped each
+    time. The files and what is read back are the same."""
+
+    def test_a_big_batch_is_written_in_pieces_and_read_back_whole(self) -> None:
+        sizes: list[int] = []
+        write = self.hooks.write
+
+        def counted_write(fd: int, data: Any) -> int:
+            sizes.append(len(data))
+            return write(fd, data)
+        self.hooks.write = counted_write  # type: ignore[method-assign]
+        reads: list[int] = []
+        pread = os.pread
+
+        def counted_pread(fd: int, n: int, pos: int) -> bytes:
+            reads.append(n)
+            return pread(fd, n, pos)
+        self.patch(os, "pread", counted_pread)
+        records = [b"%05d" % i + b"x" * 200 for i in range(2000)]  # 418 KB framed
+        q = self.open(max_bytes=8 << 20)
+        q.put_many(records)
+        self.clock.advance(0)
+        self.assertEqual(sum(sizes), sum(4 + len(r) for r in records))
+        self.assertGreater(len(sizes), 1)
+        self.assertLessEqual(max(sizes), segments.IO_PIECE)
+        with open(os.path.join(self.path, "t.diskqueue.000000.dat"), "rb") as f:
+            self.assertEqual(f.read(), b"".join(struct.pack(">i", len(r)) + r for r in records))
+        got: list[bytes] = []
+        for _ in range(100):  # the read-ahead comes back a buffer at a time
+            got.extend(self.read_all(q, limit=len(records) - len(got)))
+            self.clock.advance(0)
+        self.assertEqual(got, records)
+        self.assertLessEqual(max(reads), segments.IO_PIECE)
