@@ -20,9 +20,9 @@ from zope.interface.verify import verifyObject
 
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue
+from nsqtw.storage import segments
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
-from nsqtw.storage import segments
 from nsqtw.storage.segments import nsqd_msg_size_limits
 
 
