@@ -149,8 +149,10 @@ class Parking(Generic[C]):
             self._base += len(msgs)
 
     def unpark(self, channel: C) -> None:
-        """Give ``channel`` its share as its own queued messages; it is no longer parked."""
-        self._candidates.pop(channel, None)
+        """Give ``channel`` its share as its own queued messages; it is no longer parked.
+
+        (A candidate stays one: :meth:`park_candidates` asks it whether it may park.)
+        """
         at = self._parked.pop(channel, None)
         if at is None:
             return
@@ -168,10 +170,12 @@ class Parking(Generic[C]):
             self._trim()
 
     def unpark_all(self) -> list[C]:
-        """Unpark every parked channel (a batch the log cannot carry); returns them."""
+        """Unpark every parked channel (a batch the log cannot carry: they take it the usual way);
+        returns them. They park again at the next batch, as they may then."""
         channels = list(self._parked)
         for channel in channels:
             self.unpark(channel)
+            self._candidates[channel] = None
         return channels
 
     def _trim(self) -> None:

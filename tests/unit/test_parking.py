@@ -216,9 +216,12 @@ class ParkingTests(SynchronousTestCase):
         self.settle()
         self.assertEqual({len(c.deferred) for c in channels}, {1})
         self.assertEqual({c.message_count for c in channels}, {2})
+        self.publish(b"next")  # and they park again at the next batch
+        self.assertEqual(len(topic._parking), 3)
         self.clock.advance(5.0)
         self.settle()
-        self.assertEqual(self.read_all(channels[0]), [b"now", b"later"])
+        self.assertEqual({c.message_count for c in channels}, {3})
+        self.assertEqual(self.read_all(channels[0]), [b"now", b"next", b"later"])
 
     def test_a_graceful_stop_writes_every_parked_channels_share(self) -> None:
         path = tempfile.mkdtemp()
