@@ -151,6 +151,10 @@ class Channel:
         self.shared = True
         self.given += n
 
+    def share_dropped(self, n: int) -> None:
+        """The parking dropped the ``n`` messages the channel shared (an empty): given all the same."""
+        self.given += n
+
     def _unpark(self) -> None:
         if self.parking is not None:
             self.parking.unpark(self)

@@ -50,6 +50,9 @@ class Parkable(Protocol):
     def take_share(self, msgs: Iterable[Message], n: int) -> None:
         """Its ``n`` shared messages, as its own queued messages from now on."""
 
+    def share_dropped(self, n: int) -> None:
+        """Its ``n`` shared messages are dropped (an empty), though they were given to it."""
+
 
 C = TypeVar("C", bound=Parkable)
 
@@ -163,10 +166,12 @@ class Parking(Generic[C]):
         self._trim()
 
     def drop_share(self, channel: C) -> None:
-        """Unpark ``channel`` without giving it its share (emptied)."""
+        """Unpark ``channel`` without giving it its share (emptied, deleted); it still counts them."""
         self._candidates.pop(channel, None)
-        if self._parked.pop(channel, None) is not None:
+        at = self._parked.pop(channel, None)
+        if at is not None:
             self._active[channel] = None
+            channel.share_dropped(self.end - at)
             self._trim()
 
     def unpark_all(self) -> list[C]:

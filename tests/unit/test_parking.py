@@ -202,8 +202,10 @@ class ParkingTests(SynchronousTestCase):
         topic.delete_channel("c")
         self.settle()
         self.assertEqual((a.depth(), b.depth(), c.depth()), (0, 2, 0))
+        self.assertEqual(a.message_count, 2)  # nsqd's count is of messages given, emptied or not
         self.publish(b"3")  # a parks again and shares what comes next
         self.assertTrue(topic._parking.is_parked(a))
+        self.assertEqual(a.message_count, 3)
         self.assertEqual(self.read_all(a), [b"3"])
         self.assertEqual(self.read_all(b), [b"1", b"2", b"3"])
 
