@@ -1,4 +1,9 @@
-"""A burst of PUBs to a topic with thousands of channels does not stall the node (a real daemon)."""
+"""A burst of PUBs to a topic with many channels does not stall the node (a real daemon).
+
+Two kinds of channels: without clients (they share the topic's messages,
+nsqtw/core/parking.py) and each with a subscribed client that takes nothing
+(RDY 0: each takes its copies one by one, in bounded slices per reactor turn).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,10 @@ import struct
 import threading
 import time
 
+import pytest
+
 from nsqtw.protocol.wire import MAGIC_V2, encode_command
 
-CHANNELS = 2000
 MESSAGES = 500
 #: generous for a loaded 2-core CI machine; a hand-off of the whole burst in one turn takes seconds
 PING_BOUND = 1.0
@@ -35,14 +41,22 @@ def _depths(conn: http.client.HTTPConnection) -> list[int]:
     return [c["depth"] for t in stats["topics"] if t["topic_name"] == "fan" for c in t["channels"]]
 
 
-def test_a_burst_to_thousands_of_channels_leaves_ping_responsive(daemon_factory) -> None:
-    """2,000 channels, 500 PUBs in one burst: a bystander's /ping never waits a second, and every
-    channel gets all 500 messages (the hand-off goes in bounded slices per reactor turn)."""
+@pytest.mark.parametrize(("channels", "subscribed"), [(2000, False), (500, True)], ids=["idle", "subscribed"])
+def test_a_burst_to_many_channels_leaves_ping_responsive(daemon_factory, channels: int, subscribed: bool) -> None:
+    """500 PUBs in one burst to 2,000 channels without clients, or to 500 channels each with a
+    client at RDY 0: a bystander's /ping never waits a second, and every channel gets all 500."""
     d = daemon_factory()
     conn = _conn(d.http_address)
     _post(conn, "/topic/create?topic=fan")
-    for i in range(CHANNELS):
+    subscribers: list[socket.socket] = []
+    host, port = d.tcp_address.rsplit(":", 1)
+    for i in range(channels):
         _post(conn, f"/channel/create?topic=fan&channel=c{i}")
+        if subscribed:
+            sub = socket.create_connection((host, int(port)), timeout=60)
+            sub.sendall(MAGIC_V2 + b"SUB fan c%d\n" % i)
+            assert sub.recv(64) == struct.pack(">ii", 6, 0) + b"OK"
+            subscribers.append(sub)
 
     pings: list[float] = []
     stop = threading.Event()
@@ -59,7 +73,6 @@ def test_a_burst_to_thousands_of_channels_leaves_ping_responsive(daemon_factory)
     thread = threading.Thread(target=bystander, daemon=True)
     thread.start()
     time.sleep(0.2)
-    host, port = d.tcp_address.rsplit(":", 1)
     pub = socket.create_connection((host, int(port)), timeout=60)
     pub.sendall(MAGIC_V2 + encode_command(b"PUB", b"fan", body=b"m" * 100) * MESSAGES)  # one burst
     answers = b""
@@ -70,10 +83,12 @@ def test_a_burst_to_thousands_of_channels_leaves_ping_responsive(daemon_factory)
         answers += chunk
     assert answers == ok * MESSAGES
     deadline = time.monotonic() + 120
-    while sum(_depths(conn)) < CHANNELS * MESSAGES and time.monotonic() < deadline:
+    while sum(_depths(conn)) < channels * MESSAGES and time.monotonic() < deadline:
         time.sleep(0.1)
     stop.set()
     thread.join(30)
     pub.close()
-    assert _depths(conn) == [MESSAGES] * CHANNELS
+    assert _depths(conn) == [MESSAGES] * channels
     assert pings and max(pings) < PING_BOUND, (len(pings), max(pings))
+    for sub in subscribers:
+        sub.close()
