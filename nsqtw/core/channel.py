@@ -120,8 +120,11 @@ class Channel:
 
     def in_memory(self) -> int:
         """Messages queued in memory: the memory queue's and, while parked, the share of the topic's log."""
+        return len(self.memory) + self._share()
+
+    def _share(self) -> int:
         parking = self.parking
-        return len(self.memory) + (parking.share(self) if parking is not None else 0)
+        return 0 if parking is None else parking.share(self)
 
     def room(self) -> int:
         """How many more messages the memory queue takes before they go to the backend."""
@@ -130,13 +133,7 @@ class Channel:
     @property
     def message_count(self) -> int:
         """Messages the channel was given (nsqd's ``message_count``), its parked share included."""
-        parking = self.parking
-        return self.given + (parking.share(self) if parking is not None else 0)
-
-    @message_count.setter
-    def message_count(self, value: int) -> None:
-        parking = self.parking
-        self.given = value - (parking.share(self) if parking is not None else 0)
+        return self.given + self._share()
 
     # -- parking (nsqtw.core.parking) ---------------------------------------
 

@@ -130,19 +130,16 @@ class Parking(Generic[C]):
             self._parked[channel] = end
             heapq.heappush(self._limits, (end + room, next(self._order), channel, end))
 
-    def full_for(self, n: int) -> list[C]:
-        """Unpark the channels that a batch of ``n`` more would overfill, and return them:
-        the topic gives them that batch the usual way."""
+    def full_for(self, n: int) -> None:
+        """Unpark the channels that a batch of ``n`` more would overfill: the topic gives them
+        that batch the usual way."""
         limits = self._limits
         parked = self._parked
-        out: list[C] = []
         until = self.end + n
         while limits and limits[0][0] < until:
             _, _, channel, at = heapq.heappop(limits)
             if parked.get(channel) == at:  # (else an older entry of a channel unparked since)
                 self.unpark(channel)
-                out.append(channel)
-        return out
 
     def append(self, msgs: list[Message]) -> None:
         """A batch every parked channel takes (none of them is full for it: :meth:`full_for`)."""
@@ -174,14 +171,12 @@ class Parking(Generic[C]):
             channel.share_dropped(self.end - at)
             self._trim()
 
-    def unpark_all(self) -> list[C]:
-        """Unpark every parked channel (a batch the log cannot carry: they take it the usual way);
-        returns them. They park again at the next batch, as they may then."""
-        channels = list(self._parked)
-        for channel in channels:
+    def unpark_all(self) -> None:
+        """Unpark every parked channel (a batch the log cannot carry: they take it the usual way).
+        They park again at the next batch, as they may then."""
+        for channel in list(self._parked):
             self.unpark(channel)
             self._candidates[channel] = None
-        return channels
 
     def _trim(self) -> None:
         log = self._log

@@ -41,8 +41,7 @@ DRAINED_ROLL_BYTES = 1 << 20
 #: the most one write or read call moves (bar a single bigger record). Its buffer then stays under
 #: glibc's mmap threshold, which nsqd fixes at 128 KiB (nsqtw.heap.return_big_blocks), so it comes
 #: from the heap and is used again; a buffer over the threshold is mapped for the call and
-#: unmapped after it, and filling it faults its pages in one by one (with megabyte writes and
-#: read-aheads that was a third of a publishing node's CPU)
+#: unmapped after it, and filling it faults its pages in one by one (docs/performance.md, Memory)
 IO_PIECE = 64 * 1024
 
 

@@ -79,6 +79,17 @@ class ParkingTests(SynchronousTestCase):
         self.nsqd = NSQD(make_options(**options), self.clock)
         return self.nsqd, self.nsqd.get_topic("t")
 
+    def build_on_disk(self, **overrides: Any) -> Topic:
+        """Topic ``t`` of a node whose queues overflow to real disk queues (synchronous disk jobs)."""
+        path = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, path)
+        options = make_options(**overrides)
+        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+        self.nsqd = NSQD(options, self.clock, lambda name: DiskQueue(
+            name, path, 1 << 20, lo, hi, options.sync_every, 0, self.clock, SynchronousDiskExecutor(),
+            unwritten=self.nsqd.unwritten))
+        return self.nsqd.get_topic("t")
+
     def settle(self) -> None:
         for _ in range(10):
             self.clock.advance(0)
@@ -157,14 +168,7 @@ class ParkingTests(SynchronousTestCase):
     def test_the_memory_bound_holds_and_the_rest_goes_to_disk(self) -> None:
         """--mem-queue-size=5: a parked channel holds 5 (its share), then is unparked and writes the
         rest to its disk queue, as a channel with its own copies does; nothing is lost or doubled."""
-        path = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, path)
-        options = make_options(mem_queue_size=5)
-        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
-        self.nsqd = NSQD(options, self.clock, lambda name: DiskQueue(
-            name, path, 1 << 20, lo, hi, options.sync_every, 0, self.clock, SynchronousDiskExecutor(),
-            unwritten=self.nsqd.unwritten))
-        topic = self.nsqd.get_topic("t")
+        topic = self.build_on_disk(mem_queue_size=5)
         channels = [topic.get_channel(f"c{i}") for i in range(3)]
         self.publish(b"1", b"2", b"3")
         self.assertEqual(len(topic._parking), 3)
@@ -226,14 +230,7 @@ class ParkingTests(SynchronousTestCase):
         self.assertEqual(self.read_all(channels[0]), [b"now", b"next", b"later"])
 
     def test_a_graceful_stop_writes_every_parked_channels_share(self) -> None:
-        path = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, path)
-        options = make_options()
-        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
-        self.nsqd = NSQD(options, self.clock, lambda name: DiskQueue(
-            name, path, 1 << 20, lo, hi, options.sync_every, 0, self.clock, SynchronousDiskExecutor(),
-            unwritten=self.nsqd.unwritten))
-        topic = self.nsqd.get_topic("t")
+        topic = self.build_on_disk()
         channels = [topic.get_channel(f"c{i}") for i in range(5)]
         self.publish(b"1", b"2", b"3")
         self.assertEqual(len(topic._parking), 5)
