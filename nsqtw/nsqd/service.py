@@ -30,7 +30,7 @@ from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import HTTPAuthorizer
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.durable import DurableDelivery, keep_free
+from nsqtw.storage.durable import DurableDelivery, compact_min, keep_free
 from nsqtw.storage.executor import DiskLane, DiskPool
 from nsqtw.storage.fsync import FsyncLatency
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
@@ -199,19 +199,25 @@ class NSQDService(MultiService):
         min_size, max_size = nsqd_msg_size_limits(o.max_msg_size)
         reserve = 0
         if self.durable:
-            if self._fs_bytes is None:
-                st = os.statvfs(self.data_path)
-                self._fs_bytes = st.f_blocks * st.f_frsize
-            reserve = keep_free(self._fs_bytes, channel=":" in name)
+            reserve = keep_free(self._fs_size(), "channel" if ":" in name else "topic")
         return DiskQueue(name, self.data_path, o.max_bytes_per_file, min_size, max_size,
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
                          durable=self.durable, keep_free=reserve, sync_schedule=self.sync_schedule,
                          fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
                          on_set_aside=self.nsqd.count_set_aside)
 
+    def _fs_size(self) -> int:
+        """The data path's filesystem size, read once (the durable writers' reserves)."""
+        if self._fs_bytes is None:
+            st = os.statvfs(self.data_path)
+            self._fs_bytes = st.f_blocks * st.f_frsize
+        return self._fs_bytes
+
     def _make_journal(self, name: str) -> Journal:
         journal = Journal(name, self.data_path, self.reactor, self._lane(f"journal-{name}"),
-                          state=self._recovered.pop(name, None), fsync_fn=self.fsync_latency.fsync)
+                          state=self._recovered.pop(name, None), fsync_fn=self.fsync_latency.fsync,
+                          keep_free=keep_free(self._fs_size(), "journal"),
+                          compact_min_bytes=compact_min(self._fs_size()))
         journal.watch_health(self.nsqd.storage_health)
         return journal
 

@@ -13,7 +13,7 @@ import os
 import random
 from collections.abc import Callable
 
-__all__ = ["atomic_write", "fsync_dir", "remove_quietly", "write_all"]
+__all__ = ["atomic_write", "check_room", "free_bytes", "fsync_dir", "remove_quietly", "write_all"]
 
 _random = random.SystemRandom()
 
@@ -32,6 +32,26 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(path: str, need: int, keep_free: int, kept_for: str) -> None:
+    """Fail with ENOSPC if writing ``need`` bytes would leave less than ``keep_free`` free.
+
+    The disk's last bytes are shared out in layers (see
+    :func:`nsqtw.storage.durable.keep_free`): a writer that may not take
+    them is refused here, before it writes anything, and the refusal reads
+    like the disk's own ("No space left on device") with what the rest is
+    ``kept_for``.
+    """
+    if free_bytes(path) < keep_free + need:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the last {keep_free} bytes are kept"
+                                    f" for {kept_for})")
 
 
 def remove_quietly(path: str) -> None:

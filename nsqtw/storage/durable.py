@@ -30,33 +30,46 @@ from nsqtw.core.message import Message
 from nsqtw.interfaces import IChannelDelivery, IDeliveryMode, ITopicDelivery, Position
 from nsqtw.log import Logger
 from nsqtw.names import backend_name
+from nsqtw.storage.journal import COMPACT_MIN_BYTES, Journal
 
 if TYPE_CHECKING:
     from nsqtw.core.channel import Channel
     from nsqtw.core.topic import Topic
-    from nsqtw.storage.journal import Journal
 
-__all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery", "keep_free"]
+__all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery", "compact_min", "keep_free"]
 
 #: the most a durable node keeps free for delivery on its data path's filesystem (see keep_free)
 KEEP_FREE_MAX = 32 << 20
 
 
-def keep_free(fs_bytes: int, channel: bool) -> int:
-    """Bytes a durable queue's writes leave free on a filesystem of ``fs_bytes``.
+def keep_free(fs_bytes: int, writer: str) -> int:
+    """Bytes a durable node's ``writer`` ("topic", "channel" or "journal") leaves free on a
+    filesystem of ``fs_bytes``.
 
     Delivery itself needs disk here: whatever leaves a channel's queue is
-    journaled first, and a queue's space comes back only once it is read.
-    On a disk filled to the last byte nothing could be delivered, so nothing
-    read, so no space ever came back, while publishers took every byte a
-    compaction freed. So publishing (a topic's queue) stops while less than
-    an eighth of the filesystem (at most :data:`KEEP_FREE_MAX`) is free, the
-    hand-off into channels' queues at half that, and the journals have the
-    rest: consumers drain the backlog, the drained segments go, publishing
-    resumes.
+    journaled first, and a queue's space comes back only once it is read
+    and its metadata says so. On a disk filled to the last byte nothing
+    could be delivered, so nothing read, so no space ever came back, while
+    publishers took every byte a compaction freed. So the last bytes are
+    shared out in layers: publishing (a topic's queue) stops while less
+    than an eighth of the filesystem (at most :data:`KEEP_FREE_MAX`) is
+    free, the hand-off into channels' queues at half that, the journals'
+    appends at an eighth of that; the rest is for the queues' metadata,
+    which a consumed segment's removal waits on (journals filling the disk
+    to the last page wedged a node: no metadata could be written, so no
+    consumed segment went). Consumers drain the backlog, the drained
+    segments go, publishing resumes.
     """
     reserve = min(KEEP_FREE_MAX, fs_bytes // 8)
-    return reserve // 2 if channel else reserve
+    return {"topic": reserve, "channel": reserve // 2, "journal": reserve // 16}[writer]
+
+def compact_min(fs_bytes: int) -> int:
+    """The size under which a durable channel's journal is not compacted, on a filesystem of
+    ``fs_bytes``: :data:`~nsqtw.storage.journal.COMPACT_MIN_BYTES`, or a 64th of a small
+    filesystem. Two journals of finished records just under 4 MiB each would otherwise keep
+    an 8 MiB disk full after its backlog was drained."""
+    return min(COMPACT_MIN_BYTES, fs_bytes // 64)
+
 
 #: makes the journal of a durable topic or channel from its backend name
 JournalFactory = Callable[[str], "Journal"]

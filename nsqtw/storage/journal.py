@@ -49,7 +49,7 @@ from twisted.python.failure import Failure
 from nsqtw.core.message import Message
 from nsqtw.interfaces import IDiskExecutor, Position
 from nsqtw.log import Logger
-from nsqtw.storage.atomic import atomic_write, fsync_dir
+from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
 
 __all__ = [
@@ -262,10 +262,12 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
 class _JournalFile:
     """The file; every method runs on the journal's own thread."""
 
-    def __init__(self, path: str, fsync_fn: Callable[[int], None]) -> None:
+    def __init__(self, path: str, fsync_fn: Callable[[int], None], keep_free: int = 0) -> None:
         self.path = path
         self.dir = os.path.dirname(path) or "."
         self.fsync_fn = fsync_fn
+        #: appends leave this many bytes free (a compaction, which gives space back, may use them)
+        self.keep_free = keep_free
         self.fd: int | None = None
         self.size = 0
 
@@ -286,6 +288,8 @@ class _JournalFile:
 
     def append(self, data: bytes) -> int:
         """Write and fsync; a failed write is cut back off so no half record stays."""
+        if self.keep_free:
+            check_room(self.dir, len(data), self.keep_free, "the queues' metadata")
         fd = self.fd if self.fd is not None else self._open()
         start = self.size
         try:
@@ -338,14 +342,14 @@ class Journal:
     def __init__(self, name: str, data_path: str, clock: IReactorTime,
                  executor: IDiskExecutor | None = None, state: JournalState | None = None, *,
                  compact_min_bytes: int = COMPACT_MIN_BYTES, retry_interval: float = 1.0,
-                 fsync_fn: Callable[[int], None] = os.fsync) -> None:
+                 fsync_fn: Callable[[int], None] = os.fsync, keep_free: int = 0) -> None:
         self.name = name
         self.path = journal_path(data_path, name)
         self._clock = clock
         if executor is None:
             executor = ThreadPoolDiskExecutor(clock, name=f"journal-{name}")  # type: ignore[arg-type]
         self._executor = executor
-        self._file = _JournalFile(self.path, fsync_fn)
+        self._file = _JournalFile(self.path, fsync_fn, keep_free)
         self._compact_min = compact_min_bytes
         self._retry_interval = retry_interval
         state = state or JournalState()
@@ -434,8 +438,7 @@ class Journal:
             self._append(rec)
 
     def finished(self, msg_id: bytes) -> None:
-        self._live_bytes -= self._live.pop(msg_id, 0)
-        self._append(fin_record(msg_id))
+        self.finished_many([msg_id])
 
     def finished_many(self, msg_ids: list[bytes]) -> None:
         if not msg_ids:
@@ -444,6 +447,10 @@ class Journal:
         for msg_id in msg_ids:
             self._live_bytes -= live.pop(msg_id, 0)
         self._append(b"".join(fin_record(i) for i in msg_ids))
+        if self._retry_call is not None and self._should_compact():
+            # writes fail (a full disk) and these FINs made a compaction worth trying: now,
+            # not at the next retry, so a consumer draining a full disk is not paced by it
+            self._retry_call.reset(0)
 
     def taken(self, pos: Position) -> None:
         """The channel's queue was read up to ``pos``; the records before it are journaled."""

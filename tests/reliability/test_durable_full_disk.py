@@ -9,6 +9,7 @@ delivery needs the journal, which needs disk, so nothing more could be read to m
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -121,6 +122,12 @@ def drain(address: str, channel: str, into: set[bytes], quiet: float) -> None:
         consumer.fin(m)
 
 
+def state(d: Daemon, data: str) -> str:
+    """What a failure report needs: the files and their sizes, and the end of the daemon's log."""
+    files = "\n".join(f"{f.name} {f.stat().st_size}" for f in sorted(os.scandir(data), key=lambda f: f.name))
+    return f"{files}\n{used_bytes(data)} bytes used\n{d.read_output()[-12000:]}"
+
+
 def test_a_backlog_that_fills_the_disk_drains_and_publishing_resumes(small_disk) -> None:
     """Two channels without consumers while a publisher keeps going: the disk fills with their
     backlog and publishing fails (E_MPUB_FAILED). Consumers then drain both channels while the
@@ -141,7 +148,8 @@ def test_a_backlog_that_fills_the_disk_drains_and_publishing_resumes(small_disk)
                      for ch in got]
         for t in consumers:
             t.start()
-        assert wait_for(lambda: publisher.ok_after_failure >= 20, 30), "publishing did not resume"
+        assert wait_for(lambda: publisher.ok_after_failure >= 20, 30), \
+            "publishing did not resume\n" + state(d, small_disk)
         publisher.halt.set()
         publisher.join(30)
         for t in consumers:
@@ -151,7 +159,7 @@ def test_a_backlog_that_fills_the_disk_drains_and_publishing_resumes(small_disk)
         for ch, bodies in got.items():
             assert not acked - bodies, f"{len(acked - bodies)} of {len(acked)} acknowledged never reached {ch}"
         assert wait_for(lambda: ping(d) == (200, b"OK"), 15), ping(d)
-        assert wait_for(lambda: used_bytes(small_disk) < 3 << 20, 15), used_bytes(small_disk)
+        assert wait_for(lambda: used_bytes(small_disk) < 3 << 20, 15), state(d, small_disk)
         assert_no_traceback(d)
     finally:
         d.stop()

@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core.message import Message
+from nsqtw.storage import atomic
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.journal import MAGIC, Journal, JournalError, find_journals, journal_path, replay
@@ -400,6 +401,29 @@ class FailureTests(JournalTestCase):
         self.assertIsNone(j.health())
         self.assertEqual(synced, [1])
         self.assertEqual(list(replay(self.file).messages), [msg(1).id])
+
+    def test_appends_leave_the_last_bytes_to_the_queues_metadata(self) -> None:
+        """A journal's appends stop short of its ``keep_free`` reserve (its queues' metadata
+        needs those bytes to let consumed segments go); FINs that make a compaction worth it
+        retry at once, and the compaction, which gives space back, may use the reserve."""
+        keep = 100_000
+        self.patch(atomic, "free_bytes", lambda path: keep + 1_500)
+        j = self.journal(keep_free=keep)
+        msgs = [msg(i, b"y" * 200) for i in range(20)]  # about 250 bytes a record
+        j.snapshot = lambda: [(m, 0.0) for m in msgs if j.is_live(m.id)]
+        j.delivering(msgs[:5])
+        self.settle()
+        self.assertIsNone(j.health())
+        size = os.path.getsize(self.file)
+        j.delivering(msgs[5:])  # past what the reserve leaves
+        self.settle()
+        self.assertIn("the last 100000 bytes are kept for the queues' metadata", j.health() or "")
+        self.assertEqual(os.path.getsize(self.file), size)  # nothing written
+        j.finished_many([m.id for m in msgs])
+        self.settle()  # no retry interval waited: the compaction went at once
+        self.assertEqual(j.compactions, 1)
+        self.assertIsNone(j.health())
+        self.assertEqual(replay(self.file).messages, {})
 
     def test_a_failing_journal_alone_makes_the_node_unhealthy(self) -> None:
         """Health tells the truth when only a journal fails (its disk queues write fine): the
