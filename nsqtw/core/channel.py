@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,14 +9,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.message import (
-    Message,
-    copy_messages,
-    decode_messages,
-    end_flight,
-    message_ids,
-    start_flight,
-)
+from nsqtw.core.flight import put_in_flight, take_back, time_out
+from nsqtw.core.message import Message, copy_messages, decode_messages, end_flight
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -31,15 +24,6 @@ if TYPE_CHECKING:
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096
-def _sample(msgs: list[Message], ids: list[bytes], rate: int) -> tuple[list[Message], list[bytes]]:
-    """The messages (and their IDs) a client with IDENTIFY ``sample_rate`` gets; nsqd drops the others.
-
-    nsqd sends a message when a draw from 0..99 is at most the rate, and the
-    rest are gone for this channel (neither in flight nor requeued).
-    """
-    draw = random.randrange
-    kept = [(m, i) for m, i in zip(msgs, ids, strict=True) if draw(100) <= rate]
-    return [m for m, _ in kept], [i for _, i in kept]
 
 
 class Channel:
@@ -407,17 +391,12 @@ class Channel:
                     exhausted = True
                     break
                 taken = len(msgs)
-                # each message's ID is sliced out of its data here, once (see Message)
-                ids = message_ids(msgs)
-                if not self._all_new(ids):
-                    msgs, ids = self._drop_duplicates(msgs, ids)
-                if client.sample_rate:
-                    msgs, ids = _sample(msgs, ids, client.sample_rate)
-                deadline = now + client.msg_timeout
-                owned = self._owned.setdefault(client.client_id, {})
-                start_flight(msgs, ids, client, deadline)
-                owned.update(dict.fromkeys(ids, now))
-                in_flight.push_many(msgs, ids, deadline)
+                msgs, dropped = put_in_flight(msgs, client, in_flight, self.deferred.live,
+                                              self._owned.setdefault(client.client_id, {}), now)
+                if dropped:
+                    self.log.info("CHANNEL({topic}:{channel}): dropped {n} duplicate message(s) already in flight"
+                                  " (a hand-off replayed after a crash)", topic=self.topic_name, channel=self.name,
+                                  n=dropped)
                 if msgs:
                     batch = batches.get(client.client_id)
                     if batch is None:
@@ -444,43 +423,6 @@ class Channel:
                 self.log.failure("CHANNEL({topic}:{channel}): failed to deliver {count} messages",
                                  topic=self.topic_name, channel=self.name, count=len(msgs))
         return budget <= 0 and not exhausted
-
-    def _all_new(self, ids: list[bytes]) -> bool:
-        """No ID twice in the batch, none already in flight or deferred: the usual
-        case, told by set operations in C instead of a Python loop per message."""
-        return (len(set(ids)) == len(ids) and self.in_flight.live.keys().isdisjoint(ids)
-                and self.deferred.live.keys().isdisjoint(ids))
-
-    def _drop_duplicates(self, msgs: list[Message], ids: list[bytes]) -> tuple[list[Message], list[bytes]]:
-        """Leave out copies of messages whose ID is already in flight or deferred here.
-
-        At-least-once allows a channel two copies of one ID: after a kill -9
-        the topic → channel hand-off not yet committed is replayed. Putting
-        the second in flight would replace the first (whose FIN would then
-        fail with "ID not in flight"); the copy is dropped instead, the one
-        already owned by a client or waiting for its time stands for both.
-        """
-        live = self.in_flight.live
-        waiting = self.deferred.live
-        out = []
-        out_ids = []
-        seen: set[bytes] = set()
-        for m, mid in zip(msgs, ids, strict=True):
-            if mid in live or mid in waiting or mid in seen:
-                continue
-            seen.add(mid)
-            out.append(m)
-            out_ids.append(mid)
-        if len(out) < len(msgs):
-            self.log.info("CHANNEL({topic}:{channel}): dropped {n} duplicate message(s) already in flight"
-                          " (a hand-off replayed after a crash)", topic=self.topic_name, channel=self.name,
-                          n=len(msgs) - len(out))
-        return out, out_ids
-
-    def _disown(self, client: IConsumer, msg_id: bytes) -> None:
-        owned = self._owned.get(client.client_id)
-        if owned is not None:
-            owned.pop(msg_id, None)
 
     def owned_count(self, client: IConsumer) -> int:
         """How many messages ``client`` has in flight here (the per-client index)."""
@@ -531,29 +473,13 @@ class Channel:
         """
         if self.exiting:
             return [(msg_id, ExitingError()) for msg_id, _ in reqs]
-        live = self.in_flight.live
-        owned = self._owned.get(client.client_id, {})
-        failed: list[tuple[bytes, NotInFlightError | ExitingError]] = []
-        again: list[Message] = []
-        now = -1.0
-        for msg_id, delay in reqs:
-            msg = live.get(msg_id)
-            if msg is None:
-                failed.append((msg_id, NotInFlightError("ID not in flight")))
-                continue
-            if msg.client is not client:
-                failed.append((msg_id, NotInFlightError("client does not own message")))
-                continue
-            del live[msg_id]
-            owned.pop(msg_id, None)
-            msg.client = None
-            client.message_requeued()
-            if delay > 0:
-                if now < 0:
-                    now = self.clock.seconds()
+        refused, again, later = take_back(self.in_flight.live, self._owned.get(client.client_id, {}), client, reqs)
+        if later:
+            now = self.clock.seconds()
+            for msg, delay in later:
                 self.defer(msg, delay, now)
-            else:
-                again.append(msg)
+        failed: list[tuple[bytes, NotInFlightError | ExitingError]] = [
+            (msg_id, NotInFlightError(why)) for msg_id, why in refused]
         done = len(reqs) - len(failed)
         self.in_flight.removed(done)
         self.requeue_count += done
@@ -594,13 +520,7 @@ class Channel:
         now = self.clock.seconds()
         expired = self.in_flight.pop_due(now)
         if expired:
-            for m in expired:
-                client = m.client
-                if client is not None:
-                    self._disown(client, m.id)
-                m.client = None
-                if client is not None and client.client_id in self.clients:
-                    client.message_timed_out()
+            time_out(expired, self._owned, self.clients)
             self.timeout_count += len(expired)
         due = self.deferred.pop_due(now)
         ready = expired + due

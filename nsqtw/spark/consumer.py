@@ -12,17 +12,14 @@ one connection's RDY may be (nsqd's ``--max-rdy-count``), and spreads
 ``max_in_flight`` over them as RDY. Messages are kept in :class:`Block`\\ s
 (columns per network read), never as one object each.
 
-Offsets are ``{"seq": n, "ids": {address: "<encoded ids>"}}``: ``seq``
-numbers batches' messages in this process and continues from whatever
-offset Spark shows us first (a restart resumes from the checkpoint); ``ids``
-lists the messages of the batch that ends at that offset, per nsqd
-(:func:`encode_ids`). A new process cannot FIN what the old one held, so
-when Spark shows it an offset from before its time (a committed batch whose
-FINs may not have gone out), it FINs those messages on sight when nsqd
-redelivers them instead of emitting them again. The same holds for a batch
-of this process whose connection was lost after it was planned: the batch
-keeps those messages, and what nsqd redelivers of them once the batch is
-committed is FINed on sight.
+An offset (:mod:`nsqtw.spark.offsets`) numbers the messages of batches and
+lists, per nsqd, those of the batch that ends at it. A new process cannot
+FIN what the old one held, so when Spark shows it an offset from before its
+time (a committed batch whose FINs may not have gone out), it FINs those
+messages on sight when nsqd redelivers them instead of emitting them again.
+The same holds for a batch of this process whose connection was lost after
+it was planned: the batch keeps those messages, and what nsqd redelivers of
+them once the batch is committed is FINed on sight.
 
 A batch planned by an earlier process and run again after a restart (Spark
 replays the last uncommitted batch) is rebuilt from nsqd: the dead process's
@@ -42,22 +39,20 @@ are daemon threads: they end with the process.
 from __future__ import annotations
 
 import logging
-import math
 import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from nsqtw.core.message import FRAME_TYPE_ERROR
-from nsqtw.spark.blocks import IDS_DTYPE, Block, commands, decode_ids, encode_ids
+from nsqtw.spark.blocks import IDS_DTYPE, Block, commands, encode_ids
 from nsqtw.spark.client import HEARTBEAT, NSQClientError, NSQConnection, rdy
-from nsqtw.spark.discovery import LookupdUnavailable, lookup_topic
-from nsqtw.spark.options import ReaderOptions, lookupd_url
+from nsqtw.spark.connections import Connections, max_rdy
+from nsqtw.spark.offsets import Offset, ids_of, minus, union
+from nsqtw.spark.options import ReaderOptions
 
 log = logging.getLogger("nsqtw.spark")
 
@@ -69,10 +64,6 @@ QUIET = 0.02
 COLLECT = 0.1
 #: how long a non-availableNow plan waits for nsqd to refill freed RDY slots
 REFILL_WAIT = 0.25
-#: connections per nsqd when ``connections_per_nsqd`` is left to the consumer
-MAX_AUTO_CONNECTIONS = 64
-#: nsqd's default --max-rdy-count, for an nsqd that does not say
-DEFAULT_MAX_RDY = 2500
 #: the longest a replay defers the newer messages it gives back to make room (seconds): well
 #: under nsqd's default --max-req-timeout (1 hour), past which nsqd refuses the REQ
 REPLAY_REQ_MAX_DELAY = 60.0
@@ -83,70 +74,17 @@ REPLAY_REQ_MAX_DELAY = 60.0
 SKIP_KEEP = 15 * 60.0
 
 
-@dataclass(frozen=True)
-class Offset:
-    """A position in this source: the last sequence number and the ids of its batch.
+class Consumer(Connections):
+    """All connections for one (topic, channel) and the messages held on them.
 
-    ``unfinished`` lists, per nsqd, messages of earlier batches that Spark
-    committed but whose FIN could not go out (their connection was lost), so
-    that a process started from this offset still FINs them on sight when
-    nsqd redelivers them. ``missed`` lists messages of the batch before this
-    one that its replay did not get back from nsqd in time: that batch was
-    committed without them, so they are not to be dropped as committed. Both
-    are written only when there are some.
+    The connections, and the discovery thread that keeps them, are
+    :class:`~nsqtw.spark.connections.Connections`'.
     """
-
-    seq: int
-    ids: dict[str, str] = field(default_factory=dict)
-    unfinished: dict[str, str] = field(default_factory=dict)
-    missed: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, data: Any) -> Offset:
-        try:
-            seq = int(data["seq"])
-            ids, unfinished, missed = ({str(k): str(v) for k, v in (data.get(name) or {}).items()}
-                                       for name in ("ids", "unfinished", "missed"))
-        except (TypeError, KeyError, ValueError, AttributeError):
-            raise ValueError(f"not an nsq offset: {data!r}") from None
-        return cls(seq, ids, unfinished, missed)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seq": self.seq, "ids": self.ids}
-        if self.unfinished:
-            out["unfinished"] = self.unfinished
-        if self.missed:
-            out["missed"] = self.missed
-        return out
-
-    def id_arrays(self) -> dict[str, np.ndarray]:
-        """The batch's message ids per nsqd address."""
-        return {address: decode_ids(text) for address, text in self.ids.items()}
-
-    def unfinished_arrays(self) -> dict[str, np.ndarray]:
-        """Committed messages of earlier batches never FINed, per nsqd address."""
-        return {address: decode_ids(text) for address, text in self.unfinished.items()}
-
-    def missed_arrays(self) -> dict[str, np.ndarray]:
-        """Messages of the previous batch that were committed without being written, per nsqd address."""
-        return {address: decode_ids(text) for address, text in self.missed.items()}
-
-    def count(self) -> int:
-        return sum(len(a) for a in self.id_arrays().values())
-
-
-class Consumer:
-    """All connections for one (topic, channel) and the messages held on them."""
 
     def __init__(self, options: ReaderOptions,
                  discover: Callable[[], set[str]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.options = options
-        self.clock = clock
-        self._discover = discover or self._default_discover
-        self._cond = threading.Condition()
-        self._conns: dict[str, list[NSQConnection]] = {}
-        self._per_nsqd: dict[str, int] = {}   # connections wanted per nsqd address
+        super().__init__(options, discover, clock)
         self._pending: deque[Block] = deque()   # received, in no batch yet
         self._planned: deque[Block] = deque()   # in a batch (seq order), FINed on commit
         self._recovering: list[Block] = []      # a replayed batch's messages while it waits for the rest
@@ -169,8 +107,6 @@ class Consumer:
         self._full = False    # max_bytes_in_flight reached: RDY 0 until FINs free room
         self._until_ns: int | None = None
         self._started = False
-        self._stopped = threading.Event()
-        self._wake_discovery = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rdy_sent: dict[NSQConnection, int] = {}
         self._arrived: dict[NSQConnection, float] = {}  # when each connection last delivered
@@ -205,15 +141,6 @@ class Consumer:
             self._planned.clear()
         for c in conns:
             c.close()
-
-    def addresses(self) -> list[str]:
-        """The nsqds this consumer is connected to."""
-        with self._cond:
-            return sorted(a for a, cs in self._conns.items() if cs)
-
-    def connection_count(self) -> int:
-        with self._cond:
-            return sum(len(cs) for cs in self._conns.values())
 
     # -- what Spark calls (through the stream reader) --------------------
 
@@ -291,7 +218,7 @@ class Consumer:
                 unfinished = {address: encode_ids(ids) for address, ids in sorted(self._skip.items()) if len(ids)}
                 missed = {address: encode_ids(ids)
                           for address, ids in sorted(self._replayed.get(start.seq, {}).items())}
-                result = Offset(batch[-1].last_seq, _ids_of(batch), unfinished, missed)
+                result = Offset(batch[-1].last_seq, ids_of(batch), unfinished, missed)
                 sends = []
         self._send_all(sends)
         return result
@@ -336,9 +263,9 @@ class Consumer:
         ``start`` that could not write them).
         """
         with self._cond:
-            self._kept = _union(self._kept, _union(end.id_arrays(), end.missed_arrays()))
-            committed = _union(start.id_arrays(), start.unfinished_arrays())
-            sends = self._skip_ids(_minus(committed, self._kept))
+            self._kept = union(self._kept, union(end.id_arrays(), end.missed_arrays()))
+            committed = union(start.id_arrays(), start.unfinished_arrays())
+            sends = self._skip_ids(minus(committed, self._kept))
         self._send_all(sends)
         wanted = {address: ids for address, ids in end.id_arrays().items() if len(ids)}
         expected = sum(len(ids) for ids in wanted.values())
@@ -418,11 +345,11 @@ class Consumer:
                     # committed by an earlier process, whose FINs may never have gone out: drop its
                     # messages (and those of earlier batches it lists as unfinished) when nsqd
                     # redelivers them, except what a replay here holds or could not write
-                    committed = _union(offset.id_arrays(), offset.unfinished_arrays())
-                    return self._skip_ids(_minus(committed, self._kept))
+                    committed = union(offset.id_arrays(), offset.unfinished_arrays())
+                    return self._skip_ids(minus(committed, self._kept))
                 # replayed here: its messages are planned below; what it lists as unfinished
                 # was committed before it
-                sends.extend(self._skip_ids(_minus(offset.unfinished_arrays(), self._kept)))
+                sends.extend(self._skip_ids(minus(offset.unfinished_arrays(), self._kept)))
             planned = self._planned
             while planned and planned[0].last_seq <= offset.seq:
                 b = planned.popleft()
@@ -544,23 +471,11 @@ class Consumer:
                 count = 0
             else:
                 count = max(1, self.options.max_in_flight // len(conns))
-                count = min(count, _max_rdy(c))
+                count = min(count, max_rdy(c))
             if self._rdy_sent.get(c) != count:
                 self._rdy_sent[c] = count
                 sends.append((c, rdy(count)))
         return sends
-
-    def _send_all(self, sends: Iterable[tuple[NSQConnection, bytes]]) -> None:
-        """Send grouped per connection, outside the lock (nsqd may be waiting on our reads)."""
-        grouped: dict[NSQConnection, list[bytes]] = {}
-        for conn, data in sends:
-            grouped.setdefault(conn, []).append(data)
-        for conn, parts in grouped.items():
-            try:
-                conn.send(b"".join(parts))
-            except NSQClientError as e:
-                log.warning("NSQ %s: %s", conn.address, e)
-                self._lost(conn)
 
     def _lost(self, conn: NSQConnection) -> None:
         """A connection is gone: nsqd requeues what it held, so forget its messages."""
@@ -584,100 +499,6 @@ class Consumer:
             self._cond.notify_all()
         self._wake_discovery.set()
         self._send_all(sends)
-
-    # -- connections and discovery ---------------------------------------
-
-    def _default_discover(self) -> set[str]:
-        ep = self.options.endpoints
-        if ep.nsqd_tcp_addresses:
-            return set(ep.nsqd_tcp_addresses)
-        urls = [lookupd_url(a) for a in ep.lookupd_http_addresses]
-        return lookup_topic(urls, self.options.topic, timeout=ep.connect.connect_timeout)
-
-    def _discover_at_start(self) -> set[str]:
-        """The first discovery: lookupd is asked again for ``connect_timeout_ms`` before it is an error.
-
-        A query (re)started while nsqlookupd restarts would otherwise fail
-        at once; an address that never answers is still a clear error.
-        """
-        deadline = self.clock() + self.options.endpoints.connect.connect_timeout
-        while True:
-            try:
-                return self._discover()
-            except LookupdUnavailable as e:
-                if self.clock() >= deadline or self._stopped.is_set():
-                    raise
-                log.warning("NSQ discovery: %s; asking again", e)
-                self._stopped.wait(0.5)
-
-    def _wanted_connections(self, address: str, first: NSQConnection | None) -> int:
-        """How many connections to keep to one nsqd (decided once, from its first IDENTIFY answer)."""
-        n = self._per_nsqd.get(address)
-        if n is None:
-            n = self.options.connections_per_nsqd
-            if not n:
-                max_rdy = _max_rdy(first) if first is not None else DEFAULT_MAX_RDY
-                n = min(MAX_AUTO_CONNECTIONS, max(1, math.ceil(self.options.max_in_flight / max_rdy)))
-            self._per_nsqd[address] = n
-        return n
-
-    def _connect_missing(self, initial: bool = False) -> None:
-        try:
-            wanted = self._discover_at_start() if initial else self._discover()
-        except LookupdUnavailable as e:
-            if initial:
-                raise NSQClientError(str(e)) from e
-            log.warning("NSQ discovery: %s", e)
-            return
-        errors = []
-        with self._cond:
-            for gone in [a for a in self._per_nsqd if a not in wanted and not self._conns.get(a)]:
-                del self._per_nsqd[gone]  # lookupd dropped it: no more reconnecting every second
-        for address in sorted(wanted):
-            while not self._stopped.is_set():
-                with self._cond:
-                    have = [c for c in self._conns.get(address, []) if not c.closed]
-                    want = self._per_nsqd.get(address)
-                if want is not None and len(have) >= want:
-                    break
-                conn = NSQConnection(address, self.options.endpoints.connect)
-                try:
-                    conn.connect()
-                    conn.subscribe(self.options.topic, self.options.channel)
-                except NSQClientError as e:
-                    conn.close()
-                    errors.append(str(e))
-                    log.warning("NSQ %s: %s", address, e)
-                    break
-                with self._cond:
-                    want = self._wanted_connections(address, conn)
-                    conns = self._conns.setdefault(address, [])
-                    conns.append(conn)
-                    sends = self._rdy_updates()
-                    if len(conns) == 1 or len(conns) == want:
-                        log.info("NSQ %s: subscribed to %s/%s (%d of %d connections)", address,
-                                 self.options.topic, self.options.channel, len(conns), want)
-                self._send_all(sends)
-        if initial and errors and not self.connection_count():
-            raise NSQClientError("cannot subscribe to any nsqd: " + "; ".join(errors))
-
-    def _discovery_loop(self) -> None:
-        ep = self.options.endpoints
-        interval = ep.lookupd_poll_interval
-        while not self._stopped.is_set():
-            with self._cond:
-                complete = all(len(self._conns.get(a, [])) >= n for a, n in self._per_nsqd.items())
-                have_all = bool(self._conns) and complete and (
-                    not ep.nsqd_tcp_addresses or set(self._conns) >= set(ep.nsqd_tcp_addresses))
-            # reconnect lost nsqds after a second; ask lookupd every poll interval
-            self._wake_discovery.wait(interval if have_all else 1.0)
-            self._wake_discovery.clear()
-            if self._stopped.is_set():
-                return
-            try:
-                self._connect_missing()
-            except Exception:  # keep discovering whatever happens
-                log.exception("NSQ discovery failed")
 
     # -- the I/O thread --------------------------------------------------
 
@@ -791,7 +612,7 @@ class Consumer:
                 if b.conn.address == address:
                     hit = np.isin(b.ids, ids)
                     if hit.any():
-                        self._timed_out = _union(self._timed_out, {address: b.ids[hit]})
+                        self._timed_out = union(self._timed_out, {address: b.ids[hit]})
 
     def _expire_skips(self) -> None:
         """Forget ids to drop on sight that have waited ``SKIP_KEEP`` for a redelivery that never came."""
@@ -802,7 +623,7 @@ class Consumer:
             self._skip_turned = now
             before = sum(len(ids) for ids in self._skip.values())
             # those in both were already there at the last turn: one to two SKIP_KEEP ago
-            self._skip = {a: ids for a, ids in _minus(self._skip, self._skip_older).items() if len(ids)}
+            self._skip = {a: ids for a, ids in minus(self._skip, self._skip_older).items() if len(ids)}
             self._skip_older = dict(self._skip)
             n = before - sum(len(ids) for ids in self._skip.values())
         if n:
@@ -827,28 +648,3 @@ class Consumer:
                             sends.append((b.conn, commands(b"TOUCH", ids)))
                             self.stats["touched"] += len(ids)
         self._send_all(sends)
-
-
-def _max_rdy(conn: NSQConnection) -> int:
-    return int(conn.settings.get("max_rdy_count") or DEFAULT_MAX_RDY)
-
-
-def _ids_of(batch: list[Block]) -> dict[str, str]:
-    ids: dict[str, list[np.ndarray]] = {}
-    for b in batch:
-        ids.setdefault(b.conn.address, []).append(b.ids)
-    return {address: encode_ids(np.concatenate(v)) for address, v in sorted(ids.items())}
-
-
-def _union(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Ids per nsqd address in ``a`` or ``b``."""
-    out = dict(a)
-    for address, ids in b.items():
-        old = out.get(address)
-        out[address] = ids if old is None else np.union1d(old, ids)
-    return out
-
-
-def _minus(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Ids per nsqd address in ``a`` and not in ``b``."""
-    return {address: ids if address not in b else np.setdiff1d(ids, b[address]) for address, ids in a.items()}

@@ -28,7 +28,8 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from nsqtw.names import is_valid_topic_name
 from nsqtw.spark.blocks import from_ipc, to_ipc, to_record_batch
-from nsqtw.spark.consumer import Consumer, Offset
+from nsqtw.spark.consumer import Consumer
+from nsqtw.spark.offsets import Offset
 from nsqtw.spark.options import NSQOptionError, ReaderOptions, WriterOptions
 from nsqtw.spark.producer import NSQWriteError, Producer
 

@@ -1,12 +1,14 @@
-"""go-diskqueue's files: positions, reads, writes, corruption.
+"""go-diskqueue's files: loads, reads, writes, syncs.
 
 Go nsqd keeps each topic's and channel's overflow in nsqio/go-diskqueue files:
 ``NAME.diskqueue.%06d.dat`` segments of ``[int32 big-endian size][data]``
 records and ``NAME.diskqueue.meta.dat`` holding
 ``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``. :class:`DiskState`
-owns those files and go-diskqueue's positions; it runs only on its queue's
-disk executor and touches only bytes and files; what it wants logged travels
-back with each result (:class:`OpResult`). The bytes inside the files are
+owns those files and go-diskqueue's positions (held, with the open files and
+the check at the tail, by the :class:`~nsqtw.storage.segment_files.SegmentFiles`
+it extends); it runs only on its queue's disk executor and touches only bytes
+and files; what it wants logged travels back with each result
+(:class:`OpResult`). The bytes inside the files are
 :mod:`nsqtw.storage.formats`'s.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -24,12 +25,11 @@ from twisted.logger import LogLevel
 from nsqtw.storage.atomic import atomic_write, fsync_dir
 from nsqtw.storage.executor import Reply
 from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, parse_meta, read_size, split_records
+from nsqtw.storage.segment_files import LogEvent, SegmentFiles
 
 __all__ = ["Consumption", "DiskState", "OpResult", "ReadChunk", "nsqd_msg_size_limits"]
 
 
-#: (level, format, fields) of a log event produced on the disk thread
-_LogEvent = tuple[LogLevel, str, dict[str, Any]]
 #: (count, file_num, pos): records consumed since the last disk operation,
 #: and the position just past the last of them
 Consumption = tuple[int, int, int]
@@ -54,7 +54,7 @@ class OpResult:
     """What one disk-thread operation hands back to the reactor."""
 
     value: Any
-    events: list[_LogEvent]
+    events: list[LogEvent]
     depth_delta: int
     corruption: str | None
     more: bool
@@ -65,63 +65,20 @@ class OpResult:
 
 
 @dataclass
-class DiskState:
-    """go-diskqueue's file state; every method runs on the disk thread only.
+class DiskState(SegmentFiles):
+    """The operations on go-diskqueue's files, each run on the disk thread as one
+    :meth:`run` (or :meth:`run_read`): load, read ahead, write, sync, empty, close.
 
-    ``read_*`` is the position past the last record ``read()`` returned (what
-    go-diskqueue persists as readFileNum/readPos); ``cursor_*`` is how far
-    read-ahead got, never behind ``read_*``.
+    The settings, positions and open files are :class:`SegmentFiles`'s.
     """
 
-    name: str
-    data_path: str
-    max_bytes_per_file: int
-    min_msg_size: int
-    max_msg_size: int
-    sync_every: int
-    write_fn: Callable[[int, Any], int] = os.write
-    fsync_fn: Callable[[int], None] = os.fsync
-    #: --durable-delivery: every write batch is fsynced before it counts as
-    #: written, and records past a lagging metadata writePos are adopted at load
-    durable: bool = False
-    #: a write that would leave less than this many bytes free on the data path's filesystem
-    #: fails as if the disk were full (see :func:`nsqtw.storage.durable.keep_free`)
-    keep_free: int = 0
-
-    read_file_num: int = 0
-    read_pos: int = 0
-    write_file_num: int = 0
-    write_pos: int = 0
-    depth: int = 0
-    cursor_file_num: int = 0
-    cursor_pos: int = 0
-    count: int = 0
-    need_sync: bool = False
-
-    _wfd: int | None = None
-    _truncate_on_open: bool = False
-    _rfd: int | None = None
-    _rfd_num: int = -1
-    _random: random.Random = field(default_factory=random.Random)
-
-    # outputs of the operation in progress
-    _events: list[_LogEvent] = field(default_factory=list)
-    _depth_delta: int = 0
-    _corruption: str | None = None
+    # outputs of the operation in progress, besides SegmentFiles'
     _set_aside: int = 0
     _sync_error: str | None = None
     #: segments read to their end, to remove (see :meth:`run_read`)
     _removable: list[int] = field(default_factory=list)
     #: an fsync of the write segment failed and none has worked since
     _segment_unsynced: bool = False
-
-    # -- names -------------------------------------------------------------
-
-    def file_name(self, num: int) -> str:
-        return os.path.join(self.data_path, f"{self.name}.diskqueue.{num:06d}.dat")
-
-    def meta_file_name(self) -> str:
-        return os.path.join(self.data_path, f"{self.name}.diskqueue.meta.dat")
 
     # -- operation frame ---------------------------------------------------
 
@@ -172,12 +129,6 @@ class DiskState:
         set_aside, self._set_aside = self._set_aside, 0
         sync_error, self._sync_error = self._sync_error, None
         return OpResult(value, events, depth_delta, corruption, self._has_more(), set_aside, sync_error)
-
-    def _log(self, level: LogLevel, fmt: str, **kw: Any) -> None:
-        self._events.append((level, fmt, kw))
-
-    def _has_more(self) -> bool:
-        return (self.cursor_file_num, self.cursor_pos) < (self.write_file_num, self.write_pos)
 
     # -- metadata ----------------------------------------------------------
 
@@ -365,37 +316,6 @@ class DiskState:
         self._sync_error = f"DISKQUEUE({self.name}) failed to sync: {e}"
         return False
 
-    # -- files -------------------------------------------------------------
-
-    def _close_write(self) -> None:
-        if self._wfd is not None:
-            os.close(self._wfd)
-            self._wfd = None
-
-    def _close_read(self) -> None:
-        if self._rfd is not None:
-            os.close(self._rfd)
-            self._rfd = None
-            self._rfd_num = -1
-
-    def _remove_segment(self, num: int) -> None:
-        path = self.file_name(num)
-        if self._rfd_num == num:
-            self._close_read()
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            self._log(LogLevel.error, "DISKQUEUE({name}) failed to Remove({path}) - {error}",
-                      name=self.name, path=path, error=str(e))
-
-    def _segment_size(self, num: int) -> int | None:
-        try:
-            return os.stat(self.file_name(num)).st_size
-        except OSError:
-            return None
-
     # -- writing -----------------------------------------------------------
 
     def write_batch(self, batch: list[bytes]) -> tuple[int, str | None]:
@@ -534,9 +454,6 @@ class DiskState:
         self._segment_unsynced = False  # whatever it held was consumed
         self.need_sync = True
 
-    def _cursor_at_least(self, num: int, pos: int) -> None:
-        self.cursor_file_num, self.cursor_pos = max((self.cursor_file_num, self.cursor_pos), (num, pos))
-
     def _normalize_consumed(self, old: int) -> None:
         """Step the read position past fully-read finished segments, to be removed (:meth:`_remove_consumed`)."""
         while self.read_file_num < self.write_file_num:
@@ -556,51 +473,6 @@ class DiskState:
         removable, self._removable = self._removable, []
         for num in removable:
             self._remove_segment(num)
-
-    def _check_tail_corruption(self) -> None:
-        """At the tail the depth must be 0 and the positions equal; fix them if not."""
-        read = (self.read_file_num, self.read_pos)
-        write = (self.write_file_num, self.write_pos)
-        if read < write:
-            return
-        if self.depth != 0:
-            if self.depth < 0:
-                text = (f"DISKQUEUE({self.name}) negative depth at tail ({self.depth}),"
-                        " metadata corruption, resetting 0...")
-            else:
-                text = f"DISKQUEUE({self.name}) positive depth at tail ({self.depth}), data loss, resetting 0..."
-            self._log(LogLevel.error, "{text}", text=text)
-            self._corruption = text
-            self._depth_delta -= self.depth
-            self.depth = 0
-            self.need_sync = True
-        if read != write:
-            if self.read_file_num > self.write_file_num:
-                text = (f"DISKQUEUE({self.name}) readFileNum > writeFileNum ({self.read_file_num} >"
-                        f" {self.write_file_num}), corruption, skipping to next writeFileNum and resetting 0...")
-            else:
-                text = (f"DISKQUEUE({self.name}) readPos > writePos ({self.read_pos} > {self.write_pos}),"
-                        " corruption, skipping to next writeFileNum and resetting 0...")
-            self._log(LogLevel.error, "{text}", text=text)
-            self._corruption = text
-            self._skip_to_next_rw_file()
-            self.need_sync = True
-
-    def _skip_to_next_rw_file(self) -> None:
-        """Remove every segment from the read one to the write one and start afresh after them."""
-        self._close_read()
-        self._close_write()
-        for num in range(min(self.read_file_num, self.write_file_num), self.write_file_num + 1):
-            self._remove_segment(num)
-        self._start_at(max(self.read_file_num, self.write_file_num) + 1)
-        self._depth_delta -= self.depth
-        self.depth = 0
-
-    def _start_at(self, num: int) -> None:
-        """Read, read-ahead and write positions all at the start of segment ``num`` (nothing queued)."""
-        self.write_file_num = self.read_file_num = self.cursor_file_num = num
-        self.write_pos = self.read_pos = self.cursor_pos = 0
-        self._truncate_on_open = False
 
     def _normalize_cursor(self) -> None:
         """Step read-ahead past fully-read finished segments.

@@ -21,8 +21,9 @@ import pytest
 from nsqtw.spark import consumer as consumer_module
 from nsqtw.spark.blocks import encode_ids
 from nsqtw.spark.client import NSQClientError
-from nsqtw.spark.consumer import Consumer, Offset
+from nsqtw.spark.consumer import Consumer
 from nsqtw.spark.discovery import all_nodes
+from nsqtw.spark.offsets import Offset
 from nsqtw.spark.options import ReaderOptions, WriterOptions
 from nsqtw.spark.producer import Producer
 from tests import rawclient

@@ -1,9 +1,11 @@
-"""Lower layers never import upper ones, and modules import no cycle (docs/architecture.md's layering).
+"""Lower layers never import upper ones, modules import no cycle, and none is over 700 lines
+(docs/architecture.md's layering).
 
 Every ``import`` of every module is read with ``ast``, including imports
 under ``if TYPE_CHECKING:`` and inside functions: a layer that only
 *mentions* an upper one for types still depends on it. ``from a import b``
-counts as the module ``a.b`` when there is one, else as ``a``.
+counts as the module ``a.b`` when there is one, else as ``a``. Lines are
+counted as ``wc -l`` counts them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "spark": BASE + ("nsqtw.core.message", "nsqtw.protocol.wire"),
     "tools": BASE + ("nsqtw._go", "nsqtw.protocol.wire", "nsqtw.client", "nsqtw.storage.executor"),
 }
+
+#: the most lines (``wc -l``) a module under nsqtw/ may have; a longer one is split by concept
+MAX_MODULE_LINES = 700
 
 #: import cycles there today, each through a lazy import (a module loaded on first use) or a
 #: type-only one; a new cycle fails the test
@@ -145,6 +150,16 @@ def all_modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def line_count(path: Path) -> int:
+    """The lines of ``path`` as ``wc -l`` counts them: its newline characters."""
+    return path.read_bytes().count(b"\n")
+
+
+def long_modules(paths: list[Path], limit: int = MAX_MODULE_LINES, root: Path = PACKAGE.parent) -> list[str]:
+    """``path (n lines)`` for each of ``paths`` over ``limit`` lines, the path relative to ``root``."""
+    return [f"{path.relative_to(root)} ({n} lines)" for path in paths if (n := line_count(path)) > limit]
+
+
 class LayerTests(SynchronousTestCase):
     def test_every_package_has_a_rule(self) -> None:
         """Every package and base module under nsqtw/ is in the layering (a new one must be placed)."""
@@ -165,6 +180,25 @@ class LayerTests(SynchronousTestCase):
         would need one goes through an interface (nsqtw.interfaces, or a Protocol)."""
         graph = {module_name(path): imports_of(path) for path in all_modules()}
         self.assertEqual(cycles(graph), KNOWN_CYCLES)
+
+    def test_no_module_over_the_line_limit(self) -> None:
+        """No module under nsqtw/ is over MAX_MODULE_LINES lines (``wc -l``): a longer one is split
+        into modules by concept (docs/architecture.md)."""
+        long = long_modules(all_modules())
+        if long:
+            self.fail(f"modules over {MAX_MODULE_LINES} lines (split them by concept): {', '.join(long)}")
+
+    def test_line_limit_counts_as_wc_does(self) -> None:
+        """A module of exactly the limit passes and one line more is named, with its count; a last
+        line without a newline is not counted (as ``wc -l`` does not)."""
+        sample = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, sample)
+        at, over, unterminated = sample / "at.py", sample / "over.py", sample / "unterminated.py"
+        at.write_text("x = 1\n" * 5)
+        over.write_text("x = 1\n" * 6)
+        unterminated.write_text("x = 1\n" * 5 + "x = 1")
+        self.assertEqual(line_count(unterminated), 5)
+        self.assertEqual(long_modules([at, over, unterminated], limit=5, root=sample), ["over.py (6 lines)"])
 
     def test_checker_sees_type_checking_imports(self) -> None:
         """The check reads imports under ``if TYPE_CHECKING:`` too (it would catch a hidden one)."""

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nsqtw.core import channel as channel_module
+from nsqtw.core import flight
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.interfaces import IAuthorizer
 from nsqtw.observe.stats import format_text, snapshot
@@ -362,7 +362,7 @@ class SampleRateTests(SynchronousTestCase):
     def test_sampled_out_messages_are_dropped(self) -> None:
         """A client with sample_rate gets messages whose draw is at most the rate; the rest are gone."""
         draws = iter([10, 30, 31, 99, 0, 50] * 10)
-        self.patch(channel_module.random, "randrange", lambda n: next(draws))
+        self.patch(flight.random, "randrange", lambda n: next(draws))
         nsqd, clock = make_nsqd()
         proto, transport = connect(nsqd, clock)
         identify(proto, sample_rate=30)

@@ -21,7 +21,7 @@ from nsqtw.spark.blocks import (
     scan_frames,
     to_record_batch,
 )
-from nsqtw.spark.consumer import Offset
+from nsqtw.spark.offsets import Offset
 from nsqtw.spark.options import DEFAULT_MAX_IN_FLIGHT, NSQOptionError, ReaderOptions, WriterOptions, lookupd_url
 
 BASE = {"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "events", "channel": "spark"}
