@@ -14,7 +14,6 @@ and files; what it wants logged travels back with each result
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any, cast
 
 from twisted.logger import LogLevel
 
-from nsqtw.storage.atomic import atomic_write, fsync_dir
+from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir
 from nsqtw.storage.executor import Reply
 from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, parse_meta, read_size, split_records
 from nsqtw.storage.segment_files import LogEvent, SegmentFiles
@@ -328,7 +327,8 @@ class DiskState(SegmentFiles):
         n = len(batch)
         try:
             if self.keep_free:
-                self._check_room(batch)
+                check_room(self.data_path, sum(map(len, batch)) + 4 * len(batch), self.keep_free,
+                           "delivering what is queued")
             while written < n:
                 size = len(batch[written])
                 if size < self.min_msg_size or size > self.max_msg_size:
@@ -351,14 +351,6 @@ class DiskState(SegmentFiles):
                       name=self.name, count=len(batch) - written, error=str(e))
             return written, f"DISKQUEUE({self.name}) failed to write: {e}"
         return written, None
-
-    def _check_room(self, batch: list[bytes]) -> None:
-        """Fail the batch with ENOSPC if writing it would leave less than :attr:`keep_free` free."""
-        st = os.statvfs(self.data_path)
-        need = sum(map(len, batch)) + 4 * len(batch)
-        if st.f_bavail * st.f_frsize < self.keep_free + need:
-            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the last {self.keep_free} bytes"
-                                        " are kept for delivering what is queued)")
 
     def _fsync_written(self) -> None:
         """Durable mode: a batch counts as written only once fsynced.
