@@ -17,7 +17,7 @@ Two halves:
   records or 1 MiB. Smaller chunks left a reader at 400,000 messages/s
   waiting for the refill (its disk thread is also writing the copies a topic
   hands over); bigger ones hold the GIL longer on the disk thread while
-  it splits them (docs/performance.md, "Reading back from disk"). A queue
+  it splits them. A queue
   reads 1,024 ahead until reads take records out of it, then twice as many
   at each read up to the 4,096: a topic without channels or a channel
   without consumers, thousands of them on a node, hold no more than before.
