@@ -259,6 +259,32 @@ def test_sigterm_during_mixed_load_keeps_everything(tmp_path, daemon_factory) ->
     assert not missing, f"{len(missing)} of {len(wanted)} acknowledged messages lost: {sorted(missing)[:5]}"
 
 
+def test_kill9_with_parked_channels_keeps_what_went_to_disk(tmp_path, daemon_factory) -> None:
+    """Five channels without clients share their topic's log (parked) while it holds at most
+    --mem-queue-size=100 messages; past that each takes its share as its own and writes the rest to
+    its disk queue. After kill -9 and a restart each channel has exactly the messages written to its
+    disk queue, once each: the shared log was memory, lost like any memory queue (docs/storage.md)."""
+    data = str(tmp_path / "p")
+    d = daemon_factory("--mem-queue-size=100", data_path=data)
+    channels = [f"c{i}" for i in range(5)]
+    for path in ["/topic/create?topic=t"] + [f"/channel/create?topic=t&channel={ch}" for ch in channels]:
+        urllib.request.urlopen(urllib.request.Request(f"http://{d.http_address}{path}", method="POST")).read()
+    bodies = [b"%05d" % i for i in range(300)]
+    pub = Client(d.tcp_address)
+    for i in range(0, 300, 100):
+        pub.mpub("t", bodies[i:i + 100])
+        assert pub.response() == OK
+    time.sleep(1.0)  # the disk queues' writes (every 5 ms) and nsqd.dat (the channels) are done
+    d.kill()
+    d2 = daemon_factory("--mem-queue-size=100", data_path=data)
+    consumers = {ch: subscribe(d2.tcp_address, "t", ch, rdy=300) for ch in channels}
+    for ch, consumer in consumers.items():
+        got = [m.body for m in consumer.messages(200, timeout=30, fin=True)]
+        assert sorted(got) == bodies[100:], ch
+    for ch, consumer in consumers.items():
+        assert consumer.nothing_for(0.5) == [], f"{ch} delivered more than what went to disk"
+
+
 # --- moved here from the storage suite ---------------------------------------------------
 
 

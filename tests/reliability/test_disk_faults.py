@@ -154,6 +154,47 @@ def test_handoff_on_full_disk_loses_nothing(full_disk) -> None:
     assert_no_traceback(d)
 
 
+def test_parked_channels_overflow_on_a_full_disk_loses_nothing(tmp_path) -> None:
+    """Ten channels without clients share their topic's log (parked) until their share would pass
+    --mem-queue-size=100; the disk is full by then, so the copies they take as their own go to disk
+    queues that cannot write: /ping says NOK. Space back: health OK, and each channel delivers every
+    acknowledged message exactly once."""
+    path = tmp_path / "data"
+    path.mkdir()
+    flag = str(tmp_path / "disk-is-full")
+    d = Daemon(str(path), "--mem-queue-size=100", code=faulty_daemon_code(),
+               env={"NSQTW_TEST_DISK_FULL_FLAG": flag})
+    d.start()
+    try:
+        channels = [f"c{i}" for i in range(10)]
+        assert http_post(d, "/topic/create?topic=t") == 200
+        for ch in channels:
+            assert http_post(d, f"/channel/create?topic=t&channel={ch}") == 200
+        bodies = [b"%05d" % i for i in range(600)]
+        pub = Client(d.tcp_address)
+        pub.mpub("t", bodies[:100])  # the channels' shared log holds these
+        assert pub.response(timeout=10) == (0, b"OK")
+        open(flag, "w").close()
+        for i in range(100, 600, 100):  # past the bound: each channel's own copies, to its disk queue
+            pub.mpub("t", bodies[i:i + 100])
+            assert pub.response(timeout=10) == (0, b"OK")
+        assert wait_for(lambda: ping(d)[0] == 500, 15), "the channels' writes did not fail"
+        stats = json.loads(urllib.request.urlopen(f"http://{d.http_address}/stats?format=json&topic=t").read())
+        depths = {c["channel_name"]: c["depth"] for c in stats["topics"][0]["channels"]}
+        assert depths == dict.fromkeys(channels, 600)
+        os.unlink(flag)
+        assert wait_for(lambda: ping(d) == (200, b"OK"), 15), ping(d)
+        consumers = {ch: subscribe(d.tcp_address, "t", ch, rdy=600) for ch in channels}
+        for ch, consumer in consumers.items():
+            got = [m.body for m in consumer.messages(600, timeout=30, fin=True)]
+            assert sorted(got) == bodies, ch
+        for ch, consumer in consumers.items():
+            assert consumer.nothing_for(0.2) == [], f"{ch} delivered more than 600"
+        assert_no_traceback(d)
+    finally:
+        d.stop()
+
+
 def _publishers_against_a_full_disk(tmp_path, topic_of: Callable[[int], str], taken: tuple[int, int],
                                     *flags: str) -> None:
     """50 concurrent MPUB publishers (480 KB each, 24 MB in all) against a full disk, publisher n to
