@@ -197,6 +197,11 @@ class HandoffSlot:
         self._current = handoff
         return True
 
+    @property
+    def idle(self) -> bool:
+        """No hand-off under way."""
+        return self._current is None
+
     def step(self) -> bool | None:
         """The next step of the one under way: None when there is none, else True while it needs more."""
         current = self._current

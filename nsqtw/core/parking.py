@@ -87,6 +87,14 @@ class Parking(Generic[C]):
     def is_parked(self, channel: C) -> bool:
         return channel in self._parked
 
+    def takes_whole(self, n: int) -> bool:
+        """Whether a batch of ``n`` plain messages reaches every channel of the topic by
+        :meth:`append` alone: each is parked, none waits to be, none would be full for it.
+        (A stale limit of a channel unparked since only makes this say no.)"""
+        limits = self._limits
+        return (bool(self._parked) and not self._active and not self._candidates
+                and not (limits and limits[0][0] < self.end + n))
+
     def active(self) -> list[C]:
         """The channels not parked: those a batch's hand-off has to reach one by one."""
         return list(self._active)

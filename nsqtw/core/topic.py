@@ -185,6 +185,15 @@ class Topic:
         memory = self.memory
         delivery = self.delivery
         n = len(bodies)
+        parking = self._parking
+        if parking is not None and not memory and not delay and self._parks_at_once(parking, n):
+            # every channel is parked: the pump's next turn would only move these from memory
+            # to the channels' log (:meth:`distribute`), so they go there now and it sleeps on
+            msgs = [Message(b"%016x%b" % (values[0], bodies[0]), timestamp)] if n == 1 else \
+                new_messages(values, bodies, timestamp, 0.0)
+            parking.append(msgs)
+            self._count(bodies)
+            return None
         room = delivery.mem_queue_size - len(memory)
         records: list[bytes] = []
         delayed: list[Message] = []
@@ -211,13 +220,26 @@ class Topic:
                 raise
             if room:
                 memory.extend(new_messages(values[:room], bodies[:room], timestamp, delay))
-        self.message_count += n
-        self.message_bytes += sum(map(len, bodies))
+        self._count(bodies)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
             self._pump.wake()
         if records and delivery.wait_for_write:
             return delivery.published(delayed, self.backend.written())
         return None
+
+    def _count(self, bodies: list[bytes]) -> None:
+        self.message_count += len(bodies)
+        self.message_bytes += sum(map(len, bodies))
+
+    def _parks_at_once(self, parking: Parking[Channel], n: int) -> bool:
+        """Whether ``n`` new plain messages may go straight to the parked channels' log: the
+        pump would hand them nowhere else and has nothing before them (nothing queued or under
+        way, not paused or held), and the log takes them whole (:meth:`Parking.takes_whole`).
+        The pump's turn per publish, a fifth of a one-message round trip's reactor time, is
+        saved: a PUB to channels nobody reads costs what a PUB to a topic without channels does."""
+        return (n <= self.delivery.mem_queue_size and parking.takes_whole(n)
+                and not self.paused and not self._held and self._handoff.idle
+                and not self.backend.depth() and not self.owner.unwritten.over())
 
     # -- the pump: copy batches to the channels ------------------------------
 

@@ -109,8 +109,9 @@ class ParkingTests(SynchronousTestCase):
         return [m.body for m in reader.got]
 
     def test_a_pub_to_channels_without_clients_costs_no_step_per_channel(self) -> None:
-        """500 channels without clients: each PUB reaches all of them in one pump step (HANDOFF_CHANNELS
-        is 7 here, so each channel taken one by one would need 72), and each counts it."""
+        """500 channels without clients, all parked: each PUB reaches all of them at once, in the
+        publish call, with no pump step at all (HANDOFF_CHANNELS is 7 here, so each channel taken
+        one by one would need 72), and each counts it."""
         self.patch(handoff, "HANDOFF_CHANNELS", 7)
         nsqd, topic = self.build()
         channels = [topic.get_channel(f"c{i}") for i in range(500)]
@@ -122,8 +123,11 @@ class ParkingTests(SynchronousTestCase):
             steps.append(1)
             return drain()
         topic._pump._drain = counted
-        self.publish(b"a", b"b", b"c")
-        self.assertEqual(len(steps), 3)
+        for body in (b"a", b"b", b"c"):
+            nsqd.publish("t", [body])
+            self.assertEqual({c.depth() for c in channels}, {1 + b"abc".index(body)})  # before any turn
+        self.settle()
+        self.assertEqual(len(steps), 0)
         self.assertEqual({c.depth() for c in channels}, {3})
         self.assertEqual({c.message_count for c in channels}, {3})
         self.assertEqual({c.stats_counts()["depth"] for c in channels}, {3})
@@ -131,6 +135,32 @@ class ParkingTests(SynchronousTestCase):
         self.assertEqual({len(c.memory) for c in channels}, {0})  # no copy of their own yet
         for channel in channels[:3]:
             self.assertEqual(self.read_all(channel), [b"a", b"b", b"c"])
+
+    def test_a_publish_goes_to_the_log_at_once_only_when_the_pump_has_nothing_else(self) -> None:
+        """Straight to the parked channels' log in the publish call, except while the pump would
+        do something else first: a paused topic holds it in memory (and what follows, behind it),
+        a channel with a client takes it from the pump's hand-off. Order and counts hold."""
+        nsqd, topic = self.build()
+        a, b = topic.get_channel("a"), topic.get_channel("b")
+        self.settle()
+        topic.pause()
+        nsqd.publish("t", [b"1"])
+        self.settle()
+        self.assertEqual((a.depth(), topic.depth()), (0, 1))  # held by the paused topic
+        topic.unpause()
+        nsqd.publish("t", [b"2"])  # memory is not empty: behind "1", through the pump
+        self.assertEqual(a.depth(), 0)
+        self.settle()
+        self.assertEqual((a.depth(), topic.depth()), (2, 0))
+        nsqd.publish("t", [b"3"])
+        self.assertEqual(a.depth(), 3)  # at once
+        reader = Reader.subscribe(b, rdy=100)
+        nsqd.publish("t", [b"4"])
+        self.assertEqual(a.depth(), 3)  # b is not parked now: the pump's hand-off
+        self.settle()
+        self.assertEqual([m.body for m in reader.got], [b"1", b"2", b"3", b"4"])
+        self.assertEqual((a.depth(), a.message_count, b.message_count), (4, 4, 4))
+        self.assertEqual(self.read_all(a), [b"1", b"2", b"3", b"4"])
 
     def test_order_across_parking_and_a_client(self) -> None:
         """Messages queued before the channel parked, shared while parked, and given after a
