@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -42,7 +42,7 @@ __all__ = ["DurableChannelDelivery", "DurableDelivery", "DurableTopicDelivery", 
 KEEP_FREE_MAX = 32 << 20
 
 
-def keep_free(fs_bytes: int, writer: str) -> int:
+def keep_free(fs_bytes: int, writer: Literal["topic", "channel", "journal"]) -> int:
     """Bytes a durable node's ``writer`` ("topic", "channel" or "journal") leaves free on a
     filesystem of ``fs_bytes``.
 
@@ -62,6 +62,7 @@ def keep_free(fs_bytes: int, writer: str) -> int:
     """
     reserve = min(KEEP_FREE_MAX, fs_bytes // 8)
     return {"topic": reserve, "channel": reserve // 2, "journal": reserve // 16}[writer]
+
 
 def compact_min(fs_bytes: int) -> int:
     """The size under which a durable channel's journal is not compacted, on a filesystem of
