@@ -643,7 +643,9 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
     def deliver(self, messages: list[Message]) -> None:
         self.in_flight_count += len(messages)
         self.message_count += len(messages)
-        self._write(frames(messages))
+        write = self._write
+        for piece in frames(messages):
+            write(piece)
 
     def messages_finished(self, count: int) -> None:
         self.in_flight_count -= count

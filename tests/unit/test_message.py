@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import inspect
+import itertools
 import os
 import random
 import shutil
@@ -50,9 +51,9 @@ class EncodingTests(SynchronousTestCase):
 
     def test_frames_of_a_batch_are_each_frame_back_to_back(self) -> None:
         msgs = [Message(MSG_ID + b"x" * i, 1_000 + i, i) for i in range(5)]
-        self.assertEqual(frames(msgs), b"".join(
-            struct.pack(">ii", 26 + i + 4, FRAME_TYPE_MESSAGE) + m.encode() for i, m in enumerate(msgs)))
-        self.assertEqual(frames([]), b"")
+        self.assertEqual(frames(msgs), [b"".join(
+            struct.pack(">ii", 26 + i + 4, FRAME_TYPE_MESSAGE) + m.encode() for i, m in enumerate(msgs))])
+        self.assertEqual(frames([]), [])
 
     def test_a_run_of_records_decodes_as_each_would(self) -> None:
         records = [Message(MSG_ID + b"b" * i, 7 + i, i).encode() for i in range(4)]
@@ -236,9 +237,23 @@ class BatchTests(SynchronousTestCase):
                         rng.choice([0, 1, 0xFFFF, rng.randrange(0x10000)])) for _ in range(200)]
         want = b"".join(struct.pack(">iiqH", 14 + len(m.data), FRAME_TYPE_MESSAGE, m.timestamp, m.attempts) + m.data
                         for m in msgs)
-        self.assertEqual(frames(msgs), want)
-        self.assertEqual(frames([]), b"")
-        self.assertEqual(frames(msgs[:1]), msgs[0].frame())
+        self.assertEqual(b"".join(frames(msgs)), want)
+        self.assertEqual(frames([]), [])
+        self.assertEqual(frames(msgs[:1]), [msgs[0].frame()])
+
+    def test_frames_come_in_pieces_of_whole_frames(self) -> None:
+        """A big batch is cut into pieces of about WIRE_PIECE bytes, each ending with a whole frame."""
+        msgs = [Message(MSG_ID + bytes([i % 251]) * (100 + i * 7 % 900), i, 1) for i in range(500)]
+        pieces = frames(msgs)
+        self.assertGreater(len(pieces), 10)
+        self.assertEqual(b"".join(pieces), b"".join(m.frame() for m in msgs))
+        for piece in pieces[:-1]:
+            self.assertGreaterEqual(len(piece), message.WIRE_PIECE)
+            self.assertLess(len(piece), message.WIRE_PIECE + 18 + 16 + 1000)
+        ends = set(itertools.accumulate(len(m.frame()) for m in msgs))
+        self.assertTrue(set(itertools.accumulate(map(len, pieces))) <= ends, "a frame was split")
+        big = Message(MSG_ID + b"x" * (3 * message.WIRE_PIECE), 1, 1)
+        self.assertEqual(frames([big]), [big.frame()])
 
     def test_frames_refuse_what_struct_refuses(self) -> None:
         """Numbers out of their fields' range raise (an error of struct's, or OverflowError or ValueError)."""
