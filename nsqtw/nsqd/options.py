@@ -500,9 +500,8 @@ FLAGS: tuple[Flag, ...] = (
         "duration",
         "nsqtw only: while events arrive, and are handled, in less than this, the reactor looks"
         " for the next one this long before it sleeps, as Go's scheduler spins: quicker one-command"
-        " round trips where a core is spare, at the cost of a busy core while traffic is brisk"
-        " (slower where cores are few and shared); 0 (the default) is off, at most 10ms"
-        " (see docs/performance.md).",
+        " round trips, at the cost of a busy core while traffic is brisk; 0 turns it off,"
+        " at most 10ms (see docs/performance.md).",
         _A,
     ),
 )

@@ -127,7 +127,7 @@ class DefaultsTests(SynchronousTestCase):
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
                           "max_unwritten_bytes", "metrics_per_client", "busy_poll"})
         self.assertIs(NSQDOptions().durable_delivery, False)
-        self.assertEqual(NSQDOptions().busy_poll, 0.0)  # off: it buys latency with a core
+        self.assertEqual(NSQDOptions().busy_poll, 200e-6)  # docs/performance.md, "Busy polling"
         self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
         self.assertEqual(NSQDOptions().max_unwritten_bytes, 256 * 1024 * 1024)
