@@ -62,6 +62,25 @@ def send_now(sock: socket.socket, data: bytes) -> bytes:
     return data[sent:] if sent < len(data) else b""
 
 
+#: the most buffers one ``sendmsg`` takes (Linux's ``IOV_MAX``); more wait for Twisted's write
+_IOV_MAX = 1024
+
+
+def send_pieces(sock: socket.socket, pieces: list[bytes]) -> list[bytes]:
+    """Send ``pieces`` at once, in one ``sendmsg`` (gathered by the kernel, never joined here);
+    what it did not take, in order, for Twisted's write to queue (the caller's promise and
+    the errors as in :func:`send_now`)."""
+    try:
+        sent = sock.sendmsg(pieces[:_IOV_MAX])
+    except OSError:
+        return pieces
+    for i, piece in enumerate(pieces):
+        if sent < len(piece):
+            return [piece[sent:], *pieces[i + 1:]] if sent else pieces[i:]
+        sent -= len(piece)
+    return []
+
+
 class EagerServer(tcp.Server):
     """A server-side connection that writes directly when its buffer is empty.
 
@@ -97,13 +116,31 @@ class EagerServer(tcp.Server):
         """Send what was written since :meth:`cork` (in one write), and stop holding."""
         corked, self._corked = self._corked, None
         if corked:
-            self.write(b"".join(corked))  # one piece: join hands back that same object
+            self.writeSequence(corked)
 
     def writeSequence(self, iovec: Any) -> None:
-        if type(iovec) is list and all(type(part) is bytes for part in iovec):
-            self.write(b"".join(iovec))
+        """Several buffers: sent together in one ``sendmsg`` when they may go at once (a
+        response's head and body, a consumer's MESSAGE frames in pieces), without joining them."""
+        if type(iovec) is not list or not all(type(part) is bytes for part in iovec):
+            super().writeSequence(iovec)  # type: ignore[no-untyped-call]
+        elif self._corked is not None:
+            self._corked.extend(part for part in iovec if part)
+        elif len(iovec) < 2:
+            for part in iovec:
+                self.write(part)
+        elif self._sends_now():
+            rest = send_pieces(self.socket, iovec)
+            if rest:
+                super().writeSequence(rest)  # type: ignore[no-untyped-call]
         else:
             super().writeSequence(iovec)  # type: ignore[no-untyped-call]
+
+    def _sends_now(self) -> bool:
+        """Whether a write may go to the socket at once rather than through Twisted's buffers:
+        nothing is queued (:func:`may_send_now`), no TLS, not closing, no pull producer (which
+        Twisted asks for more from ``doWrite``)."""
+        return (not self.TLS and self.connected and not self.disconnecting and may_send_now(self)
+                and (self.producer is None or self.streamingProducer))
 
     def setTcpNoDelay(self, enabled: bool) -> None:
         # twisted.web's HTTPChannel asks again for what __init__ set: one system call saved
@@ -154,12 +191,7 @@ class EagerServer(tcp.Server):
             if data:
                 self._corked.append(data)
             return
-        # Twisted's own buffers (nsqtw.net.twisted_privates): if anything is queued, or
-        # TLS is on, or the connection is closing, append; likewise for a pull producer,
-        # which Twisted asks for more from doWrite
-        if (self.TLS or not self.connected or self.disconnecting or type(data) is not bytes or not data
-                or not may_send_now(self)
-                or (self.producer is not None and not self.streamingProducer)):
+        if type(data) is not bytes or not data or not self._sends_now():
             super().write(data)  # type: ignore[no-untyped-call]
             return
         rest = send_now(self.socket, data)

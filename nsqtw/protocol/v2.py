@@ -643,9 +643,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
     def deliver(self, messages: list[Message]) -> None:
         self.in_flight_count += len(messages)
         self.message_count += len(messages)
-        write = self._write
-        for piece in frames(messages):
-            write(piece)
+        self.transport.writeSequence(frames(messages))  # type: ignore[union-attr]
 
     def messages_finished(self, count: int) -> None:
         self.in_flight_count -= count

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import types
 from typing import Any
 
 from twisted.internet import error, main
@@ -99,6 +100,11 @@ class _CountingSocket:
         self.sends.append(bytes(data))
         return self._sock.send(data)
 
+    def sendmsg(self, buffers: list[bytes]) -> int:
+        """A gathered send, recorded as the bytes it offered."""
+        self.sends.append(b"".join(buffers))
+        return self._sock.sendmsg(buffers)
+
     def setsockopt(self, *args: Any) -> None:
         self.calls.append("setsockopt")
         self._sock.setsockopt(*args)
@@ -152,10 +158,34 @@ class EagerServerTests(SynchronousTestCase):
         self.assertEqual(self.sock.sends[-1], b"after")
 
     def test_write_sequence_is_one_send(self) -> None:
-        """writeSequence on an idle connection joins its parts into one send instead of buffering them."""
+        """writeSequence on an idle connection sends its parts in one gathered send instead of buffering them."""
         self.server.writeSequence([b"a", b"b", b"c"])
         self.assertEqual(self.sock.sends, [b"abc"])
+        self.assertEqual(self.received(), b"abc")
         self.assertEqual(self.reactor.getWriters(), [])
+
+    def test_what_a_gathered_send_leaves_is_queued_in_order(self) -> None:
+        """Parts the socket did not take, a part cut where the send stopped, wait in Twisted's buffer, in order."""
+        self.sock.sendmsg = lambda buffers: 5  # type: ignore[method-assign]  # took "ab" and "cde"
+        self.server.writeSequence([b"ab", b"cdefg", b"hi"])
+        self.assertEqual(self.reactor.getWriters(), [self.server])
+        del self.sock.sendmsg
+        self.server.write(b"jk")  # queued behind them, not sent ahead
+        self.assertEqual(self.sock.sends, [])
+        self.server.doWrite()
+        self.assertEqual(self.received(), b"fghijk")
+
+    def test_gathered_send_cuts(self) -> None:
+        """send_pieces returns exactly what a send of each count of bytes left."""
+        pieces = [b"ab", b"cde", b"f"]
+        for sent, rest in [(0, pieces), (1, [b"b", b"cde", b"f"]), (2, [b"cde", b"f"]), (4, [b"e", b"f"]),
+                           (5, [b"f"]), (6, [])]:
+            sock = types.SimpleNamespace(sendmsg=lambda buffers, n=sent: n)
+            self.assertEqual(eager.send_pieces(sock, pieces), rest, sent)  # type: ignore[arg-type]
+
+        def refuse(buffers: list[bytes]) -> int:
+            raise BlockingIOError()
+        self.assertEqual(eager.send_pieces(types.SimpleNamespace(sendmsg=refuse), pieces), pieces)  # type: ignore[arg-type]
 
     def test_close_when_idle_skips_the_writability_round(self) -> None:
         """With nothing queued, loseConnection closes on the next turn: no writer, never synchronously."""
