@@ -232,13 +232,13 @@ def frames(messages: list[Message]) -> list[bytes]:
     and one out of its field's range raises (OverflowError or ValueError).
 
     A piece ends with the frame that takes it to :data:`WIRE_PIECE` bytes or
-    past (a frame is never split). A consumer at RDY 2500 is handed half a
-    megabyte at once; as one buffer, built by growing and then copied out,
-    glibc served it from memory it had just given back to the system, and
-    the page faults of refilling it (one per 4 KiB, about 300,000 in six
-    seconds of ``bench_reader``) cost a tenth of the read path's CPU.
-    Buffers of this size come from the heap's free memory; the extra
-    ``send`` per piece is a small fraction of the copy it carries.
+    past (a frame is never split); the pieces go out in one gathered send
+    (``EagerServer.writeSequence``). A consumer at RDY 2500 is handed half a
+    megabyte at once, and nsqd keeps glibc's mmap threshold at 128 KiB
+    (:func:`nsqtw.heap.return_big_blocks`): as one buffer it got pages of
+    its own, faulted in one by one as it filled (about 300,000 faults in
+    six seconds of ``bench_reader``, a tenth of the read path's CPU).
+    Pieces this size come from the heap and are used again.
     """
     pieces: list[bytes] = []
     out = BytesWriter()
