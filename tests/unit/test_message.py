@@ -254,6 +254,10 @@ class BatchTests(SynchronousTestCase):
         self.assertTrue(set(itertools.accumulate(map(len, pieces))) <= ends, "a frame was split")
         big = Message(MSG_ID + b"x" * (3 * message.WIRE_PIECE), 1, 1)
         self.assertEqual(frames([big]), [big.frame()])
+        small = msgs[:3]
+        mixed = frames([*small, big, *small])
+        self.assertEqual(mixed, [b"".join(m.frame() for m in [*small, big]), b"".join(m.frame() for m in small)])
+        self.assertEqual(frames(small), [b"".join(m.frame() for m in small)], "nothing left over between calls")
 
     def test_frames_refuse_what_struct_refuses(self) -> None:
         """Numbers out of their fields' range raise (an error of struct's, or OverflowError or ValueError)."""
