@@ -139,8 +139,8 @@ class EagerServer(tcp.Server):
         """Whether a write may go to the socket at once rather than through Twisted's buffers:
         nothing is queued (:func:`may_send_now`), no TLS, not closing, no pull producer (which
         Twisted asks for more from ``doWrite``)."""
-        return (not self.TLS and self.connected and not self.disconnecting and may_send_now(self)
-                and (self.producer is None or self.streamingProducer))
+        return bool(not self.TLS and self.connected and not self.disconnecting and may_send_now(self)
+                    and (self.producer is None or self.streamingProducer))
 
     def setTcpNoDelay(self, enabled: bool) -> None:
         # twisted.web's HTTPChannel asks again for what __init__ set: one system call saved
