@@ -146,6 +146,9 @@ def new_messages(values: Sequence[int], bodies: list[bytes], timestamp: int, del
     Each message's data is its ID then its body, formatted in one step.
     ``delay`` is a DPUB's delay in seconds (see :attr:`Message.deadline`).
     """
+    if len(bodies) == 1 and len(values) == 1 and 0 <= values[0] < _ID_LIMIT:
+        # a PUB: one format, without the batch's pack and hexlify (checked as they would be)
+        return [Message(b"%016x%b" % (values[0], bodies[0]), timestamp, 0, delay)]
     ids = _hex_ids(values, bodies)
     out: list[Message] = []
     i = 0

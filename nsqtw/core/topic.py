@@ -40,13 +40,6 @@ if TYPE_CHECKING:
     from nsqtw.core.channel import Channel
 
 
-def _new_messages(values: Sequence[int], bodies: list[bytes], timestamp: int, delay: float) -> list[Message]:
-    """Freshly published messages; a PUB's one without :func:`new_messages`' loop."""
-    if len(bodies) == 1:
-        return [Message(b"%016x%b" % (values[0], bodies[0]), timestamp, 0, delay)]
-    return new_messages(values, bodies, timestamp, delay)
-
-
 @implementer(IChannelOwner)
 class Topic:
     """Messages published to one topic, before they are copied to channels.
@@ -196,14 +189,14 @@ class Topic:
         if parking is not None and not memory and not delay and self._parks_at_once(parking, n):
             # every channel is parked: the pump's next turn would only move these from memory
             # to the channels' log (:meth:`distribute`), so they go there now and it sleeps on
-            parking.append(_new_messages(values, bodies, timestamp, 0.0))
+            parking.append(new_messages(values, bodies, timestamp, 0.0))
             self._count(bodies)
             return None
         room = delivery.mem_queue_size - len(memory)
         records: list[bytes] = []
         delayed: list[Message] = []
         if room >= n:
-            memory.extend(_new_messages(values, bodies, timestamp, delay))
+            memory.extend(new_messages(values, bodies, timestamp, delay))
         else:
             room = max(room, 0)
             if delay:
