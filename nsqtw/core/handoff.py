@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from nsqtw.core.channel import Channel
     from nsqtw.core.message import Message
 
-__all__ = ["BACKLOG_BYTES", "BACKLOG_LIMIT", "HANDOFF_CHANNELS", "HANDOFF_SLICE", "TOPIC_BATCH", "Batch", "Handoff",
-           "HandoffLedger", "HandoffSlot", "durable_backend", "is_behind", "put_in_memory", "put_journaled",
-           "when_written"]
+__all__ = ["BACKLOG_BYTES", "BACKLOG_LIMIT", "HANDOFF_CHANNELS", "HANDOFF_SLICE", "SPILL_INTERVAL", "TOPIC_BATCH",
+           "Batch", "Handoff", "HandoffLedger", "HandoffSlot", "durable_backend", "is_behind", "only_spill",
+           "put_in_memory", "put_journaled", "when_written"]
 
 #: messages a topic takes from its queue at once, to hand to its channels
 TOPIC_BATCH = 8192
@@ -35,6 +35,10 @@ HANDOFF_SLICE = 4096
 #: ... and channels: a message queued on a channel the caches no longer hold costs about a
 #: microsecond whatever the batch (a PUB to 5,000 channels), so a step reaches at most these
 HANDOFF_CHANNELS = 1024
+#: seconds a topic lets publishes gather while every copy would only go to a disk queue
+#: (:meth:`nsqtw.core.topic.Topic.distribute`): a disk queue hands its writes to its thread at
+#: most every 5 ms anyway, so the copies of one PUB after another reach it in one ``put_many``
+SPILL_INTERVAL = 0.005
 #: past this many records waiting for the disk thread, publishers wait for the write
 BACKLOG_LIMIT = 10000
 #: ... or past this many bytes of them (large messages)
@@ -63,6 +67,15 @@ def durable_backend(backend: IBackendQueue) -> IDurableBackendQueue:
     if not IDurableBackendQueue.providedBy(backend):
         raise TypeError(f"this delivery mode needs disk queues, not {backend!r}")
     return IDurableBackendQueue(backend)
+
+
+def only_spill(channels: list[Channel]) -> bool:
+    """Whether each of ``channels`` (at least one) would put a batch only into its backend, with
+    nobody to deliver to: no client, not journaled, a full memory queue."""
+    for channel in channels:
+        if channel.clients or channel.journaled or channel.room():
+            return False
+    return bool(channels)
 
 
 def put_in_memory(channels: list[Channel], msgs: list[Message], shared: bool) -> list[Channel]:

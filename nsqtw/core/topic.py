@@ -7,11 +7,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from nsqtw.core.handoff import (
     BACKLOG_LIMIT,
+    SPILL_INTERVAL,
     TOPIC_BATCH,
     Batch,
     Handoff,
@@ -19,6 +20,7 @@ from nsqtw.core.handoff import (
     HandoffSlot,
     durable_backend,
     is_behind,
+    only_spill,
 )
 from nsqtw.core.message import (
     MIN_VALID_MSG_LENGTH,
@@ -87,6 +89,9 @@ class Topic:
         self._parking: Parking[Channel] | None = Parking() if self._ledger is None else None
         #: waiting for a channel's disk, or the node's, to catch up before copying more
         self._held = False
+        #: the last batch's copies all went to disk queues, nobody to deliver to (see _wake_for_publish)
+        self._spilling = False
+        self._spill_call: IDelayedCall | None = None
         #: publishers waiting for the backend's backlog to fall under the bound
         self._room_waiters: list[Deferred[None]] = []
         self._pump = Pump(clock, self.distribute, f"TOPIC({name})")
@@ -218,10 +223,32 @@ class Topic:
                 memory.extend(new_messages(values[:room], bodies[:room], timestamp, delay))
         self._count(bodies)
         if self.channels:  # else nothing to do until get_channel() wakes the pump
-            self._pump.wake()
+            self._wake_for_publish()
         if records and delivery.wait_for_write:
             return delivery.published(delayed, self.backend.written())
         return None
+
+    def _wake_for_publish(self) -> None:
+        """Run the pump for what was just published: on the next turn, or, while every copy
+        would only go to a disk queue (the last batch's channels were all full, without
+        clients), after :data:`~nsqtw.core.handoff.SPILL_INTERVAL`.
+
+        A PUB to 50 such channels cost 50 ``put_many`` calls and their flush
+        bookkeeping, a batch per PUB; gathered, the PUBs of an interval are one
+        batch and one ``put_many`` a channel, as the disk queue would have
+        written them together anyway. Nobody waits for these copies; a
+        channel that gets a client, or room, is seen at the next batch. The
+        topic's memory queue holds the gathered messages, so it is never let
+        past half full: from there the pump runs at once.
+        """
+        if not self._spilling or 2 * len(self.memory) >= self.delivery.mem_queue_size:
+            self._pump.wake()
+        elif self._spill_call is None:
+            self._spill_call = self.clock.callLater(SPILL_INTERVAL, self._spill_tick)
+
+    def _spill_tick(self) -> None:
+        self._spill_call = None
+        self._pump.wake()
 
     def _count(self, bodies: list[bytes]) -> None:
         self.message_count += len(bodies)
@@ -267,7 +294,9 @@ class Topic:
         if parking is not None and len(parking):
             channels = self._park_batch(parking, batch, channels)
             if not channels:  # every channel parked: the log has the batch (no ledger to tell)
+                self._spilling = False
                 return bool(self.memory) or self.backend.depth() > 0
+        self._spilling = self._ledger is None and only_spill(channels)
         return self._handoff.begin(Handoff(self, channels, batch)) or bool(self.memory) or self.backend.depth() > 0
 
     def _park_batch(self, parking: Parking[Channel], batch: Batch, channels: list[Channel]) -> list[Channel]:
@@ -508,6 +537,9 @@ class Topic:
 
     def _stop(self) -> None:
         self.exiting = True
+        if self._spill_call is not None:
+            self._spill_call.cancel()
+            self._spill_call = None
         self._pump.stop()
         self._check_room(None)
 

@@ -35,7 +35,9 @@ MESSAGES = 30
 SLICE = 200
 
 
-class FanoutTests(SynchronousTestCase):
+class FanoutCase(SynchronousTestCase):
+    """A node on a task.Clock with synchronous disk jobs, and what its tests ask of it."""
+
     def setUp(self) -> None:
         self.path = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, self.path)
@@ -132,6 +134,8 @@ class FanoutTests(SynchronousTestCase):
         objects = [id(m) for msgs in got.values() for m in msgs]
         self.assertEqual(len(set(objects)), len(objects))
 
+
+class FanoutTests(FanoutCase):
     def test_buffered(self) -> None:
         """Default mode: copies in slices of at most HANDOFF_SLICE per step, all of them, in order,
         on plain, ephemeral and paused channels alike."""
@@ -210,3 +214,94 @@ class FanoutTests(SynchronousTestCase):
         self.assertEqual(len(deferred), CHANNELS)
         self.assertEqual(len({id(m) for m in deferred}), CHANNELS)
         self.assertEqual({m.deadline for m in deferred}, {EPOCH + 5.0})
+
+
+class SpillTests(FanoutCase):
+    """Full channels without clients: the copies of one PUB after another gather in the topic for
+    SPILL_INTERVAL and reach each disk queue in one ``put_many``."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        options = make_options(mem_queue_size=40)
+        self.nsqd = NSQD(options, self.clock, self.disk(options))
+        self.topic = self.nsqd.get_topic("t")
+        self.names = [f"c{i}" for i in range(5)]
+        for name in self.names:
+            self.topic.get_channel(name)
+        self.settle()
+        self.bodies: list[bytes] = []
+        self.publish(40)  # each channel's memory queue is full,
+        self.publish(1)  # and that one went to the disk queues
+        self.settle()
+        self.puts = {name: self.count_puts(self.topic.channels[name]) for name in self.names}
+
+    def publish(self, n: int) -> None:
+        bodies = [b"m%03d" % (len(self.bodies) + i) for i in range(n)]
+        self.bodies.extend(bodies)
+        self.nsqd.publish("t", bodies)
+
+    def count_puts(self, channel: Channel) -> list[int]:
+        """The size of each ``put_many`` the channel's disk queue gets from now on."""
+        sizes: list[int] = []
+        put_many = channel.backend.put_many
+
+        def counted(records: Any) -> None:
+            records = list(records)
+            sizes.append(len(records))
+            put_many(records)
+        self.patch(channel.backend, "put_many", counted)
+        return sizes
+
+    def depths(self) -> list[int]:
+        return [self.topic.channels[name].depth() for name in self.names]
+
+    def test_pubs_gather_for_the_interval(self) -> None:
+        """Ten PUBs within the interval: no hand-off, then one put_many of ten a channel; none lost."""
+        for _ in range(10):
+            self.publish(1)
+            self.settle()
+        self.assertEqual(self.depths(), [41] * 5)
+        self.assertEqual(self.topic.in_memory(), 10)
+        self.clock.advance(handoff.SPILL_INTERVAL)
+        self.settle()
+        self.assertEqual(self.depths(), [51] * 5)
+        self.assertEqual(self.puts, {name: [10] for name in self.names})
+        for name in self.names:
+            self.assertEqual(sorted(m.body for m in self.drain(self.topic.channels[name])), self.bodies, name)
+
+    def test_a_topic_memory_half_full_hands_off_at_once(self) -> None:
+        """The gathered messages never fill the topic's memory queue: at half of it the pump runs now."""
+        for _ in range(19):
+            self.publish(1)
+        self.settle()
+        self.assertEqual(self.depths(), [41] * 5)
+        self.publish(1)  # 20 of --mem-queue-size=40
+        self.settle()
+        self.assertEqual(self.depths(), [61] * 5)
+        self.assertEqual(self.puts, {name: [20] for name in self.names})
+        self.assertEqual(self.topic.in_memory(), 0)
+
+    def test_a_client_ends_the_gathering_at_the_next_batch(self) -> None:
+        """Once a channel has a client, the batch after it sees so, and each PUB is handed off at once."""
+        Reader.subscribe(self.topic.channels["c0"])
+        self.publish(1)  # the last batch said "spill only": this one waits for the interval,
+        self.settle()
+        self.assertEqual(self.depths(), [41] * 5)
+        self.clock.advance(handoff.SPILL_INTERVAL)
+        self.settle()
+        self.publish(1)  # and is the batch that sees the client
+        self.settle()
+        self.assertEqual(self.depths(), [43] * 5)
+        self.assertEqual(self.puts, {name: [1, 1] for name in self.names})
+
+    def test_a_stop_flushes_what_gathered(self) -> None:
+        """A graceful stop while PUBs gather: they are in the topic's memory, so in its disk queue after."""
+        for _ in range(5):
+            self.publish(1)
+        self.settle()
+        topic = self.topic
+        topic.close()
+        self.settle()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(topic.backend.depth(), 5)
+        self.assertEqual([topic.channels[name].backend.depth() for name in self.names], [41] * 5)

@@ -203,6 +203,8 @@ class ParkingTests(SynchronousTestCase):
         self.publish(b"1", b"2", b"3")
         self.assertEqual(len(topic._parking), 3)
         self.publish(b"4", b"5", b"6", b"7")
+        self.clock.advance(handoff.SPILL_INTERVAL)  # (the copies that only go to disk gather for it)
+        self.settle()
         self.assertEqual(len(topic._parking), 0)  # full: each holds its own 5 and writes the rest
         self.assertEqual({len(c.memory) for c in channels}, {5})
         self.assertEqual({c.backend.depth() for c in channels}, {2})
