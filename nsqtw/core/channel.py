@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from nsqtw.core.flight import put_in_flight, take_back, time_out
+from nsqtw.core.flight import Sent, put_in_flight, take_back, time_out
 from nsqtw.core.message import Message, copy_messages, decode_messages, end_flight
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
@@ -60,9 +60,9 @@ class Channel:
         self.parking: Parking[Channel] | None = None
         self.clients: dict[int, IConsumer] = {}
         self.in_flight = TimeoutQueue()
-        #: client id -> the IDs of its messages in flight and when each was sent (so a
-        #: disconnect costs O(its own in-flight), and TOUCH knows the --max-msg-timeout cap)
-        self._owned: dict[int, dict[bytes, float]] = {}
+        #: client id -> what was sent to it (so a disconnect costs O(its own in-flight), and
+        #: TOUCH knows the --max-msg-timeout cap)
+        self._owned: dict[int, Sent] = {}
         self.deferred = TimeoutQueue()
         self.paused = False
         self.exiting = False
@@ -253,7 +253,7 @@ class Channel:
             raise ValueError("too many consumers")
         self._unpark()  # its messages are read from the memory queue from now on
         self.clients[client.client_id] = client
-        self._owned[client.client_id] = {}
+        self._owned[client.client_id] = Sent()
         if client.ready_capacity() > 0:  # a V2 consumer starts at RDY 0: its RDY wakes the pump
             self._pump.wake()
 
@@ -261,9 +261,9 @@ class Channel:
         """Unsubscribe a client and requeue the messages it still had in flight."""
         if self.clients.pop(client.client_id, None) is None:
             return
-        owned = self._owned.pop(client.client_id, {})
+        sent = self._owned.pop(client.client_id, None)
         live = self.in_flight.live
-        orphans = [m for mid in owned if (m := live.get(mid)) is not None and m.client is client]
+        orphans = [] if sent is None else sent.in_flight(live, client)
         if orphans and not self.exiting:
             for m in orphans:
                 self.in_flight.remove(m.id)
@@ -391,8 +391,10 @@ class Channel:
                     exhausted = True
                     break
                 taken = len(msgs)
-                msgs, dropped = put_in_flight(msgs, client, in_flight, self.deferred.live,
-                                              self._owned.setdefault(client.client_id, {}), now)
+                sent = self._owned.get(client.client_id)
+                if sent is None:
+                    sent = self._owned[client.client_id] = Sent()
+                msgs, dropped = put_in_flight(msgs, client, in_flight, self.deferred.live, sent, now)
                 if dropped:
                     self.log.info("CHANNEL({topic}:{channel}): dropped {n} duplicate message(s) already in flight"
                                   " (a hand-off replayed after a crash)", topic=self.topic_name, channel=self.name,
@@ -425,8 +427,9 @@ class Channel:
         return budget <= 0 and not exhausted
 
     def owned_count(self, client: IConsumer) -> int:
-        """How many messages ``client`` has in flight here (the per-client index)."""
-        return len(self._owned.get(client.client_id, ()))
+        """How many messages ``client`` has in flight here (from what was sent to it)."""
+        sent = self._owned.get(client.client_id)
+        return 0 if sent is None else len(sent.in_flight(self.in_flight.live, client))
 
     # -- acknowledgements -------------------------------------------------
 
@@ -441,8 +444,7 @@ class Channel:
         e2e = self.e2e
         timestamps: list[int] | None = [] if e2e is not None else None
         failed = [(msg_id, NotInFlightError(why)) for msg_id, why in
-                  end_flight(self.in_flight.live, self._owned.get(client.client_id, {}), client, msg_ids,
-                             timestamps)]
+                  end_flight(self.in_flight.live, client, msg_ids, timestamps)]
         done = len(msg_ids) - len(failed)
         self.in_flight.removed(done)
         client.messages_finished(done)
@@ -473,7 +475,7 @@ class Channel:
         """
         if self.exiting:
             return [(msg_id, ExitingError()) for msg_id, _ in reqs]
-        refused, again, later = take_back(self.in_flight.live, self._owned.get(client.client_id, {}), client, reqs)
+        refused, again, later = take_back(self.in_flight.live, client, reqs)
         if later:
             now = self.clock.seconds()
             for msg, delay in later:
@@ -496,7 +498,8 @@ class Channel:
         if msg.client is not client:
             raise NotInFlightError("client does not own message")
         now = self.clock.seconds()
-        delivered_at = self._owned.get(client.client_id, {}).get(msg_id, now)
+        sent = self._owned.get(client.client_id)
+        delivered_at = now if sent is None else sent.sent_at(msg, client)
         deadline = min(now + timeout, delivered_at + self._max_msg_timeout)
         self.in_flight.remove(msg_id)
         self.in_flight.push(msg, deadline)
@@ -520,7 +523,7 @@ class Channel:
         now = self.clock.seconds()
         expired = self.in_flight.pop_due(now)
         if expired:
-            time_out(expired, self._owned, self.clients)
+            time_out(expired, self.clients)
             self.timeout_count += len(expired)
         due = self.deferred.pop_due(now)
         ready = expired + due
@@ -552,8 +555,8 @@ class Channel:
         self.memory.clear()
         for m in self.in_flight.clear():
             m.client = None
-        for owned in self._owned.values():
-            owned.clear()
+        for sent in self._owned.values():
+            sent.clear()
         self.deferred.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
@@ -581,8 +584,8 @@ class Channel:
         """Move memory, in-flight and deferred messages into the backend (graceful stop)."""
         self._unpark()
         msgs = list(self.memory) + self.in_flight.clear() + self.deferred.clear()
-        for owned in self._owned.values():
-            owned.clear()
+        for sent in self._owned.values():
+            sent.clear()
         self.memory.clear()
         for m in msgs:
             m.client = None

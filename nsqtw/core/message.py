@@ -298,9 +298,9 @@ def start_flight(messages: list[Message], ids: list[bytes], client: Any, deadlin
         m.deadline = deadline
 
 
-def end_flight(live: dict[bytes, Message], owned: dict[bytes, float], client: Any, ids: list[bytes],
+def end_flight(live: dict[bytes, Message], client: Any, ids: list[bytes],
                timestamps: list[int] | None) -> list[tuple[bytes, str]]:
-    """A run of FINs from ``client``: each message out of ``live`` and ``owned``, its client cleared.
+    """A run of FINs from ``client``: each message out of ``live``, its client cleared.
 
     The finished messages' timestamps are appended to ``timestamps`` unless
     it is None (for the end-to-end latency). Returns the IDs that could not
@@ -309,14 +309,12 @@ def end_flight(live: dict[bytes, Message], owned: dict[bytes, float], client: An
     the caller, once per run.
     """
     failed = []
-    disown = owned.pop
     for msg_id in ids:
         msg = live.get(msg_id)
         if msg is None or msg.client is not client:
             failed.append((msg_id, "ID not in flight" if msg is None else "client does not own message"))
             continue
         del live[msg_id]
-        disown(msg_id, None)
         msg.client = None
         if timestamps is not None:
             timestamps.append(msg.timestamp)

@@ -179,28 +179,26 @@ class BatchTests(SynchronousTestCase):
             message.start_flight([Message(MSG_ID, 1)], [], None, 1.0)
 
     def test_a_run_of_fins(self) -> None:
-        """Owned messages leave both dicts, their client cleared and timestamps collected;
-        an unknown ID, a repeated one and another client's are refused with nsqd's
-        reasons and change nothing."""
+        """Owned messages leave ``live``, their client cleared and timestamps collected; an
+        unknown ID, a repeated one and another client's are refused with nsqd's reasons and
+        change nothing."""
         me, other = object(), object()
         msgs = [Message(b"%016d" % i + b"body", 100 + i) for i in range(5)]
         ids = message.message_ids(msgs)
         message.start_flight(msgs[:4], ids[:4], me, 1.0)
         message.start_flight(msgs[4:], ids[4:], other, 1.0)
         live = dict(zip(ids, msgs, strict=True))
-        owned = dict.fromkeys(ids[:3], 0.5)  # the 4th is not in the index: still finished
         timestamps: list[int] = []
         run = [ids[0], ids[3], b"x" * 16, ids[0], ids[4], ids[2]]
-        failed = message.end_flight(live, owned, me, run, timestamps)
+        failed = message.end_flight(live, me, run, timestamps)
         self.assertEqual(failed, [(b"x" * 16, "ID not in flight"), (ids[0], "ID not in flight"),
                                   (ids[4], "client does not own message")])
         self.assertEqual(timestamps, [100, 103, 102])
         self.assertEqual(list(live), [ids[1], ids[4]])
-        self.assertEqual(list(owned), [ids[1]])
         self.assertEqual([m.client for m in msgs], [None, me, None, None, other])
-        self.assertEqual(message.end_flight(live, owned, other, [ids[4]], None), [])
+        self.assertEqual(message.end_flight(live, other, [ids[4]], None), [])
         self.assertEqual((list(live), msgs[4].client), ([ids[1]], None))
-        self.assertEqual(message.end_flight(live, owned, me, [], []), [])
+        self.assertEqual(message.end_flight(live, me, [], []), [])
 
     def test_fresh_records(self) -> None:
         """Records made straight from ID values and bodies are what building each Message and

@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nsqtw.core import flight
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE, frame
 from nsqtw.protocol.v2 import ClientState, V2Factory, V2Protocol
 from nsqtw.protocol.wire import encode_command, encode_mpub
@@ -302,6 +303,61 @@ class FlightTests(SynchronousTestCase):
         clock.advance(1.6)
         settle(clock)
         self.assertEqual([m[0] for m in c.messages()], [2])
+
+    def test_touch_cap_counts_from_the_latest_sending(self) -> None:
+        """A second TOUCH is capped from the same delivery; once the message times out and is sent
+        again, its cap counts from that sending, not the first."""
+        nsqd, clock = make_nsqd(msg_timeout=2.0, max_msg_timeout=3.0)
+        c = Consumer(nsqd, clock, "t", "c")
+        publish(nsqd, clock, "t", b"x")
+        [(_, msg_id, _)] = c.messages()
+        for _ in range(2):
+            clock.advance(1.0)
+            c.send(b"TOUCH " + msg_id + b"\n")  # deadline min(now + 2, sent + 3): 3.0 both times
+        clock.advance(0.9)
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        clock.advance(0.2)  # 3.1 s from the first sending: timed out and sent again
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [2])
+        for _ in range(2):
+            clock.advance(1.0)
+            c.send(b"TOUCH " + msg_id + b"\n")  # capped at 3 s from the second sending
+        clock.advance(0.9)
+        settle(clock)
+        self.assertEqual(c.messages(), [])
+        clock.advance(0.2)
+        settle(clock)
+        self.assertEqual([m[0] for m in c.messages()], [3])
+
+    def test_what_was_sent_is_forgotten_once_finished(self) -> None:
+        """A client's record of what it was sent stays bounded while it FINs thousands, and still
+        holds the one message it keeps: counted, and requeued when it goes."""
+        self.patch(flight, "SENT_SLACK", 20)
+        nsqd, clock = make_nsqd()
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(2000)])
+        c = Consumer(nsqd, clock, "t", "c", rdy=10)
+        channel = nsqd.topics["t"].channels["c"]
+        kept = None
+        held = []
+        for _ in range(300):
+            got = c.messages()
+            if not got:
+                break
+            if kept is None:
+                kept, got = got[0], got[1:]
+            for _, msg_id, _ in got:
+                c.fin(msg_id)
+            held.append(channel._owned[c.proto.client_id]._held)
+        self.assertEqual(channel.finish_count, 1999)
+        # at most twice the deliveries still holding something (the kept one's, the latest) and the slack
+        self.assertLessEqual(max(held), 2 * (10 + 10) + 20, held)
+        self.assertGreater(len(set(held)), 10)  # it grew and was cut back, over and over
+        self.assertEqual(channel.owned_count(c.proto), 1)
+        c.proto.connectionLost(None)
+        settle(clock)
+        self.assertEqual((channel.depth(), len(channel.in_flight)), (1, 0))
+        self.assertEqual(channel.next_messages(5)[0].id, kept[1])
 
     def test_req_now_and_with_delay(self) -> None:
         """REQ 0 redelivers at once; REQ with a delay defers it."""
