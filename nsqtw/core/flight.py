@@ -43,11 +43,13 @@ class Sent:
 
     __slots__ = ("_sent", "_held", "_limit", "_touched")
 
+    _sent: list[list[bytes]]
+    _held: int
+    _limit: int
+    _touched: dict[bytes, float]
+
     def __init__(self) -> None:
-        self._sent: list[list[bytes]] = []
-        self._held = 0
-        self._limit = SENT_SLACK
-        self._touched: dict[bytes, float] = {}
+        self.clear()
 
     def add(self, ids: list[bytes], live: dict[bytes, Message]) -> None:
         """A delivery of ``ids`` (the list is kept: the caller does not change it)."""
@@ -86,7 +88,7 @@ class Sent:
         return at
 
     def clear(self) -> None:
-        """Nothing in flight with the client any more (the channel was emptied or flushed)."""
+        """Nothing in flight with the client (new, or the channel was emptied or flushed)."""
         self._sent = []
         self._held = 0
         self._limit = SENT_SLACK
