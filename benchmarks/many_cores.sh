@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Go nsqd and nsqtw side by side on a many-core machine with Go's own bench tools, which start one
+# goroutine a core (16 publishers or consumers on 16 cores): MPUB write, read (RDY 2500) and one-message
+# round trips, each daemon with default flags, alternating, ROUNDS rounds of RUN each. Prints ops/s and
+# the cores each daemon's process tree used (from /proc).
+#
+#   benchmarks/many_cores.sh GO/bin [TWISTD]        # env: RUN=6s ROUNDS=2 NSQTW_FLAGS='--busy-poll=0'
+#
+# GO/bin holds Go NSQ v1.3.0's nsqd, bench_writer and bench_reader; TWISTD is the twistd of an install of
+# nsqtw (default: the one on PATH). The daemons listen on 127.0.0.1:4150/4151 and keep data in a temp dir.
+set -u
+BIN=${1:?usage: many_cores.sh GO/bin [TWISTD]}; TW=${2:-$(command -v twistd)}
+R=${RUN:-6s}; ROUNDS=${ROUNDS:-2}; D=$(mktemp -d)
+echo "nproc $(nproc), $("${TW%/*}/python" --version 2>&1), nsqtw flags '${NSQTW_FLAGS:-}'"
+TCK=$(getconf CLK_TCK)
+tree() { echo "$1"; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$c"; done; }
+cpu() { local s=0; for p in $(tree "$1"); do s=$((s + $(awk '{print $14+$15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $s; }
+wait_ping() { python3 -c "import time, urllib.request as u
+for i in range(200):
+    try: u.urlopen('http://127.0.0.1:4151/ping', timeout=1); break
+    except Exception: time.sleep(0.1)
+else: raise SystemExit('no /ping answer')"; }
+one() {
+  rm -rf "$D"/data; mkdir -p "$D"/data
+  if [ "$1" = go ]; then
+    env -C "$D"/data "$BIN"/nsqd --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path="$D"/data >"$D"/log 2>&1 &
+  else
+    # shellcheck disable=SC2086
+    env -C "$D"/data "$TW" -n --pidfile= nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 \
+      --data-path="$D"/data ${NSQTW_FLAGS:-} >"$D"/log 2>&1 &
+  fi
+  local P=$!; wait_ping
+  for spec in "write bench_writer -topic=bw" "read bench_reader -topic=bw" "rt bench_writer -topic=bp -batch-size=1"; do
+    set -- $spec; local kind=$1 prog=$2; shift 2
+    local c0 t0 c1 t1 ops; c0=$(cpu $P); t0=$(date +%s.%N)
+    ops=$("$BIN/$prog" -nsqd-tcp-address=127.0.0.1:4150 -runfor="$R" "$@" 2>&1 | grep -o '[0-9.]*ops/s' | tail -1)
+    c1=$(cpu $P); t1=$(date +%s.%N)
+    echo "$T $kind $ops daemon-cores $(python3 -c "print(round(($c1 - $c0) / $TCK / ($t1 - $t0), 2))")"
+  done
+  kill $P; wait $P 2>/dev/null
+}
+for _ in $(seq "$ROUNDS"); do for T in go nsqtw; do one $T; done; done
+rm -rf "$D"
