@@ -323,3 +323,79 @@ class PartitionTests(SynchronousTestCase):
             rows = [row for p in parts for rb in r.read(p) for row in rb.column("body").to_pylist()]  # type: ignore[attr-defined]
             self.assertEqual(rows, [m.body for m in msgs])
         self.assertEqual(self.reader([], 4).partitions(start, end), [])  # type: ignore[attr-defined]
+
+
+class FakeConn:
+    """A connection the consumer can FIN on: it records what was sent."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.closed = False
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+
+class PlanWaitTests(SynchronousTestCase):
+    """When a plan waits for nsqd to refill the RDY slots its FINs freed.
+
+    The consumer's condition wait is replaced by a clock step, so a wait
+    shows as time passing and nothing here sleeps or opens a socket.
+    """
+
+    def setUp(self) -> None:
+        from nsqtw.spark.consumer import Consumer
+
+        self.now = 100.0
+        self.waits: list[float] = []
+        self.consumer = Consumer(ReaderOptions.parse(BASE), discover=lambda: set(), clock=lambda: self.now)
+        self.consumer._cond.wait = self._wait  # type: ignore[method-assign]
+        self.consumer._base = 0
+
+    def _wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        self.now += timeout or 0.0
+        return False
+
+    def block(self, conn: FakeConn, first: int, n: int) -> Block:
+        ids = np.array([b"%016x" % (first + i) for i in range(n)], "S16")
+        return Block(conn, ids, np.arange(n, dtype=np.int64), np.ones(n, np.int32),
+                     pa.array([b"m"] * n, pa.binary()), self.now, first)
+
+    def batch_done(self, planned: FakeConn, waiting: FakeConn) -> Offset:
+        """A committed batch of 10 on ``planned``; 5 more arrived on ``waiting`` while it ran."""
+        c = self.consumer
+        c._rdy_sent = {planned: 50, waiting: 50}  # type: ignore[dict-item]
+        c._planned.append(self.block(planned, 1, 10))
+        c._last_seq = 10
+        c._pending.append(self.block(waiting, 100, 5))
+        c._arrived[waiting] = c._last_arrival = self.now - 0.5  # type: ignore[index]
+        return Offset(10)
+
+    def test_messages_waiting_from_the_freed_nsqd_are_taken_at_once(self) -> None:
+        """The FINed connection's nsqd already has messages here: the plan takes them without
+        waiting for that connection's refill."""
+        a1, a2 = FakeConn("a:1"), FakeConn("a:1")
+        end = self.consumer.plan(self.batch_done(a1, a2), None)
+        self.assertEqual(self.waits, [])
+        self.assertEqual(end.seq, 15)
+        self.assertEqual(len(a1.sent), 1)
+        self.assertTrue(a1.sent[0].startswith(b"FIN "))
+
+    def test_a_freed_nsqd_with_nothing_here_is_waited_for(self) -> None:
+        """Another nsqd's messages are waiting, but the one whose messages were FINed has nothing
+        here yet: the plan waits for its refill, so the batch takes from both."""
+        b, a = FakeConn("b:1"), FakeConn("a:1")
+        end = self.consumer.plan(self.batch_done(b, a), None)
+        self.assertGreater(sum(self.waits), 0)
+        self.assertEqual(end.seq, 15)
+
+    def test_a_refill_that_came_ends_the_wait(self) -> None:
+        """The freed nsqd delivering after the FIN is enough: no wait."""
+        b, a = FakeConn("b:1"), FakeConn("a:1")
+        start = self.batch_done(b, a)
+        fin_at = self.now
+        self.consumer._arrived[b] = fin_at + 0.001  # type: ignore[index]
+        self.consumer.plan(start, None)
+        self.assertEqual(self.waits, [])
