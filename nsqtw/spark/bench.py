@@ -5,6 +5,10 @@
 * ``writer``: ``df.write.format("nsq")`` publishes ``--messages`` rows;
   counted by nsqd (the topic's ``message_count``), timed from the call to
   its return (job start-up included).
+* ``rate``: Spark's own ``rate`` source into the ``noop`` sink for
+  ``--rate-seconds``, the ceiling of what Spark itself moves through a
+  streaming query on this machine (its rows are two narrow columns);
+  counted from the query's progress over the second half of the run.
 * ``noop`` and ``parquet``: ``--messages`` are published first, then a
   streaming query with a processingTime trigger reads them into the
   ``noop`` sink or a Parquet file sink. Counted by nsqd: a message is done
@@ -13,8 +17,8 @@
   "sustained" is the rate between 10% and 90% of the messages done, so
   the query's start-up is left out; "overall" includes it.
 
-Nothing is read from ``query.recentProgress``, which keeps only the last
-100 batches.
+Nothing of the nsq runs is read from ``query.recentProgress``, which keeps
+only the last 100 batches (the ``rate`` run polls it twice a second).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import pyarrow as pa
 from nsqtw.spark.options import WriterOptions
 from nsqtw.spark.producer import Producer
 
-RUNS = ("writer", "noop", "parquet")
+RUNS = ("writer", "noop", "parquet", "rate")
 
 
 def stats(http: str, topic: str, channel: str | None = None) -> dict[str, Any]:
@@ -167,6 +171,30 @@ def run_reader(spark: Any, a: argparse.Namespace, tag: str, sink: str) -> None:
     delete_topic(a.nsqd_http_address, topic)
 
 
+def run_rate(spark: Any, a: argparse.Namespace) -> None:
+    print(f'rate: spark.readStream.format("rate").option("rowsPerSecond", {a.rate_rows}).load()'
+          f'.writeStream.format("noop").trigger(processingTime="{a.trigger}").start(), {a.rate_seconds:.0f}s',
+          flush=True)
+    q = (spark.readStream.format("rate").option("rowsPerSecond", str(a.rate_rows)).load()
+         .writeStream.format("noop").trigger(processingTime=a.trigger).start())
+    seen: dict[int, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < a.rate_seconds:
+            if q.exception() is not None:
+                raise SystemExit(f"rate: the query failed: {q.exception()}")
+            time.sleep(0.5)
+            for progress in q.recentProgress:
+                seen[progress["batchId"]] = progress
+    finally:
+        q.stop()
+    batches = [seen[b] for b in sorted(seen)][len(seen) // 2:]
+    rows = sum(p["numInputRows"] for p in batches)
+    took = sum(p["durationMs"].get("triggerExecution", 0) for p in batches) / 1000
+    print(f"rate: {rows:,} rows in the last {len(batches)} batches, {took:.1f}s of batch time = "
+          f"{rows / max(took, 1e-9):,.0f} rows/s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m nsqtw.spark.bench",
                                 description=(__doc__ or "").split("\n")[0])
@@ -174,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
     p.add_argument("--messages", type=int, default=1000000)
     p.add_argument("--size", type=int, default=100, help="message body size in bytes")
-    p.add_argument("--runs", default=",".join(RUNS), help="which of writer,noop,parquet to run")
+    p.add_argument("--runs", default="writer,noop,parquet", help="which of writer,noop,parquet,rate to run")
+    p.add_argument("--rate-rows", type=int, default=2000000, help="the rate run's rowsPerSecond")
+    p.add_argument("--rate-seconds", type=float, default=60, help="how long the rate run runs")
     p.add_argument("--trigger", default="0 seconds", help="the readers' processingTime trigger")
     p.add_argument("--max-in-flight", type=int, default=0, help="the reader's max_in_flight (0: its default)")
     p.add_argument("--partitions", type=int, default=2, help="the writer's tasks")
@@ -201,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         for run in runs:
             if run == "writer":
                 run_writer(spark, a, tag)
+            elif run == "rate":
+                run_rate(spark, a)
             else:
                 run_reader(spark, a, tag, run)
     finally:

@@ -12,8 +12,11 @@ from nsqtw.spark.client import ConnectSettings, split_address
 #: nsqd's defaults for --max-msg-size and --max-body-size.
 DEFAULT_MAX_MSG_SIZE = 1024 * 1024
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024
-#: messages a reader holds at once; with 100-byte messages about 20 MB in the driver
-DEFAULT_MAX_IN_FLIGHT = 100000
+#: messages a reader holds at once; with 100-byte messages about 30 MB in the driver. A steady
+#: stream's batches take about half of it each (the other half arrives while Spark runs a batch),
+#: and Spark's fixed cost per batch (tens of milliseconds of planning and checkpoint writes) is
+#: spread over those: 64 connections of nsqd's default --max-rdy-count (2500)
+DEFAULT_MAX_IN_FLIGHT = 160000
 #: message bytes a reader holds at once before it stops asking for more (RDY 0)
 DEFAULT_MAX_BYTES_IN_FLIGHT = 256 * 1024 * 1024
 
