@@ -8,10 +8,13 @@ This measures how many one-message round trips a second that path carries and
 what CPU each side spends per message, with Go's ``bench_writer`` as the
 client, so the design can be weighed on a many-core machine:
 
-    python benchmarks/forward_probe.py --workers=8 --seconds=20 &
+    python benchmarks/forward_probe.py --workers=8 --seconds=20 [--busy-poll=0.0002] &
     GO/bench_writer -nsqd-tcp-address=127.0.0.1:4150 -batch-size=1 -runfor=6s -topic=t
 
-Only PUB and MPUB are understood (``bench_writer`` sends nothing else); the
+``--busy-poll`` runs every process on nsqtw's reactor, spinning that many
+seconds before it sleeps. Only what ``bench_writer`` sends is understood:
+IDENTIFY (answered OK, as by an nsqd without feature negotiation), PUB and
+MPUB. The
 owner does no topic work, so its CPU per message is the forwarding's alone: a
 topic's own per-message cost (``benchmarks/pub_cpu.py``) comes on top. At the
 end every process prints its messages and CPU, and the owner the totals.
@@ -35,16 +38,32 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _install_reactor(busy_poll: float) -> None:
+    """Twisted's epoll reactor, or with ``busy_poll`` (seconds) nsqtw's, spinning that long before it sleeps."""
+    if busy_poll <= 0:
+        from twisted.internet import epollreactor
+
+        epollreactor.install()
+        return
+    from nsqtw.net.busypoll import busy_poll_of
+    from nsqtw.net.epollreactor import install
+
+    install()
+    from twisted.internet import reactor
+
+    poll = busy_poll_of(reactor)
+    assert poll is not None
+    poll.limit = busy_poll
+
+
 def _server(make: Any) -> Any:
     from twisted.internet.protocol import ServerFactory
 
     return cast(Any, ServerFactory.forProtocol(make))
 
 
-def worker(listener: socket.socket, link: socket.socket, seconds: float, index: int) -> None:
-    from twisted.internet import epollreactor
-
-    epollreactor.install()
+def worker(listener: socket.socket, link: socket.socket, seconds: float, index: int, busy_poll: float) -> None:
+    _install_reactor(busy_poll)
     from twisted.internet import reactor
     from twisted.internet.interfaces import IReactorSocket
     from twisted.internet.protocol import Protocol
@@ -116,10 +135,8 @@ def worker(listener: socket.socket, link: socket.socket, seconds: float, index: 
     print(f"worker {index}: {counts['messages']:,} messages, {_cpu():.2f}s CPU", flush=True)
 
 
-def owner(links: list[socket.socket], seconds: float) -> tuple[int, float]:
-    from twisted.internet import epollreactor
-
-    epollreactor.install()
+def owner(links: list[socket.socket], seconds: float, busy_poll: float) -> tuple[int, float]:
+    _install_reactor(busy_poll)
     from twisted.internet import reactor
     from twisted.internet.interfaces import IReactorSocket
     from twisted.internet.protocol import Protocol
@@ -162,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--tcp-address", default="127.0.0.1:4150")
     p.add_argument("--seconds", type=float, default=20.0, help="how long the processes run")
+    p.add_argument("--busy-poll", type=float, default=0.0,
+                   help="seconds each process's reactor spins before it sleeps (nsqtw's reactor; 0: Twisted's epoll)")
     a = p.parse_args(argv)
     host, _, port = a.tcp_address.rpartition(":")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -169,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind((host, int(port)))
     listener.listen(1024)
     listener.setblocking(False)
-    print(f"forward_probe: {a.workers} workers on {a.tcp_address}, one owner, {a.seconds:.0f}s", flush=True)
+    print(f"forward_probe: {a.workers} workers on {a.tcp_address}, one owner, {a.seconds:.0f}s, "
+          f"busy poll {a.busy_poll * 1e6:.0f} µs", flush=True)
     links: list[socket.socket] = []
     pids: list[int] = []
     for i in range(a.workers):
@@ -179,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             mine.close()
             for other in links:
                 other.close()
-            worker(listener, theirs, a.seconds, i)
+            worker(listener, theirs, a.seconds, i, a.busy_poll)
             os._exit(0)
         theirs.close()
         links.append(mine)
@@ -187,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     listener.close()
     for link in links:
         link.setblocking(False)
-    messages, used = owner(links, a.seconds)
+    messages, used = owner(links, a.seconds, a.busy_poll)
     children = 0.0
     for pid in pids:
         os.waitpid(pid, 0)
