@@ -17,6 +17,7 @@ import time
 import pytest
 
 from nsqtw.protocol.wire import MAGIC_V2, encode_command
+from tests.rawclient import Client
 
 MESSAGES = 500
 #: generous for a loaded 2-core CI machine; a hand-off of the whole burst in one turn takes seconds
@@ -94,20 +95,6 @@ def test_a_burst_to_many_channels_leaves_ping_responsive(daemon_factory, channel
         sub.close()
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "connection closed"
-        data += chunk
-    return data
-
-
-def _frame(sock: socket.socket) -> tuple[int, bytes]:
-    size, ftype = struct.unpack(">ii", _exactly(sock, 8))
-    return ftype, _exactly(sock, size - 4)
-
-
 def test_pubs_to_full_channels_without_clients_reach_each_once(daemon_factory) -> None:
     """--mem-queue-size=20, five channels without clients, 300 PUBs each answered before the
     next (past the first 20 they gather in the topic, then reach the channels' disk queues
@@ -118,31 +105,20 @@ def test_pubs_to_full_channels_without_clients_reach_each_once(daemon_factory) -
     names = [f"c{i}" for i in range(5)]
     for name in names:
         _post(conn, f"/channel/create?topic=fan&channel={name}")
-    host, port = d.tcp_address.rsplit(":", 1)
-    pub = socket.create_connection((host, int(port)), timeout=60)
-    pub.sendall(MAGIC_V2)
+    pub = Client(d.tcp_address, timeout=60)
     bodies = [b"m%03d" % i for i in range(300)]
     for body in bodies:
-        pub.sendall(encode_command(b"PUB", b"fan", body=body))
-        assert _frame(pub) == (0, b"OK")
+        pub.pub("fan", body)  # answered OK before the next
     pub.close()
     deadline = time.monotonic() + 60
     while _depths(conn) != [300] * 5 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _depths(conn) == [300] * 5
     for name in names:
-        sub = socket.create_connection((host, int(port)), timeout=30)
-        sub.sendall(MAGIC_V2 + b"SUB fan %s\nRDY 300\n" % name.encode())
-        assert _frame(sub) == (0, b"OK")
-        got = []
-        while len(got) < 300:
-            ftype, payload = _frame(sub)
-            assert ftype == 2, (ftype, payload)
-            got.append(payload[26:])
-            sub.sendall(b"FIN " + payload[10:26] + b"\n")
+        sub = Client(d.tcp_address, timeout=30)
+        sub.sub("fan", name, 300)
+        got = [m.body for m in sub.messages(300, fin=True)]
         assert sorted(got) == bodies, name
-        sub.settimeout(0.5)
-        with pytest.raises(socket.timeout):  # nothing more: each once
-            sub.recv(1)
+        assert sub.nothing_for(0.5) == []  # nothing more: each once
         sub.close()
     assert _depths(conn) == [0] * 5
