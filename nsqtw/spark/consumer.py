@@ -157,9 +157,9 @@ class Consumer(Connections):
 
         FINs everything up to ``start`` first: Spark plans the next batch
         only after it has committed the previous one. Whatever has arrived
-        is taken at once; only when nothing is there does it wait, briefly,
-        for nsqd to refill the slots just freed (and for the rest of that
-        burst).
+        is taken at once; it waits, briefly, only when nothing is there or
+        when an nsqd whose slots were just freed has nothing here yet
+        (:meth:`_unheard`), for that refill and the rest of its burst.
         """
         sends = self._acknowledge(start)
         available_now = self._until_ns is not None

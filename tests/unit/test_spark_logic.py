@@ -155,10 +155,15 @@ class IdEncodingTests(SynchronousTestCase):
 
 
 class Conn:
-    """Stands in for a connection: a block only asks for its address."""
+    """Stands in for a connection: a block asks for its address, the consumer also FINs on it."""
 
-    address = "h:1"
-    closed = False
+    def __init__(self, address: str = "h:1") -> None:
+        self.address = address
+        self.closed = False
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
 
 
 def messages(n: int, size: int = 0) -> list[Message]:
@@ -180,7 +185,7 @@ class BlockTests(SynchronousTestCase):
                     buf += stream[i:i + size]
                     starts, more, used = scan_frames(buf)
                     if starts:
-                        got.extend(Block.parse(Conn, bytes(buf[:used]), starts, 0.0).rows())
+                        got.extend(Block.parse(Conn(), bytes(buf[:used]), starts, 0.0).rows())
                     others.extend(more)
                     del buf[:used]
                 self.assertEqual(got, [(m.id, m.body, m.timestamp, m.attempts) for m in msgs])
@@ -192,7 +197,7 @@ class BlockTests(SynchronousTestCase):
         """Slices keep numbering; FIN/TOUCH/REQ for a block are the commands nsqd parses."""
         msgs = messages(10)
         data = b"".join(m.frame() for m in msgs)
-        b = Block.parse(Conn, data, scan_frames(data)[0], 5.0)
+        b = Block.parse(Conn(), data, scan_frames(data)[0], 5.0)
         b.first_seq = 100
         tail = b.slice(4, 10)
         self.assertEqual((tail.first_seq, tail.last_seq, len(tail)), (104, 109, 6))
@@ -226,7 +231,7 @@ class BlockTests(SynchronousTestCase):
         self.assertTrue(ARROW_SCHEMA.equals(expected), (ARROW_SCHEMA, expected))
         msgs = [Message(b"0123456789abcdef" + b"x", 1_700_000_000_123_456_789, 3)] + messages(4)
         data = b"".join(m.frame() for m in msgs)
-        b = Block.parse(Conn, data, scan_frames(data)[0], 0.0)
+        b = Block.parse(Conn(), data, scan_frames(data)[0], 0.0)
         rb = to_record_batch([b.slice(0, 2), b.slice(2, 5)], "t", "c")
         rb.validate(full=True)
         self.assertTrue(rb.schema.equals(ARROW_SCHEMA))
@@ -314,7 +319,7 @@ class PartitionTests(SynchronousTestCase):
         """A batch becomes num_partitions slices (none under 1000 rows) that read back to its rows."""
         msgs = messages(5000)
         data = b"".join(m.frame() for m in msgs)
-        block = Block.parse(Conn, data, scan_frames(data)[0], 0.0)
+        block = Block.parse(Conn(), data, scan_frames(data)[0], 0.0)
         start, end = Offset(0).to_json(), Offset(5000).to_json()
         for num_partitions, expected in ((3, 3), (8, 5), (1, 1)):
             r = self.reader([block.slice(0, 2000), block.slice(2000, 5000)], num_partitions)
@@ -323,18 +328,6 @@ class PartitionTests(SynchronousTestCase):
             rows = [row for p in parts for rb in r.read(p) for row in rb.column("body").to_pylist()]  # type: ignore[attr-defined]
             self.assertEqual(rows, [m.body for m in msgs])
         self.assertEqual(self.reader([], 4).partitions(start, end), [])  # type: ignore[attr-defined]
-
-
-class FakeConn:
-    """A connection the consumer can FIN on: it records what was sent."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.closed = False
-        self.sent: list[bytes] = []
-
-    def send(self, data: bytes) -> None:
-        self.sent.append(data)
 
 
 class PlanWaitTests(SynchronousTestCase):
@@ -358,12 +351,12 @@ class PlanWaitTests(SynchronousTestCase):
         self.now += timeout or 0.0
         return False
 
-    def block(self, conn: FakeConn, first: int, n: int) -> Block:
+    def block(self, conn: Conn, first: int, n: int) -> Block:
         ids = np.array([b"%016x" % (first + i) for i in range(n)], "S16")
         return Block(conn, ids, np.arange(n, dtype=np.int64), np.ones(n, np.int32),
                      pa.array([b"m"] * n, pa.binary()), self.now, first)
 
-    def batch_done(self, planned: FakeConn, waiting: FakeConn) -> Offset:
+    def batch_done(self, planned: Conn, waiting: Conn) -> Offset:
         """A committed batch of 10 on ``planned``; 5 more arrived on ``waiting`` while it ran."""
         c = self.consumer
         c._rdy_sent = {planned: 50, waiting: 50}  # type: ignore[dict-item]
@@ -376,7 +369,7 @@ class PlanWaitTests(SynchronousTestCase):
     def test_messages_waiting_from_the_freed_nsqd_are_taken_at_once(self) -> None:
         """The FINed connection's nsqd already has messages here: the plan takes them without
         waiting for that connection's refill."""
-        a1, a2 = FakeConn("a:1"), FakeConn("a:1")
+        a1, a2 = Conn("a:1"), Conn("a:1")
         end = self.consumer.plan(self.batch_done(a1, a2), None)
         self.assertEqual(self.waits, [])
         self.assertEqual(end.seq, 15)
@@ -386,14 +379,14 @@ class PlanWaitTests(SynchronousTestCase):
     def test_a_freed_nsqd_with_nothing_here_is_waited_for(self) -> None:
         """Another nsqd's messages are waiting, but the one whose messages were FINed has nothing
         here yet: the plan waits for its refill, so the batch takes from both."""
-        b, a = FakeConn("b:1"), FakeConn("a:1")
+        b, a = Conn("b:1"), Conn("a:1")
         end = self.consumer.plan(self.batch_done(b, a), None)
         self.assertGreater(sum(self.waits), 0)
         self.assertEqual(end.seq, 15)
 
     def test_a_refill_that_came_ends_the_wait(self) -> None:
         """The freed nsqd delivering after the FIN is enough: no wait."""
-        b, a = FakeConn("b:1"), FakeConn("a:1")
+        b, a = Conn("b:1"), Conn("a:1")
         start = self.batch_done(b, a)
         fin_at = self.now
         self.consumer._arrived[b] = fin_at + 0.001  # type: ignore[index]
