@@ -27,6 +27,7 @@ import os
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -48,19 +49,23 @@ MPUB_OF_200 = (b"MPUB rt\n" + struct.pack(">ii", 4 + 200 * (4 + len(BODY)), 200)
                + (struct.pack(">i", len(BODY)) + BODY) * 200)
 
 
+def inline_disk_queues(options: Any, clock: Clock, data_path: str) -> Callable[[str], DiskQueue]:
+    """A backend factory of real disk queues under ``data_path``, as nsqd makes them from ``options``,
+    whose jobs run at once on the calling thread, so their file work counts in the process's CPU."""
+    lo, hi = nsqd_msg_size_limits(options.max_msg_size)
+
+    def backend(name: str) -> DiskQueue:
+        return DiskQueue(name, data_path, options.max_bytes_per_file, lo, hi, options.sync_every,
+                         options.sync_timeout, clock, SynchronousDiskExecutor())
+
+    return backend
+
+
 def run(command: bytes, n: int, data_path: str | None = None, per_command: int = 1) -> float:
     clock = Clock()
     clock.advance(1795341386.0)
     options = dataclasses.replace(defaults(), mem_queue_size=0 if data_path else 2 * n * per_command)
-    backend: Any = None
-    if data_path is not None:
-        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
-
-        def backend(name: str) -> DiskQueue:
-            return DiskQueue(name, data_path, options.max_bytes_per_file, lo, hi, options.sync_every,
-                             options.sync_timeout, clock, SynchronousDiskExecutor())
-
-    nsqd = NSQD(options, clock, backend)
+    nsqd = NSQD(options, clock, None if data_path is None else inline_disk_queues(options, clock, data_path))
     proto = V2Factory(nsqd, clock).buildProtocol(None)
     transport = StringTransport()
     proto.makeConnection(transport)

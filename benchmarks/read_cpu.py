@@ -16,7 +16,7 @@ default 5) runs, process CPU per message: a steadier A/B than a live
 a live ``read`` figure has it (``--mem-queue-size`` at its default, 10,000:
 the topic's disk queue, then the full channel's, then the channel's reads
 back). Their jobs run at once on the calling thread
-(``SynchronousDiskExecutor``), so the file work counts too; the flush and
+(``pub_cpu.inline_disk_queues``), so the file work counts too; the flush and
 sync timers are advanced 0.2 ms a turn.
 """
 
@@ -26,8 +26,9 @@ import dataclasses
 import os
 import tempfile
 import time
-from typing import Any
 
+# a script beside it (python benchmarks/read_cpu.py puts benchmarks/ on sys.path)
+from pub_cpu import inline_disk_queues
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
@@ -35,9 +36,6 @@ from nsqtw.core import message
 from nsqtw.core.nsqd import NSQD
 from nsqtw.nsqd.options import defaults
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
-from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.executor import SynchronousDiskExecutor
-from nsqtw.storage.segments import nsqd_msg_size_limits
 
 BACKLOG = 200_000
 SIZE = 200
@@ -50,15 +48,7 @@ def run(data_path: str | None = None) -> float:
     clock = Clock()
     clock.advance(1795341386.0)
     options = defaults() if data_path else dataclasses.replace(defaults(), mem_queue_size=0)
-    backend: Any = None
-    if data_path is not None:
-        lo, hi = nsqd_msg_size_limits(options.max_msg_size)
-
-        def backend(name: str) -> DiskQueue:
-            return DiskQueue(name, data_path, options.max_bytes_per_file, lo, hi, options.sync_every,
-                             options.sync_timeout, clock, SynchronousDiskExecutor())
-
-    nsqd = NSQD(options, clock, backend)
+    nsqd = NSQD(options, clock, None if data_path is None else inline_disk_queues(options, clock, data_path))
     for _ in range(0, BACKLOG, 1000):
         nsqd.publish("t", [b"x" * SIZE] * 1000)
         clock.advance(0.01)  # the disk queue's flush timer
