@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> None:
     for link in links:
         link.setblocking(False)
     messages, used = owner(links, a.seconds, a.busy_poll)
-    children = 0.0
     for pid in pids:
         os.waitpid(pid, 0)
     t = os.times()
