@@ -17,6 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
 
+#: the ``--workers`` values the client suites run with (``workers`` in tests/integration/conftest.py)
+WORKERS = [1, 2]
+
+
+def workers_args(workers: int) -> tuple[str, ...]:
+    """nsqd's arguments for ``workers`` (none for one process, the default)."""
+    return (f"--workers={workers}",) if workers > 1 else ()
+
+
 class Daemon:
     """One nsqtw process; ``tcp``/``http`` are ``(host, port)`` it reported.
 

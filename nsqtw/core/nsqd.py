@@ -276,6 +276,13 @@ class NSQD:
             self.delete_topic(topic.name).addErrback(
                 lambda f: self.log.failure("TOPIC({topic}): delete failed", f, topic=topic.name))
 
+    def subscribe(self, topic: str, channel: str, client: Any) -> Channel:
+        """``client``'s SUB: the channel (made if new) with it added; ValueError past
+        ``--max-channel-consumers``."""
+        subscription = self.get_topic(topic).get_channel(channel)
+        subscription.add_client(client)
+        return subscription
+
     # -- publishing -------------------------------------------------------
 
     def wait_for_room(self, topic_name: str) -> Deferred[None] | None:
@@ -298,8 +305,13 @@ class NSQD:
             return None
         return topic.wait_for_room()
 
-    def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0) -> Deferred[None] | None:
+    def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0,
+                client: object = None) -> Deferred[None] | None:
         """The one publish path for TCP and HTTP: new IDs, timestamps, queue.
+
+        ``client``, the publishing connection, is not needed here (a
+        connection counts its own publishes); a worker's node, which
+        stands in for this one, sends it to the core that counts them.
 
         Raises ExitingError or BackendError (the caller turns them into
         E_PUB_FAILED or a 500). Returns None when the messages are queued in

@@ -146,6 +146,7 @@ class NSQDOptions:
     max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN
     metrics_per_client: bool = False
     busy_poll: float = DEFAULT_BUSY_POLL
+    workers: int = 1
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -496,6 +497,14 @@ FLAGS: tuple[Flag, ...] = (
         _A,
     ),
     _flag(
+        "workers",
+        "int",
+        "nsqtw only: with more than 1, client connections are served by this many worker"
+        " processes sharing the TCP address, beside the process that owns every topic and channel"
+        " and serves HTTP; 1 serves everything in one process (see docs/architecture.md).",
+        _A,
+    ),
+    _flag(
         "busy-poll",
         "duration",
         "nsqtw only: while events arrive, and are handled, in less than this, the reactor looks"
@@ -509,9 +518,12 @@ FLAGS: tuple[Flag, ...] = (
 #: the longest ``--busy-poll`` accepted: a spin is CPU spent for latency, worth it only when short
 MAX_BUSY_POLL = 0.01
 
+#: the most ``--workers``: a process each, beyond any machine's use for one node
+MAX_WORKERS = 256
+
 #: flags nsqtw adds to nsqd's
 NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
-                         "busy-poll"})
+                         "busy-poll", "workers"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -526,6 +538,8 @@ def _validate(opts: NSQDOptions) -> None:
         raise OptionsError(f"--node-id must be in [0,1024), got {opts.node_id}")
     if not 1 <= opts.disk_threads <= 256:
         raise OptionsError(f"--disk-threads must be in [1,256], got {opts.disk_threads}")
+    if not 1 <= opts.workers <= MAX_WORKERS:
+        raise OptionsError(f"--workers must be in [1,{MAX_WORKERS}], got {opts.workers}")
     if not 0 <= opts.busy_poll <= MAX_BUSY_POLL:
         raise OptionsError(f"--busy-poll must be in [0,10ms], got {format_duration(opts.busy_poll)}")
     if opts.max_unwritten_bytes < opts.max_msg_size:

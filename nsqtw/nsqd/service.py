@@ -23,11 +23,11 @@ from nsqtw.net.exit import exit_cleanly_after_signal, fail_start
 from nsqtw.net.lazy import FirstConnectionFactory
 from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
 from nsqtw.net.notify import notify
-from nsqtw.net.tls import build_server_tls, client_trust_root
+from nsqtw.net.tls import build_server_tls
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
 from nsqtw.observe.metrics import NSQDMetrics
 from nsqtw.observe.statsd import StatsdService
-from nsqtw.protocol.auth import HTTPAuthorizer
+from nsqtw.protocol.auth import authorizer_for
 from nsqtw.protocol.v2 import V2Factory
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.durable import DurableDelivery, compact_min, keep_free
@@ -138,11 +138,7 @@ class NSQDService(MultiService):
         self.nsqd = NSQD(options, reactor, self._make_backend, mode)
         # a certificate that cannot be loaded stops nsqd before it listens (TLSConfigError)
         self.nsqd.tls = build_server_tls(options)
-        if options.auth_http_address:
-            self.nsqd.auth = HTTPAuthorizer(
-                options.auth_http_address, options.auth_http_request_method,
-                options.http_client_connect_timeout, options.http_client_request_timeout,
-                reactor, client_trust_root(options.tls_root_ca_file))
+        self.nsqd.auth = authorizer_for(options, reactor)
         #: the disk threads every queue and journal shares; started with the service (after
         #: twistd daemonizes: threads do not survive a fork)
         self.disk_pool: DiskPool | None = None
@@ -160,6 +156,12 @@ class NSQDService(MultiService):
         tcp = ListenerService("TCP", options.tcp_address, V2Factory(self.nsqd, reactor), self._tcp_bound,
                               program="nsqd", reactor=reactor)
         tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
+        if options.workers > 1:
+            # after the TCP listener, so it stops first: the workers close their clients
+            # before the core flushes their topics
+            from nsqtw.workers.pool import WorkerPool
+
+            WorkerPool(self.nsqd, options, reactor, tcp).setServiceParent(self)  # type: ignore[no-untyped-call]
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
             # the API (twisted.web, Klein) is imported and made at the first HTTP connection
             site = FirstConnectionFactory(self._http_site, "GoSite")

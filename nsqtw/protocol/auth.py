@@ -235,3 +235,15 @@ class HTTPAuthorizer:
             status = phrase.decode("latin-1", "replace") if isinstance(phrase, bytes) else phrase
             raise AuthError(f"got response {code} {status} {json.dumps(content.decode('utf-8', 'replace'))}")
         return parse_auth_response(content, self.clock.seconds())
+
+
+def authorizer_for(options: Any, reactor: Any) -> HTTPAuthorizer | None:
+    """nsqd's auth-server client for these options (none without ``--auth-http-address``):
+    the one process's, and each worker's with ``--workers``."""
+    if not options.auth_http_address:
+        return None
+    from nsqtw.net.tls import client_trust_root
+
+    return HTTPAuthorizer(options.auth_http_address, options.auth_http_request_method,
+                          options.http_client_connect_timeout, options.http_client_request_timeout,
+                          reactor, client_trust_root(options.tls_root_ca_file))

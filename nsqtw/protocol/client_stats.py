@@ -13,6 +13,17 @@ _STATS_COUNTERS = ("state", "ready_count", "in_flight_count", "message_count", "
 _STATS_MARK = 8_000_000_000_000_000_000
 
 
+class AuthView:
+    """A client's AUTH fields as another process reported them (see :meth:`ClientStats.adopt`)."""
+
+    def __init__(self, fields: dict[str, Any] | None) -> None:
+        self.state = fields
+        self._fields = fields or {}
+
+    def stats(self) -> dict[str, Any]:
+        return self._fields
+
+
 class ClientStats:
     """The ``/stats`` side of :class:`~nsqtw.protocol.v2.V2Protocol` (a mixin: it reads the
     connection's fields)."""
@@ -28,6 +39,7 @@ class ClientStats:
     finish_count: int
     requeue_count: int
     connect_ts: int
+    msg_timeout: float
     sample_rate: int
     tls: bool
     snappy: bool
@@ -103,15 +115,38 @@ class ClientStats:
         """
         if self.pub_counts:
             return go_dumps(self.go_stats(topic_filter))
-        auth = self.auth
-        key = (self.identifier, self.hostname, self.remote_address, self.connect_ts, self.sample_rate,
-               self.deflate, self.snappy, self.user_agent, self.tls, self._tls_info,
-               tuple(auth.stats().values()) if auth.state is not None else None)
+        key = self.identity_key()
         if key != self._stats_key:
             self._stats_template = self._make_stats_template()
             self._stats_key = key
         return self._stats_template.format(int(self.state), self.ready_count, self.in_flight_count,
                                            self.message_count, self.finish_count, self.requeue_count)
+
+    def identity_key(self) -> tuple[Any, ...]:
+        """Every field ``/stats`` shows of this client but its counters: equal while none changed."""
+        auth = self.auth
+        return (self.identifier, self.hostname, self.remote_address, self.connect_ts, self.sample_rate,
+                self.deflate, self.snappy, self.user_agent, self.tls, self._tls_info,
+                tuple(auth.stats().values()) if auth.state is not None else None)
+
+    def identity(self) -> dict[str, Any]:
+        """Those fields and ``msg_timeout``, for a worker's core to show and serve this client
+        (:meth:`adopt` there)."""
+        auth = self.auth
+        return {"identifier": self.identifier, "hostname": self.hostname,
+                "remote_address": self.remote_address, "connect_ts": self.connect_ts,
+                "sample_rate": self.sample_rate, "deflate": self.deflate, "snappy": self.snappy,
+                "user_agent": self.user_agent, "tls": self.tls, "tls_info": self._tls_info,
+                "msg_timeout": self.msg_timeout,
+                "auth": auth.stats() if auth.state is not None else None}
+
+    def adopt(self, identity: dict[str, Any]) -> None:
+        """Show the client another process serves: its :meth:`identity`."""
+        for name in ("identifier", "hostname", "remote_address", "connect_ts", "sample_rate", "deflate",
+                     "snappy", "user_agent", "tls", "msg_timeout"):
+            setattr(self, name, identity[name])
+        self._tls_info = identity["tls_info"]
+        self.auth = AuthView(identity["auth"])  # type: ignore[assignment]
 
     def _make_stats_template(self) -> str:
         fields = self.go_stats()

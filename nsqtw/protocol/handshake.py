@@ -10,7 +10,6 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITransport
 from twisted.python.failure import Failure
 
 from nsqtw.core.message import FRAME_TYPE_RESPONSE, frame
-from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import NSQError, fatal
 from nsqtw.interfaces import IStreamCodec
 from nsqtw.log import Logger
@@ -19,6 +18,7 @@ from nsqtw.protocol.auth import AuthState
 from nsqtw.protocol.authz import ClientAuth
 from nsqtw.protocol.compress import CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.identify import apply_settings, decode_identify, negotiate
+from nsqtw.protocol.node import Node
 from nsqtw.protocol.wire import V2Parser
 
 #: nsqd's deadline for a TLS handshake after IDENTIFY
@@ -36,7 +36,7 @@ class Handshake:
     (a mixin: it reads and sets the connection's fields)."""
 
     log: Logger
-    nsqd: NSQD
+    nsqd: Node
     clock: IReactorTime
     transport: ITransport | None
     parser: V2Parser

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from enum import Enum, IntEnum
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw._go.strconv import parse_int
-from nsqtw.core.channel import Channel
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame, frames
-from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
@@ -32,34 +29,9 @@ from nsqtw.protocol.compress import CodecError
 from nsqtw.protocol.handshake import Handshake
 from nsqtw.protocol.heartbeat import Heartbeats
 from nsqtw.protocol.identify import DEFAULT_OUTPUT_BUFFER_SIZE
+from nsqtw.protocol.node import Node, Subscription
+from nsqtw.protocol.states import ClientState, Input
 from nsqtw.protocol.wire import BODY_COMMANDS, Command, LineTooLong, V2Parser
-
-
-class ClientState(IntEnum):
-    """nsqd's state of a client, as ``/stats`` shows it: what the client may ask for next."""
-
-    INIT = 0
-    DISCONNECTED = 1
-    CONNECTED = 2
-    SUBSCRIBED = 3
-    CLOSING = 4
-
-
-class Input(Enum):
-    """Where the connection's input stands: whether the next command may run now.
-
-    ``RUNNING`` to ``WAITING`` when a command waits on a Deferred (a
-    publish's disk write or room, the auth server) and back when it fires;
-    ``RUNNING`` to ``YIELDED`` when this client's slice of the reactor is
-    used up and back on the next turn; any of them to ``CLOSED``, the end.
-    Only while ``RUNNING`` is anything read and run.
-    """
-
-    RUNNING = 1
-    WAITING = 2
-    YIELDED = 3
-    CLOSED = 4
-
 
 # The members as module constants: a member looked up through its Enum class costs about
 # 150 ns on CPython 3.11, and these are compared for every command and every delivery.
@@ -113,7 +85,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
     #: the clock slices are measured with (CPU work, not the reactor's time)
     _now = staticmethod(time.perf_counter)
 
-    def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
+    def __init__(self, nsqd: Node, clock: IReactorTime) -> None:
         o = nsqd.options
         self.nsqd = nsqd
         self.clock = clock
@@ -136,7 +108,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         #: Apart from :attr:`_input`: a client that reads slowly may still publish, and one
         #: that waits on a publish may still be sent the messages it subscribed to
         self._paused_writing = False
-        self.channel: Channel | None = None
+        self.channel: Subscription | None = None
         # IDENTIFY-able settings, nsqd's defaults (the option-derived ones are set above)
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.sample_rate = 0
@@ -490,13 +462,21 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         if self.auth.required and not self._authorize("SUB", topic_name, channel_name,
                                                            lambda: self._sub(args)):
             return
-        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
         try:
-            channel.add_client(self)
+            channel = self.nsqd.subscribe(topic_name, channel_name, self)
         except ValueError:
+            channel = fail(ValueError())
+        if isinstance(channel, Deferred):  # a worker's: its core answers
+            self._block_until(channel, lambda result: self._subscribed(result, topic_name, channel_name))
+        else:
+            self._subscribed(channel, topic_name, channel_name)
+
+    def _subscribed(self, channel: Subscription | Failure, topic_name: str, channel_name: str) -> None:
+        if isinstance(channel, Failure):
+            channel.trap(ValueError)
             raise fatal("E_TOO_MANY_CHANNEL_CONSUMERS",
                         f"channel consumers for {topic_name}:{channel_name} exceeds limit of "
-                        f"{self.nsqd.options.max_channel_consumers}") from None
+                        f"{self.nsqd.options.max_channel_consumers}")
         self.channel = channel
         self.state = _SUBSCRIBED
         self._write(_OK)
@@ -543,7 +523,11 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
     def _finish(self, msg_ids: list[bytes]) -> None:
         assert self.channel is not None
         for msg_id, e in self.channel.finish_many(self, msg_ids):
-            self._send_error(nonfatal("E_FIN_FAILED", f"FIN {_text(msg_id)} failed {e}"))
+            self.report_failed("FIN", msg_id, e)
+
+    def report_failed(self, cmd: str, msg_id: bytes, why: object) -> None:
+        """nsqd's answer to a FIN, REQ or TOUCH that failed (a worker's comes from its core, later)."""
+        self._send_error(nonfatal(f"E_{cmd}_FAILED", f"{cmd} {_text(msg_id)} failed {why}"))
 
     def _req_run(self, reqs: list[tuple[bytes, int]]) -> None:
         """A run of plain ``REQ <id> <ms>`` lines (:class:`~nsqtw.protocol.wire.Command`'s ``reqs``):
@@ -564,7 +548,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         except BackendError as e:
             raise nonfatal("E_REQ_FAILED", f"REQ {_text(reqs[-1][0])} failed {e}") from None
         for msg_id, why in failed:
-            self._send_error(nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {why}"))
+            self.report_failed("REQ", msg_id, why)
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)
@@ -582,7 +566,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         try:
             self.channel.requeue(self, msg_id, delay)
         except (NotInFlightError, ExitingError, BackendError) as e:
-            raise nonfatal("E_REQ_FAILED", f"REQ {_text(msg_id)} failed {e}") from None
+            self.report_failed("REQ", msg_id, e)
 
     def _touch(self, args: list[bytes]) -> None:
         msg_id = self._message_id("TOUCH", args, 1)
@@ -590,7 +574,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         try:
             self.channel.touch(self, msg_id, self.msg_timeout)
         except NotInFlightError as e:
-            raise nonfatal("E_TOUCH_FAILED", f"TOUCH {_text(msg_id)} failed {e}") from None
+            self.report_failed("TOUCH", msg_id, e)
 
     def _cls(self) -> None:
         if self.state != _SUBSCRIBED:
@@ -598,6 +582,8 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         self.ready_count = 0
         self.state = _CLOSING
         self._write(_CLOSE_WAIT)
+        assert self.channel is not None
+        self.channel.wake()  # nothing more for this client (a worker's core learns it so)
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
         if self.auth.required and not self._authorize(
@@ -610,7 +596,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
                 # publisher until there is room, then ask again (checked before accepting)
                 self._block_until(room, lambda result: self._publish_when_room(result, cmd, topic, bodies, defer))
                 return
-            written = self.nsqd.publish(topic, bodies, defer)
+            written = self.nsqd.publish(topic, bodies, defer, self)
         except (ExitingError, BackendError) as e:
             c = cmd.decode()
             raise fatal(f"E_{c}_FAILED", f"{c} failed {e}") from None
@@ -645,6 +631,10 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         self.message_count += len(messages)
         self.transport.writeSequence(frames(messages))  # type: ignore[union-attr]
 
+    def deliver_frames(self, data: bytes) -> None:
+        """MESSAGE frames a worker's core sent for this client (counted there)."""
+        self.transport.write(data)  # type: ignore[union-attr]
+
     def messages_finished(self, count: int) -> None:
         self.in_flight_count -= count
         self.finish_count += count
@@ -670,6 +660,8 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
 
     def pauseProducing(self) -> None:
         self._paused_writing = True
+        if self.channel is not None:
+            self.channel.wake()  # its capacity fell to 0 (a worker's core learns it so)
 
     def resumeProducing(self) -> None:
         self._paused_writing = False
@@ -684,7 +676,7 @@ class V2Factory(ServerFactory):
 
     noisy = False
 
-    def __init__(self, nsqd: NSQD, clock: IReactorTime) -> None:
+    def __init__(self, nsqd: Node, clock: IReactorTime) -> None:
         self.nsqd = nsqd
         self.clock = clock
 

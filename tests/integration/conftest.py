@@ -4,12 +4,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon import Daemon, LookupdDaemon
+from tests.daemon import Daemon, LookupdDaemon, workers_args
+
+
+@pytest.fixture(scope="module")
+def workers() -> int:
+    """The ``--workers`` of the nsqd daemons a test starts (1: one process, nsqd's default).
+
+    A module whose tests must hold for a node on several processes too (the
+    client suites) overrides it with ``params=WORKERS``, and each of its
+    tests runs once per value; module-scoped, so its shared daemons can use it.
+    """
+    return 1
 
 
 @pytest.fixture
-def daemon_factory(tmp_path) -> Iterator:
-    """Start nsqtw daemons on loopback port 0; all are stopped at the end."""
+def daemon_factory(tmp_path, workers) -> Iterator:
+    """Start nsqtw daemons on loopback port 0 (with the module's ``--workers``); all are stopped at
+    the end."""
     started: list[Daemon] = []
 
     def start(*args: str, data_path: str | None = None, env: dict[str, str] | None = None,
@@ -17,7 +29,7 @@ def daemon_factory(tmp_path) -> Iterator:
         path = data_path or str(tmp_path / f"data{len(started)}")
         import os
         os.makedirs(path, exist_ok=True)
-        d = Daemon(path, *args, env=env)
+        d = Daemon(path, *workers_args(workers), *args, env=env)
         started.append(d)
         return d.start(**kw)  # type: ignore[arg-type]
 

@@ -16,8 +16,14 @@ from twisted.internet.defer import Deferred
 
 from nsqtw.client import Config, ConnectionClosed, Consumer, Message, NoConnection, NSQErrorResponse, Producer, get_json
 from tests.certs import CertFiles, make_certs
-from tests.daemon import Daemon
+from tests.daemon import WORKERS, Daemon
 from tests.integration.test_features_live import AuthServer
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every test here runs against one process and against ``--workers=2`` (conftest.py)."""
+    return int(request.param)
 
 
 async def wait_until(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

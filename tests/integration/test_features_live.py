@@ -28,9 +28,15 @@ import pytest
 import snappy
 
 from tests.certs import CertFiles, make_certs
-from tests.daemon import ROOT, TWISTD
+from tests.daemon import ROOT, TWISTD, WORKERS
 from tests.integration.pynsq_driver import consume, publish
 from tests.rawclient import OK, Client, Closed
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every test here runs against one process and against ``--workers=2`` (conftest.py)."""
+    return int(request.param)
 
 ERROR = 1
 
@@ -413,8 +419,10 @@ def test_statsd_push(daemon_factory) -> None:
         prefix = f"nsq.127_0_0_1_{d.http[1]}."
         seen: dict[str, str] = {}
         deadline = time.monotonic() + 15
+        # a push spans several datagrams: wait for every line asserted below
         while time.monotonic() < deadline and not (
                 f"{prefix}topic.st.channel.ch.depth" in seen and f"{prefix}mem.gc_runs" in seen
+                and f"{prefix}topic.st.channel.ch.clients" in seen
                 and seen.get(f"{prefix}topic.st.message_count") == "3|c"):
             try:
                 data = udp.recv(65536)

@@ -16,10 +16,16 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import Daemon
+from tests.daemon import WORKERS, Daemon, workers_args
 from tests.helpers import reference
 from tests.integration.pynsq_driver import consume, publish
 from tests.rawclient import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, OK, Client, Closed, Msg, collect, pub
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every test here runs against one process and against ``--workers=2`` (conftest.py)."""
+    return int(request.param)
 
 
 def stats(daemon: Daemon) -> dict[str, Any]:
@@ -29,9 +35,9 @@ def stats(daemon: Daemon) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def nsqd(tmp_path_factory) -> Iterator[Daemon]:
+def nsqd(tmp_path_factory, workers) -> Iterator[Daemon]:
     """One daemon with default flags shared by this module's tests (each uses its own topics)."""
-    d = Daemon(str(tmp_path_factory.mktemp("shared")))
+    d = Daemon(str(tmp_path_factory.mktemp("shared")), *workers_args(workers))
     d.start()
     yield d
     d.stop()
@@ -406,8 +412,8 @@ _REFERENCE_TCP = reference("nsqd-1.3.0-responses.json")["tcp"]
 
 
 @pytest.fixture(scope="module")
-def reference_nsqd(tmp_path_factory) -> Iterator[Daemon]:
-    d = Daemon(str(tmp_path_factory.mktemp("refdata")), "--msg-timeout=2s")
+def reference_nsqd(tmp_path_factory, workers) -> Iterator[Daemon]:
+    d = Daemon(str(tmp_path_factory.mktemp("refdata")), *workers_args(workers), "--msg-timeout=2s")
     d.start()
     yield d
     d.stop()

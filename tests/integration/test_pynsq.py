@@ -7,7 +7,16 @@ import socket
 import struct
 import urllib.request
 
+import pytest
+
+from tests.daemon import WORKERS
 from tests.integration.pynsq_driver import consume, publish
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every test here runs against one process and against ``--workers=2`` (conftest.py)."""
+    return int(request.param)
 
 
 def stats(daemon) -> dict:

@@ -45,8 +45,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "protocol": BASE + ("nsqtw._go", "nsqtw.core", "nsqtw.net"),
     # nsqlookupd shares the Go-compatible pieces with nsqd, and nothing of nsqd itself
     "lookupd": BASE + ("nsqtw._go", "nsqtw.http", "nsqtw.net", "nsqtw.protocol.wire"),
+    # a worker process serves V2 connections; the core's side of its link runs their commands
+    "workers": BASE + ("nsqtw.core", "nsqtw.net", "nsqtw.protocol"),
     "nsqd": BASE + ("nsqtw._go", "nsqtw.core", "nsqtw.storage", "nsqtw.observe", "nsqtw.net", "nsqtw.http",
-                    "nsqtw.protocol", "nsqtw.lookupd"),
+                    "nsqtw.protocol", "nsqtw.lookupd", "nsqtw.workers"),
     # nsqadmin talks to the cluster over HTTP only: nothing of nsqd, nsqlookupd or the message core
     "admin": BASE + ("nsqtw._go", "nsqtw.http", "nsqtw.net", "nsqtw.protocol.auth"),
     # the client library speaks the wire protocol; it knows nothing of the daemons' insides

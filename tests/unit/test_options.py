@@ -125,8 +125,9 @@ class DefaultsTests(SynchronousTestCase):
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
-                          "max_unwritten_bytes", "metrics_per_client", "busy_poll"})
+                          "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertEqual(NSQDOptions().workers, 1)  # one process unless asked (docs/configuration.md)
         self.assertEqual(NSQDOptions().busy_poll, 200e-6)  # docs/performance.md, "Busy polling"
         self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
@@ -170,7 +171,7 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
         self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
-                                               "metrics-per-client", "busy-poll"})
+                                               "metrics-per-client", "busy-poll", "workers"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -203,6 +204,15 @@ class FlagTableTests(SynchronousTestCase):
         for bad in ("0", "257"):
             with self.assertRaises(OptionsError):
                 parse_args([f"--disk-threads={bad}"])
+
+    def test_workers_flag(self) -> None:
+        """--workers is a count from 1 (one process) to 256, TOML key workers."""
+        self.assertEqual(parse_args(["--workers=4"]).workers, 4)
+        self.assertEqual(FLAGS_BY_NAME["workers"].toml_key, "workers")
+        for bad in ("0", "-1", "257"):
+            with self.assertRaises(OptionsError) as cm:
+                parse_args([f"--workers={bad}"])
+            self.assertIn("--workers", str(cm.exception))
 
     def test_busy_poll_flag(self) -> None:
         """--busy-poll is a Go duration from 0 (off) to 10ms, TOML key busy_poll."""

@@ -1,0 +1,58 @@
+"""What a V2 connection needs of the node it serves: the seam between the protocol and the core.
+
+In one process the node is :class:`nsqtw.core.nsqd.NSQD` and a subscription
+is its :class:`nsqtw.core.channel.Channel`. With ``--workers`` a connection
+lives in a worker process and the core in another: there both are proxies
+over the link between them (:mod:`nsqtw.workers.remote`), and what a
+subscription cannot answer at once it answers later through
+:meth:`V2Protocol.report_failed` and :meth:`V2Protocol.deliver_frames`.
+These are structural types (``typing.Protocol``), so the core needs to know
+nothing of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred
+
+
+class Subscription(Protocol):
+    """The channel a connection subscribed to, as the connection uses it."""
+
+    def remove_client(self, client: Any) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def finish_many(self, client: Any, msg_ids: list[bytes]) -> Sequence[tuple[bytes, object]]:
+        """FIN each ID; the ones that failed now, with why (a remote one reports them later)."""
+
+    def requeue_many(self, client: Any, reqs: list[tuple[bytes, float]]) -> Sequence[tuple[bytes, object]]: ...
+
+    def requeue(self, client: Any, msg_id: bytes, delay: float) -> None: ...
+
+    def touch(self, client: Any, msg_id: bytes, timeout: float) -> None: ...
+
+
+class Node(Protocol):
+    """The node a connection serves: options, TLS and AUTH, clients, publishing, subscribing."""
+
+    options: Any
+    tls: Any
+    auth: Any
+
+    def new_client_id(self) -> int: ...
+
+    def add_client(self, client_id: int, client: Any) -> None: ...
+
+    def remove_client(self, client_id: int) -> None: ...
+
+    def subscribe(self, topic: str, channel: str, client: Any) -> Subscription | Deferred[Subscription]:
+        """Add ``client`` to the channel (made if new); raises ValueError past
+        ``--max-channel-consumers`` (or fails the Deferred with it)."""
+
+    def wait_for_room(self, topic: str) -> Deferred[None] | None: ...
+
+    def publish(self, topic: str, bodies: list[bytes], defer: float = 0.0,
+                client: Any = None) -> Deferred[None] | None: ...

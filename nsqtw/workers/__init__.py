@@ -1,0 +1,1 @@
+"""``--workers``: one node on several processes (docs/architecture.md)."""

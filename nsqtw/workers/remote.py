@@ -1,0 +1,188 @@
+"""A worker's side of the node: the :class:`~nsqtw.protocol.node.Node` its connections serve,
+a proxy for the core over the link.
+
+A worker runs the V2 protocol of the connections it accepted, all of it:
+TLS, snappy and deflate, IDENTIFY, AUTH, heartbeats, output buffering,
+parsing and checking each command. What touches a topic or a channel goes to
+the core as a record (:mod:`nsqtw.workers.link`); what the core answers
+comes back the same way. A publish is answered once the core has queued
+it, as one process answers once its own topic has; the connection reads
+nothing meanwhile, so its order is kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+
+from nsqtw.errors import ExitingError
+from nsqtw.log import Logger
+from nsqtw.protocol.node import Subscription
+from nsqtw.protocol.v2 import V2Protocol
+from nsqtw.workers import link
+from nsqtw.workers.link import Link, Reader
+
+
+class PublishFailed(Exception):
+    """The core could not take a publish; the text is why (``E_PUB_FAILED PUB failed <why>``)."""
+
+
+class RemoteChannel:
+    """The channel one connection subscribed to, in the core: its commands become records."""
+
+    def __init__(self, node: RemoteNode, conn: int) -> None:
+        self.node = node
+        self.conn = conn
+
+    def remove_client(self, client: Any) -> None:
+        """Nothing to send: the connection's GONE record unsubscribes it in the core."""
+
+    def wake(self) -> None:
+        """RDY, CLS, or writes paused or resumed: the core learns the client's capacity."""
+        proto = self.node.conns.get(self.conn)
+        if proto is not None:
+            ready = proto.ready_count
+            self.node.send(link.state_record(self.conn, ready, ready > 0 and proto.ready_capacity() == 0,
+                                             int(proto.state)))
+
+    def finish_many(self, client: Any, msg_ids: list[bytes]) -> list[tuple[bytes, object]]:
+        self.node.send(link.ids_record(link.FIN, self.conn, msg_ids))
+        return []
+
+    def requeue_many(self, client: Any, reqs: list[tuple[bytes, float]]) -> list[tuple[bytes, object]]:
+        self.node.send(link.req_record(self.conn, reqs))
+        return []
+
+    def requeue(self, client: Any, msg_id: bytes, delay: float) -> None:
+        self.node.send(link.req_record(self.conn, [(msg_id, delay)]))
+
+    def touch(self, client: Any, msg_id: bytes, timeout: float) -> None:
+        self.node.send(link.ids_record(link.TOUCH, self.conn, [msg_id]))
+
+
+class RemoteNode:
+    """The node as a worker's connections see it: everything but the topics, which are the core's."""
+
+    log = Logger()
+
+    def __init__(self, options: Any, clock: IReactorTime, index: int) -> None:
+        self.options = options
+        self.tls: Any = None
+        self.auth: Any = None
+        self.index = index
+        self.link = Link(clock, self.record, self.lost)
+        self._client_ids = itertools.count(1)
+        self._seqs = itertools.count(1)
+        #: this worker's connections, by the ID the core knows them by
+        self.conns: dict[int, V2Protocol] = {}
+        #: each connection's identity as last sent (:meth:`ClientStats.identity_key`)
+        self._sent: dict[int, tuple[Any, ...]] = {}
+        #: the PUBs and SUBs waiting for the core's answer
+        self._waiting: dict[int, tuple[Deferred[Any], Any]] = {}
+        self.exiting = False
+        #: called once the core asked this worker to stop, or is gone
+        self.on_stop: Any = None
+
+    def send(self, pieces: list[bytes]) -> None:
+        self.link.send(pieces)
+
+    # -- Node -------------------------------------------------------------
+
+    def new_client_id(self) -> int:
+        return next(self._client_ids)
+
+    def add_client(self, client_id: int, client: V2Protocol) -> None:
+        self.conns[client_id] = client
+        self._sent[client_id] = client.identity_key()
+        self.send(link.conn_record(link.OPEN, client_id, json.dumps(client.identity()).encode()))
+
+    def remove_client(self, client_id: int) -> None:
+        if self.conns.pop(client_id, None) is not None:
+            self._sent.pop(client_id, None)
+            self.send(link.conn_record(link.GONE, client_id))
+
+    def _sync(self, client: V2Protocol) -> None:
+        """Send the client's identity again if IDENTIFY or AUTH changed it."""
+        key = client.identity_key()
+        if self._sent.get(client.client_id) != key:
+            self._sent[client.client_id] = key
+            self.send(link.conn_record(link.INFO, client.client_id, json.dumps(client.identity()).encode()))
+
+    def subscribe(self, topic: str, channel: str, client: V2Protocol) -> Deferred[Subscription]:
+        self._sync(client)
+        seq = next(self._seqs)
+        d: Deferred[Subscription] = Deferred()
+        self._waiting[seq] = (d, RemoteChannel(self, client.client_id))
+        self.send(link.sub_record(seq, client.client_id, topic, channel))
+        return d
+
+    def wait_for_room(self, topic: str) -> Deferred[None] | None:
+        """None: the core applies the node's bounds, and answers the publish when there is room."""
+        if self.exiting:
+            raise ExitingError()
+        return None
+
+    def publish(self, topic: str, bodies: list[bytes], defer: float = 0.0,
+                client: V2Protocol | None = None) -> Deferred[None]:
+        conn = 0
+        if client is not None:
+            self._sync(client)
+            conn = client.client_id
+        seq = next(self._seqs)
+        d: Deferred[None] = Deferred()
+        self._waiting[seq] = (d, None)
+        self.send(link.pub_record(seq, conn, round(defer * 1000), topic.encode("utf-8", "surrogateescape"),
+                                  bodies))
+        return d
+
+    # -- records from the core ---------------------------------------------
+
+    def record(self, kind: int, r: Reader) -> None:
+        if kind == link.ACK:
+            seq, status = r.u32(), r.u8()
+            d, result = self._waiting.pop(seq)
+            if status == link.ACK_OK:
+                d.callback(result)
+            elif status == link.ACK_TOO_MANY:
+                d.errback(ValueError())
+            else:
+                d.errback(PublishFailed(r.text()))
+        elif kind == link.DELIVER:
+            proto = self.conns.get(r.u32())
+            if proto is not None:
+                proto.deliver_frames(r.rest())
+        elif kind == link.FAILED:
+            proto = self.conns.get(r.u32())
+            if proto is not None:
+                cmd, msg_id, why = r.text(), r.name(), r.text()
+                proto.report_failed(cmd, msg_id, why)
+        elif kind == link.CLOSE:
+            proto = self.conns.get(r.u32())
+            if proto is not None:
+                proto.close()
+        elif kind == link.STOP:
+            self._stop()
+        else:
+            self.log.error("WORKER({index}): unknown record {kind}", index=self.index, kind=kind)
+
+    def _stop(self) -> None:
+        """Close every client, as nsqd does on its way out, and hand over to ``on_stop``."""
+        if self.exiting:
+            return
+        self.exiting = True
+        for proto in list(self.conns.values()):
+            proto.close()
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def lost(self, reason: Failure) -> None:
+        """The core is gone: nothing here can be served any more."""
+        for d, _ in self._waiting.values():
+            d.errback(PublishFailed("exiting"))
+        self._waiting.clear()
+        self._stop()

@@ -1,0 +1,176 @@
+"""``--workers``: one node on several processes, to clients one nsqd (real daemons on loopback).
+
+The client suites' behaviours run against ``--workers=2`` too: the modules
+that define a ``workers`` fixture with the parameters ``[1, 2]``
+(``test_pynsq.py``, ``test_protocol_live.py``, ``test_client_live.py``,
+``test_features_live.py``). This module checks what only a node on several
+processes can get wrong: every publisher's messages reach a consumer on the
+one address exactly once, a worker killed with -9 is started again without
+losing an acknowledged message, and a clean stop under load loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from tests.helpers import wait_for
+from tests.rawclient import Client, collect, subscribe
+
+PUBLISHERS = 8
+
+
+def children(pid: int) -> list[int]:
+    """The worker processes of the node whose core is ``pid``."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def stats(d: Any) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{d.http_address}/stats?format=json", timeout=10) as r:
+        return dict(json.load(r))
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered bodies one PUB at a time, reconnecting after an error; remembers each
+    body whose OK it read (acknowledged), until told to stop or ``count`` are acknowledged."""
+
+    def __init__(self, address: str, topic: str, name: str, count: int | None = None) -> None:
+        super().__init__(daemon=True)
+        self.address, self.topic, self.tag, self.count = address, topic, name, count
+        self.acked: list[bytes] = []
+        self.errors = 0
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        client: Client | None = None
+        while not self.stopping.is_set() and (self.count is None or len(self.acked) < self.count):
+            body = f"{self.tag}-{n}".encode()
+            try:
+                if client is None:
+                    client = Client(self.address)
+                    self.connected.set()
+                client.pub(self.topic, body)
+            except (OSError, AssertionError, Exception):
+                self.errors += 1
+                if client is not None:
+                    client.close()
+                client = None
+                time.sleep(0.05)
+                continue
+            self.acked.append(body)
+            n += 1
+        if client is not None:
+            client.close()
+
+
+def drain(address: str, topic: str, channel: str, expected: set[bytes], timeout: float = 60) -> list[bytes]:
+    """Every message of the channel, read and FINed until ``expected`` are all in (or timeout)."""
+    c = subscribe(address, topic, channel, rdy=500)
+    got: list[bytes] = []
+
+    def enough(by: dict[int, list[Any]]) -> bool:
+        got[:] = [m.body for m in by[0]]
+        return expected <= set(got)
+
+    collect([c], enough, timeout)
+    c.close()
+    return got
+
+
+def test_a_consumer_on_the_one_address_gets_every_message_exactly_once(daemon_factory) -> None:
+    d = daemon_factory("--workers=2")
+    assert len(wait_for(lambda: children(d.pid), what="two workers")) == 2
+    consumer = subscribe(d.tcp_address, "w", "c", rdy=1000)
+    publishers = [Publisher(d.tcp_address, "w", f"p{i}", count=300) for i in range(PUBLISHERS)]
+    for p in publishers:
+        p.start()
+    expected = {f"p{i}-{n}".encode() for i in range(PUBLISHERS) for n in range(300)}
+    got = collect([consumer], lambda by: len(by[0]) >= len(expected), timeout=120)[0]
+    for p in publishers:
+        p.join(30)
+    bodies = [m.body for m in got]
+    assert set(bodies) == expected
+    assert len(bodies) == len(expected)  # none twice
+    assert not any(p.errors for p in publishers)
+    assert consumer.nothing_for(0.5) == []  # and nothing more
+    # /stats shows the one node: the topic's count, the consumer the workers serve
+    s = stats(d)
+    (topic,) = s["topics"]
+    assert topic["message_count"] == len(expected)
+    (channel,) = topic["channels"]
+    (client,) = channel["clients"]
+    assert (client["state"], client["ready_count"], client["finish_count"]) == (3, 1000, len(expected))
+    consumer.close()
+
+
+def test_stats_lists_each_worker_clients_publishes(daemon_factory) -> None:
+    d = daemon_factory("--workers=2")
+    clients = [Client(d.tcp_address) for _ in range(4)]
+    for i, c in enumerate(clients):
+        for _ in range(i + 1):
+            c.pub("s", b"x")
+    producers = stats(d)["producers"]
+    assert sorted(p["pub_counts"][0]["count"] for p in producers) == [1, 2, 3, 4]
+    for c in clients:
+        c.close()
+
+
+def test_a_worker_killed_under_load_is_started_again_and_nothing_acknowledged_is_lost(daemon_factory) -> None:
+    d = daemon_factory("--workers=2")
+    workers = wait_for(lambda: children(d.pid), what="two workers")
+    # a consumer that holds messages without FIN: whichever worker it is on dies below
+    holder = subscribe(d.tcp_address, "k", "c", rdy=20)
+    publishers = [Publisher(d.tcp_address, "k", f"p{i}") for i in range(4)]
+    for p in publishers:
+        p.start()
+    wait_for(lambda: all(len(p.acked) > 50 for p in publishers), what="publishes")
+    held = collect([holder], lambda by: len(by[0]) >= 20, timeout=20, fin=False)[0]
+    assert len(held) == 20
+    for killed, pid in enumerate(workers, 1):  # each worker in turn, under load
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda killed=killed: len(re.findall(r"WORKER\(\d\): exited .*signal 9", d.read_output()))
+                 == killed, what="the core seeing its worker die")
+        wait_for(lambda pid=pid: len(children(d.pid)) == 2 and pid not in children(d.pid),
+                 what="the worker started again")
+        acked = sum(len(p.acked) for p in publishers)
+        wait_for(lambda acked=acked: sum(len(p.acked) for p in publishers) > acked + 50,
+                 what="publishes after the restart")
+    for p in publishers:
+        p.stopping.set()
+    for p in publishers:
+        p.join(30)
+    assert all(p.errors for p in publishers)  # both workers died: every publisher's connection
+    acknowledged = {b for p in publishers for b in p.acked}
+    # the held messages went back to the channel when their worker died: delivered again
+    got = drain(d.tcp_address, "k", "c", acknowledged | {m.body for m in held})
+    assert acknowledged <= set(got)
+
+
+def test_a_clean_stop_under_load_loses_nothing(daemon_factory, tmp_path) -> None:
+    path = str(tmp_path / "node")
+    d = daemon_factory("--workers=2", data_path=path)
+    # the channel exists before the first publish, so it holds every message
+    subscribe(d.tcp_address, "z", "c", rdy=0).close()
+    publishers = [Publisher(d.tcp_address, "z", f"p{i}") for i in range(4)]
+    for p in publishers:
+        p.start()
+    wait_for(lambda: all(len(p.acked) > 100 for p in publishers), what="publishes")
+    assert d.stop() == 0
+    for p in publishers:
+        p.stopping.set()
+    for p in publishers:
+        p.join(30)
+    acknowledged = {b for p in publishers for b in p.acked}
+    again = daemon_factory("--workers=2", data_path=path)
+    got = drain(again.tcp_address, "z", "c", acknowledged)
+    assert acknowledged <= set(got)
+    assert len(got) == len(set(got))

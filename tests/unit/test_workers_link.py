@@ -1,0 +1,196 @@
+"""``--workers`` without sockets: a V2 client on a worker's node, the link, the core's NSQD.
+
+The worker's :class:`RemoteNode` and the core's :class:`WorkerPeer` are
+joined by two ``StringTransport``s whose bytes are carried across by hand,
+so every record really is encoded, split and decoded.
+"""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.observe.stats import snapshot
+from nsqtw.protocol.v2 import V2Factory, V2Protocol
+from nsqtw.workers import link
+from nsqtw.workers.link import Link, Reader
+from nsqtw.workers.peer import WorkerPeer
+from nsqtw.workers.remote import RemoteNode
+from tests.helpers import body, decode_message_frame, make_nsqd, take_frames
+
+
+def in_flight(j: Joined) -> int:
+    """The channel ``t/c``'s in-flight count, as ``/stats`` shows it."""
+    return int(snapshot(j.nsqd)["topics"][0]["channels"][0]["in_flight_count"])
+
+
+class Joined:
+    """A core (an NSQD and a worker's peer) and a worker's node, their links on StringTransports."""
+
+    def __init__(self, **options: object) -> None:
+        self.nsqd, self.clock = make_nsqd(**options)
+        self.peer = WorkerPeer(self.nsqd, self.clock, 0)
+        self.node = RemoteNode(self.nsqd.options, self.clock, 0)
+        self.core_side = StringTransport()
+        self.worker_side = StringTransport()
+        self.peer.link.makeConnection(self.core_side)
+        self.node.link.makeConnection(self.worker_side)
+
+    def settle(self) -> None:
+        """Run turns until neither side has anything more to send."""
+        for _ in range(20):
+            self.clock.advance(0)
+            moved = False
+            for src, dst in ((self.worker_side, self.peer.link), (self.core_side, self.node.link)):
+                data = src.value()
+                if data:
+                    src.clear()
+                    # in pieces of 7 bytes: records arrive split anywhere
+                    for i in range(0, len(data), 7):
+                        dst.dataReceived(data[i:i + 7])
+                    moved = True
+            if not moved:
+                return
+        raise AssertionError("the link never settled")
+
+    def client(self) -> tuple[V2Protocol, StringTransport]:
+        proto = V2Factory(self.node, self.clock).buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(b"  V2")
+        self.settle()
+        return proto, transport
+
+
+def test_publish_is_answered_once_the_core_queued_it() -> None:
+    j = Joined()
+    proto, transport = j.client()
+    proto.dataReceived(b"PUB t\n" + body(b"hello"))
+    assert take_frames(transport) == []  # not before the core has it
+    j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert j.nsqd.topics["t"].depth() == 1
+
+
+def test_a_subscriber_gets_messages_and_its_fin_reaches_the_core() -> None:
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"SUB t c\n")
+    j.settle()
+    assert take_frames(ct) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    publisher, pt = j.client()
+    publisher.dataReceived(b"MPUB t\n" + b"\x00\x00\x00\x19\x00\x00\x00\x02" + body(b"one") + body(b"two")
+                           + b"\x00" * 6)
+    j.settle()
+    assert take_frames(pt) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    consumer.dataReceived(b"RDY 5\n")
+    j.settle()
+    frames = take_frames(ct)
+    assert [t for t, _ in frames] == [FRAME_TYPE_MESSAGE] * 2
+    got = [decode_message_frame(p) for _, p in frames]
+    assert [b for _, _, _, b in got] == [b"one", b"two"]
+    assert in_flight(j) == 2
+    consumer.dataReceived(b"".join(b"FIN %s\n" % msg_id for _, _, msg_id, _ in got))
+    j.settle()
+    assert in_flight(j) == 0
+    assert j.nsqd.topics["t"].channels["c"].depth() == 0
+    assert take_frames(ct) == []
+
+
+def test_fin_of_an_unknown_message_fails_from_the_core() -> None:
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"SUB t c\n")
+    j.settle()
+    take_frames(ct)
+    consumer.dataReceived(b"FIN 0123456789abcdef\n")
+    j.settle()
+    ((ftype, payload),) = take_frames(ct)
+    assert ftype == FRAME_TYPE_ERROR
+    assert payload.startswith(b"E_FIN_FAILED FIN 0123456789abcdef failed ")
+
+
+def test_sub_past_max_channel_consumers_is_refused_as_nsqd_does() -> None:
+    j = Joined(max_channel_consumers=1)
+    first, ft = j.client()
+    first.dataReceived(b"SUB t c\n")
+    j.settle()
+    assert take_frames(ft) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    second, st = j.client()
+    second.dataReceived(b"SUB t c\n")
+    j.settle()
+    assert take_frames(st) == [(FRAME_TYPE_ERROR,
+                                b"E_TOO_MANY_CHANNEL_CONSUMERS channel consumers for t:c exceeds limit of 1")]
+    assert st.disconnecting
+
+
+def test_the_core_shows_a_worker_client_in_stats_with_its_identity() -> None:
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"IDENTIFY\n" + body(json.dumps({"client_id": "cid", "hostname": "h.example",
+                                                           "user_agent": "ua/1"}).encode()))
+    consumer.dataReceived(b"SUB t c\nRDY 7\n")
+    j.settle()
+    stats = snapshot(j.nsqd)
+    (client,) = stats["topics"][0]["channels"][0]["clients"]
+    assert (client["client_id"], client["hostname"], client["user_agent"]) == ("cid", "h.example", "ua/1")
+    assert (client["state"], client["ready_count"]) == (3, 7)
+    assert client == consumer.go_stats()
+
+
+def test_closed_worker_connection_requeues_what_it_held() -> None:
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"SUB t c\nRDY 1\n")
+    j.settle()
+    j.nsqd.publish("t", [b"x"])
+    j.settle()
+    channel = j.nsqd.topics["t"].channels["c"]
+    assert in_flight(j) == 1
+    consumer.connectionLost(None)
+    j.settle()
+    assert in_flight(j) == 0 and channel.depth() == 1
+    assert not j.nsqd.clients
+
+
+def test_a_lost_worker_takes_its_clients_out_of_the_core() -> None:
+    j = Joined()
+    consumer, _ = j.client()
+    consumer.dataReceived(b"SUB t c\nRDY 1\n")
+    j.settle()
+    j.nsqd.publish("t", [b"x"])
+    j.settle()
+    channel = j.nsqd.topics["t"].channels["c"]
+    assert in_flight(j) == 1
+    j.peer.link.connectionLost(None)
+    assert in_flight(j) == 0 and not channel.clients and not j.nsqd.clients
+
+
+def test_records_split_anywhere_are_read_whole() -> None:
+    got: list[tuple[int, bytes]] = []
+    receiver = Link(Clock(), lambda kind, r: got.append((kind, r.rest())), lambda reason: None)
+    data = b"".join(link.conn_record(link.DELIVER, 7, b"x" * 100_000) + link.conn_record(link.CLOSE, 8))
+    for size in (1, 3, 4096, len(data)):
+        got.clear()
+        for i in range(0, len(data), size):
+            receiver.dataReceived(data[i:i + size])
+        assert [(k, len(p)) for k, p in got] == [(link.DELIVER, 100_004), (link.CLOSE, 4)]
+
+
+def test_records_of_a_turn_leave_in_one_write() -> None:
+    clock = Clock()
+    sender = Link(clock, lambda kind, r: None, lambda reason: None)
+    transport = StringTransport()
+    sender.makeConnection(transport)
+    writes: list[list[bytes]] = []
+    transport.writeSequence = writes.append  # type: ignore[method-assign]
+    for conn in range(50):
+        sender.send(link.conn_record(link.GONE, conn))
+    assert writes == []
+    clock.advance(0)
+    assert len(writes) == 1
+    r = Reader(b"".join(writes[0])[5:9])
+    assert r.u32() == 0
