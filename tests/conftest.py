@@ -16,3 +16,14 @@ def notify_socket(tmp_path) -> Iterator[tuple[str, socket.socket]]:
     sock.bind(path)
     yield path, sock
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def workers() -> int:
+    """The ``--workers`` of the nsqd daemons a test starts (1: one process, nsqd's default).
+
+    A module whose tests must hold for a node on several processes too (the
+    client suites) overrides it with ``params=WORKERS``, and each of its
+    tests runs once per value; module-scoped, so its shared daemons can use it.
+    """
+    return 1

@@ -68,15 +68,29 @@ def start_daemon(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds process ``pid`` has used so far (Linux ``/proc``).
+    """User and system CPU seconds process ``pid`` and its live descendants have used so far
+    (Linux ``/proc``): an nsqtw node with ``--workers`` is a process tree.
 
     The daemon's CPU per message or per cycle is the figure the side-by-side
     tools trust on a shared machine, where throughput alone is noisy.
     """
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    user = system = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):  # a child that ended meanwhile
+            if p == pid:
+                raise
+            continue
+        user += int(fields[11])
+        system += int(fields[12])
+    return user / tick, system / tick
 
 
 def rss_bytes(pid: int) -> int:

@@ -7,17 +7,6 @@ import pytest
 from tests.daemon import Daemon, LookupdDaemon, workers_args
 
 
-@pytest.fixture(scope="module")
-def workers() -> int:
-    """The ``--workers`` of the nsqd daemons a test starts (1: one process, nsqd's default).
-
-    A module whose tests must hold for a node on several processes too (the
-    client suites) overrides it with ``params=WORKERS``, and each of its
-    tests runs once per value; module-scoped, so its shared daemons can use it.
-    """
-    return 1
-
-
 @pytest.fixture
 def daemon_factory(tmp_path, workers) -> Iterator:
     """Start nsqtw daemons on loopback port 0 (with the module's ``--workers``); all are stopped at
