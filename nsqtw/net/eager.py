@@ -21,6 +21,7 @@ normal write path, TCP_NODELAY still on) and logs why.
 from __future__ import annotations
 
 import _socket
+import os
 import socket
 from typing import Any
 
@@ -248,6 +249,40 @@ class EagerPort(tcp.Port):
     def startListening(self) -> None:
         super().startListening()
         cache_port_logger(self)
+
+
+class _InheritedSocket(AcceptSocket):
+    """A listening socket another process bound and listens on (``--workers``): Twisted's
+    ``startListening`` binds and listens what it is given, which here is already done."""
+
+    __slots__ = ()
+
+    def bind(self, address: Any) -> None:
+        return None
+
+    def listen(self, backlog: int = 0) -> None:
+        return None
+
+
+class InheritedPort(EagerPort):
+    """:class:`EagerPort` on a listening socket inherited as a file descriptor: a worker's share of
+    the node's TCP address. Its connections are :data:`SERVER_CLASS`, as the listener's own."""
+
+    #: the socket is shared with the core and the other workers: closing this port must not
+    #: ``shutdown(2)`` it under them (a private Twisted attribute, listed in
+    #: ``nsqtw.net.twisted_privates.OVERRIDDEN``)
+    _shouldShutdown = False
+
+    def __init__(self, fd: int, factory: Any, reactor: Any) -> None:
+        with socket.socket(fileno=os.dup(fd)) as probe:
+            host, port = probe.getsockname()[:2]
+        super().__init__(port, factory, interface=host, reactor=reactor)
+        self.inherited_fd = fd
+
+    def createInternetSocket(self) -> socket.socket:
+        sock = _InheritedSocket(self.addressFamily, socket.SOCK_STREAM, 0, os.dup(self.inherited_fd))
+        sock.setblocking(False)
+        return sock
 
 
 @implementer(IStreamServerEndpoint)

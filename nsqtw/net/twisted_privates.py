@@ -58,6 +58,9 @@ OVERRIDDEN: tuple[tuple[str, str, str, str], ...] = (
     ("twisted.internet.tcp.Connection", "_shouldShutdown", "nsqtw.net.eager.EagerServer",
      "False: close() alone ends a connection the process alone holds; shutdown(2) first is one system"
      " call more per connection"),
+    ("twisted.internet.tcp.Port", "_shouldShutdown", "nsqtw.net.eager.InheritedPort",
+     "False: a worker's port shares the node's listening socket with the core and the other workers;"
+     " closing it must not shutdown(2) the socket under them (as Twisted's own adopted ports do)"),
     ("twisted.internet.endpoints.HostnameEndpoint", "_hostAsBytesAndText", "nsqtw.admin.client._NameAsIsEndpoint",
      "nsqadmin reaches a node registered under a name IDNA 2008 refuses (``my_host``), as Go's resolver does"),
     ("twisted.web.http.HTTPChannel", "_respondToBadRequestAndDisconnect", "nsqtw.http.channel.GoHTTPChannel",

@@ -58,6 +58,7 @@ def main(argv: list[str]) -> None:
 
     from nsqtw.heap import keep_long_lived_old, return_big_blocks
     from nsqtw.net.busypoll import busy_poll_of
+    from nsqtw.net.eager import InheritedPort
     from nsqtw.net.tls import build_server_tls
     from nsqtw.protocol.auth import authorizer_for
     from nsqtw.protocol.v2 import V2Factory
@@ -70,9 +71,8 @@ def main(argv: list[str]) -> None:
     node.auth = authorizer_for(options, r)
     r.adoptStreamConnection(LINK_FD, socket.AF_UNIX, LinkFactory(node.link))
     os.close(LINK_FD)
-    with socket.socket(fileno=os.dup(LISTEN_FD)) as listening:
-        family = listening.family
-    port = r.adoptStreamPort(LISTEN_FD, family, V2Factory(node, r))
+    port = InheritedPort(LISTEN_FD, V2Factory(node, r), r)
+    port.startListening()
     os.close(LISTEN_FD)
     poll = busy_poll_of(r)
     if poll is not None:
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> None:
     return_big_blocks()
 
     def stop() -> None:
-        port.stopListening()
+        port.stopListening()  # type: ignore[no-untyped-call]
         waited = [0.0]
 
         def closed() -> None:

@@ -22,6 +22,10 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
+from nsqtw.log import Logger
+from nsqtw.net.eager import send_pieces
+from nsqtw.net.twisted_privates import may_send_now, write_buffers_understood
+
 # -- kinds: from a worker to the core
 #: a client connected to the worker: conn, its identity (JSON)
 OPEN = 1
@@ -56,6 +60,10 @@ STOP = 24
 
 #: an ACK's status: done; failed (the text says why); past --max-channel-consumers
 ACK_OK, ACK_FAILED, ACK_TOO_MANY = 0, 1, 2
+
+#: whether Twisted's write buffers are as :mod:`nsqtw.net.twisted_privates` expects (else every
+#: write takes Twisted's path)
+_EAGER = write_buffers_understood()
 
 _HEAD = struct.Struct(">IB")
 _U32 = struct.Struct(">I")
@@ -173,6 +181,8 @@ class Link(Protocol):
     """One end of a link: records in go to ``on_record(kind, Reader)``; :meth:`send` queues
     records out, written together on the next reactor turn; ``on_lost(reason)`` at the end."""
 
+    log = Logger()
+
     def __init__(self, clock: IReactorTime, on_record: Callable[[int, Reader], None],
                  on_lost: Callable[[Failure], None]) -> None:
         self.clock = clock
@@ -207,8 +217,16 @@ class Link(Protocol):
             self._flush_call.cancel()
         self._flush_call = None
         out, self._out = self._out, []
-        if out and self.transport is not None:
-            self.transport.writeSequence(out)
+        transport: Any = self.transport
+        if not out or transport is None:
+            return
+        # sent now when nothing is queued (one sendmsg, as EagerServer does for clients): through
+        # Twisted's buffer the bytes would wait a turn for epoll to report the socket writable
+        if (_EAGER and getattr(transport, "socket", None) is not None and transport.connected
+                and not transport.disconnecting and may_send_now(transport)):
+            out = send_pieces(transport.socket, out)
+        if out:
+            transport.writeSequence(out)
 
     def dataReceived(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -224,7 +242,11 @@ class Link(Protocol):
             if end - at - 4 < size:
                 need = 4 + size
                 break
-            on_record(kind, Reader(buf[at + 5:at + 4 + size]))
+            try:
+                on_record(kind, Reader(buf[at + 5:at + 4 + size]))
+            except Exception:
+                # one record's failure is logged; the link, and every other client on it, goes on
+                self.log.failure("LINK: failed to handle a record of kind {kind}", kind=kind)
             at += 4 + size
         rest = buf[at:] if at < end else b""
         self._chunks = [rest] if rest else []

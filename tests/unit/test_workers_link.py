@@ -11,6 +11,7 @@ import json
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import TestCase
 
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.observe.stats import snapshot
@@ -194,3 +195,18 @@ def test_records_of_a_turn_leave_in_one_write() -> None:
     assert len(writes) == 1
     r = Reader(b"".join(writes[0])[5:9])
     assert r.u32() == 0
+
+
+class FailingRecordTests(TestCase):
+    def test_a_record_that_fails_is_logged_and_the_link_goes_on(self) -> None:
+        got: list[int] = []
+
+        def handle(kind: int, r: Reader) -> None:
+            if kind == link.GONE:
+                raise KeyError("no such connection")
+            got.append(kind)
+
+        receiver = Link(Clock(), handle, lambda reason: None)
+        receiver.dataReceived(b"".join(link.conn_record(link.GONE, 1) + link.conn_record(link.CLOSE, 2)))
+        self.assertEqual(got, [link.CLOSE])
+        self.assertEqual(len(self.flushLoggedErrors(KeyError)), 1)
