@@ -12,8 +12,15 @@ import urllib.request
 
 import pytest
 
+from tests.daemon import WORKERS
 from tests.helpers import wait_for
 from tests.rawclient import OK, Client, Closed, subscribe
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every test here runs against one process and against ``--workers=2`` (tests/conftest.py)."""
+    return int(request.param)
 
 DURABLE = "--durable-delivery"
 
