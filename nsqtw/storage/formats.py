@@ -25,6 +25,17 @@ __all__ = ["format_meta", "frame_records", "nsqd_msg_size_limits", "parse_meta",
 
 _META_RE: Final = re.compile(rb"\A(-?\d+)\n(-?\d+),(-?\d+)\n(-?\d+),(-?\d+)\n")
 
+#: framing buffers kept from one :func:`frame_records` call to the next: a fresh one grows to a
+#: 64 KiB piece by doubling, reallocating and copying what it holds each time, which cost more
+#: than the framing itself. A call takes one and puts it back (list.pop and append are atomic, so
+#: no two threads share one), so there are never more than the disk threads framing at once plus
+#: these four, seeded as nsqd's default --disk-threads so that the list stays over half full and
+#: taking and putting back never resize it
+_WRITERS: Final[list[BytesWriter]] = [BytesWriter() for _ in range(4)]
+#: a buffer that held more (one record bigger than segments.IO_PIECE) is let go, so a kept one
+#: holds at most 128 KiB
+_KEEP_AT_MOST: Final = 64 * 1024
+
 
 def nsqd_msg_size_limits(max_msg_size: int) -> tuple[int, int]:
     """The (min, max) record sizes nsqd gives go-diskqueue for ``--max-msg-size``."""
@@ -66,7 +77,10 @@ def frame_records(batch: list[bytes], start: int, room: int, min_size: int, max_
     stops before a record whose size is outside ``[min_size, max_size]``
     (the caller reports it).
     """
-    out = BytesWriter()
+    try:
+        out = _WRITERS.pop()
+    except IndexError:
+        out = BytesWriter()
     used = 0
     i = start
     n = len(batch)
@@ -79,7 +93,11 @@ def frame_records(batch: list[bytes], start: int, room: int, min_size: int, max_
         out.write(data)
         used += 4 + size
         i += 1
-    return out.getvalue(), i - start
+    framed = out.getvalue()
+    if len(out) <= _KEEP_AT_MOST:
+        out.truncate(0)
+        _WRITERS.append(out)
+    return framed, i - start
 
 
 def parse_meta(text: bytes) -> tuple[int, int, int, int, int] | None:

@@ -26,7 +26,7 @@ __all__ = ["LogEvent", "SegmentFiles"]
 LogEvent = tuple[LogLevel, str, dict[str, Any]]
 
 
-@dataclass
+@dataclass(slots=True)
 class SegmentFiles:
     """go-diskqueue's file state; every method runs on the disk thread only.
 

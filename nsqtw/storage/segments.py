@@ -63,7 +63,7 @@ class OpResult:
     sync_error: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class DiskState(SegmentFiles):
     """The operations on go-diskqueue's files, each run on the disk thread as one
     :meth:`run` (or :meth:`run_read`): load, read ahead, write, sync, empty, close.
@@ -338,7 +338,8 @@ class DiskState(SegmentFiles):
                 # segment is empty (a record bigger than a segment gets its own)
                 if self.write_pos > 0 and self.write_pos + 4 + size > self.max_bytes_per_file:
                     self._roll()
-                framed, count = frame_records(batch, written, min(self.max_bytes_per_file - self.write_pos, IO_PIECE),
+                room = self.max_bytes_per_file - self.write_pos
+                framed, count = frame_records(batch, written, room if room < IO_PIECE else IO_PIECE,
                                               self.min_msg_size, self.max_msg_size)
                 self._write_chunk(framed, count)
                 written += count
@@ -385,15 +386,16 @@ class DiskState(SegmentFiles):
             if self.durable:
                 fsync_dir(self.data_path)  # the new segment's name must survive power loss too
             self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
-        view = memoryview(framed)
+        size = len(framed)
         try:
-            while view:
-                view = view[self.write_fn(self._wfd, view):]
+            done = self.write_fn(self._wfd, framed)
+            while done < size:  # a short write: the rest, from where it stopped
+                done += self.write_fn(self._wfd, memoryview(framed)[done:])
         except OSError:
             self._close_write()
             self._truncate_on_open = True
             raise
-        self.write_pos += len(framed)
+        self.write_pos += size
         self.depth += count
         self.count += count
 

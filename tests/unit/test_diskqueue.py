@@ -909,3 +909,18 @@ class IOPieceTests(DiskQueueTestBase):
             self.clock.advance(0)
         self.assertEqual(got, records)
         self.assertLessEqual(max(reads), segments.IO_PIECE)
+
+    def test_a_short_write_goes_on_from_where_it_stopped(self) -> None:
+        """A write that takes only part of what it is given is followed by one of the rest: the
+        segment holds each record once, in order, and the queue's positions count every byte."""
+        write = self.hooks.write
+        self.hooks.write = lambda fd, data: write(fd, memoryview(data)[:7])  # type: ignore[method-assign]
+        records = [b"%03d" % i + b"y" * i for i in range(30)]
+        q = self.open()
+        q.put_many(records)
+        self.clock.advance(0)
+        self.assertEqual(self.file("t.diskqueue.000000.dat"), b"".join(map(framed, records)))
+        self.successResultOf(q.close())
+        self.assertEqual(self.meta(), b"30\n0,0\n0,%d\n" % sum(4 + len(r) for r in records))
+        self.hooks.write = write  # type: ignore[method-assign]
+        self.assertEqual(self.read_all(self.open()), records)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import struct
+import threading
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -98,3 +99,25 @@ class FrameRecordsTests(SynchronousTestCase):
                     and (i == 1 or sum(4 + len(d) for d in batch[start:start + i]) <= room)]
             self.assertEqual(count, max(fits, default=0), (batch, start, room))
             self.assertEqual(split_records(framed, 100, MIN, MAX), (taken, len(framed)))
+
+    def test_framing_buffers_are_reused_and_never_shared(self) -> None:
+        """Calls reuse framing buffers (formats._WRITERS): a piece bigger than a kept buffer, the small
+        ones after it, and batches framed by several threads at once all come out as their own records."""
+        big = [b"b" * 40_000, b"c" * 40_000]
+        self.assertEqual(frame_records(big, 0, 1 << 20, MIN, 1 << 20), (b"".join(map(record, big)), 2))
+        self.assertEqual(frame_records([b"aaaa"], 0, 100, MIN, MAX), (record(b"aaaa"), 1))
+        wrong: list[bytes] = []
+
+        def frame_many(fill: bytes) -> None:
+            batch = [fill * (1 + i % MAX) for i in range(MAX)] * 20
+            expected = b"".join(map(record, batch))
+            for _ in range(300):
+                framed, count = frame_records(batch, 0, 1 << 20, 1, MAX)
+                if (framed, count) != (expected, len(batch)):
+                    wrong.append(fill)
+        threads = [threading.Thread(target=frame_many, args=(bytes([65 + n]),)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(wrong, [])
