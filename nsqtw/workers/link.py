@@ -15,7 +15,7 @@ What each kind carries is written where it is made: the worker's side in
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -92,16 +92,12 @@ def conn_record(kind: int, conn: int, *rest: bytes) -> list[bytes]:
     return record(kind, _CONN.pack(conn), *rest)
 
 
-def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: Iterable[bytes]) -> list[bytes]:
-    """A publish: the bodies are written as they are, never joined into one buffer here."""
-    pieces = [_PUB.pack(seq, conn, defer_ms, len(topic)), topic]
-    count = 0
-    for body in bodies:
-        pieces.append(_U32.pack(len(body)))
-        pieces.append(body)
-        count += 1
-    pieces.insert(2, _U32.pack(count))
-    return record(PUB, *pieces)
+def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: list[bytes]) -> list[bytes]:
+    """A publish: its bodies' count, their sizes in one array, then the bodies back to back,
+    so the core reads the sizes in one call (:meth:`Reader.bodies`)."""
+    count = len(bodies)
+    return record(PUB, _PUB.pack(seq, conn, defer_ms, len(topic)), topic, _U32.pack(count),
+                  struct.pack(f">{count}I", *map(len, bodies)), bodies[0] if count == 1 else b"".join(bodies))
 
 
 def sub_record(seq: int, conn: int, topic: str, channel: str) -> list[bytes]:
@@ -165,8 +161,16 @@ class Reader:
         return self.raw(len(self.data) - self.at)
 
     def bodies(self) -> list[bytes]:
-        """A publish's bodies (after its count)."""
-        return [self.raw(self.u32()) for _ in range(self.u32())]
+        """A publish's bodies: the count, the sizes, the bodies (:func:`pub_record`)."""
+        count = self.u32()
+        data = self.data
+        at = self.at + 4 * count
+        out = []
+        for size in struct.unpack_from(f">{count}I", data, self.at):
+            out.append(data[at:at + size])
+            at += size
+        self.at = at
+        return out
 
     def ids(self) -> list[bytes]:
         data = self.rest()
