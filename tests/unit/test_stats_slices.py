@@ -72,6 +72,38 @@ class SliceEncodingTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(d), go_json(snapshot(nsqd, include_mem=False)))
 
 
+    def test_producers_are_looked_for_a_few_thousand_clients_per_step(self) -> None:
+        """Finding the producers among tens of thousands of clients is spread over steps."""
+        from types import SimpleNamespace
+
+        from nsqtw.observe import stats as stats_module
+        clients = {i: SimpleNamespace(pub_counts={"t": 1} if i % 1000 == 0 else {}) for i in range(5000)}
+        steps = stats_module.producer_clients(SimpleNamespace(clients=clients))
+        yields = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                chosen = done.value
+                break
+            yields += 1
+        self.assertEqual(yields, -(-5000 // stats_module._CLIENTS_PER_STEP))
+        self.assertEqual(chosen, [clients[i] for i in range(0, 5000, 1000)])
+
+    def test_template_is_the_fields_encoded_with_texts_in_their_slots(self) -> None:
+        """A template fills JSON texts where the field function put its arguments, and refuses a
+        function that does not show each argument once as a value."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.observe.stats_json import _Template
+
+        def fields(a: object, b: object) -> dict[str, object]:
+            return {"a{}": a, "b": [b, "}"]}
+
+        self.assertEqual(_Template(fields, 2).fill('"x"', "[1]"), go_dumps(fields("x", [1])))
+        with self.assertRaises(ValueError):
+            _Template(lambda a, b: {"a": a, "b": a}, 2)
+
+
 class ClientStatsTests(SynchronousTestCase):
     def test_go_stats_is_the_generic_layout(self) -> None:
         """V2Protocol.go_stats (one dict) equals the stats() copy reordered by Go's rules, for
