@@ -844,6 +844,23 @@ class EncodedClientsTests(SynchronousTestCase):
         self.assertEqual(producer.stats_json("t"), go_dumps(producer.go_stats("t")))
         self.assertIn('"pub_counts"', producer.stats_json())
 
+    def test_every_shown_field_set_remakes_the_cached_text(self) -> None:
+        """Setting any field /stats shows, Shown or compared, gives the new text at the next call."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.protocol.auth import AuthState
+        client = Client(self)
+        proto, _ = connect(client.nsqd, client.clock)
+        changes = {"identifier": "id2", "hostname": "h2", "remote_address": "10.0.0.9:1", "user_agent": "ua2",
+                   "connect_ts": 7, "sample_rate": 42, "tls": True, "snappy": True, "deflate": True,
+                   "_tls_info": {"tls_version": "TLS1.3", "tls_cipher_suite": "X"}}
+        for name, value in changes.items():
+            proto.stats_json()
+            setattr(proto, name, value)
+            self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()), name)
+        proto.auth.state = AuthState(60, "alice", "https://id/alice", [], client.clock.seconds() + 60)
+        self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()))
+        self.assertIn('"auth_identity":"alice"', proto.stats_json())
+
     def test_encoded_snapshot_gives_the_same_bytes(self) -> None:
         """The whole /stats JSON written straight equals the JSON of the plain snapshot, for the
         reference scene plus clients with hostile identities, with and without a topic filter."""
