@@ -127,16 +127,7 @@ def stats_json_steps(nsqd: Any, topic: str | None = None, channel: str | None = 
             for c in chans:
                 if t.channels.get(c.name) is not c:
                     continue  # deleted between two steps
-                clients = "null"
-                if include_clients:
-                    # the clients' loop is here, not in a generator of its own: one fewer per channel
-                    texts_of_clients = []
-                    for client in list(c.clients.values()):
-                        text = _client_json(client, topic)
-                        texts_of_clients.append(text)
-                        if len(text) > _BIG_CLIENT:
-                            yield None
-                    clients = "[" + ",".join(texts_of_clients) + "]"
+                clients = (yield from _clients(list(c.clients.values()), topic)) if include_clients else "null"
                 texts.append(_channel_json(c, clients, now))
                 yield None
             if nsqd.topics.get(t.name) is not t:
