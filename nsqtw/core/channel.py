@@ -646,12 +646,16 @@ class Channel:
         return self.backend.health() or self.delivery.health()
 
     def stats_counts(self) -> dict[str, Any]:
+        """The counts /stats and /metrics show (``/stats`` reads them for every channel: no
+        figure is asked for twice)."""
+        backend_depth = self.backend.depth()
+        share = self._share()
         return {
-            "depth": self.depth(),
-            "backend_depth": self.backend.depth(),
+            "depth": len(self.memory) + share + backend_depth,
+            "backend_depth": backend_depth,
             "in_flight_count": len(self.in_flight),
             "deferred_count": len(self.deferred),
-            "message_count": self.message_count,
+            "message_count": self.given + share,
             "requeue_count": self.requeue_count,
             "timeout_count": self.timeout_count,
             "finish_count": self.finish_count,

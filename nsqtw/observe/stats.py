@@ -24,7 +24,6 @@ from twisted.internet.interfaces import IReactorTime
 
 from nsqtw import NSQD_VERSION, version_banner
 from nsqtw._go.duration import format_duration_ns
-from nsqtw._go.json import go_dumps
 from nsqtw.observe.quantile import aggregate, empty_result
 
 __all__ = [
@@ -38,17 +37,6 @@ __all__ = [
 
 #: the first line of nsqd's text stats (``version.String("nsqd")``), naming what built nsqtw
 VERSION_BANNER = version_banner("nsqd")
-
-class EncodedClients(list):  # type: ignore[type-arg]
-    """A channel's (or the producers') clients already as Go's JSON text, one string each.
-
-    :func:`snapshot_steps` makes these for ``/stats?format=json`` only
-    (``encode_clients``); :func:`json_steps` splices them in as they are.
-    """
-
-
-#: a client's JSON past this size ends a snapshot step (clients may send megabytes of identity)
-_BIG_CLIENT = 64 * 1024
 
 #: client fields Go omits when empty (``omitempty``), in Go's order, after ``user_agent``
 _OMITEMPTY_AUTH = ("authed", "auth_identity", "auth_identity_url")
@@ -171,71 +159,71 @@ def _client_stats(client: Any, topic_filter: str) -> dict[str, Any]:
     return out
 
 
-def _client_json(client: Any, topic_filter: str) -> str:
-    """:func:`_client_stats` as Go's JSON text (a V2 connection caches most of it)."""
-    stats_json = getattr(client, "stats_json", None)
-    if stats_json is not None:
-        text: str = stats_json(topic_filter)
-        return text
-    return go_dumps(_client_stats(client, topic_filter))
-
-
-def _encoded_clients(clients: Iterable[Any], topic_filter: str,
-                     out: EncodedClients) -> Generator[None, None, EncodedClients]:
-    for client in clients:
-        text = _client_json(client, topic_filter)
-        out.append(text)
-        if len(text) > _BIG_CLIENT:
-            yield None
-    return out
-
-
 def _is_producer(client: Any) -> bool:
     return bool(getattr(client, "pub_counts", None))
 
 
-def _topic_stats(topic: Any, channels: list[dict[str, Any]], now: float) -> dict[str, Any]:
+def _topic_stats(topic: Any, channels: list[Any] | None, now: float) -> dict[str, Any]:
+    return _topic_fields(topic.name, channels, topic.depth(), topic.backend.depth(), topic.message_count,
+                         topic.message_bytes, bool(topic.paused), _topic_e2e(topic, now))
+
+
+def _topic_e2e(topic: Any, now: float) -> dict[str, Any]:
     o = topic.options
-    if o.e2e_processing_latency_percentile:
-        # every channel of the topic counts, whatever the channel filter (as nsqd)
-        e2e = aggregate([c.e2e for c in topic.channels.values()],
-                        o.e2e_processing_latency_window_time,
-                        o.e2e_processing_latency_percentile, now)
-    else:
-        e2e = empty_result()
+    if not o.e2e_processing_latency_percentile:
+        return empty_result()
+    # every channel of the topic counts, whatever the channel filter (as nsqd)
+    return aggregate([c.e2e for c in topic.channels.values()], o.e2e_processing_latency_window_time,
+                     o.e2e_processing_latency_percentile, now)
+
+
+def _topic_fields(name: Any, channels: Any, depth: Any, backend_depth: Any, message_count: Any,
+                  message_bytes: Any, paused: Any, e2e: Any) -> dict[str, Any]:
+    """A topic as nsqd's TopicStats: the one place its fields and their order are written
+    (:mod:`nsqtw.observe.stats_json` makes its template from this too)."""
     return {
-        "topic_name": topic.name,
+        "topic_name": name,
         "channels": channels,
-        "depth": topic.depth(),
-        "backend_depth": topic.backend.depth(),
-        "message_count": topic.message_count,
-        "message_bytes": topic.message_bytes,
-        "paused": bool(topic.paused),
+        "depth": depth,
+        "backend_depth": backend_depth,
+        "message_count": message_count,
+        "message_bytes": message_bytes,
+        "paused": paused,
         "e2e_processing_latency": e2e,
     }
 
 
-def _channel_stats(channel: Any, clients: list[dict[str, Any]] | None, now: float,
+def _channel_stats(channel: Any, clients: list[Any] | None, now: float,
                    extras: bool = False) -> dict[str, Any]:
     counts = channel.stats_counts()
     e2e = channel.e2e.result(now) if channel.e2e is not None else empty_result()
-    out = {
-        "channel_name": channel.name,
-        "depth": counts["depth"],
-        "backend_depth": counts["backend_depth"],
-        "in_flight_count": counts["in_flight_count"],
-        "deferred_count": counts["deferred_count"],
-        "message_count": counts["message_count"],
-        "requeue_count": counts["requeue_count"],
-        "timeout_count": counts["timeout_count"],
-        "client_count": len(channel.clients),
-        "clients": clients,
-        "paused": bool(channel.paused),
-        "e2e_processing_latency": e2e,
-    }
+    out = _channel_fields(channel.name, counts["depth"], counts["backend_depth"], counts["in_flight_count"],
+                          counts["deferred_count"], counts["message_count"], counts["requeue_count"],
+                          counts["timeout_count"], len(channel.clients), clients, bool(channel.paused), e2e)
     if extras:
         out["finish_count"] = counts.get("finish_count", 0)
     return out
+
+
+def _channel_fields(name: Any, depth: Any, backend_depth: Any, in_flight_count: Any, deferred_count: Any,
+                    message_count: Any, requeue_count: Any, timeout_count: Any, client_count: Any,
+                    clients: Any, paused: Any, e2e: Any) -> dict[str, Any]:
+    """A channel as nsqd's ChannelStats: the one place its fields and their order are written
+    (:mod:`nsqtw.observe.stats_json` makes its template from this too)."""
+    return {
+        "channel_name": name,
+        "depth": depth,
+        "backend_depth": backend_depth,
+        "in_flight_count": in_flight_count,
+        "deferred_count": deferred_count,
+        "message_count": message_count,
+        "requeue_count": requeue_count,
+        "timeout_count": timeout_count,
+        "client_count": client_count,
+        "clients": clients,
+        "paused": paused,
+        "e2e_processing_latency": e2e,
+    }
 
 
 class _DiskTotals:
@@ -272,8 +260,7 @@ def snapshot(nsqd: Any, topic: str | None = None, channel: str | None = None,
 
 def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = None,
                    include_clients: bool = True, include_mem: bool = True,
-                   extras: bool = False, encode_clients: bool = False,
-                   ) -> Generator[None, None, dict[str, Any]]:
+                   extras: bool = False) -> Generator[None, None, dict[str, Any]]:
     """:func:`snapshot`, one channel per step: a caller may run the steps over several reactor turns.
 
     The generator yields after each channel and returns the snapshot.  Run to
@@ -285,38 +272,26 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
     ``extras`` (``/metrics`` only; ``/stats`` keeps Go's shape) adds each
     channel's ``finish_count`` and an ``nsqtw`` block: the disk queues'
     totals, the node's client count and precise start time, and the time of
-    the snapshot.
-
-    ``encode_clients`` (``/stats?format=json``) gives every list of clients
-    as :class:`EncodedClients`, for :func:`json_steps` only.
+    the snapshot.  ``/stats?format=json`` writes the same walk straight as
+    text (:func:`nsqtw.observe.stats_json.stats_json_steps`).
     """
     topic = topic or ""
-    channel = channel or ""
     now = nsqd.clock.seconds()
     disk = _DiskTotals(nsqd.segments_set_aside()) if extras else None
-    topics: list[dict[str, Any]] | None
+    topics: list[dict[str, Any]] | None = None
     producers: list[dict[str, Any]] | None = None
-    if topic and topic not in nsqd.topics:
-        topics = None
-    else:
-        chosen = [nsqd.topics[topic]] if topic else [nsqd.topics[n] for n in sorted(nsqd.topics)]
+    chosen = chosen_topics(nsqd, topic)
+    if chosen is not None:
         topics = []
         for t in chosen:
-            if channel:
-                if channel not in t.channels:
-                    continue
-                chans = [t.channels[channel]]
-            else:
-                chans = [t.channels[n] for n in sorted(t.channels)]
+            chans = chosen_channels(t, channel or "")
+            if chans is None:
+                continue
             channel_stats = []
             for c in chans:
                 if t.channels.get(c.name) is not c:
                     continue  # deleted between two slices
-                clients: list[Any] | None = None
-                if encode_clients and include_clients:
-                    clients = yield from _encoded_clients(list(c.clients.values()), topic, EncodedClients())
-                elif include_clients:
-                    clients = [_client_stats(cl, topic) for cl in list(c.clients.values())]
+                clients = [_client_stats(cl, topic) for cl in list(c.clients.values())] if include_clients else None
                 channel_stats.append(_channel_stats(c, clients, now, extras))
                 if disk is not None:
                     disk.add(c.backend)
@@ -327,11 +302,50 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
             if disk is not None:
                 disk.add(t.backend)
         if include_clients:
-            chosen_producers = [cl for cl in list(nsqd.clients.values()) if _is_producer(cl)]
-            if encode_clients:
-                producers = (yield from _encoded_clients(chosen_producers, topic, EncodedClients())) or None
-            else:
-                producers = [_client_stats(cl, topic) for cl in chosen_producers] or None
+            chosen_producers = yield from producer_clients(nsqd)
+            producers = [_client_stats(cl, topic) for cl in chosen_producers] or None
+    out = node_stats(nsqd, topics, producers, include_mem)
+    if disk is not None:
+        out["nsqtw"] = {
+            "disk": disk.as_dict(),
+            "clients": len(nsqd.clients),
+            "producers": sum(1 for cl in list(nsqd.clients.values()) if _is_producer(cl)),
+            "start_time": float(getattr(nsqd, "start_time_precise", nsqd.start_time)),
+            "now": now,
+        }
+    return out
+
+
+def chosen_topics(nsqd: Any, topic: str) -> list[Any] | None:
+    """The topics a snapshot walks, by name; None when ``topic`` names none (Go's ``"topics": null``)."""
+    if topic:
+        return [nsqd.topics[topic]] if topic in nsqd.topics else None
+    return [nsqd.topics[n] for n in sorted(nsqd.topics)]
+
+
+def chosen_channels(topic: Any, channel: str) -> list[Any] | None:
+    """A topic's channels a snapshot walks, by name; None when the topic lacks ``channel`` (left out)."""
+    if channel:
+        return [topic.channels[channel]] if channel in topic.channels else None
+    return [topic.channels[n] for n in sorted(topic.channels)]
+
+
+#: clients looked at per step when looking for the producers (a node may hold tens of thousands)
+_CLIENTS_PER_STEP = 2048
+
+
+def producer_clients(nsqd: Any) -> Generator[None, None, list[Any]]:
+    """The node's clients that published, a few thousand looked at per step."""
+    clients = list(nsqd.clients.values())
+    chosen: list[Any] = []
+    for start in range(0, len(clients), _CLIENTS_PER_STEP):
+        chosen.extend(cl for cl in clients[start:start + _CLIENTS_PER_STEP] if _is_producer(cl))
+        yield None
+    return chosen
+
+
+def node_stats(nsqd: Any, topics: Any, producers: Any, include_mem: bool) -> dict[str, Any]:
+    """The snapshot's top level around its ``topics`` and ``producers``, in nsqd's order."""
     out: dict[str, Any] = {
         "version": NSQD_VERSION,
         "health": nsqd.health(),
@@ -345,14 +359,6 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
     if set_aside:
         # nsqtw only, present only when nonzero so a healthy node's /stats stays Go's shape
         out["segments_set_aside"] = set_aside
-    if disk is not None:
-        out["nsqtw"] = {
-            "disk": disk.as_dict(),
-            "clients": len(nsqd.clients),
-            "producers": sum(1 for cl in list(nsqd.clients.values()) if _is_producer(cl)),
-            "start_time": float(getattr(nsqd, "start_time_precise", nsqd.start_time)),
-            "now": now,
-        }
     return out
 
 
@@ -466,126 +472,6 @@ def text_steps(snap: Mapping[str, Any], now: float,
             if i % 64 == 63:
                 yield None
     return "".join(lines)
-
-
-# --- the JSON format, in pieces ----------------------------------------------------------
-
-
-def _split(value: Mapping[str, Any], keys: list[str]) -> list[str]:
-    """``value`` encoded with the lists ``keys`` left empty, cut open inside each of them.
-
-    The caller writes the items of ``keys[i]`` between pieces ``i`` and
-    ``i + 1``. A marker is found after the keys before it, which are names
-    nsqd validated or nsqd's own figures, so it cannot be inside a string.
-    """
-    encoded = go_dumps({k: ([] if k in keys else v) for k, v in value.items()})
-    pieces = []
-    pos = 0
-    for key in keys:
-        marker = go_dumps(key) + ":["
-        cut = encoded.index(marker, pos) + len(marker)
-        pieces.append(encoded[pos:cut])
-        pos = cut
-    pieces.append(encoded[pos:])
-    return pieces
-
-
-def _items(items: list[Mapping[str, Any]], parts: list[str], per_step: int) -> Generator[None, None, None]:
-    if isinstance(items, EncodedClients):
-        parts.append(",".join(items))
-        return
-    for i, item in enumerate(items):
-        if i:
-            parts.append(",")
-        parts.append(go_dumps(item))
-        if i % per_step == per_step - 1:
-            yield None
-
-
-def _nonempty(value: Mapping[str, Any], *keys: str) -> list[str]:
-    return [k for k in keys if value.get(k)]
-
-
-#: a topic whose clients' text fields stay under this many characters is encoded in one call
-_SMALL_TOPIC = 64 * 1024
-
-
-def _encoded_topic(topic: Mapping[str, Any]) -> str | None:
-    """A topic whose clients are :class:`EncodedClients`, as JSON: one ``json.dumps`` and a splice.
-
-    The topic is encoded with every channel's clients empty, then each
-    ``"clients":[]`` (one per channel, in order; names cannot hold a quote)
-    gets that channel's clients. ``None`` when the clients are not encoded.
-    """
-    channels = topic["channels"] or ()
-    if not any(isinstance(c.get("clients"), EncodedClients) for c in channels):
-        return None
-    hollow = dict(topic)
-    hollow["channels"] = [{**c, "clients": []} for c in channels]
-    pieces = go_dumps(hollow).split('"clients":[]')
-    assert len(pieces) == len(channels) + 1, "a name held the clients marker"
-    parts = [pieces[0]]
-    for channel, piece in zip(channels, pieces[1:], strict=True):
-        parts.append('"clients":[')
-        parts.append(",".join(channel["clients"]))
-        parts.append("]")
-        parts.append(piece)
-    return "".join(parts)
-
-
-def _small(topic: Mapping[str, Any]) -> bool:
-    """Whether a topic's encoding is small enough for one ``json.dumps`` call (few, short clients)."""
-    size = 0
-    for channel in topic["channels"] or ():
-        for client in channel.get("clients") or ():
-            size += len(client["client_id"]) + len(client["hostname"]) + len(client["user_agent"]) + 256
-        if size > _SMALL_TOPIC:
-            return False
-    return True
-
-
-def json_steps(snap: Mapping[str, Any]) -> Generator[None, None, bytes]:
-    """The snapshot as Go's ``json.Marshal`` bytes (what :func:`~nsqtw._go.json.go_json` gives),
-    encoded one channel, or a few clients, per step.
-
-    Each piece is one ``json.dumps`` call (:func:`~nsqtw._go.json.go_dumps`),
-    so no step holds the reactor long even when clients sent megabytes of
-    ``client_id``: 20 such clients once took 12 s of the reactor in one go.
-    """
-    lists = _nonempty(snap, "topics", "producers")
-    pieces = _split(snap, lists)
-    parts = [pieces[0]]
-    for n, key in enumerate(lists):
-        if key == "producers":
-            yield from _items(snap["producers"], parts, 1)
-        else:
-            for i, topic in enumerate(snap["topics"]):
-                if i:
-                    parts.append(",")
-                encoded = _encoded_topic(topic)
-                if encoded is not None:
-                    parts.append(encoded)  # the clients were encoded by the snapshot
-                    yield None
-                    continue
-                if _small(topic):
-                    parts.append(go_dumps(topic))  # one call for the whole topic: the usual case
-                    yield None
-                    continue
-                topic_pieces = _split(topic, _nonempty(topic, "channels"))
-                parts.append(topic_pieces[0])
-                for j, channel in enumerate(topic["channels"] or ()):
-                    if j:
-                        parts.append(",")
-                    channel_pieces = _split(channel, _nonempty(channel, "clients"))
-                    parts.append(channel_pieces[0])
-                    if len(channel_pieces) == 2:
-                        yield from _items(channel["clients"], parts, 1)
-                        parts.append(channel_pieces[1])
-                    yield None
-                if len(topic_pieces) == 2:
-                    parts.append(topic_pieces[1])
-        parts.append(pieces[n + 1])
-    return "".join(parts).encode("utf-8")
 
 
 def run_to_end(steps: Generator[None, None, _T]) -> _T:

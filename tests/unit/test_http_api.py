@@ -844,10 +844,28 @@ class EncodedClientsTests(SynchronousTestCase):
         self.assertEqual(producer.stats_json("t"), go_dumps(producer.go_stats("t")))
         self.assertIn('"pub_counts"', producer.stats_json())
 
+    def test_every_shown_field_set_remakes_the_cached_text(self) -> None:
+        """Setting any field /stats shows, Shown or compared, gives the new text at the next call."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.protocol.auth import AuthState
+        client = Client(self)
+        proto, _ = connect(client.nsqd, client.clock)
+        changes = {"identifier": "id2", "hostname": "h2", "remote_address": "10.0.0.9:1", "user_agent": "ua2",
+                   "connect_ts": 7, "sample_rate": 42, "tls": True, "snappy": True, "deflate": True,
+                   "_tls_info": {"tls_version": "TLS1.3", "tls_cipher_suite": "X"}}
+        for name, value in changes.items():
+            proto.stats_json()
+            setattr(proto, name, value)
+            self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()), name)
+        proto.auth.state = AuthState(60, "alice", "https://id/alice", [], client.clock.seconds() + 60)
+        self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()))
+        self.assertIn('"auth_identity":"alice"', proto.stats_json())
+
     def test_encoded_snapshot_gives_the_same_bytes(self) -> None:
-        """The whole /stats JSON with encoded clients equals the JSON of the plain snapshot, for the
+        """The whole /stats JSON written straight equals the JSON of the plain snapshot, for the
         reference scene plus clients with hostile identities, with and without a topic filter."""
-        from nsqtw.observe.stats import json_steps, run_to_end, snapshot_steps
+        from nsqtw.observe.stats import run_to_end
+        from nsqtw.observe.stats_json import stats_json_steps
         client = Client(self, msg_timeout=2.0)
         stats_state(client)
         for _ in range(3):
@@ -856,15 +874,14 @@ class EncodedClientsTests(SynchronousTestCase):
             proto.dataReceived(b"SUB ref_t ch2\n")
         settle(client.clock)
         for topic, channel in (("", ""), ("ref_t", ""), ("ref_t", "ch2"), ("ref_msg", "")):
-            plain = run_to_end(json_steps(snapshot(client.nsqd, topic, channel, include_mem=False)))
-            encoded = run_to_end(json_steps(run_to_end(snapshot_steps(
-                client.nsqd, topic, channel, include_mem=False, encode_clients=True))))
+            plain = go_json(snapshot(client.nsqd, topic, channel, include_mem=False))
+            encoded = run_to_end(stats_json_steps(client.nsqd, topic, channel, include_mem=False))
             self.assertEqual(encoded, plain, (topic, channel))
             if not topic:
                 whole = plain
         self.assertIn(b'"client_id":"a{0}\\"state\\":8000000000000000000,}\\u003c', whole)
         self.assertEqual(client("GET", "/stats?format=json&include_mem=false").body,
-                         run_to_end(json_steps(snapshot(client.nsqd, include_mem=False))))
+                         go_json(snapshot(client.nsqd, include_mem=False)))
 
 
 def _one_turn(clock: Any) -> None:

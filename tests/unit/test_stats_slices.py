@@ -8,7 +8,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw._go.json import go_json
-from nsqtw.observe.stats import format_text, json_steps, run_in_slices, run_to_end, snapshot, text_steps
+from nsqtw.observe.stats import format_text, run_in_slices, run_to_end, snapshot, text_steps
+from nsqtw.observe.stats_json import stats_json_steps
 from nsqtw.protocol.wire import encode_command
 from tests.helpers import connect, make_nsqd, one_turn
 
@@ -33,13 +34,23 @@ def busy_node():
 
 
 class SliceEncodingTests(SynchronousTestCase):
-    def test_json_in_pieces_is_go_json_of_the_whole(self) -> None:
+    def test_json_in_pieces_is_go_json_of_the_snapshot(self) -> None:
+        """/stats?format=json written straight is go_json of the dict snapshot, for every filter."""
         nsqd, _ = busy_node()
-        for args in ((), ("t0",), ("t0", "c1"), ("nope",)):
-            snap = snapshot(nsqd, *args)
-            self.assertEqual(run_to_end(json_steps(snap)), go_json(snap))
-        snap = snapshot(nsqd, include_clients=False, include_mem=False)
-        self.assertEqual(run_to_end(json_steps(snap)), go_json(snap))
+        nsqd.get_topic("t1").pause()
+        nsqd.get_topic("t2").get_channel("c3").pause()
+        for args in ((), ("t0",), ("t0", "c1"), ("t1", "c0"), ("nope",), ("t0", "nope"), ("", "c2")):
+            for include_clients in (True, False):
+                for include_mem in (True, False):
+                    if include_mem:
+                        # memory figures move between two calls; the rest of the text must not
+                        whole = run_to_end(stats_json_steps(nsqd, *args, include_clients=include_clients))
+                        self.assertIn(b'"memory":{"heap_objects":', whole)
+                        continue
+                    self.assertEqual(run_to_end(stats_json_steps(nsqd, *args, include_clients=include_clients,
+                                                                 include_mem=False)),
+                                     go_json(snapshot(nsqd, *args, include_clients=include_clients,
+                                                      include_mem=False)), (args, include_clients))
 
     def test_text_in_pieces_is_the_whole(self) -> None:
         nsqd, clock = busy_node()
@@ -48,18 +59,49 @@ class SliceEncodingTests(SynchronousTestCase):
         self.assertEqual(run_to_end(text_steps(snap, clock.seconds())), format_text(snap, clock.seconds()))
 
     def test_slices_spread_over_turns(self) -> None:
-        """With a tiny budget each step is its own turn; the result is the same."""
+        """With a tiny budget each step is its own turn: a turn per channel; the result is the same."""
         nsqd, _ = busy_node()
-        snap = snapshot(nsqd)
         clock = Clock()
         ticks = iter(range(10**6))
-        d = run_in_slices(json_steps(snap), clock, budget=0.5, timer=lambda: next(ticks))
+        d = run_in_slices(stats_json_steps(nsqd, include_mem=False), clock, budget=0.5, timer=lambda: next(ticks))
         turns = 0
         while not d.called:
             one_turn(clock)
             turns += 1
-        self.assertGreaterEqual(turns, len(snap["topics"]))
-        self.assertEqual(self.successResultOf(d), go_json(snap))
+        self.assertGreaterEqual(turns, 12)
+        self.assertEqual(self.successResultOf(d), go_json(snapshot(nsqd, include_mem=False)))
+
+
+    def test_producers_are_looked_for_a_few_thousand_clients_per_step(self) -> None:
+        """Finding the producers among tens of thousands of clients is spread over steps."""
+        from types import SimpleNamespace
+
+        from nsqtw.observe import stats as stats_module
+        clients = {i: SimpleNamespace(pub_counts={"t": 1} if i % 1000 == 0 else {}) for i in range(5000)}
+        steps = stats_module.producer_clients(SimpleNamespace(clients=clients))
+        yields = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                chosen = done.value
+                break
+            yields += 1
+        self.assertEqual(yields, -(-5000 // stats_module._CLIENTS_PER_STEP))
+        self.assertEqual(chosen, [clients[i] for i in range(0, 5000, 1000)])
+
+    def test_template_is_the_fields_encoded_with_texts_in_their_slots(self) -> None:
+        """A template fills JSON texts where the field function put its arguments, and refuses a
+        function that does not show each argument once as a value."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.observe.stats_json import _Template
+
+        def fields(a: object, b: object) -> dict[str, object]:
+            return {"a{}": a, "b": [b, "}"]}
+
+        self.assertEqual(_Template(fields, 2).fill('"x"', "[1]"), go_dumps(fields("x", [1])))
+        with self.assertRaises(ValueError):
+            _Template(lambda a, b: {"a": a, "b": a}, 2)
 
 
 class ClientStatsTests(SynchronousTestCase):
