@@ -10,7 +10,10 @@ permits on any number of cores; the workers' figure is what the others
 add, spread over their cores. Go nsqd runs first in each round, for the
 same loads' rates in the same run.
 
-    python benchmarks/workers_cpu.py GO/bin [WORKERS...]   # env: RUN=5s ROUNDS=1
+    python benchmarks/workers_cpu.py GO/bin [WORKERS...]   # env: RUN=5s ROUNDS=1 NSQTW_FLAGS=...
+
+``NSQTW_FLAGS`` are more flags for nsqtw (``--busy-poll=0``: CPU spent
+working, not spinning while it waits).
 
 GO/bin holds Go NSQ v1.3.0's nsqd, bench_writer and bench_reader.
 """
@@ -64,7 +67,8 @@ def main(argv: list[str]) -> None:
     workers = [int(w) for w in argv[2:]] or [1, 2]
     runfor = os.environ.get("RUN", "5s")
     rounds = int(os.environ.get("ROUNDS", "1"))
-    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, {runfor} a load")
+    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, {runfor} a load,"
+          f" nsqtw flags {os.environ.get('NSQTW_FLAGS', '')!r}")
     for r in range(rounds):
         for n in [0, *workers]:  # 0: Go nsqd
             data = tempfile.mkdtemp()
@@ -74,7 +78,7 @@ def main(argv: list[str]) -> None:
                 label = "Go nsqd"
             else:
                 cmd = [*nsqtw_command(), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                       f"--data-path={data}", f"--workers={n}"]
+                       f"--data-path={data}", f"--workers={n}", *os.environ.get("NSQTW_FLAGS", "").split()]
                 label = f"nsqtw --workers={n}"
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
             proc, tcp, _ = start_listening(cmd, data, env)
