@@ -34,6 +34,8 @@ __all__ = ["stats_json_steps"]
 
 #: a client's JSON past this size ends a step (clients may send megabytes of identity)
 _BIG_CLIENT = 64 * 1024
+#: clients' texts a step takes (about 1.5 ms of cached ones)
+_TEXTS_PER_STEP = 1024
 #: stand-ins for a template's slots while it is made (no field holds such a number)
 _MARK = 8_000_000_000_000_000_000
 #: ``empty_result()`` as JSON: a channel or topic whose latency is not tracked
@@ -79,12 +81,14 @@ def _client_json(client: Any, topic_filter: str) -> str:
 
 
 def _clients(clients: list[Any], topic_filter: str) -> Generator[None, None, str]:
-    """Clients as a JSON array, a step ending after each big one."""
+    """Clients as a JSON array, a step ending after each big one and every
+    :data:`_TEXTS_PER_STEP` (one channel may have 15,000 consumers: one step
+    for all of them held the reactor 26 ms)."""
     texts = []
-    for client in clients:
+    for i, client in enumerate(clients, 1):
         text = _client_json(client, topic_filter)
         texts.append(text)
-        if len(text) > _BIG_CLIENT:
+        if len(text) > _BIG_CLIENT or not i % _TEXTS_PER_STEP:
             yield None
     return "[" + ",".join(texts) + "]"
 

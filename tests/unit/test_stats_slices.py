@@ -90,6 +90,30 @@ class SliceEncodingTests(SynchronousTestCase):
         self.assertEqual(yields, -(-5000 // stats_module._CLIENTS_PER_STEP))
         self.assertEqual(chosen, [clients[i] for i in range(0, 5000, 1000)])
 
+    def test_one_channel_of_many_consumers_is_written_a_thousand_or_so_clients_a_step(self) -> None:
+        """A channel of 3,000 consumers is not one step: its clients' texts are taken in bounded
+        steps, and the answer is still Go's JSON of the snapshot."""
+        from nsqtw.observe import stats as stats_module
+        from nsqtw.observe import stats_json as module
+
+        nsqd, clock = make_nsqd()
+        for _ in range(3000):
+            proto, _ = connect(nsqd, clock)
+            proto.dataReceived(b"SUB t c\n")
+        steps = stats_json_steps(nsqd, include_mem=False)
+        yields = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                body = done.value
+                break
+            yields += 1
+        # the channel's clients' steps, one for the channel, then the producers' search
+        producer_steps = -(-3000 // stats_module._CLIENTS_PER_STEP)
+        self.assertEqual(yields, 3000 // module._TEXTS_PER_STEP + 1 + producer_steps)
+        self.assertEqual(body, go_json(snapshot(nsqd, include_mem=False)))
+
     def test_template_is_the_fields_encoded_with_texts_in_their_slots(self) -> None:
         """A template fills JSON texts where the field function put its arguments, and refuses a
         function that does not show each argument once as a value."""
