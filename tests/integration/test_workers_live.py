@@ -174,3 +174,24 @@ def test_a_clean_stop_under_load_loses_nothing(daemon_factory, tmp_path) -> None
     got = drain(again.tcp_address, "z", "c", acknowledged)
     assert acknowledged <= set(got)
     assert len(got) == len(set(got))
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by a dead parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_die_with_the_core_and_leave_with_a_clean_stop(daemon_factory) -> None:
+    killed = daemon_factory("--workers=2")
+    orphans = wait_for(lambda: children(killed.pid), what="two workers")
+    killed.kill()  # SIGKILL of the core: its workers end too (PR_SET_PDEATHSIG, else the link's end)
+    wait_for(lambda: not any(alive(p) for p in orphans), timeout=10, what="the workers gone with the core")
+    stopped = daemon_factory("--workers=2")
+    workers = wait_for(lambda: children(stopped.pid), what="two workers")
+    assert stopped.stop() == 0
+    assert not any(alive(p) for p in workers)
+    assert "starting it again" not in stopped.read_output()  # a stopping node restarts no worker
