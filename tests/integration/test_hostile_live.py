@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.certs import make_certs
-from tests.daemon import Daemon
+from tests.daemon import WORKERS, Daemon, workers_args
 from tests.helpers import reference
 from tests.hostile import CASES, Target
 
@@ -27,11 +27,17 @@ FLAGS = ("--broadcast-address=127.0.0.1", "--msg-timeout=2s")
 DIFFERENT = {"pub_chunked_too_big", "stalled_tls_handshake", "tls_then_garbage_handshake"}
 
 
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"workers={n}")
+def workers(request) -> int:
+    """Every case runs against one process and against ``--workers=2`` (tests/conftest.py)."""
+    return int(request.param)
+
+
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Iterator[tuple[Daemon, Target]]:
+def daemon(tmp_path_factory, workers) -> Iterator[tuple[Daemon, Target]]:
     tmp = tmp_path_factory.mktemp("hostile")
     certs = make_certs(str(tmp))
-    d = Daemon(str(tmp), "--https-address=127.0.0.1:0", f"--tls-cert={certs.server_cert}",
+    d = Daemon(str(tmp), *workers_args(workers), "--https-address=127.0.0.1:0", f"--tls-cert={certs.server_cert}",
                f"--tls-key={certs.server_key}", *FLAGS)
     d.start()
     https = d.wait_output(r"HTTPS: listening on (\S+)")
