@@ -24,7 +24,7 @@ from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.protocol.authz import ClientAuth
-from nsqtw.protocol.client_stats import ClientStats
+from nsqtw.protocol.client_stats import ClientStats, ConsumerCounts
 from nsqtw.protocol.compress import CodecError
 from nsqtw.protocol.handshake import Handshake
 from nsqtw.protocol.heartbeat import Heartbeats
@@ -68,7 +68,7 @@ def _text(value: bytes) -> str:
 
 
 @implementer(IConsumer, IPushProducer, IHandshakeListener)
-class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
+class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
     """One client connection speaking nsqd's V2 protocol.
 
     Its state is nsqd's client state (:attr:`state`, a :class:`ClientState`:
@@ -627,29 +627,12 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Protocol):
         return self.ready_count - self.in_flight_count
 
     def deliver(self, messages: list[Message]) -> None:
-        self.in_flight_count += len(messages)
-        self.message_count += len(messages)
+        self.count_delivered(len(messages))
         self.transport.writeSequence(frames(messages))  # type: ignore[union-attr]
 
     def deliver_frames(self, data: bytes) -> None:
         """MESSAGE frames a worker's core sent for this client (counted there)."""
         self.transport.write(data)  # type: ignore[union-attr]
-
-    def messages_finished(self, count: int) -> None:
-        self.in_flight_count -= count
-        self.finish_count += count
-
-    def message_requeued(self) -> None:
-        self.in_flight_count -= 1
-        self.requeue_count += 1
-
-    def message_timed_out(self) -> None:
-        self.in_flight_count -= 1
-        if self.channel is not None:
-            self.channel.wake()
-
-    def in_flight_emptied(self) -> None:
-        self.in_flight_count = 0
 
     def channel_deleted(self) -> None:
         """The channel went away under this client: nsqd closes the connection."""

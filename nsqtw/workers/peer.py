@@ -22,7 +22,7 @@ from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import IConsumer
 from nsqtw.log import Logger
-from nsqtw.protocol.client_stats import ClientStats
+from nsqtw.protocol.client_stats import ClientStats, ConsumerCounts
 from nsqtw.protocol.node import Subscription
 from nsqtw.protocol.states import ClientState
 from nsqtw.workers import link
@@ -32,7 +32,7 @@ _SUBSCRIBED = ClientState.SUBSCRIBED
 
 
 @implementer(IConsumer)
-class RemoteClient(ClientStats):
+class RemoteClient(ClientStats, ConsumerCounts):
     """A worker's client, as the core's channel and ``/stats`` see it."""
 
     def __init__(self, peer: WorkerPeer, conn: int, client_id: int, identity: dict[str, Any]) -> None:
@@ -65,25 +65,8 @@ class RemoteClient(ClientStats):
         return self.ready_count - self.in_flight_count
 
     def deliver(self, messages: list[Message]) -> None:
-        self.in_flight_count += len(messages)
-        self.message_count += len(messages)
+        self.count_delivered(len(messages))
         self.peer.send(link.conn_record(link.DELIVER, self.conn, *frames(messages)))
-
-    def messages_finished(self, count: int) -> None:
-        self.in_flight_count -= count
-        self.finish_count += count
-
-    def message_requeued(self) -> None:
-        self.in_flight_count -= 1
-        self.requeue_count += 1
-
-    def message_timed_out(self) -> None:
-        self.in_flight_count -= 1
-        if self.channel is not None:
-            self.channel.wake()
-
-    def in_flight_emptied(self) -> None:
-        self.in_flight_count = 0
 
     def channel_deleted(self) -> None:
         self.channel = None

@@ -8,6 +8,7 @@ so every record really is encoded, split and decoded.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -142,15 +143,20 @@ def test_the_core_shows_a_worker_client_in_stats_with_its_identity() -> None:
     assert client == consumer.go_stats()
 
 
-def test_closed_worker_connection_requeues_what_it_held() -> None:
+def holding_one() -> tuple[Joined, V2Protocol, Any]:
+    """A core and a worker whose one subscriber holds one message of ``t/c`` in flight."""
     j = Joined()
-    consumer, ct = j.client()
+    consumer, _ = j.client()
     consumer.dataReceived(b"SUB t c\nRDY 1\n")
     j.settle()
     j.nsqd.publish("t", [b"x"])
     j.settle()
-    channel = j.nsqd.topics["t"].channels["c"]
     assert in_flight(j) == 1
+    return j, consumer, j.nsqd.topics["t"].channels["c"]
+
+
+def test_closed_worker_connection_requeues_what_it_held() -> None:
+    j, consumer, channel = holding_one()
     consumer.connectionLost(None)
     j.settle()
     assert in_flight(j) == 0 and channel.depth() == 1
@@ -158,14 +164,7 @@ def test_closed_worker_connection_requeues_what_it_held() -> None:
 
 
 def test_a_lost_worker_takes_its_clients_out_of_the_core() -> None:
-    j = Joined()
-    consumer, _ = j.client()
-    consumer.dataReceived(b"SUB t c\nRDY 1\n")
-    j.settle()
-    j.nsqd.publish("t", [b"x"])
-    j.settle()
-    channel = j.nsqd.topics["t"].channels["c"]
-    assert in_flight(j) == 1
+    j, _, channel = holding_one()
     j.peer.link.connectionLost(None)
     assert in_flight(j) == 0 and not channel.clients and not j.nsqd.clients
 
