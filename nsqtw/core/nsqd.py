@@ -306,7 +306,7 @@ class NSQD:
         return topic.wait_for_room()
 
     def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0,
-                client: object = None) -> Deferred[None] | None:
+                client: object = None, reserved: bool = False) -> Deferred[None] | None:
         """The one publish path for TCP and HTTP: new IDs, timestamps, queue.
 
         ``client``, the publishing connection, is not needed here (a
@@ -322,17 +322,21 @@ class NSQD:
         of one-byte lines holds 2.6 million) is queued that many per reactor
         turn, so the node serves everyone else in between; the Deferred
         returned fires once all of it is queued (:class:`SlicedPublish`).
+
+        ``reserved``: a worker's publish in memory the topic promised it
+        (:meth:`Topic.reserve`; never more than :data:`PUBLISH_SLICE`).
         """
         topic = self.get_topic(topic_name)
         if len(bodies) > PUBLISH_SLICE:
             return SlicedPublish(self, topic, bodies, defer).start()
-        return self._queue(topic, bodies, defer)
+        return self._queue(topic, bodies, defer, reserved)
 
-    def _queue(self, topic: Topic, bodies: list[bytes], defer: float) -> Deferred[None] | None:
+    def _queue(self, topic: Topic, bodies: list[bytes], defer: float,
+               reserved: bool = False) -> Deferred[None] | None:
         now_ns = int(self.clock.seconds() * 1e9)
         # PUB, DPUB, an MPUB of one: one value, without the range
         values = (self.guid.new_value(),) if len(bodies) == 1 else self.guid.new_values(len(bodies))
-        return topic.publish(values, bodies, now_ns, defer)
+        return topic.publish(values, bodies, now_ns, defer, reserved)
 
     # -- shutdown ---------------------------------------------------------
 

@@ -45,6 +45,10 @@ FIN = 7
 REQ = 8
 #: TOUCH: conn, message ID
 TOUCH = 9
+#: a publish under a grant, answered OK by the worker already: as PUB
+GRANTED_PUB = 10
+#: answer (ACK) once everything before this was read: seq
+SYNC = 11
 
 # -- kinds: from the core to a worker
 #: the answer to a PUB or SUB: seq, status (ACK_*), text
@@ -57,6 +61,8 @@ FAILED = 22
 CLOSE = 23
 #: stop: close every client, then exit
 STOP = 24
+#: more credit for publishes to a topic: count, topic
+GRANT = 25
 
 #: an ACK's status: done; failed (the text says why); past --max-channel-consumers
 ACK_OK, ACK_FAILED, ACK_TOO_MANY = 0, 1, 2
@@ -92,12 +98,21 @@ def conn_record(kind: int, conn: int, *rest: bytes) -> list[bytes]:
     return record(kind, _CONN.pack(conn), *rest)
 
 
-def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: list[bytes]) -> list[bytes]:
-    """A publish: its bodies' count, their sizes in one array, then the bodies back to back,
-    so the core reads the sizes in one call (:meth:`Reader.bodies`)."""
+def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: list[bytes],
+               kind: int = PUB) -> list[bytes]:
+    """A publish (PUB or GRANTED_PUB): its bodies' count, their sizes in one array, then the
+    bodies back to back, so the core reads the sizes in one call (:meth:`Reader.bodies`)."""
     count = len(bodies)
-    return record(PUB, _PUB.pack(seq, conn, defer_ms, len(topic)), topic, _U32.pack(count),
+    return record(kind, _PUB.pack(seq, conn, defer_ms, len(topic)), topic, _U32.pack(count),
                   struct.pack(f">{count}I", *map(len, bodies)), bodies[0] if count == 1 else b"".join(bodies))
+
+
+def grant_record(count: int, topic: bytes) -> list[bytes]:
+    return record(GRANT, _U32.pack(count), topic)
+
+
+def sync_record(seq: int) -> list[bytes]:
+    return record(SYNC, _U32.pack(seq))
 
 
 def sub_record(seq: int, conn: int, topic: str, channel: str) -> list[bytes]:
@@ -215,22 +230,36 @@ class Link(Protocol):
     def _schedule(self) -> None:
         self._flush_call = self.clock.callLater(0, self.flush)
 
-    def flush(self) -> None:
-        """Write what was queued now (the turn's gathered write; also before a stop)."""
+    def flush(self) -> bool:
+        """Write what was queued now (the turn's gathered write; also before a stop).
+
+        True when all of it is in the kernel's socket buffer, where the
+        other process reads it even if this one is killed the next moment;
+        False when some waits in Twisted's buffer (or nothing is connected).
+        """
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
         out, self._out = self._out, []
         transport: Any = self.transport
-        if not out or transport is None:
-            return
+        if transport is None:
+            return False
+        if not out:
+            return self.sends_now()
         # sent now when nothing is queued (one sendmsg, as EagerServer does for clients): through
         # Twisted's buffer the bytes would wait a turn for epoll to report the socket writable
-        if (_EAGER and getattr(transport, "socket", None) is not None and transport.connected
-                and not transport.disconnecting and may_send_now(transport)):
+        if self.sends_now():
             out = send_pieces(transport.socket, out)
-        if out:
-            transport.writeSequence(out)
+            if not out:
+                return True
+        transport.writeSequence(out)
+        return False
+
+    def sends_now(self) -> bool:
+        """Whether a write goes straight to the kernel: connected, nothing waiting in Twisted's buffer."""
+        transport: Any = self.transport
+        return bool(_EAGER and transport is not None and getattr(transport, "socket", None) is not None
+                    and transport.connected and not transport.disconnecting and may_send_now(transport))
 
     def dataReceived(self, data: bytes) -> None:
         self._chunks.append(data)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw.core.message import Message, frames
-from nsqtw.core.nsqd import NSQD
+from nsqtw.core.nsqd import NSQD, PUBLISH_SLICE
+from nsqtw.core.topic import Topic
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import IConsumer
 from nsqtw.log import Logger
@@ -73,6 +75,17 @@ class RemoteClient(ClientStats, ConsumerCounts):
         self.close()
 
 
+class Grant:
+    """The memory one topic promised a worker (:meth:`Topic.reserve`), as much as is unused."""
+
+    __slots__ = ("topic", "count")
+
+    def __init__(self, topic: Topic) -> None:
+        #: the topic that promised it (a topic deleted and made again promised nothing)
+        self.topic = topic
+        self.count = 0
+
+
 class WorkerPeer:
     """One worker's link, seen from the core: runs what its clients ask of topics and channels."""
 
@@ -81,8 +94,19 @@ class WorkerPeer:
     def __init__(self, nsqd: NSQD, clock: IReactorTime, index: int) -> None:
         self.nsqd = nsqd
         self.index = index
-        self.link = Link(clock, self.record, self.lost)
+        self.link = Link(clock, self.record, self._link_lost)
         self.clients: dict[int, RemoteClient] = {}
+        #: each topic's grant to this worker: the topic it was promised by, and how many messages
+        #: of the promise are unused (docs/architecture.md, "Publishes answered by the worker")
+        self.grants: dict[str, Grant] = {}
+        #: the most a worker holds of one topic: a share of its memory, so the workers together
+        #: hold at most half of it and other publishers find room
+        workers = max(1, int(getattr(nsqd.options, "workers", 1)))
+        self.share = min(PUBLISH_SLICE, int(nsqd.options.mem_queue_size) // (2 * workers))
+        #: no more grants: the worker is gone (what is left on its link is still read)
+        self.closed = False
+        #: fires once the link ended and everything on it was read
+        self.done: Deferred[None] = Deferred()
 
     def send(self, pieces: list[bytes]) -> None:
         self.link.send(pieces)
@@ -97,6 +121,10 @@ class WorkerPeer:
     def record(self, kind: int, r: Reader) -> None:
         if kind == link.PUB:
             self._pub(r)
+        elif kind == link.GRANTED_PUB:
+            self._granted_pub(r)
+        elif kind == link.SYNC:
+            self.send(link.ack_record(r.u32(), link.ACK_OK))
         elif kind == link.FIN:
             client = self.clients[r.u32()]
             if client.channel is not None:
@@ -187,9 +215,53 @@ class WorkerPeer:
         if client is not None:
             client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
         if written is None:
+            self._grant(topic)  # first, so the worker's next publish finds it
             self.send(link.ack_record(seq, link.ACK_OK))
         else:
             written.addBoth(self._answer, seq)
+
+    def _granted_pub(self, r: Reader) -> None:
+        """A publish the worker answered already, under this topic's grant: into the memory held
+        for it. No answer: more credit once half the grant is used (one record for many)."""
+        seq, conn, defer_ms = r.u32(), r.u32(), r.u32()
+        name = r.text()
+        bodies = r.bodies()
+        count = len(bodies)
+        grant = self.grants.get(name)
+        if grant is not None:
+            if grant.topic is self.nsqd.topics.get(name):  # (else its promise went with a deleted topic)
+                grant.topic.unreserve(min(count, grant.count))
+            grant.count = max(0, grant.count - count)
+            low = 2 * grant.count <= self.share
+        else:
+            low = True
+        try:
+            self.nsqd.publish(name, bodies, defer_ms / 1000.0, reserved=True)
+        except (ExitingError, BackendError) as e:
+            self.log.error("WORKER({index}): {count} message(s) answered under a grant to topic {topic} "
+                           "could not be queued - {error}", index=self.index, count=count, topic=name, error=e)
+            self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
+            return
+        client = self.clients.get(conn)
+        if client is not None:
+            client.pub_counts[name] = client.pub_counts.get(name, 0) + count
+        if low:
+            self._grant(name)
+
+    def _grant(self, name: str) -> None:
+        """Top up this worker's grant for the topic as far as the topic promises, and send it."""
+        give = 0
+        topic = self.nsqd.topics.get(name)
+        if topic is not None and not self.closed:
+            grant = self.grants.get(name)
+            if grant is None or grant.topic is not topic:
+                grant = self.grants[name] = Grant(topic)
+            want = self.share - grant.count
+            if want > 0:
+                give = topic.reserve(want)
+                grant.count += give
+        if give:
+            self.send(link.grant_record(give, name.encode("utf-8", "surrogateescape")))
 
     def _answer(self, result: object, seq: int) -> None:
         if isinstance(result, Failure):
@@ -199,7 +271,17 @@ class WorkerPeer:
 
     def lost(self, reason: Failure) -> None:
         """The worker is gone (exited, killed): its clients are too; what they held in flight
-        goes back to their channels."""
+        goes back to their channels, and the memory its grants held is free again."""
+        self.closed = True
         clients, self.clients = self.clients, {}
         for client in clients.values():
             self._gone(client)
+        grants, self.grants = self.grants, {}
+        for name, grant in grants.items():
+            if grant.topic is self.nsqd.topics.get(name):
+                grant.topic.unreserve(grant.count)
+
+    def _link_lost(self, reason: Failure) -> None:
+        self.lost(reason)
+        if not self.done.called:
+            self.done.callback(None)

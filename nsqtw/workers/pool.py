@@ -133,6 +133,8 @@ class WorkerPool(Service):
             timer = self.reactor.callLater(STOP_TIMEOUT, _kill, transport)
             process.ended.addBoth(_cancel, timer)
             waits.append(process.ended)
+            # and everything on its link read: publishes it answered are in the core before it flushes
+            waits.append(peer.done)
         return DeferredList(waits)
 
 

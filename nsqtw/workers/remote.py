@@ -7,7 +7,10 @@ parsing and checking each command. What touches a topic or a channel goes to
 the core as a record (:mod:`nsqtw.workers.link`); what the core answers
 comes back the same way. A publish is answered once the core has queued
 it, as one process answers once its own topic has; the connection reads
-nothing meanwhile, so its order is kept.
+nothing meanwhile, so its order is kept. A publish that the core's grant
+for its topic covers is answered here, once its record is in the kernel's
+socket buffer on its way to the core (docs/architecture.md, "Publishes
+answered by the worker").
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class RemoteNode:
         self._sent: dict[int, tuple[Any, ...]] = {}
         #: the PUBs and SUBs waiting for the core's answer
         self._waiting: dict[int, tuple[Deferred[Any], Any]] = {}
+        #: messages the core promised to take into each topic's memory (its grants), not yet used
+        self.credit: dict[str, int] = {}
         self.exiting = False
         #: called once the core asked this worker to stop, or is gone
         self.on_stop: Any = None
@@ -128,24 +133,45 @@ class RemoteNode:
         return None
 
     def publish(self, topic: str, bodies: list[bytes], defer: float = 0.0,
-                client: V2Protocol | None = None) -> Deferred[None]:
+                client: V2Protocol | None = None) -> Deferred[None] | None:
+        """Send the publish to the core; None when it is answered now (under a grant), else
+        a Deferred that fires with the core's answer."""
         conn = 0
         if client is not None:
             self._sync(client)
             conn = client.client_id
         seq = next(self._seqs)
+        name = topic.encode("utf-8", "surrogateescape")
+        count = len(bodies)
+        credit = self.credit.get(topic, 0)
+        if credit >= count and self.link.sends_now():
+            self.credit[topic] = credit - count
+            self.send(link.pub_record(seq, conn, round(defer * 1000), name, bodies, link.GRANTED_PUB))
+            if self.link.flush():
+                return None  # in the kernel: the core gets it even if this process dies now
+            # the link is backed up: answered once the core says it has read this far
+            self.send(link.sync_record(seq))
+        else:
+            self.send(link.pub_record(seq, conn, round(defer * 1000), name, bodies))
         d: Deferred[None] = Deferred()
         self._waiting[seq] = (d, None)
-        self.send(link.pub_record(seq, conn, round(defer * 1000), topic.encode("utf-8", "surrogateescape"),
-                                  bodies))
         return d
 
     # -- records from the core ---------------------------------------------
 
     def record(self, kind: int, r: Reader) -> None:
-        if kind == link.ACK:
+        if kind == link.GRANT:
+            count = r.u32()
+            topic = r.rest().decode("utf-8", "surrogateescape")
+            self.credit[topic] = self.credit.get(topic, 0) + count
+        elif kind == link.ACK:
             seq, status = r.u32(), r.u8()
-            d, result = self._waiting.pop(seq)
+            entry = self._waiting.pop(seq, None)
+            if entry is None:  # a publish answered here already, that the core then failed to take
+                self.log.error("WORKER({index}): a publish answered under a grant was lost in the core - {why}",
+                               index=self.index, why=r.text())
+                return
+            d, result = entry
             if status == link.ACK_OK:
                 d.callback(result)
             elif status == link.ACK_TOO_MANY:

@@ -155,6 +155,30 @@ def test_a_worker_killed_under_load_is_started_again_and_nothing_acknowledged_is
     assert acknowledged <= set(got)
 
 
+def test_a_publish_the_worker_answered_survives_its_kill_while_the_core_is_stopped(daemon_factory) -> None:
+    """A worker answers a publish its grant covers without waiting for the core, once the record is
+    in the kernel's socket buffer: answered with the core stopped (SIGSTOP), then the worker
+    killed with -9 before the core ever ran, the message is still delivered."""
+    d = daemon_factory("--workers=2")
+    workers = wait_for(lambda: children(d.pid), what="the workers")
+    subscribe(d.tcp_address, "g", "c", rdy=0).close()
+    publisher = Client(d.tcp_address)
+    publisher.pub("g", b"asked the core")  # answered by the core, with a grant for the topic
+    os.kill(d.pid, signal.SIGSTOP)
+    try:
+        publisher.pub("g", b"answered by the worker")  # reads the OK: the worker alone answered
+        for pid in workers:  # whichever served the publisher
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(alive(pid) for pid in workers), what="the workers gone")
+    finally:
+        os.kill(d.pid, signal.SIGCONT)
+    publisher.close()
+    wait_for(lambda: len(children(d.pid)) == 2 and not set(workers) & set(children(d.pid)),
+             what="the workers started again")
+    got = drain(d.tcp_address, "g", "c", {b"asked the core", b"answered by the worker"}, timeout=20)
+    assert sorted(got) == [b"answered by the worker", b"asked the core"]
+
+
 def test_a_clean_stop_under_load_loses_nothing(daemon_factory, tmp_path) -> None:
     path = str(tmp_path / "node")
     d = daemon_factory("--workers=2", data_path=path)

@@ -29,15 +29,63 @@ def in_flight(j: Joined) -> int:
     return int(snapshot(j.nsqd)["topics"][0]["channels"][0]["in_flight_count"])
 
 
-class Joined:
-    """A core (an NSQD and a worker's peer) and a worker's node, their links on StringTransports."""
+class _KernelSocket:
+    """``sendmsg`` into a :class:`KernelTransport`'s bytes: what the kernel took is written."""
 
-    def __init__(self, **options: object) -> None:
+    def __init__(self, transport: KernelTransport) -> None:
+        self.transport = transport
+
+    def sendmsg(self, pieces: list[bytes]) -> int:
+        t = self.transport
+        data = b"".join(pieces)
+        if t.room is not None:
+            data = data[:t.room]
+            t.room -= len(data)
+        t.io.write(data)
+        return len(data)
+
+
+class KernelTransport(StringTransport):
+    """A worker's end of the link as :class:`~nsqtw.workers.link.Link` sees a real socket: writes
+    go straight to the kernel while nothing waits in Twisted's buffer. ``room`` bounds what the
+    kernel takes (None: all); what it refuses waits in :attr:`held`, Twisted's buffer, until
+    :meth:`drain`."""
+
+    connected = True
+    disconnecting = False
+    _writeDisconnected = False
+    offset = 0
+    dataBuffer = b""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socket = _KernelSocket(self)
+        self.room: int | None = None
+        self.held: list[bytes] = []
+
+    @property
+    def _tempDataLen(self) -> int:
+        return sum(map(len, self.held))
+
+    def writeSequence(self, data: Any) -> None:
+        self.held.extend(data)
+
+    def drain(self) -> None:
+        self.room = None
+        held, self.held = self.held, []
+        self.io.write(b"".join(held))
+
+
+class Joined:
+    """A core (an NSQD and a worker's peer) and a worker's node, their links on StringTransports
+    (the worker's a :class:`KernelTransport` when ``kernel``)."""
+
+    def __init__(self, kernel: bool = False, **options: object) -> None:
         self.nsqd, self.clock = make_nsqd(**options)
         self.peer = WorkerPeer(self.nsqd, self.clock, 0)
         self.node = RemoteNode(self.nsqd.options, self.clock, 0)
         self.core_side = StringTransport()
-        self.worker_side = StringTransport()
+        self.worker_side: StringTransport = KernelTransport() if kernel else StringTransport()
         self.peer.link.makeConnection(self.core_side)
         self.node.link.makeConnection(self.worker_side)
 
@@ -214,3 +262,120 @@ def test_a_record_that_fails_is_logged_and_the_link_goes_on() -> None:
     assert got == [link.CLOSE]
     (event,) = [e for e in logged if "log_failure" in e]
     assert event["log_failure"].check(KeyError)  # type: ignore[attr-defined]
+
+
+# -- publishes answered by the worker, under the core's grants ---------------------------------
+
+
+def granted(j: Joined) -> tuple[V2Protocol, StringTransport]:
+    """A publisher whose first PUB (answered by the core) brought its worker credit for ``t``."""
+    proto, transport = j.client()
+    proto.dataReceived(b"PUB t\n" + body(b"first"))
+    j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert j.node.credit == {"t": j.peer.share}
+    assert j.nsqd.topics["t"].reserved == j.peer.share
+    return proto, transport
+
+
+def test_a_publish_under_a_grant_is_answered_by_the_worker_once_the_core_can_read_it() -> None:
+    j = Joined(kernel=True, mem_queue_size=100)
+    proto, transport = granted(j)
+    assert j.peer.share == 50  # half the topic's memory, one worker
+    proto.dataReceived(b"PUB t\n" + body(b"second"))
+    # answered at once, no turn of the core in between; the record was already in the "kernel"
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    records = j.worker_side.value()
+    assert records[4] == link.GRANTED_PUB and records.endswith(b"second")
+    assert j.node.credit == {"t": 49}
+    j.settle()
+    topic = j.nsqd.topics["t"]
+    assert topic.depth() == 2
+    assert j.node.credit == {"t": 49} and topic.reserved == 49  # no record back for it
+    for _ in range(24):
+        proto.dataReceived(b"PUB t\n" + body(b"more"))
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")] * 24
+    j.settle()
+    # half the grant used: topped up, in one record
+    assert j.node.credit == {"t": 50} and topic.reserved == 50
+    assert topic.depth() == 26
+    (client,) = j.peer.clients.values()
+    assert client.pub_counts == {"t": 26}
+
+
+def test_an_mpub_larger_than_the_credit_waits_for_the_core() -> None:
+    j = Joined(kernel=True, mem_queue_size=4)
+    proto, transport = granted(j)
+    assert j.node.credit == {"t": 2}
+    proto.dataReceived(b"MPUB t\n" + b"\x00\x00\x00\x1b\x00\x00\x00\x03" + body(b"a") * 3 + b"\x00" * 3)
+    assert take_frames(transport) == []
+    j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert j.nsqd.topics["t"].depth() == 4
+
+
+def test_a_backed_up_link_answers_a_granted_publish_once_the_core_has_it() -> None:
+    j = Joined(kernel=True)
+    proto, transport = granted(j)
+    kernel = j.worker_side
+    assert isinstance(kernel, KernelTransport)
+    kernel.room = 10  # the kernel takes part of the record; the rest waits in this process
+    proto.dataReceived(b"PUB t\n" + body(b"second"))
+    assert take_frames(transport) == []  # a kill -9 now would lose it: not answered
+    kernel.drain()
+    j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert j.nsqd.topics["t"].depth() == 2
+
+
+def test_without_a_socket_to_the_kernel_every_publish_waits_for_the_core() -> None:
+    j = Joined(kernel=False)
+    proto, transport = j.client()
+    for word in (b"one", b"two"):
+        proto.dataReceived(b"PUB t\n" + body(word))
+        assert take_frames(transport) == []
+        j.settle()
+        assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+
+
+def test_no_grant_where_one_process_would_make_the_publisher_wait() -> None:
+    j = Joined(kernel=True, sync_every=1)  # publishers wait for the disk write
+    proto, transport = j.client()
+    proto.dataReceived(b"PUB t\n" + body(b"one"))
+    j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert j.node.credit == {} and j.nsqd.topics["t"].reserved == 0
+
+
+def test_grants_are_memory_other_publishers_find_taken() -> None:
+    j = Joined(kernel=True, mem_queue_size=10)
+    granted(j)  # one message in memory, five slots promised to the worker
+    topic = j.nsqd.topics["t"]
+    assert j.nsqd.publish("t", [b"x"] * 8) is None  # an HTTP publisher, say
+    assert len(topic.memory) == 5 and topic.backend.depth() == 4
+    assert topic.reserve(5) == 0  # nothing left to promise
+
+
+def test_a_granted_publish_goes_to_memory_even_where_the_disk_would_take_it() -> None:
+    j = Joined(kernel=True, mem_queue_size=4)
+    proto, transport = granted(j)  # credit 2
+    topic = j.nsqd.topics["t"]
+    j.nsqd.publish("t", [b"x"] * 5)  # memory now full (1 + 1 unpromised), the rest on disk
+    depth = topic.backend.depth()
+    proto.dataReceived(b"MPUB t\n" + b"\x00\x00\x00\x12\x00\x00\x00\x02" + body(b"a") * 2 + b"\x00" * 2)
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    j.settle()
+    assert topic.backend.depth() == depth  # none of the promised two waited on the disk
+    assert len(topic.memory) == 4
+
+
+def test_a_lost_worker_gives_its_grants_back() -> None:
+    j = Joined(kernel=True)
+    granted(j)
+    j.peer.link.connectionLost(None)
+    assert j.nsqd.topics["t"].reserved == 0
+    assert j.peer.done.called
+    # what the dead worker's link still held is read after its end: taken, and no new promise
+    j.peer.record(link.GRANTED_PUB, Reader(b"".join(link.pub_record(9, 1, 0, b"t", [b"late"],
+                                                                      link.GRANTED_PUB))[5:]))
+    assert j.nsqd.topics["t"].depth() == 2 and j.nsqd.topics["t"].reserved == 0
