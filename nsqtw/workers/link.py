@@ -141,13 +141,15 @@ def failed_record(conn: int, cmd: str, msg_id: bytes, why: str) -> list[bytes]:
 
 
 class Reader:
-    """The fields of one record, read in order."""
+    """The fields of one record, read in order: ``data[at:end]``, read where it arrived (a read
+    from the socket holds many records; each is never copied out whole, only its fields)."""
 
-    __slots__ = ("data", "at")
+    __slots__ = ("data", "at", "end")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, at: int = 0, end: int | None = None) -> None:
         self.data = data
-        self.at = 0
+        self.at = at
+        self.end = len(data) if end is None else end
 
     def u32(self) -> int:
         (value,) = _U32.unpack_from(self.data, self.at)
@@ -173,7 +175,7 @@ class Reader:
         return self.raw(size)
 
     def rest(self) -> bytes:
-        return self.raw(len(self.data) - self.at)
+        return self.raw(self.end - self.at)
 
     def bodies(self) -> list[bytes]:
         """A publish's bodies: the count, the sizes, the bodies (:func:`pub_record`)."""
@@ -188,8 +190,10 @@ class Reader:
         return out
 
     def ids(self) -> list[bytes]:
-        data = self.rest()
-        return [data[i:i + 16] for i in range(0, len(data), 16)]
+        """The rest as 16-byte message IDs, each sliced once from where it arrived."""
+        data, at, end = self.data, self.at, self.end
+        self.at = end
+        return [data[i:i + 16] for i in range(at, end, 16)]
 
     def reqs(self) -> list[tuple[bytes, float]]:
         data = self.rest()
@@ -276,7 +280,7 @@ class Link(Protocol):
                 need = 4 + size
                 break
             try:
-                on_record(kind, Reader(buf[at + 5:at + 4 + size]))
+                on_record(kind, Reader(buf, at + 5, at + 4 + size))
             except Exception:
                 # one record's failure is logged; the link, and every other client on it, goes on
                 self.log.failure("LINK: failed to handle a record of kind {kind}", kind=kind)
