@@ -305,8 +305,29 @@ class NSQD:
             return None
         return topic.wait_for_room()
 
+    def promise(self, topic_name: str, nbytes: int) -> int:
+        """Promise a worker process that publishes of up to ``nbytes`` to that topic will be
+        taken, unasked; how many bytes were promised (``nbytes`` or 0).
+
+        A promise is given where one process would answer a publish at once
+        (:meth:`Topic.takes_promises`) and the node's unwritten bytes are
+        under ``--max-unwritten-bytes``; the promised bytes count there until
+        :meth:`keep_promise` (docs/architecture.md, "Publishes answered by the
+        worker"), so what the workers may publish unasked is bounded with
+        everything else that waits for a disk.
+        """
+        topic = self.topics.get(topic_name)
+        if self.exiting or topic is None or not topic.takes_promises() or self.unwritten.over():
+            return 0
+        self.unwritten.add(nbytes)
+        return nbytes
+
+    def keep_promise(self, nbytes: int) -> None:
+        """Promised bytes used (their publish arrived) or given back."""
+        self.unwritten.remove(nbytes)
+
     def publish(self, topic_name: str, bodies: list[bytes], defer: float = 0.0,
-                client: object = None, reserved: bool = False) -> Deferred[None] | None:
+                client: object = None) -> Deferred[None] | None:
         """The one publish path for TCP and HTTP: new IDs, timestamps, queue.
 
         ``client``, the publishing connection, is not needed here (a
@@ -322,21 +343,17 @@ class NSQD:
         of one-byte lines holds 2.6 million) is queued that many per reactor
         turn, so the node serves everyone else in between; the Deferred
         returned fires once all of it is queued (:class:`SlicedPublish`).
-
-        ``reserved``: a worker's publish in memory the topic promised it
-        (:meth:`Topic.reserve`; never more than :data:`PUBLISH_SLICE`).
         """
         topic = self.get_topic(topic_name)
         if len(bodies) > PUBLISH_SLICE:
             return SlicedPublish(self, topic, bodies, defer).start()
-        return self._queue(topic, bodies, defer, reserved)
+        return self._queue(topic, bodies, defer)
 
-    def _queue(self, topic: Topic, bodies: list[bytes], defer: float,
-               reserved: bool = False) -> Deferred[None] | None:
+    def _queue(self, topic: Topic, bodies: list[bytes], defer: float) -> Deferred[None] | None:
         now_ns = int(self.clock.seconds() * 1e9)
         # PUB, DPUB, an MPUB of one: one value, without the range
         values = (self.guid.new_value(),) if len(bodies) == 1 else self.guid.new_values(len(bodies))
-        return topic.publish(values, bodies, now_ns, defer, reserved)
+        return topic.publish(values, bodies, now_ns, defer)
 
     # -- shutdown ---------------------------------------------------------
 

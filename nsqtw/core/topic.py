@@ -94,8 +94,6 @@ class Topic:
         self._spill_call: IDelayedCall | None = None
         #: publishers waiting for the backend's backlog to fall under the bound
         self._room_waiters: list[Deferred[None]] = []
-        #: memory slots promised to publishes on their way (:meth:`reserve`)
-        self.reserved = 0
         self._pump = Pump(clock, self.distribute, f"TOPIC({name})")
         self._pump.start()
         backend.set_readable_callback(self._pump.wake)
@@ -166,36 +164,20 @@ class Topic:
         else:
             self._watch_room()
 
-    def reserve(self, want: int) -> int:
-        """Promise memory for up to ``want`` messages not yet published; how many were promised.
+    def takes_promises(self) -> bool:
+        """Whether a worker process may be promised that its publishes here will be taken
+        (docs/architecture.md, "Publishes answered by the worker").
 
-        A worker process answers a publish its promise covers before the
-        topic has it (docs/architecture.md, "Publishes answered by the
-        worker"), so nothing may stand between that publish and this
-        topic's memory: no disk write to fail, no admission to refuse it.
-        Slots are promised only where :meth:`publish` would put a message
-        in memory now and answer at once: not exiting, not a mode that
-        waits for the write, the backlog and the node's unwritten bytes
-        under their bounds, and never past ``--mem-queue-size`` counting
-        what is queued and what is already promised. Other publishers see
-        the promised slots as taken.
+        Only where :meth:`publish` answers at once: not exiting, not a mode
+        that waits for the write, the backlog under its bound. (The node
+        also asks for its unwritten bytes: :meth:`NSQD.promise`.) Once
+        promised, nothing refuses such a publish: memory takes it, or the
+        disk queue, which refuses a put only when it is closing.
         """
-        delivery = self.delivery
-        if (self.exiting or delivery.wait_for_write or want <= 0 or not self.has_room()
-                or self.owner.unwritten.over()):
-            return 0
-        give = min(want, int(delivery.mem_queue_size) - len(self.memory) - self.reserved)
-        if give <= 0:
-            return 0
-        self.reserved += give
-        return give
-
-    def unreserve(self, count: int) -> None:
-        """Promised slots no longer needed (their worker is gone)."""
-        self.reserved = max(0, self.reserved - count)
+        return not self.exiting and not self.delivery.wait_for_write and self.has_room()
 
     def publish(self, values: Sequence[int], bodies: list[bytes], timestamp: int,
-                delay: float = 0.0, reserved: bool = False) -> Deferred[None] | None:
+                delay: float = 0.0) -> Deferred[None] | None:
         """Queue freshly published messages: their ID values (``b"%016x" % value``),
         bodies, timestamp and DPUB delay. Raises ExitingError or BackendError.
 
@@ -214,11 +196,6 @@ class Topic:
         has no place in a record, so delayed messages are built and handed
         to the delivery mode (``--durable-delivery`` journals their due
         times).
-
-        ``reserved``: the messages use slots promised by :meth:`reserve`
-        (their holder gave them back with :meth:`unreserve` just before);
-        they go to memory whatever its room, as they were answered already.
-        Other publishes leave the promised slots free.
         """
         if self.exiting:
             raise ExitingError()
@@ -232,7 +209,7 @@ class Topic:
             parking.append(new_messages(values, bodies, timestamp, 0.0))
             self._count(bodies)
             return None
-        room = n if reserved else delivery.mem_queue_size - len(memory) - self.reserved
+        room = delivery.mem_queue_size - len(memory)
         records: list[bytes] = []
         delayed: list[Message] = []
         if room >= n:

@@ -49,6 +49,8 @@ TOUCH = 9
 GRANTED_PUB = 10
 #: answer (ACK) once everything before this was read: seq
 SYNC = 11
+#: the answer to REVOKE: the credit that was left (bytes), topic
+RETURN = 12
 
 # -- kinds: from the core to a worker
 #: the answer to a PUB or SUB: seq, status (ACK_*), text
@@ -61,8 +63,10 @@ FAILED = 22
 CLOSE = 23
 #: stop: close every client, then exit
 STOP = 24
-#: more credit for publishes to a topic: count, topic
+#: more credit for publishes to a topic: bytes, topic
 GRANT = 25
+#: give the topic's credit back (RETURN): 0, topic
+REVOKE = 26
 
 #: an ACK's status: done; failed (the text says why); past --max-channel-consumers
 ACK_OK, ACK_FAILED, ACK_TOO_MANY = 0, 1, 2
@@ -107,8 +111,9 @@ def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: list[by
                   struct.pack(f">{count}I", *map(len, bodies)), bodies[0] if count == 1 else b"".join(bodies))
 
 
-def grant_record(count: int, topic: bytes) -> list[bytes]:
-    return record(GRANT, _U32.pack(count), topic)
+def topic_record(kind: int, count: int, topic: bytes) -> list[bytes]:
+    """GRANT, REVOKE or RETURN: a count of bytes, and the topic's name as the rest."""
+    return record(kind, _U32.pack(count), topic)
 
 
 def sync_record(seq: int) -> list[bytes]:

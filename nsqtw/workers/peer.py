@@ -19,8 +19,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw.core.message import Message, frames
-from nsqtw.core.nsqd import NSQD, PUBLISH_SLICE
-from nsqtw.core.topic import Topic
+from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import IConsumer
 from nsqtw.log import Logger
@@ -31,6 +30,9 @@ from nsqtw.workers import link
 from nsqtw.workers.link import Link, Reader
 
 _SUBSCRIBED = ClientState.SUBSCRIBED
+
+#: the most bytes one grant holds
+GRANT_MAX = 1024 * 1024
 
 
 @implementer(IConsumer)
@@ -75,15 +77,19 @@ class RemoteClient(ClientStats, ConsumerCounts):
         self.close()
 
 
+#: the most topics a worker holds grants for at once; past it, the least recently used is taken back
+GRANTED_TOPICS = 64
+
+
 class Grant:
-    """The memory one topic promised a worker (:meth:`Topic.reserve`), as much as is unused."""
+    """Bytes of publishes to one topic promised to a worker (:meth:`NSQD.promise`), unused."""
 
-    __slots__ = ("topic", "count")
+    __slots__ = ("nbytes", "revoked")
 
-    def __init__(self, topic: Topic) -> None:
-        #: the topic that promised it (a topic deleted and made again promised nothing)
-        self.topic = topic
-        self.count = 0
+    def __init__(self) -> None:
+        self.nbytes = 0
+        #: REVOKE sent: the worker's RETURN will end it
+        self.revoked = False
 
 
 class WorkerPeer:
@@ -96,13 +102,13 @@ class WorkerPeer:
         self.index = index
         self.link = Link(clock, self.record, self._link_lost)
         self.clients: dict[int, RemoteClient] = {}
-        #: each topic's grant to this worker: the topic it was promised by, and how many messages
-        #: of the promise are unused (docs/architecture.md, "Publishes answered by the worker")
+        #: each topic's grant to this worker, least recently topped up first
+        #: (docs/architecture.md, "Publishes answered by the worker")
         self.grants: dict[str, Grant] = {}
-        #: the most a worker holds of one topic: a share of its memory, so the workers together
-        #: hold at most half of it and other publishers find room
+        #: the most bytes a worker holds of one topic: the workers' grants together are at most a
+        #: quarter of --max-unwritten-bytes, counted there, so they never hold the node up alone
         workers = max(1, int(getattr(nsqd.options, "workers", 1)))
-        self.share = min(PUBLISH_SLICE, int(nsqd.options.mem_queue_size) // (2 * workers))
+        self.share = min(GRANT_MAX, nsqd.unwritten.limit // (4 * workers * (GRANTED_TOPICS + 1)))
         #: no more grants: the worker is gone (what is left on its link is still read)
         self.closed = False
         #: fires once the link ended and everything on it was read
@@ -125,6 +131,11 @@ class WorkerPeer:
             self._granted_pub(r)
         elif kind == link.SYNC:
             self.send(link.ack_record(r.u32(), link.ACK_OK))
+        elif kind == link.RETURN:
+            r.u32()  # what the worker had left: every publish before this was read, so ours agrees
+            grant = self.grants.pop(r.rest().decode("utf-8", "surrogateescape"), None)
+            if grant is not None:
+                self.nsqd.keep_promise(grant.nbytes)
         elif kind == link.FIN:
             client = self.clients[r.u32()]
             if client.channel is not None:
@@ -221,47 +232,60 @@ class WorkerPeer:
             written.addBoth(self._answer, seq)
 
     def _granted_pub(self, r: Reader) -> None:
-        """A publish the worker answered already, under this topic's grant: into the memory held
-        for it. No answer: more credit once half the grant is used (one record for many)."""
+        """A publish the worker answered already, under the topic's grant: published as one
+        process would, without asking for room (it was promised). No answer: more credit once
+        half the grant is used, one record for many publishes."""
         seq, conn, defer_ms = r.u32(), r.u32(), r.u32()
         name = r.text()
         bodies = r.bodies()
         count = len(bodies)
+        nbytes = sum(map(len, bodies))
         grant = self.grants.get(name)
+        low = True
         if grant is not None:
-            if grant.topic is self.nsqd.topics.get(name):  # (else its promise went with a deleted topic)
-                grant.topic.unreserve(min(count, grant.count))
-            grant.count = max(0, grant.count - count)
-            low = 2 * grant.count <= self.share
-        else:
-            low = True
+            used = min(nbytes, grant.nbytes)
+            grant.nbytes -= used
+            self.nsqd.keep_promise(used)
+            low = not grant.revoked and 2 * grant.nbytes <= self.share
         try:
-            self.nsqd.publish(name, bodies, defer_ms / 1000.0, reserved=True)
+            queued = self.nsqd.publish(name, bodies, defer_ms / 1000.0)
         except (ExitingError, BackendError) as e:
-            self.log.error("WORKER({index}): {count} message(s) answered under a grant to topic {topic} "
-                           "could not be queued - {error}", index=self.index, count=count, topic=name, error=e)
+            self._lost_publish(name, count, e)
             self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
             return
+        if queued is not None:  # a batch queued a slice a turn
+            queued.addErrback(lambda f: self._lost_publish(name, count, f.value))
         client = self.clients.get(conn)
         if client is not None:
             client.pub_counts[name] = client.pub_counts.get(name, 0) + count
         if low:
             self._grant(name)
 
+    def _lost_publish(self, name: str, count: int, error: object) -> None:
+        self.log.error("WORKER({index}): {count} message(s) answered under a grant to topic {topic} "
+                       "could not be queued - {error}", index=self.index, count=count, topic=name, error=error)
+
     def _grant(self, name: str) -> None:
-        """Top up this worker's grant for the topic as far as the topic promises, and send it."""
-        give = 0
-        topic = self.nsqd.topics.get(name)
-        if topic is not None and not self.closed:
-            grant = self.grants.get(name)
-            if grant is None or grant.topic is not topic:
-                grant = self.grants[name] = Grant(topic)
-            want = self.share - grant.count
-            if want > 0:
-                give = topic.reserve(want)
-                grant.count += give
+        """Top up this worker's grant for the topic as far as the node promises, and send it;
+        past :data:`GRANTED_TOPICS`, ask for the least recently topped-up one back."""
+        if self.closed:
+            return
+        grant = self.grants.pop(name, None)
+        if grant is None:
+            grant = Grant()
+            active = [n for n, g in self.grants.items() if not g.revoked]
+            if len(active) >= GRANTED_TOPICS:
+                oldest = active[0]
+                self.grants[oldest].revoked = True
+                self.send(link.topic_record(link.REVOKE, 0, oldest.encode("utf-8", "surrogateescape")))
+        self.grants[name] = grant  # last: the most recently used
+        want = self.share - grant.nbytes
+        give = self.nsqd.promise(name, want) if want > 0 and not grant.revoked else 0
         if give:
-            self.send(link.grant_record(give, name.encode("utf-8", "surrogateescape")))
+            grant.nbytes += give
+            self.send(link.topic_record(link.GRANT, give, name.encode("utf-8", "surrogateescape")))
+        elif not grant.nbytes and not grant.revoked:
+            del self.grants[name]
 
     def _answer(self, result: object, seq: int) -> None:
         if isinstance(result, Failure):
@@ -271,15 +295,13 @@ class WorkerPeer:
 
     def lost(self, reason: Failure) -> None:
         """The worker is gone (exited, killed): its clients are too; what they held in flight
-        goes back to their channels, and the memory its grants held is free again."""
+        goes back to their channels, and what its grants held is free again."""
         self.closed = True
         clients, self.clients = self.clients, {}
         for client in clients.values():
             self._gone(client)
         grants, self.grants = self.grants, {}
-        for name, grant in grants.items():
-            if grant.topic is self.nsqd.topics.get(name):
-                grant.topic.unreserve(grant.count)
+        self.nsqd.keep_promise(sum(g.nbytes for g in grants.values()))
 
     def _link_lost(self, reason: Failure) -> None:
         self.lost(reason)

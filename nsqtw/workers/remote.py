@@ -87,7 +87,7 @@ class RemoteNode:
         self._sent: dict[int, tuple[Any, ...]] = {}
         #: the PUBs and SUBs waiting for the core's answer
         self._waiting: dict[int, tuple[Deferred[Any], Any]] = {}
-        #: messages the core promised to take into each topic's memory (its grants), not yet used
+        #: bytes of publishes to each topic the core promised to take unasked (its grants), unused
         self.credit: dict[str, int] = {}
         self.exiting = False
         #: called once the core asked this worker to stop, or is gone
@@ -142,10 +142,10 @@ class RemoteNode:
             conn = client.client_id
         seq = next(self._seqs)
         name = topic.encode("utf-8", "surrogateescape")
-        count = len(bodies)
+        nbytes = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
         credit = self.credit.get(topic, 0)
-        if credit >= count and self.link.sends_now():
-            self.credit[topic] = credit - count
+        if credit >= nbytes and self.link.sends_now():
+            self.credit[topic] = credit - nbytes
             self.send(link.pub_record(seq, conn, round(defer * 1000), name, bodies, link.GRANTED_PUB))
             if self.link.flush():
                 return None  # in the kernel: the core gets it even if this process dies now
@@ -164,6 +164,11 @@ class RemoteNode:
             count = r.u32()
             topic = r.rest().decode("utf-8", "surrogateescape")
             self.credit[topic] = self.credit.get(topic, 0) + count
+        elif kind == link.REVOKE:
+            r.u32()
+            name = r.rest()
+            left = self.credit.pop(name.decode("utf-8", "surrogateescape"), 0)
+            self.send(link.topic_record(link.RETURN, left, name))
         elif kind == link.ACK:
             seq, status = r.u32(), r.u8()
             entry = self._waiting.pop(seq, None)

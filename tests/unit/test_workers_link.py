@@ -19,7 +19,7 @@ from nsqtw.observe.stats import snapshot
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
 from nsqtw.workers import link
 from nsqtw.workers.link import Link, Reader
-from nsqtw.workers.peer import WorkerPeer
+from nsqtw.workers.peer import GRANTED_TOPICS, WorkerPeer
 from nsqtw.workers.remote import RemoteNode
 from tests.helpers import body, decode_message_frame, make_nsqd, take_frames
 
@@ -266,6 +266,9 @@ def test_a_record_that_fails_is_logged_and_the_link_goes_on() -> None:
 
 # -- publishes answered by the worker, under the core's grants ---------------------------------
 
+#: --max-unwritten-bytes that makes a worker's grant of a topic 100 bytes
+SMALL = 100 * 4 * (GRANTED_TOPICS + 1)
+
 
 def granted(j: Joined) -> tuple[V2Protocol, StringTransport]:
     """A publisher whose first PUB (answered by the core) brought its worker credit for ``t``."""
@@ -274,44 +277,54 @@ def granted(j: Joined) -> tuple[V2Protocol, StringTransport]:
     j.settle()
     assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
     assert j.node.credit == {"t": j.peer.share}
-    assert j.nsqd.topics["t"].reserved == j.peer.share
+    assert j.nsqd.unwritten.total == j.peer.share  # promised bytes count as unwritten ones
     return proto, transport
 
 
 def test_a_publish_under_a_grant_is_answered_by_the_worker_once_the_core_can_read_it() -> None:
-    j = Joined(kernel=True, mem_queue_size=100)
+    j = Joined(kernel=True, max_unwritten_bytes=SMALL)
     proto, transport = granted(j)
-    assert j.peer.share == 50  # half the topic's memory, one worker
+    assert j.peer.share == 100
     proto.dataReceived(b"PUB t\n" + body(b"second"))
     # answered at once, no turn of the core in between; the record was already in the "kernel"
     assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
     records = j.worker_side.value()
     assert records[4] == link.GRANTED_PUB and records.endswith(b"second")
-    assert j.node.credit == {"t": 49}
+    assert j.node.credit == {"t": 94}
     j.settle()
     topic = j.nsqd.topics["t"]
     assert topic.depth() == 2
-    assert j.node.credit == {"t": 49} and topic.reserved == 49  # no record back for it
-    for _ in range(24):
+    assert j.node.credit == {"t": 94} and j.nsqd.unwritten.total == 94  # no record back for it
+    for _ in range(11):  # 44 bytes more: half the grant used
         proto.dataReceived(b"PUB t\n" + body(b"more"))
-    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")] * 24
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")] * 11
     j.settle()
-    # half the grant used: topped up, in one record
-    assert j.node.credit == {"t": 50} and topic.reserved == 50
-    assert topic.depth() == 26
+    # topped up, in one record
+    assert j.node.credit == {"t": 100} and j.nsqd.unwritten.total == 100
+    assert topic.depth() == 13
     (client,) = j.peer.clients.values()
-    assert client.pub_counts == {"t": 26}
+    assert client.pub_counts == {"t": 13}
 
 
-def test_an_mpub_larger_than_the_credit_waits_for_the_core() -> None:
-    j = Joined(kernel=True, mem_queue_size=4)
+def test_a_publish_past_the_credit_waits_for_the_core() -> None:
+    j = Joined(kernel=True, max_unwritten_bytes=SMALL)
     proto, transport = granted(j)
-    assert j.node.credit == {"t": 2}
-    proto.dataReceived(b"MPUB t\n" + b"\x00\x00\x00\x1b\x00\x00\x00\x03" + body(b"a") * 3 + b"\x00" * 3)
+    proto.dataReceived(b"PUB t\n" + body(b"x" * 101))
     assert take_frames(transport) == []
     j.settle()
     assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
-    assert j.nsqd.topics["t"].depth() == 4
+    assert j.nsqd.topics["t"].depth() == 2
+
+
+def test_a_granted_publish_to_a_full_topic_goes_to_its_disk_queue() -> None:
+    """The load of Go's bench_writer: a topic without channels, its memory full."""
+    j = Joined(kernel=True, mem_queue_size=1)
+    proto, transport = granted(j)
+    proto.dataReceived(b"PUB t\n" + body(b"second"))
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    j.settle()
+    topic = j.nsqd.topics["t"]
+    assert len(topic.memory) == 1 and topic.backend.depth() == 1
 
 
 def test_a_backed_up_link_answers_a_granted_publish_once_the_core_has_it() -> None:
@@ -344,38 +357,43 @@ def test_no_grant_where_one_process_would_make_the_publisher_wait() -> None:
     proto.dataReceived(b"PUB t\n" + body(b"one"))
     j.settle()
     assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
-    assert j.node.credit == {} and j.nsqd.topics["t"].reserved == 0
+    assert j.node.credit == {} and j.peer.grants == {}
+    # nor while the node's unwritten bytes are past --max-unwritten-bytes
+    j = Joined(kernel=True, max_unwritten_bytes=SMALL)
+    granted(j)
+    j.nsqd.unwritten.add(SMALL)
+    assert j.nsqd.promise("t", 10) == 0
+    j.nsqd.unwritten.remove(SMALL)
+    assert j.nsqd.promise("t", 10) == 10
+    # nor for a topic being deleted
+    j.nsqd.topics["t"].exiting = True
+    assert j.nsqd.promise("t", 10) == 0
 
 
-def test_grants_are_memory_other_publishers_find_taken() -> None:
-    j = Joined(kernel=True, mem_queue_size=10)
-    granted(j)  # one message in memory, five slots promised to the worker
-    topic = j.nsqd.topics["t"]
-    assert j.nsqd.publish("t", [b"x"] * 8) is None  # an HTTP publisher, say
-    assert len(topic.memory) == 5 and topic.backend.depth() == 4
-    assert topic.reserve(5) == 0  # nothing left to promise
-
-
-def test_a_granted_publish_goes_to_memory_even_where_the_disk_would_take_it() -> None:
-    j = Joined(kernel=True, mem_queue_size=4)
-    proto, transport = granted(j)  # credit 2
-    topic = j.nsqd.topics["t"]
-    j.nsqd.publish("t", [b"x"] * 5)  # memory now full (1 + 1 unpromised), the rest on disk
-    depth = topic.backend.depth()
-    proto.dataReceived(b"MPUB t\n" + b"\x00\x00\x00\x12\x00\x00\x00\x02" + body(b"a") * 2 + b"\x00" * 2)
-    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+def test_a_worker_holds_grants_for_so_many_topics_and_gives_the_oldest_back() -> None:
+    j = Joined(kernel=True, max_unwritten_bytes=SMALL)
+    proto, transport = j.client()
+    for n in range(GRANTED_TOPICS + 1):
+        proto.dataReceived(b"PUB t%d\n" % n + body(b"x"))
+        j.settle()
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")] * (GRANTED_TOPICS + 1)
+    assert "t0" not in j.node.credit and len(j.node.credit) == GRANTED_TOPICS
+    assert "t0" not in j.peer.grants and len(j.peer.grants) == GRANTED_TOPICS
+    assert j.nsqd.unwritten.total == GRANTED_TOPICS * 100  # t0's promise kept: given back
+    proto.dataReceived(b"PUB t0\n" + body(b"again"))  # asks the core again, and gets a grant again
+    assert take_frames(transport) == []
     j.settle()
-    assert topic.backend.depth() == depth  # none of the promised two waited on the disk
-    assert len(topic.memory) == 4
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]
+    assert "t0" in j.node.credit and "t1" not in j.node.credit
 
 
 def test_a_lost_worker_gives_its_grants_back() -> None:
     j = Joined(kernel=True)
     granted(j)
     j.peer.link.connectionLost(None)
-    assert j.nsqd.topics["t"].reserved == 0
+    assert j.nsqd.unwritten.total == 0
     assert j.peer.done.called
     # what the dead worker's link still held is read after its end: taken, and no new promise
     j.peer.record(link.GRANTED_PUB, Reader(b"".join(link.pub_record(9, 1, 0, b"t", [b"late"],
                                                                       link.GRANTED_PUB))[5:]))
-    assert j.nsqd.topics["t"].depth() == 2 and j.nsqd.topics["t"].reserved == 0
+    assert j.nsqd.topics["t"].depth() == 2 and j.nsqd.unwritten.total == 0
