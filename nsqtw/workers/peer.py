@@ -205,9 +205,8 @@ class WorkerPeer:
             self.send(link.failed_record(client.conn, "REQ", msg_id, str(why)))
 
     def _pub(self, r: Reader) -> None:
-        seq, conn, defer_ms = r.u32(), r.u32(), r.u32()
-        topic = r.text()
-        self._publish(seq, self.clients.get(conn), topic, r.bodies(), defer_ms / 1000.0)
+        seq, conn, defer_ms, topic, bodies = r.pub()
+        self._publish(seq, self.clients.get(conn), topic, bodies, defer_ms / 1000.0)
 
     def _publish(self, seq: int, client: RemoteClient | None, topic: str, bodies: list[bytes],
                  defer: float) -> None:
@@ -235,11 +234,9 @@ class WorkerPeer:
         """A publish the worker answered already, under the topic's grant: published as one
         process would, without asking for room (it was promised). No answer: more credit once
         half the grant is used, one record for many publishes."""
-        seq, conn, defer_ms = r.u32(), r.u32(), r.u32()
-        name = r.text()
-        bodies = r.bodies()
+        seq, conn, defer_ms, name, bodies = r.pub()
         count = len(bodies)
-        nbytes = sum(map(len, bodies))
+        nbytes = len(bodies[0]) if count == 1 else sum(map(len, bodies))
         grant = self.grants.get(name)
         low = True
         if grant is not None:
