@@ -252,6 +252,11 @@ class Link(Protocol):
         if self._flush_call is None and self.connected_:
             self._schedule()
 
+    def send_now(self, pieces: list[bytes]) -> bool:
+        """Queue a record and write everything queued at once: :meth:`flush`'s answer."""
+        self._out.extend(pieces)
+        return self.flush()
+
     def _schedule(self) -> None:
         self._flush_call = self.clock.callLater(0, self.flush)
 

@@ -146,8 +146,8 @@ class RemoteNode:
         credit = self.credit.get(topic, 0)
         if credit >= nbytes and self.link.sends_now():
             self.credit[topic] = credit - nbytes
-            self.send(link.pub_record(seq, conn, round(defer * 1000), name, bodies, link.GRANTED_PUB))
-            if self.link.flush():
+            if self.link.send_now(link.pub_record(seq, conn, round(defer * 1000), name, bodies,
+                                                  link.GRANTED_PUB)):
                 return None  # in the kernel: the core gets it even if this process dies now
             # the link is backed up: answered once the core says it has read this far
             self.send(link.sync_record(seq))
