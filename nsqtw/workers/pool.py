@@ -37,6 +37,9 @@ OPTIONS_ENV = "NSQTW_WORKER_OPTIONS"
 LISTEN_FD, LINK_FD = 3, 4
 #: how long a stopping worker may take to close its clients before it is killed
 STOP_TIMEOUT = 10.0
+#: the link's socket send buffer asked for, each way
+LINK_BUFFER = 4 * 1024 * 1024
+
 #: the wait before a worker that died is started again (a worker that dies at once, again
 #: and again, costs a process start a second, not a loop)
 RESTART_DELAY = 1.0
@@ -97,6 +100,11 @@ class WorkerPool(Service):
         if not self.running or self._fd is None:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (ours, theirs):
+            # deliveries outrun a busy worker: a deeper buffer takes a turn's frames in one
+            # sendmsg where the default's 208 KiB fills and the rest takes Twisted's slower path
+            # (the kernel caps it at net.core.wmem_max)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_BUFFER)
         peer = WorkerPeer(self.nsqd, self.reactor, index)
         self.reactor.adoptStreamConnection(ours.fileno(), socket.AF_UNIX, LinkFactory(peer.link))
         ours.close()
