@@ -42,11 +42,9 @@ def _filler(path: str) -> Callable[[], None]:
     return fill
 
 
-@pytest.fixture(params=["tmpfs", "injected"])
-def full_disk(request, tmp_path) -> Iterator[DiskFull]:
-    """A running daemon, ``fill()`` its disk and ``make_room()`` again."""
-    extra = getattr(request, "param_args", ())
-    if request.param == "tmpfs":
+def _full_disk(kind: str, tmp_path, *extra: str) -> Iterator[DiskFull]:
+    """A running daemon (with ``extra`` flags), ``fill()`` its disk and ``make_room()`` again."""
+    if kind == "tmpfs":
         path = tmp_path / "fs"
         path.mkdir()
         result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(path)],
@@ -76,6 +74,18 @@ def full_disk(request, tmp_path) -> Iterator[DiskFull]:
             d.stop()
 
 
+@pytest.fixture(params=["tmpfs", "injected"])
+def full_disk(request, tmp_path) -> Iterator[DiskFull]:
+    """A running daemon, ``fill()`` its disk and ``make_room()`` again."""
+    yield from _full_disk(request.param, tmp_path)
+
+
+@pytest.fixture(params=["tmpfs", "injected"])
+def full_disk_workers(request, tmp_path) -> Iterator[DiskFull]:
+    """The same with ``--workers=2``: the core writes, the workers answer publishes under grants."""
+    yield from _full_disk(request.param, tmp_path, "--workers=2")
+
+
 def http_post(d: Daemon, path: str, body: bytes = b"") -> int:
     request = (b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
                % (path.encode(), len(body))) + body
@@ -85,7 +95,16 @@ def http_post(d: Daemon, path: str, body: bytes = b"") -> int:
 def test_disk_full_then_space_returns(full_disk) -> None:
     """Disk full: publishes are still taken (into bounded memory), /ping and /stats say NOK with the
     error; space back: health OK, and every acknowledged message is delivered."""
-    d, fill, make_room = full_disk
+    _fill_then_make_room(*full_disk)
+
+
+def test_disk_full_with_workers_then_space_returns(full_disk_workers) -> None:
+    """The same through a node's worker processes, most publishes answered by a worker under the
+    core's grant while the disk is full: none of them is lost."""
+    _fill_then_make_room(*full_disk_workers)
+
+
+def _fill_then_make_room(d: Daemon, fill: Callable[[], None], make_room: Callable[[], None]) -> None:
     acked = []
     body = b"x" * 1000
     for i in range(300):
