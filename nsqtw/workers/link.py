@@ -222,16 +222,19 @@ class Reader:
 
 
 class Link(Protocol):
-    """One end of a link: records in go to ``on_record(kind, Reader)``; :meth:`send` queues
-    records out, written together on the next reactor turn; ``on_lost(reason)`` at the end."""
+    """One end of a link: records in go to ``on_record(kind, Reader)`` (then ``on_read()``, once
+    for each read that held any); :meth:`send` queues records out, written together on the next
+    reactor turn; ``on_lost(reason)`` at the end."""
 
     log = Logger()
 
     def __init__(self, clock: IReactorTime, on_record: Callable[[int, Reader], None],
-                 on_lost: Callable[[Failure], None]) -> None:
+                 on_lost: Callable[[Failure], None], on_read: Callable[[], None] | None = None) -> None:
         self.clock = clock
         self.on_record = on_record
         self.on_lost = on_lost
+        #: called after the records of one read were handled (to finish what they gathered)
+        self.on_read = on_read
         #: what arrived of records not yet whole, and how many bytes that is
         self._chunks: list[bytes] = []
         self._have = 0
@@ -315,6 +318,11 @@ class Link(Protocol):
         self._chunks = [rest] if rest else []
         self._have = len(rest)
         self._need = need
+        if self.on_read is not None and at:
+            try:
+                self.on_read()
+            except Exception:
+                self.log.failure("LINK: failed to finish a read's records")
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.connected_ = False

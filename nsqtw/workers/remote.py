@@ -172,9 +172,10 @@ class RemoteNode:
         elif kind == link.ACK:
             seq, status = r.u32(), r.u8()
             entry = self._waiting.pop(seq, None)
-            if entry is None:  # a publish answered here already, that the core then failed to take
-                self.log.error("WORKER({index}): a publish answered under a grant was lost in the core - {why}",
-                               index=self.index, why=r.text())
+            if entry is None:  # a publish answered here already: the core took it, or failed to
+                if status != link.ACK_OK:
+                    self.log.error("WORKER({index}): a publish answered under a grant was lost in the core "
+                                   "- {why}", index=self.index, why=r.text())
                 return
             d, result = entry
             if status == link.ACK_OK:

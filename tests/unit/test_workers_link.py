@@ -394,6 +394,26 @@ def test_a_lost_worker_gives_its_grants_back() -> None:
     assert j.nsqd.unwritten.total == 0
     assert j.peer.done.called
     # what the dead worker's link still held is read after its end: taken, and no new promise
-    j.peer.record(link.GRANTED_PUB, Reader(b"".join(link.pub_record(9, 1, 0, b"t", [b"late"],
-                                                                      link.GRANTED_PUB))[5:]))
+    j.peer.link.dataReceived(b"".join(link.pub_record(9, 1, 0, b"t", [b"late"], link.GRANTED_PUB)))
     assert j.nsqd.topics["t"].depth() == 2 and j.nsqd.unwritten.total == 0
+
+
+def test_granted_publishes_of_one_read_are_queued_together_and_in_order_with_the_rest() -> None:
+    j = Joined(kernel=True)
+    granted(j)
+    topic = j.nsqd.topics["t"]
+    records = [link.pub_record(10 + i, 1, 0, b"t", [b"g%d" % i], link.GRANTED_PUB) for i in range(3)]
+    records.append(link.pub_record(20, 1, 0, b"t", [b"asked"]))  # a publish that waits for its answer
+    records.append(link.pub_record(21, 1, 0, b"t", [b"g3"], link.GRANTED_PUB))
+    values = []
+    real = j.nsqd.publish
+
+    def publish(name: str, bodies: list[bytes], *args: Any, **kwargs: Any) -> Any:
+        values.append(list(bodies))
+        return real(name, bodies, *args, **kwargs)
+
+    j.nsqd.publish = publish  # type: ignore[method-assign]
+    j.peer.link.dataReceived(b"".join(b"".join(r) for r in records))
+    # the three before the other publish went as one, before it; the last after it
+    assert values == [[b"g0", b"g1", b"g2"], [b"asked"], [b"g3"]]
+    assert [m.body for m in topic.memory][-5:] == [b"g0", b"g1", b"g2", b"asked", b"g3"]
