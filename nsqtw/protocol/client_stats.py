@@ -38,7 +38,7 @@ class Shown(Generic[_V]):
 
     def __set__(self, obj: object, value: _V) -> None:
         setattr(obj, self.slot, value)
-        obj._stats_pieces = None  # type: ignore[attr-defined]
+        obj._stats_pieces = obj._stats_made = None  # type: ignore[attr-defined]
         obj.identity_version += 1  # type: ignore[attr-defined]
 
 
@@ -83,6 +83,10 @@ class ClientStats:
     #: shows, compared on each call (``sample_rate``, or it and the AUTH fields)
     _stats_pieces: tuple[str, str, str, str, str, str, str] | None = None
     _stats_key: object = None
+    #: :meth:`stats_json`'s last text, and what it was made from: the counters, ``sample_rate`` and
+    #: the AUTH answer (None once a :class:`Shown` field changed)
+    _stats_text = ""
+    _stats_made: tuple[Any, ...] | None = None
     #: how many times a :class:`Shown` field was set (:meth:`identity_key`)
     identity_version = 0
 
@@ -148,18 +152,27 @@ class ClientStats:
         template to parse per call), remade when any other field it shows has
         changed (setting a :class:`Shown` field drops it; ``sample_rate`` and
         the AUTH fields are compared); a client with ``pub_counts`` (a producer) is encoded in full.
+        The last text is kept too: while the counters, ``sample_rate`` and the AUTH answer are
+        the same objects as when it was made (an idle consumer between two polls) it is the
+        answer, with no text made at all.
         """
         if self.pub_counts:
             return go_dumps(self.go_stats(topic_filter))
         auth = self.auth
+        made = (self.state, self.ready_count, self.in_flight_count, self.message_count, self.finish_count,
+                self.requeue_count, self.sample_rate, auth.state)
+        if made == self._stats_made:
+            return self._stats_text
         key = self.sample_rate if auth.state is None else (self.sample_rate, tuple(auth.stats().values()))
         pieces = self._stats_pieces
         if pieces is None or key != self._stats_key:
             pieces = self._stats_pieces = self._make_stats_pieces()
             self._stats_key = key
         head, p1, p2, p3, p4, p5, tail = pieces
-        return (f"{head}{int(self.state)}{p1}{self.ready_count}{p2}{self.in_flight_count}{p3}{self.message_count}"
-                f"{p4}{self.finish_count}{p5}{self.requeue_count}{tail}")
+        text = self._stats_text = (f"{head}{int(self.state)}{p1}{self.ready_count}{p2}{self.in_flight_count}{p3}"
+                                   f"{self.message_count}{p4}{self.finish_count}{p5}{self.requeue_count}{tail}")
+        self._stats_made = made
+        return text
 
     def identity_key(self) -> tuple[Any, ...]:
         """Equal while no field ``/stats`` shows but the counters changed (a worker sends
