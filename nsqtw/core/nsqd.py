@@ -282,10 +282,10 @@ class NSQD:
         subscription = self.get_topic(topic).get_channel(channel)
         subscription.add_client(client)
         # shown in /stats from now on: its text is made here, once, rather than by the first /stats
-        # after thousands subscribed (nsqtw.protocol.client_stats.ClientStats.make_stats_text)
-        make_stats_text = getattr(client, "make_stats_text", None)
-        if make_stats_text is not None:
-            make_stats_text()
+        # after thousands subscribed (nsqtw.protocol.client_stats.ClientStats.subscribing)
+        subscribing = getattr(client, "subscribing", None)
+        if subscribing is not None:
+            subscribing()
         return subscription
 
     # -- publishing -------------------------------------------------------

@@ -6,6 +6,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from nsqtw._go.json import go_dumps
 from nsqtw.protocol.authz import ClientAuth
+from nsqtw.protocol.states import ClientState
 
 #: the go_stats fields :meth:`V2Protocol.stats_json` fills in each time, in its format's order
 _STATS_COUNTERS = ("state", "ready_count", "in_flight_count", "message_count", "finish_count", "requeue_count")
@@ -162,31 +163,46 @@ class ClientStats:
         """
         if self.pub_counts:
             return go_dumps(self.go_stats(topic_filter))
-        auth = self.auth
         made = (self.state, self.ready_count, self.in_flight_count, self.message_count, self.finish_count,
-                self.requeue_count, self.sample_rate, auth.state)
+                self.requeue_count, self.sample_rate, self.auth.state)
         if made == self._stats_made:
             return self._stats_text
-        key = self.sample_rate if auth.state is None else (self.sample_rate, tuple(auth.stats().values()))
+        return self._make_text(made)
+
+    def _make_text(self, made: tuple[Any, ...]) -> str:
+        """The text of the fields in ``made`` (as :meth:`stats_json` takes them), kept."""
+        state, ready, in_flight, messages, finished, requeued, sample_rate, auth_state = made
+        key = sample_rate if auth_state is None else (sample_rate, tuple(self.auth.stats().values()))
         pieces = self._stats_pieces
         if pieces is None or key != self._stats_key:
             pieces = self._stats_pieces = self._make_stats_pieces()
             self._stats_key = key
         head, p1, p2, p3, p4, p5, tail = pieces
-        text = self._stats_text = (f"{head}{int(self.state)}{p1}{self.ready_count}{p2}{self.in_flight_count}{p3}"
-                                   f"{self.message_count}{p4}{self.finish_count}{p5}{self.requeue_count}{tail}")
+        text = self._stats_text = (f"{head}{int(state)}{p1}{ready}{p2}{in_flight}{p3}{messages}{p4}{finished}"
+                                   f"{p5}{requeued}{tail}")
         self._stats_made = made
         return text
 
-    def make_stats_text(self) -> None:
-        """Make :meth:`stats_json`'s cached text now, as the client becomes one ``/stats`` shows.
+    def make_stats_text(self, state: Any = None) -> None:
+        """Make :meth:`stats_json`'s cached text now (with ``state`` in place of the client's own).
 
-        The core's ``NSQD.subscribe`` calls it, and a :class:`Shown` field set
-        after that (or :meth:`adopt`) makes it again. Made by the first
-        ``/stats`` instead, 15,000 consumers' texts took that ``/stats`` from
-        about 70 ms to 300-400 ms, the 19,000 of 1,900 topics to over a second.
+        Made by the first ``/stats`` instead, 15,000 consumers' texts took
+        that ``/stats`` from about 70 ms to 300-400 ms, the 19,000 of 1,900
+        topics' channels to over a second. :meth:`subscribing` makes it as
+        a client joins a channel; a :class:`Shown` field set after that (or
+        :meth:`adopt`) makes it again.
         """
-        self.stats_json()
+        if not self.pub_counts:
+            self._make_text((self.state if state is None else state, self.ready_count, self.in_flight_count,
+                             self.message_count, self.finish_count, self.requeue_count, self.sample_rate,
+                             self.auth.state))
+
+    def subscribing(self) -> None:
+        """The core's ``NSQD.subscribe`` adds this client to a channel: from now on ``/stats``
+        shows it. Its text is made as SUB's answer leaves it (``SUBSCRIBED``, set by the caller
+        next), so an idle consumer's first ``/stats`` makes nothing; had the state or a counter
+        moved otherwise, :meth:`stats_json` sees it and makes the text again."""
+        self.make_stats_text(ClientState.SUBSCRIBED)
 
     def identity_key(self) -> tuple[Any, ...]:
         """Equal while no field ``/stats`` shows but the counters changed (a worker sends

@@ -182,9 +182,13 @@ class FirstStatsTests(SynchronousTestCase):
             protos.append(proto)
         self.assertEqual(built, protos)  # once each, at SUB
         del built[:]
+        texts = [proto.stats_json() for proto in protos]
         body = run_to_end(stats_json_steps(nsqd, include_mem=False))
         self.assertEqual(built, [])
         self.assertEqual(body, go_json(snapshot(nsqd, include_mem=False)))
+        self.assertIn('"state":3,', texts[0])
+        for proto, text in zip(protos, texts, strict=True):
+            self.assertIs(proto.stats_json(), text)  # made before the first /stats, in its final state
 
     def test_a_shown_field_set_after_sub_remakes_the_text_then(self) -> None:
         from nsqtw._go.json import go_dumps
