@@ -7,8 +7,9 @@ dicts, encoding them and freeing them made ``/stats`` half again as slow as
 Go nsqd's. Each topic and channel is filled into a template made once from
 the same field functions the snapshot uses (``_topic_fields``,
 ``_channel_fields``), each client comes as its connection's cached text
-(``V2Protocol.stats_json``), and each topic is encoded to bytes in its own
-step, so the last step only joins them.
+(``V2Protocol.stats_json``), and the text is encoded in pieces of about
+32 KiB as it is written (:class:`_Body`), so the last step only joins them
+and no level (clients, channel, topic) is copied whole.
 """
 
 from __future__ import annotations
