@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
@@ -332,6 +333,8 @@ def chosen_channels(topic: Any, channel: str) -> list[Any] | None:
 
 #: clients looked at per step when looking for the producers (a node may hold tens of thousands)
 _CLIENTS_PER_STEP = 2048
+#: a client's publish counts (true when it published)
+_pub_counts = attrgetter("pub_counts")
 
 
 def producer_clients(nsqd: Any) -> Generator[None, None, list[Any]]:
@@ -339,7 +342,13 @@ def producer_clients(nsqd: Any) -> Generator[None, None, list[Any]]:
     clients = list(nsqd.clients.values())
     chosen: list[Any] = []
     for start in range(0, len(clients), _CLIENTS_PER_STEP):
-        chosen.extend(cl for cl in clients[start:start + _CLIENTS_PER_STEP] if _is_producer(cl))
+        some = clients[start:start + _CLIENTS_PER_STEP]
+        try:
+            # at C speed: at 15,000 consumers a Python call per client was a tenth of /stats
+            found = list(filter(_pub_counts, some))
+        except AttributeError:  # a client kind without pub_counts
+            found = [cl for cl in some if _is_producer(cl)]
+        chosen += found
         yield None
     return chosen
 

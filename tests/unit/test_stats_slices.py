@@ -148,3 +148,122 @@ class ClientStatsTests(SynchronousTestCase):
             for topic_filter in ("", "t0", "t1"):
                 self.assertEqual(list(client.go_stats(topic_filter).items()),
                                  list(stats_module._client_stats(plain, topic_filter).items()))
+
+
+def _counting_builds(test: SynchronousTestCase) -> list[object]:
+    """Patch ClientStats._make_stats_pieces to record each client whose text is made from scratch."""
+    from nsqtw.protocol.client_stats import ClientStats
+
+    built: list[object] = []
+    make = ClientStats._make_stats_pieces
+
+    def counting(self: ClientStats) -> tuple[str, str, str, str, str, str, str]:
+        built.append(self)
+        return make(self)
+
+    test.patch(ClientStats, "_make_stats_pieces", counting)
+    return built
+
+
+class FirstStatsTests(SynchronousTestCase):
+    """A client's /stats text is made when it subscribes or its identity changes, not by the
+    first /stats after it (at 15,000 consumers that first /stats took several times the next)."""
+
+    def test_text_is_made_at_sub_not_by_the_first_stats(self) -> None:
+        nsqd, clock = make_nsqd()
+        built = _counting_builds(self)
+        protos = []
+        for i in range(5):
+            proto, _ = connect(nsqd, clock)
+            body = json.dumps({"client_id": f"c{i}", "hostname": HOSTILE, "user_agent": "ua"}).encode()
+            proto.dataReceived(encode_command(b"IDENTIFY", body=body))
+            self.assertEqual(built, protos)  # not at IDENTIFY: a client not subscribed is not shown
+            proto.dataReceived(b"SUB t c\nRDY 3\n")
+            protos.append(proto)
+        self.assertEqual(built, protos)  # once each, at SUB
+        del built[:]
+        texts = [proto.stats_json() for proto in protos]
+        body = run_to_end(stats_json_steps(nsqd, include_mem=False))
+        self.assertEqual(built, [])
+        self.assertEqual(body, go_json(snapshot(nsqd, include_mem=False)))
+        self.assertIn('"state":3,', texts[0])
+        for proto, text in zip(protos, texts, strict=True):
+            self.assertIs(proto.stats_json(), text)  # made before the first /stats, in its final state
+
+    def test_a_shown_field_set_after_sub_remakes_the_text_then(self) -> None:
+        from nsqtw._go.json import go_dumps
+
+        nsqd, clock = make_nsqd()
+        proto, _ = connect(nsqd, clock)
+        proto.dataReceived(b"SUB t c\n")
+        before = proto.stats_json()
+        built = _counting_builds(self)
+        proto.hostname = "renamed.example"
+        self.assertEqual(built, [proto])  # at once, not at the next /stats
+        del built[:]
+        text = proto.stats_json()
+        self.assertEqual(built, [])
+        self.assertNotEqual(text, before)
+        self.assertIn('"hostname":"renamed.example"', text)
+        self.assertEqual(text, go_dumps(proto.go_stats()))
+        self.assertEqual(run_to_end(stats_json_steps(nsqd, include_mem=False)),
+                         go_json(snapshot(nsqd, include_mem=False)))
+
+    def test_adopt_of_a_shown_client_makes_its_text_once(self) -> None:
+        """A worker's client in the core: the identity its worker sends again (INFO) remakes the
+        text once, not once per field."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.workers.peer import RemoteClient
+
+        nsqd, clock = make_nsqd()
+        proto, _ = connect(nsqd, clock)
+        identity = proto.identity()
+        remote = RemoteClient(None, 1, 99, identity)  # type: ignore[arg-type]
+        built = _counting_builds(self)
+        nsqd.subscribe("t", "c", remote)
+        self.assertEqual(built, [remote])
+        del built[:]
+        remote.adopt(dict(identity, hostname="moved.example", user_agent="ua/2"))
+        self.assertEqual(built, [remote])
+        self.assertEqual(remote.stats_json(), go_dumps(remote.go_stats()))
+        self.assertIn('"user_agent":"ua/2"', remote.stats_json())
+
+    def test_an_idle_clients_text_is_kept_and_a_counter_change_remade(self) -> None:
+        """Between two /stats an idle consumer's text is the same object; a moved counter, a new
+        sample_rate or AUTH answer gives the new text (the snapshot's JSON)."""
+        from nsqtw._go.json import go_dumps
+        from nsqtw.protocol.auth import AuthState
+
+        nsqd, clock = make_nsqd()
+        proto, _ = connect(nsqd, clock)
+        proto.dataReceived(b"SUB t c\nRDY 5\n")
+        text = proto.stats_json()
+        self.assertIs(proto.stats_json(), text)
+        for name, value in (("ready_count", 7), ("in_flight_count", 2), ("message_count", 1000),
+                            ("finish_count", 999), ("requeue_count", 1), ("sample_rate", 50)):
+            setattr(proto, name, value)
+            again = proto.stats_json()
+            self.assertEqual(again, go_dumps(proto.go_stats()), name)
+            self.assertNotEqual(again, text, name)
+            text = again
+        proto.auth.state = AuthState(60, "alice", "https://id/alice", [], clock.seconds() + 60)
+        self.assertIn('"auth_identity":"alice"', proto.stats_json())
+        self.assertEqual(proto.stats_json(), go_dumps(proto.go_stats()))
+
+
+class BodyTests(SynchronousTestCase):
+    def test_answer_is_written_in_pieces_of_tens_of_kib(self) -> None:
+        """No piece of a big answer is much over _PIECE_CHARS (a 6 MB answer made whole at each
+        level was a 6 MB block of fresh pages each time), and the pieces join to the texts."""
+        from nsqtw.observe.stats_json import _PIECE_CHARS, _Body
+
+        body = _Body()
+        texts = [f"{i:05d}" * 80 for i in range(3000)]  # 400 characters each, as a consumer's
+        body.write(["a", "b"])
+        body.write(texts[:1000])
+        body.write(["c"])
+        body.write(texts[1000:])
+        pieces = body.end()
+        self.assertEqual(b"".join(pieces), ("ab" + "".join(texts[:1000]) + "c" + "".join(texts[1000:])).encode())
+        self.assertGreater(len(pieces), 30)
+        self.assertLessEqual(max(map(len, pieces)), _PIECE_CHARS + 400)
