@@ -281,11 +281,6 @@ class NSQD:
         ``--max-channel-consumers``."""
         subscription = self.get_topic(topic).get_channel(channel)
         subscription.add_client(client)
-        # shown in /stats from now on: its text is made here, once, rather than by the first /stats
-        # after thousands subscribed (nsqtw.protocol.client_stats.ClientStats.subscribing)
-        subscribing = getattr(client, "subscribing", None)
-        if subscribing is not None:
-            subscribing()
         return subscription
 
     # -- publishing -------------------------------------------------------

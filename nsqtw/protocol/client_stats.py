@@ -6,7 +6,6 @@ from typing import Any, Generic, TypeVar, overload
 
 from nsqtw._go.json import go_dumps
 from nsqtw.protocol.authz import ClientAuth
-from nsqtw.protocol.states import ClientState
 
 #: the go_stats fields :meth:`V2Protocol.stats_json` fills in each time, in its format's order
 _STATS_COUNTERS = ("state", "ready_count", "in_flight_count", "message_count", "finish_count", "requeue_count")
@@ -188,7 +187,7 @@ class ClientStats:
 
         Made by the first ``/stats`` instead, 15,000 consumers' texts took
         that ``/stats`` from about 70 ms to 300-400 ms, the 19,000 of 1,900
-        topics' channels to over a second. :meth:`subscribing` makes it as
+        topics' channels to over a second. :meth:`subscribed` makes it as
         a client joins a channel; a :class:`Shown` field set after that (or
         :meth:`adopt`) makes it again.
         """
@@ -197,12 +196,12 @@ class ClientStats:
                              self.message_count, self.finish_count, self.requeue_count, self.sample_rate,
                              self.auth.state))
 
-    def subscribing(self) -> None:
-        """The core's ``NSQD.subscribe`` adds this client to a channel: from now on ``/stats``
-        shows it. Its text is made as SUB's answer leaves it (``SUBSCRIBED``, set by the caller
-        next), so an idle consumer's first ``/stats`` makes nothing; had the state or a counter
-        moved otherwise, :meth:`stats_json` sees it and makes the text again."""
-        self.make_stats_text(ClientState.SUBSCRIBED)
+    def subscribed(self) -> None:
+        """The client joined a channel (its state is ``SUBSCRIBED`` now): from now on ``/stats``
+        shows it, so its text is made here, once, and an idle consumer's first ``/stats`` makes
+        nothing; had a counter moved since, :meth:`stats_json` sees it and makes the text again.
+        Called where SUB succeeds: ``V2Protocol`` and a worker's ``RemoteClient`` in the core."""
+        self.make_stats_text()
 
     def identity_key(self) -> tuple[Any, ...]:
         """Equal while no field ``/stats`` shows but the counters changed (a worker sends

@@ -479,6 +479,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
                         f"{self.nsqd.options.max_channel_consumers}")
         self.channel = channel
         self.state = _SUBSCRIBED
+        self.subscribed()
         self._write(_OK)
 
     def _rdy(self, args: list[bytes]) -> None:

@@ -199,6 +199,7 @@ class WorkerPeer:
             self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
             return
         client.state = _SUBSCRIBED
+        client.subscribed()
         self.send(link.ack_record(seq, link.ACK_OK))
 
     def _req(self, client: RemoteClient, reqs: list[tuple[bytes, float]]) -> None:

@@ -10,6 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw._go.json import go_json
 from nsqtw.observe.stats import format_text, run_in_slices, run_to_end, snapshot, text_steps
 from nsqtw.observe.stats_json import stats_json_steps
+from nsqtw.protocol.states import ClientState
 from nsqtw.protocol.wire import encode_command
 from tests.helpers import connect, make_nsqd, one_turn
 
@@ -221,6 +222,8 @@ class FirstStatsTests(SynchronousTestCase):
         remote = RemoteClient(None, 1, 99, identity)  # type: ignore[arg-type]
         built = _counting_builds(self)
         nsqd.subscribe("t", "c", remote)
+        remote.state = ClientState.SUBSCRIBED
+        remote.subscribed()  # as the worker's peer does once the SUB succeeded
         self.assertEqual(built, [remote])
         del built[:]
         remote.adopt(dict(identity, hostname="moved.example", user_agent="ua/2"))
