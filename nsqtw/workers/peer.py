@@ -330,7 +330,7 @@ class WorkerPeer:
             self._publish_batch()
 
     def _link_lost(self, reason: Failure) -> None:
-        self._read_done()
+        # (nothing gathered is left: each read's batch was queued as that read ended)
         self.lost(reason)
         if not self.done.called:
             self.done.callback(None)
