@@ -91,10 +91,16 @@ class TimeoutQueue:
         once, instead of a method call per message.
         """
         self._stale += count
-        if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
-            self._trim_fifo()  # usually enough: FINs mostly come in delivery order
-            if self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live):
-                self._compact()
+        if self._over():
+            self._trim_fifo()  # usually enough with one client: its FINs come in delivery order
+            if self._over():
+                self._sweep()  # with several, each finishes its own batches in order
+                if self._over():
+                    self._compact()
+
+    def _over(self) -> bool:
+        """Whether stale entries are many, and twice the live ones: time to drop some."""
+        return self._stale > _COMPACT_MIN and self._stale > 2 * len(self.live)
 
     def pop_due(self, now: float) -> list[Message]:
         live = self.live
@@ -167,6 +173,22 @@ class TimeoutQueue:
             else:
                 return
             fifo.popleft()
+
+    def _sweep(self) -> None:
+        """Drop every batch none of whose IDs is in flight any more, wherever it is in the FIFO.
+
+        Clients of one channel finish at their own pace, so finished batches
+        of fast clients pile up behind a batch of a slower one that
+        :meth:`_trim_fifo` stops at. Each client finishes its own batches in
+        order, so all but about one batch a client are wholly finished, and
+        a set operation in C each drops them; :meth:`_compact`'s check of
+        every entry in Python is left for what this does not clear (it was a
+        tenth of the core's time under ``bench_reader`` with 16 consumers).
+        """
+        keys = self.live.keys()
+        self._fifo = deque(e for e in self._fifo if type(e[2]) is bytes or not keys.isdisjoint(e[2]))
+        # each message in ``live`` has exactly one current entry; the rest are stale
+        self._stale = max(0, self._entries() - len(self.live))
 
     def _entries(self) -> int:
         """Entries held, stale ones included (what compaction keeps bounded)."""

@@ -133,3 +133,42 @@ class TimeoutQueueTests(SynchronousTestCase):
             self.assertEqual(len(q), len(model))
             self.assert_next_deadline(q, model, now)
             self.assertLessEqual(q._entries(), 3 * max(len(model), _COMPACT_MIN) + 20)
+
+    def test_clients_finishing_at_their_own_pace_need_no_full_compaction(self) -> None:
+        """Sixteen clients' deliveries interleave in the FIFO and each finishes its own in order,
+        one of them much later: the finished batches behind the slow client's are dropped by a
+        set operation each, the entries stay bounded, and nothing due is lost or early."""
+        compactions: list[int] = []
+
+        class Counted(TimeoutQueue):
+            def _compact(self) -> None:
+                compactions.append(len(self.live))
+                super()._compact()
+
+        q = Counted()
+        model: dict[bytes, float] = {}
+        pending: list[list[list[bytes]]] = [[] for _ in range(16)]  # per client, its batches in order
+        n = 0
+        for turn in range(400):
+            when = 30.0 + turn * 0.01
+            for client in range(16):
+                batch = [msg(n + k) for k in range(20)]
+                n += 20
+                for m in batch:
+                    m.deadline = when
+                    model[m.id] = when
+                q.push_many(batch, [m.id for m in batch], when)
+                pending[client].append([m.id for m in batch])
+            for client in range(1, 16):  # the fast clients FIN all but their newest batch
+                while len(pending[client]) > 1:
+                    ids = pending[client].pop(0)
+                    for i in ids:
+                        del q.live[i]
+                        del model[i]
+                    q.removed(len(ids))
+            self.assertEqual(len(q), len(model))
+            self.assertLessEqual(q._entries(), 3 * max(len(model), _COMPACT_MIN) + 20 * 16)
+        self.assertEqual(compactions, [])
+        # client 0 never finished: its messages, and only they and the newest batches, come due
+        self.assert_pops_due(q, model, 1e9)
+        self.assertEqual(model, {})
