@@ -22,7 +22,7 @@ WORKERS = [1, 2]
 
 
 def workers_args(workers: int) -> tuple[str, ...]:
-    """nsqd's arguments for ``workers`` (none for one process, the default)."""
+    """nsqd's arguments for ``workers`` (none for one process: :meth:`Daemon.plugin_args` asks for it)."""
     return (f"--workers={workers}",) if workers > 1 else ()
 
 
@@ -118,7 +118,10 @@ class Daemon:
                 *self.address_args(tcp, http), *self.plugin_args(), *self.args]
 
     def plugin_args(self) -> list[str]:
-        return [f"--data-path={self.data_path}"]
+        # one process unless a test asks for workers or a config file: --workers=0, the default,
+        # would make the suite's processes depend on the cores of the machine that runs it
+        asked = any(a.startswith(("--workers", "--config")) for a in self.args)
+        return [f"--data-path={self.data_path}", *(() if asked else ("--workers=1",))]
 
     def _drain(self, fd: int) -> None:
         poller = select.poll()  # poll, not select: the test may hold more than 1024 descriptors

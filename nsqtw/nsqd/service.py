@@ -25,6 +25,7 @@ from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when
 from nsqtw.net.notify import notify
 from nsqtw.net.tls import build_server_tls
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
+from nsqtw.nsqd.options import AUTO_WORKERS, usable_cpus, with_workers_resolved
 from nsqtw.observe.metrics import NSQDMetrics
 from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import authorizer_for
@@ -127,6 +128,11 @@ class NSQDService(MultiService):
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
+        #: the CPUs that chose the workers' count (``--workers=0``, the default), else None
+        self.cpus: int | None = None
+        if options.workers == AUTO_WORKERS:
+            self.cpus = usable_cpus()
+            options = with_workers_resolved(options, self.cpus)  # the core, its workers and peers see one count
         self.options = options
         self.reactor = reactor
         self.data_path = options.resolved_data_path
@@ -265,6 +271,11 @@ class NSQDService(MultiService):
         self.log.info("{banner}", banner=version_banner("nsqd"))
         self.log.info("ID: {node_id}", node_id=self.options.node_id)
         self.log.info("{speedups}", speedups=speedups.NOTE)
+        if self.cpus is not None:
+            self.log.info("workers: {served} ({cpus} usable CPUs; --workers=0, the default, chose;"
+                          " --workers=N sets it)", cpus=self.cpus,
+                          served="one process serves every client" if self.options.workers == 1 else
+                          f"{self.options.workers} worker processes serve TCP clients")
         poll = busy_poll_of(self.reactor)
         if poll is not None:
             poll.limit = self.options.busy_poll

@@ -20,6 +20,7 @@ import time
 import urllib.request
 from typing import Any
 
+from nsqtw.nsqd.options import auto_workers
 from tests.helpers import wait_for
 from tests.rawclient import Client, collect, subscribe
 
@@ -219,3 +220,22 @@ def test_workers_die_with_the_core_and_leave_with_a_clean_stop(daemon_factory) -
     assert stopped.stop() == 0
     assert not any(alive(p) for p in workers)
     assert "starting it again" not in stopped.read_output()  # a stopping node restarts no worker
+
+
+def test_the_default_chooses_the_workers_from_the_usable_cpus(daemon_factory) -> None:
+    """--workers=0, the default: the count comes from the CPUs the daemon may run on, and the log says so."""
+    d = daemon_factory("--workers=0")
+    cpus = len(os.sched_getaffinity(0))
+    count = auto_workers(cpus)
+    line = wait_for(lambda: next((x for x in d.output if "usable CPUs" in x), None), what="the workers line")
+    assert f"({cpus} usable CPUs; --workers=0, the default, chose" in line
+    if count == 1:
+        assert "one process serves every client" in line
+        assert children(d.pid) == []
+    else:
+        assert f"{count} worker processes serve TCP clients" in line
+        wait_for(lambda: len(children(d.pid)) == count, what=f"{count} workers")
+    c = Client(d.tcp_address)
+    c.pub("auto", b"x")
+    assert stats(d)["topics"][0]["message_count"] == 1
+    c.close()

@@ -127,7 +127,7 @@ class DefaultsTests(SynchronousTestCase):
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
                           "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers"})
         self.assertIs(NSQDOptions().durable_delivery, False)
-        self.assertEqual(NSQDOptions().workers, 1)  # one process unless asked (docs/configuration.md)
+        self.assertEqual(NSQDOptions().workers, 0)  # chosen from the CPUs (docs/configuration.md)
         self.assertEqual(NSQDOptions().busy_poll, 200e-6)  # docs/performance.md, "Busy polling"
         self.assertIs(NSQDOptions().metrics_per_client, False)
         self.assertEqual(NSQDOptions().disk_threads, 4)
@@ -206,13 +206,28 @@ class FlagTableTests(SynchronousTestCase):
                 parse_args([f"--disk-threads={bad}"])
 
     def test_workers_flag(self) -> None:
-        """--workers is a count from 1 (one process) to 256, TOML key workers."""
+        """--workers is a count from 1 (one process) to 256, or 0 (the default: chosen from the CPUs);
+        TOML key workers."""
         self.assertEqual(parse_args(["--workers=4"]).workers, 4)
+        self.assertEqual(parse_args(["--workers=0"]).workers, 0)
+        self.assertEqual(parse_args([]).workers, 0)
         self.assertEqual(FLAGS_BY_NAME["workers"].toml_key, "workers")
-        for bad in ("0", "-1", "257"):
+        for bad in ("-1", "257", "auto"):
             with self.assertRaises(OptionsError) as cm:
                 parse_args([f"--workers={bad}"])
-            self.assertIn("--workers", str(cm.exception))
+            self.assertIn("workers", str(cm.exception))
+
+    def test_workers_chosen_from_the_cpus(self) -> None:
+        """--workers=0: one process below 8 CPUs (2 cores: one process is ahead of Go on every
+        load), half of them from 8, at most 8 (16 cores: 8 measured best); a count given stays."""
+        self.assertEqual([options.auto_workers(n) for n in (1, 2, 4, 7, 8, 12, 16, 17, 64, 256)],
+                         [1, 1, 1, 1, 4, 6, 8, 8, 8, 8])
+        self.assertEqual(options.with_workers_resolved(NSQDOptions(), cpus=16).workers, 8)
+        self.assertEqual(options.with_workers_resolved(NSQDOptions(), cpus=2).workers, 1)
+        given = NSQDOptions(workers=3)
+        self.assertIs(options.with_workers_resolved(given, cpus=16), given)
+        if hasattr(os, "sched_getaffinity"):
+            self.assertEqual(options.usable_cpus(), len(os.sched_getaffinity(0)))
 
     def test_busy_poll_flag(self) -> None:
         """--busy-poll is a Go duration from 0 (off) to 10ms, TOML key busy_poll."""
