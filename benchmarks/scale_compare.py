@@ -5,7 +5,9 @@ Usage: python benchmarks/scale_compare.py TOPICS CHANNELS CLIENTS PATH/TO/GO/nsq
 Both daemons start fresh on loopback with default flags and the file limit
 raised to the hard limit (each daemon holds one socket per client); the
 same scale run (nsqtw/tools/scale.py) is made against each, Go first.
-docs/performance.md's scale summary comes from here.
+docs/performance.md's scale summary comes from here. ``NSQTW_FLAGS`` adds
+flags to nsqtw's (``NSQTW_FLAGS=--workers=2``: the node on three
+processes; threads, files and RSS are then the core's alone).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main() -> None:
     results: dict[str, ScaleResult] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in (("Go nsqd v1.3.0", [go]),
-                          ("nsqtw", nsqtw_command())):
+                          ("nsqtw", nsqtw_command() + os.environ.get("NSQTW_FLAGS", "").split())):
             data = os.path.join(tmp, name.split()[0])
             os.makedirs(data)
             proc, tcp, http = start(cmd + [f"--data-path={data}", "--tcp-address=127.0.0.1:0",
