@@ -189,9 +189,13 @@ def checkout_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("checkout_on_path")
-def test_a_durable_cluster_under_chaos_loses_nothing_acknowledged(tmp_path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_durable_cluster_under_chaos_loses_nothing_acknowledged(tmp_path, workers: int) -> None:
+    """Nodes of one process each, and nodes of a core and two workers (the shape --workers=0 gives
+    from 8 CPUs): a kill -9 or SIGSTOP reaches the core, whose workers die or wait with it."""
     lookupd = [Daemon.python, "-c", TWISTD, "--pidfile=", "-n", "nsqtw-lookupd"]
-    outcome = run_chaos("nsqtw", nsqtw_command(), lookupd, ["--durable-delivery"], nodes=3, duration=35.0,
+    outcome = run_chaos("nsqtw", nsqtw_command(), lookupd, ["--durable-delivery", f"--workers={workers}"],
+                        nodes=3, duration=35.0,
                         every=3.0, seed=11, publishers=3, rate=300.0, batch=2, disk_mb=32,
                         drain_timeout=90.0, keep=str(tmp_path))
     report = render([outcome])
