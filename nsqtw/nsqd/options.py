@@ -548,11 +548,12 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def with_workers_resolved(opts: NSQDOptions, cpus: int | None = None) -> NSQDOptions:
-    """``opts`` with ``--workers=0`` replaced by the count :func:`auto_workers` chooses."""
+def with_workers_resolved(opts: NSQDOptions, cpus: int) -> NSQDOptions:
+    """``opts`` with ``--workers=0`` replaced by the count :func:`auto_workers` chooses for ``cpus``
+    (:func:`usable_cpus`, which the service reads once and logs)."""
     if opts.workers != AUTO_WORKERS:
         return opts
-    return replace(opts, workers=auto_workers(usable_cpus() if cpus is None else cpus))
+    return replace(opts, workers=auto_workers(cpus))
 
 #: flags nsqtw adds to nsqd's
 NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
