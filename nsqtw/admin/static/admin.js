@@ -322,11 +322,47 @@
     return (channels || []).reduce((sum, c) => sum + (c.depth || 0), 0);
   }
 
+  // nsqadmin's API answers "failed to query any nsqd: " when no node produces the topic. Over nsqlookupd
+  // that means the lookupds know the topic (one they do not know is TOPIC_NOT_FOUND) and list no producer
+  // for it: it was created on nsqlookupd only, or every node that has it is tombstoned for it. The topics
+  // list and the node page link such a topic, so its page says that instead of a 404.
+  function withoutProducers(e) {
+    return Boolean(S.nsqlookupd && S.nsqlookupd.length) && /failed to query any nsqd: $/.test(e.message);
+  }
+
+  async function noProducersView(main, topic, channel) {
+    const [inactive, nodes] = await Promise.all([
+      api("/api/topics?inactive=true").catch(() => ({topics: {}})), api("/api/nodes").catch(() => ({nodes: []}))]);
+    const channels = (inactive.topics || {})[topic] || [];
+    const tombstoned = (nodes.nodes || []).filter((n) => (n.topics || []).some((t) => t.topic === topic && t.tombstoned))
+      .map(nodeAddress);
+    document.title = `${channel ? `${topic}/${channel}` : topic} - nsqtw-admin`;
+    main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ` +
+      (channel ? `${link(`/topics/${enc(topic)}`, topic)} / ${esc(channel)}</nav>` +
+                 `<h1>Channel <span id="channel-name">${esc(channel)}</span></h1>` :
+                 `${esc(topic)}</nav><h1>Topic <span id="topic-name">${esc(topic)}</span></h1>`) +
+      `<div id="flash" class="alert" hidden></div>` +
+      (channel ? "" : actions([{id: "delete", label: "Delete topic", danger: true}])) +
+      `<div class="alert notice" id="no-producers">No node produces topic ${esc(topic)} by nsqlookupd's account: ` +
+      `it was created on nsqlookupd only, or every node that has it is tombstoned for it ` +
+      `(see ${link("/lookup", "Lookup")}).</div>` +
+      (tombstoned.length ? `<p id="tombstoned-on">Tombstoned on nsqlookupd for ` +
+        tombstoned.map((n) => link(`/nodes/${enc(n)}`, n)).join(", ") + `.</p>` : "") +
+      (channel ? "" : `<h2>Channels nsqlookupd knows</h2><table id="channels"><thead><tr><th>Channel</th></tr></thead>` +
+        `<tbody>${channels.map((c) => `<tr data-channel="${esc(c)}"><td>${esc(c)}</td></tr>`).join("") ||
+          '<tr><td class="empty">none</td></tr>'}</tbody></table>`);
+    bindActions(main, {
+      delete: () => act(`Delete topic ${topic} from every nsqlookupd?`, "DELETE", `/api/topics/${enc(topic)}`, null,
+                        "/topics"),
+    });
+  }
+
   async function topicView(main, topic) {
     let data;
     try {
       data = await api(`/api/topics/${enc(topic)}`);
     } catch (e) {
+      if (withoutProducers(e)) { await noProducersView(main, topic, ""); return; }
       if (/TOPIC_NOT_FOUND|failed to query any nsqd: $/.test(e.message)) {
         main.innerHTML = notFound(`Topic ${topic}`);
         return;
@@ -396,6 +432,7 @@
     try {
       data = await api(`/api/topics/${enc(topic)}/${enc(channel)}`);
     } catch (e) {
+      if (withoutProducers(e)) { await noProducersView(main, topic, channel); return; }
       if (/TOPIC_NOT_FOUND|failed to query any nsqd: $/.test(e.message)) {
         main.innerHTML = notFound(`Topic ${topic}`);
         return;
