@@ -16,8 +16,17 @@
       "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
   }
   function num(n) { return (n || 0).toLocaleString("en-US"); }
-  function url(path) { return BASE + path; }
+  // a path under --base-path; the front page is the base path itself, as nsqadmin routes it (no "/" after)
+  function url(path) { return BASE && path === "/" ? BASE : BASE + path; }
+  // one path segment (a topic, channel or node name): "#" in "tmp#ephemeral", ":" and "[" in "[::1]:4151"
+  // are encoded here and decoded by route(), so every link opens the page of the name it shows
   function enc(s) { return encodeURIComponent(s); }
+  // a node's HTTP address as the API names it: "host:port", an IPv6 address bracketed ("[::1]:4151")
+  function hostPort(address, port) {
+    const host = String(address || "");
+    return `${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
+  }
+  function nodeAddress(n) { return hostPort(n.broadcast_address, n.http_port); }
   function duration(ns) {
     // as Go prints a duration cut to whole seconds: 41s, 2m41s, 26h3m4s
     let s = Math.max(0, Math.floor((ns || 0) / 1e9));
@@ -313,11 +322,47 @@
     return (channels || []).reduce((sum, c) => sum + (c.depth || 0), 0);
   }
 
+  // nsqadmin's API answers "failed to query any nsqd: " when no node produces the topic. Over nsqlookupd
+  // that means the lookupds know the topic (one they do not know is TOPIC_NOT_FOUND) and list no producer
+  // for it: it was created on nsqlookupd only, or every node that has it is tombstoned for it. The topics
+  // list and the node page link such a topic, so its page says that instead of a 404.
+  function withoutProducers(e) {
+    return Boolean(S.nsqlookupd && S.nsqlookupd.length) && /failed to query any nsqd: $/.test(e.message);
+  }
+
+  async function noProducersView(main, topic, channel) {
+    const [inactive, nodes] = await Promise.all([
+      api("/api/topics?inactive=true").catch(() => ({topics: {}})), api("/api/nodes").catch(() => ({nodes: []}))]);
+    const channels = (inactive.topics || {})[topic] || [];
+    const tombstoned = (nodes.nodes || []).filter((n) => (n.topics || []).some((t) => t.topic === topic && t.tombstoned))
+      .map(nodeAddress);
+    document.title = `${channel ? `${topic}/${channel}` : topic} - nsqtw-admin`;
+    main.innerHTML = `<nav class="crumbs">${link("/topics", "Topics")} / ` +
+      (channel ? `${link(`/topics/${enc(topic)}`, topic)} / ${esc(channel)}</nav>` +
+                 `<h1>Channel <span id="channel-name">${esc(channel)}</span></h1>` :
+                 `${esc(topic)}</nav><h1>Topic <span id="topic-name">${esc(topic)}</span></h1>`) +
+      `<div id="flash" class="alert" hidden></div>` +
+      (channel ? "" : actions([{id: "delete", label: "Delete topic", danger: true}])) +
+      `<div class="alert notice" id="no-producers">No node produces topic ${esc(topic)} by nsqlookupd's account: ` +
+      `it was created on nsqlookupd only, or every node that has it is tombstoned for it ` +
+      `(see ${link("/lookup", "Lookup")}).</div>` +
+      (tombstoned.length ? `<p id="tombstoned-on">Tombstoned on nsqlookupd for ` +
+        tombstoned.map((n) => link(`/nodes/${enc(n)}`, n)).join(", ") + `.</p>` : "") +
+      (channel ? "" : `<h2>Channels nsqlookupd knows</h2><table id="channels"><thead><tr><th>Channel</th></tr></thead>` +
+        `<tbody>${channels.map((c) => `<tr data-channel="${esc(c)}"><td>${esc(c)}</td></tr>`).join("") ||
+          '<tr><td class="empty">none</td></tr>'}</tbody></table>`);
+    bindActions(main, {
+      delete: () => act(`Delete topic ${topic} from every nsqlookupd?`, "DELETE", `/api/topics/${enc(topic)}`, null,
+                        "/topics"),
+    });
+  }
+
   async function topicView(main, topic) {
     let data;
     try {
       data = await api(`/api/topics/${enc(topic)}`);
     } catch (e) {
+      if (withoutProducers(e)) { await noProducersView(main, topic, ""); return; }
       if (/TOPIC_NOT_FOUND|failed to query any nsqd: $/.test(e.message)) {
         main.innerHTML = notFound(`Topic ${topic}`);
         return;
@@ -387,6 +432,7 @@
     try {
       data = await api(`/api/topics/${enc(topic)}/${enc(channel)}`);
     } catch (e) {
+      if (withoutProducers(e)) { await noProducersView(main, topic, channel); return; }
       if (/TOPIC_NOT_FOUND|failed to query any nsqd: $/.test(e.message)) {
         main.innerHTML = notFound(`Topic ${topic}`);
         return;
@@ -443,7 +489,7 @@
     document.title = "Nodes - nsqtw-admin";
     const lookupds = (S.nsqlookupd || []).length;
     const rows = (data.nodes || []).map((n) => {
-      const http = `${n.broadcast_address}:${n.http_port}`;
+      const http = nodeAddress(n);
       const topics = (n.topics || []).map((t) => topicName(t.topic, t.tombstoned)).join(" ");
       const conns = n.remote_addresses || [];
       return `<tr data-node="${esc(http)}"><td data-field="hostname">${link(`/nodes/${enc(http)}`, n.hostname)}</td>` +
@@ -472,7 +518,7 @@
       throw e;
     }
     document.title = `${node} - nsqtw-admin`;
-    const me = (producers.nodes || []).find((n) => `${n.broadcast_address}:${n.http_port}` === node) || {};
+    const me = (producers.nodes || []).find((n) => nodeAddress(n) === node) || {};
     const tombstoned = new Set((me.topics || []).filter((t) => t.tombstoned).map((t) => t.topic));
     const tombstones = S.is_admin && S.nsqlookupd && S.nsqlookupd.length;
     const rows = (data.topics || []).map((t) => {
@@ -514,8 +560,7 @@
     const [nodes, inactive] = await Promise.all([api("/api/nodes"), api("/api/topics?inactive=true")]);
     const producers = {};
     (nodes.nodes || []).forEach((n) => (n.topics || []).forEach((t) => {
-      (producers[t.topic] = producers[t.topic] || []).push({node: `${n.broadcast_address}:${n.http_port}`,
-                                                             tombstoned: t.tombstoned});
+      (producers[t.topic] = producers[t.topic] || []).push({node: nodeAddress(n), tombstoned: t.tombstoned});
     }));
     const rows = Object.keys(producers).sort().map((t) =>
       `<tr data-topic="${esc(t)}"><td>${link(`/topics/${enc(t)}`, t)}</td><td>` +
@@ -569,10 +614,18 @@
 
   // --- routing -----------------------------------------------------------------------------------
 
+  // the view for the address bar's path: each segment decoded on its own (decodeURIComponent), after the
+  // base path's segments, so "/nodes/%5B%3A%3A1%5D%3A4151" is node "[::1]:4151"
   function route() {
-    let path = decodeURI(location.pathname);
-    if (BASE && path.startsWith(BASE)) { path = path.slice(BASE.length); }
-    const parts = path.split("/").filter((p) => p !== "");
+    let parts;
+    try {
+      parts = location.pathname.split("/").filter((p) => p !== "").map(decodeURIComponent);
+    } catch (e) {  // a malformed escape ("/topics/%E0%A4"): no page of ours
+      return ["", async (main) => { main.innerHTML = notFound(`Page ${location.pathname}`); }, []];
+    }
+    const base = BASE.split("/").filter((p) => p !== "");
+    if (base.every((b, i) => parts[i] === b)) { parts = parts.slice(base.length); }
+    const path = "/" + parts.join("/");
     if (parts.length === 0 || (parts[0] === "topics" && parts.length === 1)) { return ["topics", topicsView, []]; }
     if (parts[0] === "topics" && parts.length === 2) { return ["topics", topicView, [parts[1]]]; }
     if (parts[0] === "topics" && parts.length === 3) { return ["topics", channelView, [parts[1], parts[2]]]; }
