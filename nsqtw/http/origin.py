@@ -8,7 +8,7 @@ neither. nsqd uses :func:`browser_refusal`; nsqadmin, which serves pages of
 its own, also asks :meth:`ServedHosts.serves` of the ``Host`` a request
 names, so that a page whose name was rebound to the admin's address (DNS
 rebinding: its requests are same-origin, with a matching ``Origin``) is
-refused too. Nothing here is imported by Twisted or Klein.
+refused too. It imports neither Twisted nor Klein.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def host_name(host: str) -> str | None:
             name = port
         elif ":" in name or not port.isdigit():
             return None  # IPv6 without brackets, or no port after the colon
-    name = name.rstrip(".") if name != "." else ""
+    name = name.rstrip(".")
     if not name or any(c in name for c in " /\\@?#,"):
         return None
     return name
