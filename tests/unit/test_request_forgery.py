@@ -14,7 +14,8 @@ else 403 ``HOST_NOT_ALLOWED``. Socket-free: StubTreq and a StringTransport.
 from __future__ import annotations
 
 import json
-import os
+import shutil
+import tempfile
 from typing import Any
 
 from treq.testing import StubTreq
@@ -159,8 +160,9 @@ class NSQDTests(SynchronousTestCase):
         """With --tls-required, plain HTTP is TLS_REQUIRED for everyone, pages included, as before."""
         from tests.certs import make_certs
 
-        folder = self.mktemp()
-        os.makedirs(folder)
+        # tempfile rather than mktemp(): mktemp leaves directories behind under pytest
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
         certs = make_certs(folder)
         node = Client(self, tls_cert=certs.server_cert, tls_key=certs.server_key, tls_required=1)
         r = node("POST", "/pub?topic=t", b"m", EVIL)
