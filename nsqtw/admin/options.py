@@ -3,7 +3,8 @@
 Every flag of Go nsqadmin v1.3.0 with its name, default and unit (the
 parsing, ``--config`` merge and ``--help`` come from
 :class:`nsqtw._go.flags.FlagSet`), plus nsqtw's flags for the in-memory
-history the pages chart and for the origins allowed to send actions. The start-up checks and their wording are
+history the pages chart, for the origins allowed to send actions and the hosts
+they may be sent to. The start-up checks and their wording are
 nsqadmin's ``New()``.
 """
 
@@ -21,6 +22,7 @@ from nsqtw._go.flags import (
     OptionsError,
     make_flag,
 )
+from nsqtw.http.origin import ServedHosts, is_origin, origin_of
 
 __all__ = ["ADMIN_FLAGS", "FLAGS", "AdminOptions", "AdminTwistdOptions", "defaults", "origin_of",
            "parse_args"]
@@ -61,6 +63,8 @@ class AdminOptions:
     history_window: float = 900.0
     # nsqtw only: pages of other origins allowed to send actions from a browser
     allow_origin: tuple[str, ...] = ()
+    # nsqtw only: names besides its own the admin takes state-changing requests for
+    allow_host: tuple[str, ...] = ()
 
 
 def defaults(hostname: str | None = None) -> AdminOptions:
@@ -99,24 +103,13 @@ def _validate(opts: AdminOptions) -> None:
     if opts.history_interval < 0 or opts.history_window < 0:
         raise OptionsError("--history-interval and --history-window must not be negative")
     for origin in opts.allow_origin:
-        rest = urlsplit(origin.strip())
-        if not origin_of(origin) or rest.path not in ("", "/") or rest.query or rest.username:
+        if not is_origin(origin):
             raise OptionsError(f"--allow-origin must be an origin, as scheme://host[:port] ({origin})")
-
-
-def origin_of(url: str) -> str:
-    """A URL's origin as browsers write it in ``Origin``: scheme://host[:port], lower case, no default port."""
-    try:
-        parts = urlsplit(url.strip().lower())
-        port = parts.port
-    except ValueError:
-        return ""
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return ""
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    if port is not None and port != {"http": 80, "https": 443}[parts.scheme]:
-        host = f"{host}:{port}"
-    return f"{parts.scheme}://{host}"
+    for host in opts.allow_host:
+        try:
+            ServedHosts([host])
+        except ValueError:
+            raise OptionsError(f"--allow-host must be a host name, .domain or * ({host})") from None
 
 
 _BASE = AdminOptions()
@@ -196,6 +189,11 @@ FLAGS = (
               "nsqtw: an origin (scheme://host[:port]) whose pages may send actions besides the"
               " admin's own, such as the address of a proxy in front that rewrites Host.",
               ACTIVE, toml_key="allow_origins", base=_BASE),
+    make_flag("allow-host", "strings",
+              "nsqtw: a name (admin.example, .example for every name under it, * for any) the admin"
+              " takes actions for besides its addresses, localhost and its hostname: the Host"
+              " browsers reach it by through DNS or a proxy that keeps Host.",
+              ACTIVE, toml_key="allow_hosts", base=_BASE),
 )
 
 ADMIN_FLAGS = FlagSet("nsqadmin", FLAGS, defaults, _validate)

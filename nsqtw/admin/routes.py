@@ -1,5 +1,6 @@
 """nsqadmin's HTTP routing and what every handler shares: the route table, httprouter's matching,
-the checks a request passes before Klein sees it (the path, the method, a cross-site request), and
+the checks a request passes before Klein sees it (the path, the method, the host and origin of one
+that changes state), and
 :class:`AdminBase`, the state and helpers the pages, queries and actions use.
 
 Every route lives under ``--base-path``. :class:`_AdminRoot` answers httprouter's 404s, 405s and
@@ -30,8 +31,10 @@ from nsqtw._go.path import clean_path
 from nsqtw.admin.client import AdminHTTPClient
 from nsqtw.admin.cluster import ClusterInfo, Errors, QueryFailed
 from nsqtw.admin.history import History
-from nsqtw.admin.options import AdminOptions, normalize_base_path, origin_of
+from nsqtw.admin.options import AdminOptions, normalize_base_path
 from nsqtw.http.base import JSON, APIError, GoHTTPAPI
+from nsqtw.http.origin import CROSS_ORIGIN, HOST_NOT_ALLOWED, ServedHosts, host_name, origin_of
+from nsqtw.net.listen import split_host_port
 
 #: every route nsqadmin v1.3.0 answers, relative to --base-path, with its methods
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -100,10 +103,14 @@ _OWN_SITE = frozenset({"same-origin", "none"})
 
 
 def cross_site_refusal(method: str, api_route: bool, headers: dict[str, str],
-                       allowed_origins: frozenset[str]) -> APIError | None:
+                       allowed_origins: frozenset[str], served: ServedHosts | None = None) -> APIError | None:
     """nsqtw: why a request that changes state looks sent by another site's page, or None.
 
-    A browser tells where a request comes from: ``Sec-Fetch-Site`` where it
+    First its ``Host`` must be one the admin serves (``served``, see
+    :func:`served_hosts`; 403 ``HOST_NOT_ALLOWED``): a page whose name an
+    attacker rebound to the admin's address (DNS rebinding) sends requests
+    that are same-origin by every other measure, naming the attacker's
+    host. Then a browser tells where a request comes from: ``Sec-Fetch-Site`` where it
     sends it (HTTPS and loopback), ``Origin`` otherwise; either naming another
     origin than the admin's (``Host``) or an ``--allow-origin`` is refused
     (403 ``CROSS_ORIGIN_REQUEST``). An API action must also be one a page of
@@ -115,23 +122,50 @@ def cross_site_refusal(method: str, api_route: bool, headers: dict[str, str],
     """
     if method in _SAFE_METHODS:
         return None
+    if served is not None and not served.serves(headers.get("host")):
+        return APIError(403, HOST_NOT_ALLOWED)
     origin = headers.get("origin")
     seen = origin_of(origin) if origin is not None else ""
     if origin is None or seen not in allowed_origins:
         site = headers.get("sec-fetch-site")
         if site is not None:
             if site.strip().lower() not in _OWN_SITE:
-                return APIError(403, "CROSS_ORIGIN_REQUEST")
+                return APIError(403, CROSS_ORIGIN)
         elif origin is not None:
             # the admin's own origin, as far as the Host header tells it (``Origin: null``: never)
             scheme = seen.partition("://")[0]
             if not seen or origin_of(f"{scheme}://{headers.get('host', '')}") != seen:
-                return APIError(403, "CROSS_ORIGIN_REQUEST")
+                return APIError(403, CROSS_ORIGIN)
     if api_route:
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
         if media_type != "application/json" and "x-requested-with" not in headers:
             return APIError(415, "JSON_CONTENT_TYPE_REQUIRED")
     return None
+
+
+def served_hosts(options: AdminOptions, hostname: str) -> ServedHosts:
+    """The hosts the admin takes state-changing requests for: ``--allow-host``, its hostname and listen name.
+
+    Any IP address and ``localhost`` are served whatever is listened on
+    (:class:`~nsqtw.http.origin.ServedHosts`), so on ``0.0.0.0`` or ``::``
+    every address of the machine is; the machine's hostname is added, and
+    the ``--http-address`` host when it is a name. Other names the admin is
+    reached by (a DNS alias, the fully qualified name, a proxy that keeps
+    ``Host``) are given with ``--allow-host``.
+    """
+    names = list(options.allow_host)
+    try:
+        listen_host = split_host_port(options.http_address)[0]
+    except ValueError:
+        listen_host = ""
+    for name in (hostname, listen_host):
+        if name and ":" not in name:  # an IPv6 address is served anyway
+            try:
+                ServedHosts([name])
+            except ValueError:
+                continue  # a hostname no browser could send as Host
+            names.append(name)
+    return ServedHosts(names)
 
 
 def go_decode_error(body: bytes, e: ValueError) -> str:
@@ -228,6 +262,7 @@ class AdminBase(GoHTTPAPI):
         self._cidr = (ipaddress.ip_network(options.allow_config_from_cidr, strict=False)
                       if options.allow_config_from_cidr else None)
         self.allowed_origins = frozenset(origin_of(o) for o in options.allow_origin)
+        self.served_hosts = served_hosts(options, self.hostname)
         self._api_prefix = self._full("/api") + "/"
 
     def _full(self, route: str) -> str:
@@ -285,8 +320,13 @@ class AdminBase(GoHTTPAPI):
         headers = {k.decode("latin-1").lower(): b", ".join(v).decode("latin-1")
                    for k, v in request.requestHeaders.getAllRawHeaders()}
         refusal = cross_site_refusal(method, path.startswith(self._api_prefix), headers,
-                                     self.allowed_origins)
-        if refusal is not None:
+                                     self.allowed_origins, self.served_hosts)
+        if refusal is not None and refusal.text == HOST_NOT_ALLOWED:
+            self.log.warn("refused {method} {path}: Host {host} is not a name this admin serves (its"
+                          " addresses, localhost, {hostname}, --allow-host); if it is, add"
+                          " --allow-host={name}", method=method, path=path, host=headers.get("host"),
+                          hostname=self.hostname, name=host_name(headers.get("host", "")) or "NAME")
+        elif refusal is not None:
             self.log.warn("refused {method} {path} as cross-site ({reason}): Origin {origin},"
                           " Sec-Fetch-Site {site}, Content-Type {ctype}", method=method, path=path,
                           reason=refusal.text, origin=headers.get("origin", "-"),

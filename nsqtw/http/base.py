@@ -38,6 +38,7 @@ from nsqtw._go.json import go_json
 from nsqtw._go.path import clean_path
 from nsqtw._go.query import parse_query
 from nsqtw.http.channel import DIRECT_PER_TURN, DISCARD_LIMIT, MAX_HEADER_BYTES, RST_AVOIDANCE_DELAY, GoHTTPChannel
+from nsqtw.http.origin import CROSS_ORIGIN, UNCHECKED_METHODS, browser_refusal
 from nsqtw.interfaces import IHTTPAPI
 from nsqtw.log import Logger
 
@@ -179,7 +180,7 @@ def route(path: str, methods: tuple[str, ...]) -> Callable[[_Handler], _Handler]
 
 
 class _Root(Resource):
-    """Checks nsqd's TLS requirement and unroutable paths, then hands over to Klein."""
+    """Checks nsqd's TLS requirement, requests a browser sent from a web page, unroutable paths; then Klein."""
 
     isLeaf = True
 
@@ -196,7 +197,18 @@ class _Root(Resource):
             body = (f'{{"message": "TLS_REQUIRED", "https_port": {api.https_port()}}}').encode()
             request.setHeader(b"X-NSQ-Content-Type", b"nsq; version=1.0")
             return api._write(request, 403, body, JSON)
-        if request.method == b"GET":
+        method = request.method
+        if method not in UNCHECKED_METHODS and api.browser_origins is not None:
+            # every request that may change state, routed or not: two lookups for one without
+            # Origin or Sec-Fetch-Site (curl, every NSQ client), the rest only from browsers
+            headers = request.requestHeaders
+            origin = headers.getRawHeaders(b"origin")
+            site = headers.getRawHeaders(b"sec-fetch-site")
+            if origin is not None or site is not None:
+                refused = api._refuse_browser(request, origin, site)
+                if refused is not None:
+                    return refused
+        if method == b"GET":
             # a direct route's path is clean and has no escapes: the checks below pass it
             direct = api.direct_routes.get(request.path)
             if direct is not None:
@@ -235,6 +247,9 @@ class GoHTTPAPI:
     log = Logger()
     tls_enabled = False
     tls_required = False
+    #: nsqtw: the origins whose pages may send requests that change state (nsqd's
+    #: ``--http-allow-origin``); None: no such check (nsqlookupd)
+    browser_origins: frozenset[str] | None = None
 
     def https_port(self) -> int:
         """The HTTPS port a ``TLS_REQUIRED`` answer points to (only nsqd can require TLS)."""
@@ -366,6 +381,20 @@ class GoHTTPAPI:
             return self._answer(request, APIError(500, "INTERNAL_ERROR"))
         self._log_request(request, 200)
         return self._write(request, 200, body, content_type.encode("latin-1"))
+
+    def _refuse_browser(self, request: Any, origin: list[bytes] | None, site: list[bytes] | None) -> bytes | None:
+        """403 ``CROSS_ORIGIN_REQUEST`` for a state-changing request from a page not allowed, logged; else None."""
+        assert self.browser_origins is not None
+        origin_value = b", ".join(origin) if origin is not None else None
+        site_value = b", ".join(site) if site is not None else None
+        reason = browser_refusal(origin_value, site_value, self.browser_origins)
+        if reason is None:
+            return None
+        self.log.warn("refused {method} {uri} from a web page ({reason}): Origin {origin}, Sec-Fetch-Site {site};"  # noqa: G010 - twisted Logger
+                      " --http-allow-origin names the origins allowed", method=request.method.decode("latin-1"),
+                      uri=request.uri.decode("latin-1"), reason=reason,
+                      origin=(origin_value or b"-").decode("latin-1"), site=(site_value or b"-").decode("latin-1"))
+        return self._answer(request, APIError(403, CROSS_ORIGIN), logged=False)
 
     # -- unrouted: redirects, 405, 404 (httprouter's rules) -------------------
 

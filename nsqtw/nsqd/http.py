@@ -28,6 +28,7 @@ from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, route, sniff
 from nsqtw.http.metrics import MetricsPage
+from nsqtw.http.origin import origin_of
 from nsqtw.log import LEVELS
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.observe.metrics import NSQDMetrics
@@ -100,6 +101,8 @@ class HTTPAPI(GoHTTPAPI):
         self.metrics_page = metrics
         options = nsqd.options
         self.tls_required = getattr(options, "tls_required", 0) == TLS_REQUIRED
+        # nsqtw: requests that change state are refused from web pages of other origins
+        self.browser_origins = frozenset(origin_of(o) for o in getattr(options, "http_allow_origin", ()))
 
     def https_port(self) -> int:
         return int(self.nsqd.https_port)

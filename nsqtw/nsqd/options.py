@@ -35,6 +35,7 @@ from nsqtw._go.flags import (
 )
 from nsqtw._go.strconv import quote as _quote
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN
+from nsqtw.http.origin import is_origin
 from nsqtw.net.busypoll import DEFAULT_LIMIT as DEFAULT_BUSY_POLL
 
 __all__ = [
@@ -147,6 +148,7 @@ class NSQDOptions:
     metrics_per_client: bool = False
     busy_poll: float = DEFAULT_BUSY_POLL
     workers: int = 0  # AUTO_WORKERS: chosen from the CPUs (auto_workers)
+    http_allow_origin: tuple[str, ...] = ()
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -514,6 +516,16 @@ FLAGS: tuple[Flag, ...] = (
         " at most 10ms (see docs/performance.md).",
         _A,
     ),
+    _flag(
+        "http-allow-origin",
+        "strings",
+        "nsqtw only: an origin (scheme://host[:port]) whose web pages may publish and change"
+        " topics and channels over HTTP(S); every other request a browser marks as sent by a page"
+        " (Origin, Sec-Fetch-Site) that would change state is refused with 403. Requests without"
+        " those headers (curl, NSQ clients and tools) are not affected (see docs/http-api.md).",
+        _A,
+        toml_key="http_allow_origins",
+    ),
 )
 
 #: the longest ``--busy-poll`` accepted: a spin is CPU spent for latency, worth it only when short
@@ -557,7 +569,7 @@ def with_workers_resolved(opts: NSQDOptions, cpus: int) -> NSQDOptions:
 
 #: flags nsqtw adds to nsqd's
 NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
-                         "busy-poll", "workers"})
+                         "busy-poll", "workers", "http-allow-origin"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -574,6 +586,9 @@ def _validate(opts: NSQDOptions) -> None:
         raise OptionsError(f"--disk-threads must be in [1,256], got {opts.disk_threads}")
     if not 0 <= opts.workers <= MAX_WORKERS:
         raise OptionsError(f"--workers must be in [0,{MAX_WORKERS}] (0: chosen from the CPUs), got {opts.workers}")
+    for origin in opts.http_allow_origin:
+        if not is_origin(origin):
+            raise OptionsError(f"--http-allow-origin must be an origin, as scheme://host[:port], got {_quote(origin)}")
     if not 0 <= opts.busy_poll <= MAX_BUSY_POLL:
         raise OptionsError(f"--busy-poll must be in [0,10ms], got {format_duration(opts.busy_poll)}")
     if opts.max_unwritten_bytes < opts.max_msg_size:

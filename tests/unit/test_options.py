@@ -125,8 +125,10 @@ class DefaultsTests(SynchronousTestCase):
         names = {f.name for f in dataclasses.fields(NSQDOptions)}
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
-                          "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers"})
+                          "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers",
+                          "http_allow_origin"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertEqual(NSQDOptions().http_allow_origin, ())  # docs/http-api.md, "Requests from web pages"
         self.assertEqual(NSQDOptions().workers, 0)  # chosen from the CPUs (docs/configuration.md)
         self.assertEqual(NSQDOptions().busy_poll, 200e-6)  # docs/performance.md, "Busy polling"
         self.assertIs(NSQDOptions().metrics_per_client, False)
@@ -171,7 +173,8 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(set(names), GO_FLAG_NAMES)
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
         self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
-                                               "metrics-per-client", "busy-poll", "workers"})
+                                               "metrics-per-client", "busy-poll", "workers",
+                                               "http-allow-origin"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -239,6 +242,17 @@ class FlagTableTests(SynchronousTestCase):
             with self.assertRaises(OptionsError, msg=bad) as cm:
                 parse_args([f"--busy-poll={bad}"])
             self.assertIn("--busy-poll", str(cm.exception))
+
+    def test_http_allow_origin_flag(self) -> None:
+        """--http-allow-origin is repeatable, takes origins only (scheme://host[:port]), TOML key http_allow_origins."""
+        opts = parse_args(["--http-allow-origin=https://dash.example", "--http-allow-origin", "http://127.0.0.1:8080/"])
+        self.assertEqual(opts.http_allow_origin, ("https://dash.example", "http://127.0.0.1:8080/"))
+        self.assertEqual(FLAGS_BY_NAME["http-allow-origin"].toml_key, "http_allow_origins")
+        for bad in ("dash.example", "ftp://x", "https://dash.example/app", "https://u@dash.example", "null",
+                    "http://x?y", "*"):
+            with self.assertRaises(OptionsError, msg=bad) as cm:
+                parse_args([f"--http-allow-origin={bad}"])
+            self.assertIn("--http-allow-origin must be an origin", str(cm.exception))
 
     def test_durable_delivery_flag(self) -> None:
         """--durable-delivery is a bool flag (bare means true) with TOML key durable_delivery."""
@@ -524,6 +538,12 @@ class ConfigFileTests(SynchronousTestCase):
     def test_durable_delivery_key(self) -> None:
         """The config file turns on --durable-delivery with durable_delivery = true."""
         self.assertIs(parse_args(["--config", self.write("durable_delivery = true\n")]).durable_delivery, True)
+
+    def test_http_allow_origins_key(self) -> None:
+        """The config file lists the origins nsqd's HTTP API takes pages' requests from."""
+        path = self.write('http_allow_origins = ["https://dash.example", "http://[::1]:8080"]\n')
+        self.assertEqual(parse_args(["--config", path]).http_allow_origin,
+                         ("https://dash.example", "http://[::1]:8080"))
 
     def test_order_does_not_matter(self) -> None:
         """A flag before --config still beats the file."""
