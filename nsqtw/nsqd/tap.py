@@ -35,13 +35,10 @@ def makeService(config: Options) -> IService:
     try:
         service = NSQDService(config.nsqd)
     except TLSConfigError as e:
-        # nsqd: "failed to instantiate nsqd - failed to build TLS config - ..."
-        raise SystemExit(f"nsqtw: failed to build TLS config - {e}") from None
+        raise SystemExit(f"FATAL: failed to instantiate nsqd - failed to build TLS config - {e}") from None
     try:
         # before the reactor runs, as nsqd's New() does: a missing or busy data path exits 1 at once
         service.lock.acquire()
     except InstantiateError as e:
         raise SystemExit(f"FATAL: failed to instantiate nsqd - {e}") from None
-    except RuntimeError as e:
-        raise SystemExit(f"FATAL: failed to start - {e}") from None
     return cast(IService, service)
