@@ -17,6 +17,7 @@ from typing import cast
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
+from nsqtw.net.launch import report_to_launcher
 from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
@@ -41,4 +42,6 @@ def makeService(config: Options) -> IService:
         service.lock.acquire()
     except InstantiateError as e:
         raise SystemExit(f"FATAL: failed to instantiate nsqd - {e}") from None
+    # last: without -n, the process that was started waits here for the daemon's word
+    report_to_launcher(getattr(config, "parent", None), "nsqd")
     return cast(IService, service)
