@@ -35,7 +35,7 @@ from typing import Any
 
 from nsqtw import log
 
-__all__ = ["failed", "report_to_launcher", "started", "wait_for_word"]
+__all__ = ["failed", "refuse_running_pid_file", "report_to_launcher", "started", "wait_for_word"]
 
 #: the daemon's words to the process that started it, one line each
 READY = b"READY"
@@ -77,6 +77,28 @@ def report_to_launcher(twistd_options: Mapping[str, Any] | None, program: str) -
     if text:
         _write_all(2, text)
     os._exit(status)
+
+
+def refuse_running_pid_file(twistd_options: Mapping[str, Any] | None) -> None:
+    """twistd's check of ``--pidfile``, said in one FATAL line: a process it names is running.
+
+    twistd refuses it too, a moment later, in five lines ("Another twistd
+    server is running, PID N", a blank line and three of advice). A stale
+    pid file (its process gone), one that holds no number or a process
+    nsqtw may not signal are left to twistd, which removes the first and
+    says one line about the others.
+    """
+    pidfile = (twistd_options or {}).get("pidfile")
+    if not pidfile:
+        return
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return
+    raise SystemExit(f"FATAL: another twistd server is running, PID {pid} (pid file {os.path.abspath(pidfile)})"
+                     " - start this one in another directory, or give it its own --pidfile=FILE")
 
 
 def log_location(twistd_options: Mapping[str, Any]) -> str:

@@ -337,6 +337,25 @@ def test_missing_data_path_is_one_fatal_line(mode, tmp_path) -> None:
     assert not (tmp_path / "twistd.pid").exists()
 
 
+def test_a_running_pid_file_is_one_fatal_line(tmp_path) -> None:
+    """A second start whose pid file names a running daemon (twistd's default, twistd.pid in the
+    folder it starts in) is refused with one FATAL line and status 1, with -n or without it, where
+    twistd's own refusal is five lines; the running daemon is left alone."""
+    args = program_args("nsqlookupd", "HTTP", "127.0.0.1:0", tmp_path)
+    try:
+        assert launch("nsqtw-lookupd", "daemon", args, tmp_path, env_with()).returncode == 0
+        pid = int((tmp_path / "twistd.pid").read_text())
+        for command in (["-n"], []):  # the default --pidfile: twistd.pid, here
+            r = subprocess.run([sys.executable, "-c", TWISTD, *command, "nsqtw-lookupd", *args], cwd=str(tmp_path),
+                               env=env_with(), capture_output=True, text=True, timeout=30, check=False)
+            assert (r.returncode, r.stdout) == (1, ""), r
+            assert r.stderr == (f"FATAL: another twistd server is running, PID {pid} (pid file {tmp_path}/twistd.pid)"
+                                " - start this one in another directory, or give it its own --pidfile=FILE\n"), r.stderr
+        os.kill(pid, 0)  # still running
+    finally:
+        wait_daemon_gone(tmp_path, stop=True)
+
+
 # --- readiness ----------------------------------------------------------------------------------
 
 

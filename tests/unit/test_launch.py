@@ -103,3 +103,36 @@ class DaemonWordTests(SynchronousTestCase):
         self.read_fd = os.open(os.devnull, os.O_RDONLY)
         launch.failed("nope")
         self.assertIsNone(launch._report_fd)
+
+
+class PidFileTests(SynchronousTestCase):
+    """twistd's pid file check, said in one line where a process it names runs; the rest left to twistd."""
+
+    def setUp(self) -> None:
+        import shutil
+        import tempfile
+
+        self.folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.folder)
+
+    def pidfile(self, text: str | None) -> str:
+        path = os.path.join(self.folder, f"{len(os.listdir(self.folder))}.pid")
+        if text is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return path
+
+    def test_a_running_process_is_one_fatal_line(self) -> None:
+        path = self.pidfile(str(os.getpid()))
+        with self.assertRaises(SystemExit) as raised:
+            launch.refuse_running_pid_file({"pidfile": path})
+        message = str(raised.exception.code)
+        self.assertEqual(message.splitlines(), [message])
+        self.assertTrue(message.startswith(f"FATAL: another twistd server is running, PID {os.getpid()} (pid file "))
+
+    def test_stale_garbled_missing_or_none_are_twistds(self) -> None:
+        child = spawned(True)
+        os.waitpid(child, 0)  # gone: its pid names no process now
+        for options in ({"pidfile": self.pidfile(str(child))}, {"pidfile": self.pidfile("x")},
+                        {"pidfile": self.pidfile(None)}, {"pidfile": ""}, {}, None):
+            launch.refuse_running_pid_file(options)
