@@ -222,8 +222,37 @@ def log_to_stderr_by_default(twistd_options: Mapping[str, Any]) -> None:
     if (twistd_options.get("nodaemon") and not twistd_options.get("logfile")
             and not twistd_options.get("syslog")):
         writer = BufferedLogWriter(sys.stderr)
-        atexit.register(writer.flush_now)
+        atexit.register(writer.at_exit)
         sys.stdout = _direct = writer
+
+
+def logs_to_stderr() -> bool:
+    """Whether the log is the process's stderr (``twistd -n`` without ``--logfile``)."""
+    return _direct is not None
+
+
+def hold_until_started() -> None:
+    """Under ``twistd -n`` with the log on stderr: hold the lines back until :func:`start_settled`.
+
+    So a failed start shows its FATAL line alone
+    (:meth:`BufferedLogWriter.hold_start`). Not with ``--log-level=debug``,
+    which shows every line of a start as it comes.
+    """
+    if _direct is not None and _current != "debug":
+        _direct.hold_start()
+
+
+def start_settled(failed: bool) -> None:
+    """The daemon's start is over: it serves (``failed`` False), or it failed and its FATAL line comes next.
+
+    Under ``twistd -n`` the start-up lines held back until now are written
+    out, or, after a failure, dropped (see :meth:`BufferedLogWriter.hold_start`).
+    """
+    if _direct is not None:
+        if failed:
+            _direct.start_failed()
+        else:
+            _direct.start_succeeded()
 
 
 class BufferedLogWriter(io.TextIOBase):
@@ -246,6 +275,9 @@ class BufferedLogWriter(io.TextIOBase):
     Lines go out in the order they were written. When stderr cannot take
     them (a closed pipe, a vanished terminal, a full disk) they are dropped
     and the daemon goes on: Go nsqd's logger ignores such errors too.
+
+    With :meth:`hold_start`, what is written before the start is settled
+    waits for the outcome: a start that fails shows one FATAL line.
     """
 
     limit = 64 * 1024
@@ -266,6 +298,14 @@ class BufferedLogWriter(io.TextIOBase):
         self._lock = threading.Lock()
         #: flushes whose lines could not be written (the stream raised) and were dropped
         self.lost_writes = 0
+        #: while the start is not settled (:meth:`hold_start`): what was written, with the
+        #: level of nsqtw's own lines (None for any other text); None when nothing is held
+        self._held: list[tuple[str, int | None]] | None = None
+        self._held_size = 0
+        #: :meth:`hold_start` was called: a failed start drops what it held and what follows
+        self._holds = False
+        #: the start failed: only FATAL lines are written from here on
+        self._failed = False
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -280,18 +320,92 @@ class BufferedLogWriter(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    #: held start-up text past this many characters is written out: such a start is shown as it goes
+    hold_limit = 1 << 20
+
+    def hold_start(self) -> None:
+        """Hold back everything written until the start is settled, so a failed start shows one line.
+
+        A start that fails (a port taken, a data path it cannot write)
+        used to print a dozen lines around its FATAL line: twistd's
+        ``starting up`` and ``reactor class``, the program's banner, the
+        listeners that opened and closed again, twistd's ``Main loop
+        terminated`` and ``Server Shut Down``. Held here instead:
+
+        - :meth:`start_succeeded` (every listener bound) writes them out, in order;
+        - :meth:`start_failed` drops them, but for nsqtw's own warnings and
+          errors, which may say why; from then on only FATAL lines are
+          written (the stop that follows says nothing on the terminal);
+        - a start that holds more than :attr:`hold_limit` characters, or
+          never settles before the process exits, writes them out.
+        """
+        with self._lock:
+            self._holds = True
+            self._held = []
+            self._held_size = 0
+
+    def start_succeeded(self) -> None:
+        """The start is over and the daemon serves: what was held goes out."""
+        self._release()
+        self.flush()
+
+    def start_failed(self) -> None:
+        """The start failed (its FATAL line comes next): drop what was held, and what follows."""
+        with self._lock:
+            if not self._holds:
+                return
+            held, self._held = self._held or [], None
+            self._failed = True
+            for text, rank in held:
+                if rank is not None and rank >= _WARN:
+                    self._lines.append(text)
+                    self._size += len(text)
+
+    def _release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, None
+            if held:
+                for text, _ in held:
+                    self._lines.append(text)
+                    self._size += len(text)
+
+    def _keep(self, text: str, rank: int | None) -> bool:
+        """Hold ``text``, or drop it after a failed start; False: write it as usual. Under the lock."""
+        if self._failed:
+            return rank is None or rank < _CRITICAL
+        held = self._held
+        if held is None:
+            return False
+        self._held_size += len(text)
+        if self._held_size > self.hold_limit:  # a start that says this much is shown as it goes
+            self._held = None
+            self._lines.extend(t for t, _ in held)
+            self._size += self._held_size - len(text)
+            return False
+        held.append((text, rank))
+        return True
+
+    def at_exit(self) -> None:
+        """At interpreter exit: a start that never settled shows what it held; then everything is written."""
+        self._release()
+        self.flush_now()
+
     def write(self, text: str) -> int:
         with self._lock:
+            if self._keep(text, None):
+                return len(text)
             self._lines.append(text)
             self._size += len(text)
         return len(text)
 
     def write_line(self, text: str, level: Any = None) -> None:
         """An nsqtw log line (``level`` a ``LogLevel``): written within :attr:`interval`, or sooner."""
+        rank = _RANK.get(level, _INFO)
         with self._lock:
+            if self._keep(text, rank):
+                return
             self._lines.append(text)
             self._size += len(text)
-        rank = _RANK.get(level, _INFO)
         if rank >= _CRITICAL:
             self.flush_now()
         elif rank >= _WARN:

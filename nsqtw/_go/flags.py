@@ -516,6 +516,7 @@ class GoFlagsTwistdOptions(usage.Options):
             raise SystemExit(1) from None
         for f in dataclasses.fields(self.resolved):
             self[f.name] = getattr(self.resolved, f.name)
+        self.postOptions()  # type: ignore[no-untyped-call]
 
     def getUsage(self, width: int | None = None) -> str:
         return self.flagset.usage(f"twistd {self.command}")

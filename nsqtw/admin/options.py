@@ -23,6 +23,7 @@ from nsqtw._go.flags import (
     make_flag,
 )
 from nsqtw.http.origin import ServedHosts, is_origin, origin_of
+from nsqtw.net.launch import refuse_running_pid_file
 
 __all__ = ["ADMIN_FLAGS", "FLAGS", "AdminOptions", "AdminTwistdOptions", "defaults", "origin_of",
            "parse_args"]
@@ -211,6 +212,10 @@ class AdminTwistdOptions(GoFlagsTwistdOptions):
     synopsis = "[nsqadmin flags]"
     flagset = ADMIN_FLAGS
     command = "nsqtw-admin"
+
+    def postOptions(self) -> None:
+        if not self.resolved.version:  # twistd's pid file, in one line (--version prints and exits)
+            refuse_running_pid_file(getattr(self, "parent", None))
 
     @property
     def admin(self) -> AdminOptions:

@@ -15,6 +15,7 @@ from twisted.application.service import IService
 from nsqtw.admin.options import AdminOptions
 from nsqtw.admin.options import AdminTwistdOptions as Options
 from nsqtw.log import start_daemon
+from nsqtw.net.launch import report_to_launcher
 from nsqtw.net.listen import split_host_port
 from nsqtw.net.reactor import install_for_daemon
 
@@ -47,4 +48,6 @@ def makeService(config: Options) -> IService:
         service = AdminService(opts)
     except ValueError as e:
         raise SystemExit(f"FATAL: failed to instantiate nsqadmin - {e}") from None
+    # last: without -n, the process that was started waits here for the daemon's word
+    report_to_launcher(getattr(config, "parent", None), "nsqadmin")
     return cast(IService, service)

@@ -16,6 +16,7 @@ from nsqtw._go.flags import (
     OptionsError,
     make_flag,
 )
+from nsqtw.net.launch import refuse_running_pid_file
 
 __all__ = ["LOOKUPD_FLAGS", "LookupdOptions", "LookupdTwistdOptions", "defaults", "parse_args"]
 
@@ -94,6 +95,10 @@ class LookupdTwistdOptions(GoFlagsTwistdOptions):
     synopsis = "[nsqlookupd flags]"
     flagset = LOOKUPD_FLAGS
     command = "nsqtw-lookupd"
+
+    def postOptions(self) -> None:
+        if not self.resolved.version:  # twistd's pid file, in one line (--version prints and exits)
+            refuse_running_pid_file(getattr(self, "parent", None))
 
     @property
     def lookupd(self) -> LookupdOptions:

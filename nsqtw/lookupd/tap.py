@@ -15,6 +15,7 @@ from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
 from nsqtw.lookupd.options import LookupdTwistdOptions as Options
+from nsqtw.net.launch import report_to_launcher
 from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import keep_openssl_out
 
@@ -28,4 +29,7 @@ def makeService(config: Options) -> IService:
                  getattr(config, "parent", None))
     from nsqtw.lookupd.service import LookupdService
 
-    return cast(IService, LookupdService(config.lookupd))
+    service = LookupdService(config.lookupd)
+    # last: without -n, the process that was started waits here for the daemon's word
+    report_to_launcher(getattr(config, "parent", None), "nsqlookupd")
+    return cast(IService, service)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsqtw.log import Logger
+from nsqtw.net import launch
 from nsqtw.net.twisted_privates import clear_exit_signal, exit_signal
 
 __all__ = ["FAILED", "ProcessExit", "exit_cleanly_after_signal", "fail_start", "process_exit"]
@@ -52,12 +53,16 @@ class ProcessExit:
 
         Only the first failure is FATAL (and stops the reactor): a second
         listener failing while the first failure stops the process is
-        logged as an error.
+        logged as an error, in the log alone (Go's programs stop at the
+        first listener that fails).
         """
         if self.status is not None:
             self.log.error("{reason}", reason=reason)
             return
         self.status = status
+        # the terminal shows this line alone: under -n the held start-up lines are dropped,
+        # and a daemon's starter writes it to its own stderr (nsqtw.net.launch)
+        launch.failed(reason)
         self.log.critical("FATAL: {reason}", reason=reason)
         self._register(self._exit_now)
         # the stop re-raises no signal: the status above is the one that counts

@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, I
 from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
+from nsqtw.net import launch
 from nsqtw.net.eager import EagerTCPServerEndpoint
 from nsqtw.net.exit import fail_start, process_exit
 from nsqtw.net.notify import notify
@@ -155,6 +156,10 @@ class ListenerService(Service):
 def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[Any]:
     """Tell the service manager ``READY=1`` once every listener among ``services`` is bound.
 
+    The start is settled then: under ``twistd -n`` the start-up lines are
+    written out, and a daemonized start's launching process exits 0
+    (:mod:`nsqtw.net.launch`).
+
     Sent when the reactor runs (the listeners answer), and never when one
     of them failed: that process is on its way out with status 1.
     """
@@ -163,6 +168,7 @@ def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[A
     def all_bound(_: object) -> None:
         if process_exit.status is None and all(s.port is not None for s in listeners):
             notify("READY=1")
+            launch.started()
 
     done = gatherResults([s.ready for s in listeners if s.ready is not None])
     return done.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))

@@ -37,6 +37,7 @@ from nsqtw._go.strconv import quote as _quote
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN
 from nsqtw.http.origin import is_origin
 from nsqtw.net.busypoll import DEFAULT_LIMIT as DEFAULT_BUSY_POLL
+from nsqtw.net.launch import refuse_running_pid_file
 
 __all__ = [
     "FLAGS",
@@ -656,6 +657,10 @@ class NSQDTwistdOptions(GoFlagsTwistdOptions):
 
     synopsis = "[nsqd flags]"
     flagset = NSQD_FLAGS
+
+    def postOptions(self) -> None:
+        if not self.resolved.version:  # twistd's pid file, in one line (--version prints and exits)
+            refuse_running_pid_file(getattr(self, "parent", None))
 
     @property
     def nsqd(self) -> NSQDOptions:

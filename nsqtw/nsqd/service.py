@@ -76,9 +76,12 @@ class DataPathLock:
                                    f"{(e.strerror or str(e)).lower()}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
             os.close(fd)
-            raise RuntimeError(f"--data-path={self.path} in use (possibly by another instance of nsqd)") from None
+            # Go nsqd v1.3.0's words (dirlock)
+            raise InstantiateError(f"failed to lock data-path: cannot flock directory {self.path} -"
+                                   f" {(e.strerror or str(e)).lower()} (possibly in use by another"
+                                   " instance of nsqd)") from None
         self._fd = fd
 
     def release(self) -> None:

@@ -17,6 +17,7 @@ from typing import cast
 from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
+from nsqtw.net.launch import report_to_launcher
 from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
@@ -35,13 +36,12 @@ def makeService(config: Options) -> IService:
     try:
         service = NSQDService(config.nsqd)
     except TLSConfigError as e:
-        # nsqd: "failed to instantiate nsqd - failed to build TLS config - ..."
-        raise SystemExit(f"nsqtw: failed to build TLS config - {e}") from None
+        raise SystemExit(f"FATAL: failed to instantiate nsqd - failed to build TLS config - {e}") from None
     try:
         # before the reactor runs, as nsqd's New() does: a missing or busy data path exits 1 at once
         service.lock.acquire()
     except InstantiateError as e:
         raise SystemExit(f"FATAL: failed to instantiate nsqd - {e}") from None
-    except RuntimeError as e:
-        raise SystemExit(f"FATAL: failed to start - {e}") from None
+    # last: without -n, the process that was started waits here for the daemon's word
+    report_to_launcher(getattr(config, "parent", None), "nsqd")
     return cast(IService, service)

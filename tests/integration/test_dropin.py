@@ -124,7 +124,10 @@ def test_data_path_in_use_refused(tmp_path: Path) -> None:
                             "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"], cwd=tmp_path, env=_env(),
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1
-        assert f"--data-path={tmp_path} in use (possibly by another instance of nsqd)" in r.stderr
+        # Go nsqd v1.3.0's words, one line
+        assert r.stderr == (f"FATAL: failed to instantiate nsqd - failed to lock data-path: cannot flock directory"
+                            f" {tmp_path} - resource temporarily unavailable (possibly in use by another instance"
+                            " of nsqd)\n"), r.stderr
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)

@@ -169,7 +169,7 @@ def test_tls_min_version(daemon_factory, certs) -> None:
 
 
 def test_bad_certificate_stops_the_daemon(tmp_path) -> None:
-    """A certificate file that cannot be read ends nsqtw at once with one error line."""
+    """A certificate file that cannot be read ends nsqtw at once with Go nsqd's one FATAL line, status 1."""
     import os
 
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -178,10 +178,10 @@ def test_bad_certificate_stops_the_daemon(tmp_path) -> None:
                         f"--data-path={tmp_path}", f"--tls-cert={tmp_path}/missing.pem",
                         f"--tls-key={tmp_path}/missing.key"],
                        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0
+    assert r.returncode == 1
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1, lines
-    assert "failed to build TLS config" in lines[0]
+    assert lines[0].startswith("FATAL: failed to instantiate nsqd - failed to build TLS config - "), lines
 
 
 # --- compression, raw ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -214,6 +215,145 @@ def test_bad_config_values_are_one_line(program, conf, tmp_path) -> None:
     out = (r.stdout + r.stderr).strip()
     assert r.returncode != 0
     assert len(out.splitlines()) == 1 and conf.split(" ")[0] in out, out
+
+
+# --- what the terminal shows: with -n and without it -------------------------------------------
+
+#: how twistd is run: in the foreground with the log on stderr, in the foreground with a log file,
+#: daemonized (a pid file and a log file, in the test's folder)
+MODES = ["-n", "-n --logfile", "daemon"]
+
+
+def twistd_args(mode: str, folder) -> list[str]:
+    if mode == "-n":
+        return ["--pidfile=", "-n"]
+    log = f"--logfile={folder / 'twistd.log'}"
+    if mode == "-n --logfile":
+        return ["--pidfile=", "-n", log]
+    return [f"--pidfile={folder / 'twistd.pid'}", log]
+
+
+def launch(plugin: str, mode: str, args: list[str], folder, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``twistd [-n] PLUGIN ARGS`` as a user would; the started process must exit within 30 s."""
+    return subprocess.run([sys.executable, "-c", TWISTD, *twistd_args(mode, folder), plugin, *args],
+                          cwd=str(folder), env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+def wait_daemon_gone(folder, timeout: float = 30, stop: bool = False) -> None:
+    """The daemon of ``folder`` (its pid file) ends, SIGTERM first with ``stop``; killed and failed if not."""
+    pidfile = folder / "twistd.pid"
+    try:
+        text = pidfile.read_text()
+        while not text.strip():  # caught between twistd's open and its write
+            time.sleep(0.01)
+            text = pidfile.read_text()
+    except FileNotFoundError:
+        return  # never written, or the daemon already removed it on its way out
+    pid = int(text)
+    if stop:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            assert not pidfile.exists()
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"the daemon (pid {pid}) was still running {timeout}s later")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("program, label", [
+    ("nsqd", "TCP"), ("nsqd", "HTTP"), ("nsqlookupd", "TCP"), ("nsqlookupd", "HTTP"), ("nsqadmin", "HTTP"),
+])
+def test_failed_start_is_one_fatal_line(program, label, mode, taken, tmp_path) -> None:
+    """A port taken, with -n or without it: the process that was started exits 1, stdout is empty and
+    stderr is one FATAL line, nothing else (no twistd start-up or shut-down lines, no banner, no
+    second error for a listener that failed after the first). Daemonized, that is the daemon's line,
+    written by the process that waited for it; the daemon is gone right after, its pid file removed,
+    and the log file has the whole story. Go's program, where present, ends with the same FATAL line
+    (after its banner lines, which nsqtw leaves in the log)."""
+    args = program_args(program, label, taken, tmp_path)
+    if program == "nsqd" and label == "TCP" and mode == "-n":
+        args = [a if not a.startswith("--http-address") else f"--http-address={taken}" for a in args]
+    try:
+        r = launch(PROGRAMS[program], mode, args, tmp_path, env_with())
+    finally:
+        wait_daemon_gone(tmp_path)
+    expected = (f"failed to instantiate {program} - listen ({taken}) failed"
+                f" - listen tcp {taken}: bind: address already in use")
+    assert (r.returncode, r.stdout) == (1, ""), (r.returncode, r.stdout, r.stderr)
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.endswith("\n"), r.stderr
+    if mode == "-n":  # the log is stderr: the line is the log's FATAL line
+        assert r.stderr.rstrip("\n").endswith(f"] [{program}] FATAL: {expected}"), r.stderr
+    else:
+        assert r.stderr == f"FATAL: {expected}\n", r.stderr
+        log = (tmp_path / "twistd.log").read_text()
+        assert f"FATAL: {expected}" in log and "Server Shut Down." in log, log
+    go = os.path.join(ANCHOR, program)
+    if mode == "-n" and os.path.exists(go):
+        g = subprocess.run([go, *program_args(program, label, taken, tmp_path)], cwd=str(tmp_path),
+                           capture_output=True, text=True, timeout=30, check=False)
+        *before, last = g.stderr.splitlines()
+        assert g.returncode == 1 and g.stdout == "", g.stderr
+        assert all(" INFO: " in line for line in before), g.stderr  # its banner: nsqtw logs it, in the log
+        theirs = re.sub(r"%!\(EXTRA \*errors\.errorString=(.*)\)$", r" - \1", fatal_lines(last)[0])
+        assert theirs == expected
+
+
+@pytest.mark.parametrize("program", ["nsqd", "nsqlookupd", "nsqadmin"])
+def test_daemonized_start_returns_once_ready(program, tmp_path) -> None:
+    """Without -n, the process that was started exits 0, silent, once every listener answers: the
+    log file names the ports and they answer at once. SIGTERM then stops the daemon."""
+    args = program_args(program, "HTTP", "127.0.0.1:0", tmp_path)
+    try:
+        r = launch(PROGRAMS[program], "daemon", args, tmp_path, env_with())
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
+        log = (tmp_path / "twistd.log").read_text()
+        http = re.search(r"HTTP: listening on 127\.0\.0\.1:(\d+)", log)
+        assert http, log
+        assert http_ok(int(http.group(1)), "/ping" if program != "nsqadmin" else "/")
+        tcp = re.search(r"TCP: listening on 127\.0\.0\.1:(\d+)", log)
+        if program != "nsqadmin":
+            assert tcp, log
+            socket.create_connection(("127.0.0.1", int(tcp.group(1))), timeout=5).close()
+    finally:
+        wait_daemon_gone(tmp_path, stop=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_missing_data_path_is_one_fatal_line(mode, tmp_path) -> None:
+    """A --data-path that does not exist is refused before twistd forks: one plain FATAL line, with
+    -n or without it, and no daemon."""
+    missing = tmp_path / "nope"
+    r = launch("nsqtw", mode, [f"--data-path={missing}", "--tcp-address=127.0.0.1:0",
+                               "--http-address=127.0.0.1:0"], tmp_path, env_with())
+    wait_daemon_gone(tmp_path)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"FATAL: failed to instantiate nsqd - failed to lock data-path: open {missing}:"
+                        " no such file or directory\n"), r.stderr
+    assert not (tmp_path / "twistd.pid").exists()
+
+
+def test_a_running_pid_file_is_one_fatal_line(tmp_path) -> None:
+    """A second start whose pid file names a running daemon (twistd's default, twistd.pid in the
+    folder it starts in) is refused with one FATAL line and status 1, with -n or without it, where
+    twistd's own refusal is five lines; the running daemon is left alone."""
+    args = program_args("nsqlookupd", "HTTP", "127.0.0.1:0", tmp_path)
+    try:
+        assert launch("nsqtw-lookupd", "daemon", args, tmp_path, env_with()).returncode == 0
+        pid = int((tmp_path / "twistd.pid").read_text())
+        for command in (["-n"], []):  # the default --pidfile: twistd.pid, here
+            r = subprocess.run([sys.executable, "-c", TWISTD, *command, "nsqtw-lookupd", *args], cwd=str(tmp_path),
+                               env=env_with(), capture_output=True, text=True, timeout=30, check=False)
+            assert (r.returncode, r.stdout) == (1, ""), r
+            assert r.stderr == (f"FATAL: another twistd server is running, PID {pid} (pid file {tmp_path}/twistd.pid)"
+                                " - start this one in another directory, or give it its own --pidfile=FILE\n"), r.stderr
+        os.kill(pid, 0)  # still running
+    finally:
+        wait_daemon_gone(tmp_path, stop=True)
 
 
 # --- readiness ----------------------------------------------------------------------------------

@@ -87,25 +87,30 @@ class EmitTests(SynchronousTestCase):
         self.assertEqual(len(self.flushLoggedErrors(InvalidLogLevelError)), 1)
 
 
+def make_writer(running: bool = True):
+    """A BufferedLogWriter on a StringIO and a Clock; ``writes`` records each write to the stream."""
+    import io
+
+    from twisted.internet.task import Clock
+    from twisted.python import threadable
+
+    from nsqtw.log import BufferedLogWriter
+
+    threadable.registerAsIOThread()
+    clock = Clock()
+    clock.running = running  # type: ignore[attr-defined]
+    stream = io.StringIO()
+    writes: list[str] = []
+    original = stream.write
+    stream.write = lambda text: (writes.append(text), original(text))[1]  # type: ignore[method-assign]
+    return BufferedLogWriter(stream, clock), stream, clock, writes
+
+
 class BufferedLogWriterTests(SynchronousTestCase):
     """twistd's per-line flush becomes one write per reactor turn, nsqtw's own lines one per interval."""
 
     def _writer(self, running: bool = True):
-        import io
-
-        from twisted.internet.task import Clock
-        from twisted.python import threadable
-
-        from nsqtw.log import BufferedLogWriter
-
-        threadable.registerAsIOThread()
-        clock = Clock()
-        clock.running = running  # type: ignore[attr-defined]
-        stream = io.StringIO()
-        writes: list[str] = []
-        original = stream.write
-        stream.write = lambda text: (writes.append(text), original(text))[1]  # type: ignore[method-assign]
-        return BufferedLogWriter(stream, clock), stream, clock, writes
+        return make_writer(running)
 
     def test_lines_of_one_turn_go_out_in_one_write_in_order(self) -> None:
         writer, stream, clock, writes = self._writer()
@@ -238,6 +243,101 @@ class BufferedLogWriterTests(SynchronousTestCase):
         self.assertEqual(stream.getvalue(), "main\nthread\n")
         clock.advance(writer.interval)  # the main thread's timer finds nothing left
         self.assertEqual(writes, ["main\nthread\n"])
+
+
+class StartHoldTests(SynchronousTestCase):
+    """Under ``twistd -n`` a start's lines wait for its outcome: a failed start shows its FATAL line alone."""
+
+    def _writer(self):
+        writer, stream, clock, writes = make_writer()
+        writer.hold_start()
+        return writer, stream, clock
+
+    def start_up(self, writer) -> None:
+        from twisted.logger import LogLevel
+
+        writer.write("twistd 26.10.0 starting up.\n")
+        writer.flush()
+        writer.write_line("[nsqd] nsqd v1.3.0 (built w/nsqtw-0.1.0)\n", LogLevel.info)
+        writer.write_line("[nsqd] TCP: listening on 127.0.0.1:4150\n", LogLevel.info)
+
+    def test_a_successful_start_writes_what_it_held_in_order(self) -> None:
+        """Nothing reaches stderr until every listener is bound; then all of it, in order, and
+        lines after that as usual."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock = self._writer()
+        self.start_up(writer)
+        clock.advance(1)
+        self.assertEqual(stream.getvalue(), "")
+        writer.start_succeeded()
+        clock.advance(0)
+        self.assertEqual(stream.getvalue(), "twistd 26.10.0 starting up.\n[nsqd] nsqd v1.3.0 (built w/nsqtw-0.1.0)\n"
+                                            "[nsqd] TCP: listening on 127.0.0.1:4150\n")
+        writer.write_line("[nsqd] TCP: new client(127.0.0.1:5)\n", LogLevel.info)
+        clock.advance(writer.interval)
+        self.assertTrue(stream.getvalue().endswith("new client(127.0.0.1:5)\n"))
+
+    def test_a_failed_start_shows_its_fatal_line_alone(self) -> None:
+        """The held lines are dropped and so is everything the stop after it writes (twistd's
+        ``Server Shut Down`` included), but for FATAL lines."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock = self._writer()
+        self.start_up(writer)
+        writer.start_failed()
+        writer.write_line("[nsqd] FATAL: failed to instantiate nsqd - listen (x) failed - nope\n",
+                          LogLevel.critical)
+        writer.write_line("[nsqd] failed to instantiate nsqd - listen (y) failed - nope\n", LogLevel.error)
+        writer.write_line("[nsqd] NSQ: stopped\n", LogLevel.info)
+        writer.write("Server Shut Down.\n")
+        writer.flush()
+        clock.advance(1)
+        writer.at_exit()
+        self.assertEqual(stream.getvalue(), "[nsqd] FATAL: failed to instantiate nsqd - listen (x) failed - nope\n")
+
+    def test_warnings_before_a_failure_are_kept(self) -> None:
+        """nsqtw's own warnings and errors from before the failure may say why: they stay, before it."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock = self._writer()
+        self.start_up(writer)
+        writer.write_line("[nsqd] JOURNAL(t): cut 3 bytes of torn records at its end\n", LogLevel.warn)
+        writer.start_failed()
+        writer.write_line("[nsqd] FATAL: failed to persist metadata - nope\n", LogLevel.critical)
+        self.assertEqual(stream.getvalue(), "[nsqd] JOURNAL(t): cut 3 bytes of torn records at its end\n"
+                                            "[nsqd] FATAL: failed to persist metadata - nope\n")
+
+    def test_a_start_that_never_settles_shows_its_lines_at_exit(self) -> None:
+        """Stopped by a signal before it was ready (or a bug): at exit, what was held is written."""
+        writer, stream, clock = self._writer()
+        self.start_up(writer)
+        writer.at_exit()
+        self.assertIn("TCP: listening on", stream.getvalue())
+
+    def test_a_long_start_is_shown_as_it_goes(self) -> None:
+        """Past hold_limit characters the held lines go out, and later ones as usual."""
+        writer, stream, clock = self._writer()
+        writer.write("x" * writer.hold_limit)
+        writer.flush()
+        clock.advance(0)
+        self.assertEqual(stream.getvalue(), "")
+        writer.write("y\n")
+        writer.flush()
+        clock.advance(0)
+        self.assertEqual(stream.getvalue(), "x" * writer.hold_limit + "y\n")
+
+    def test_without_hold_a_failure_drops_nothing(self) -> None:
+        """--log-level=debug (no hold): a failed start's lines all stay."""
+        from twisted.logger import LogLevel
+
+        writer, stream, clock, writes = make_writer()
+        writer.write_line("[nsqd] TCP: listening on 127.0.0.1:4150\n", LogLevel.info)
+        writer.start_failed()
+        writer.write_line("[nsqd] FATAL: nope\n", LogLevel.critical)
+        writer.write_line("[nsqd] NSQ: stopped\n", LogLevel.info)
+        writer.at_exit()
+        self.assertEqual(stream.getvalue().count("\n"), 3)
 
 
 class ClassicTextTests(SynchronousTestCase):
