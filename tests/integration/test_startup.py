@@ -264,6 +264,16 @@ def wait_daemon_gone(folder, timeout: float = 30, stop: bool = False) -> None:
     raise AssertionError(f"the daemon (pid {pid}) was still running {timeout}s later")
 
 
+def read_until(path, text: str, timeout: float = 10) -> str:
+    """The file at ``path`` once it holds ``text`` (or as it is after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        content = path.read_text() if path.exists() else ""
+        if text in content or time.monotonic() > deadline:
+            return content
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("program, label", [
     ("nsqd", "TCP"), ("nsqd", "HTTP"), ("nsqlookupd", "TCP"), ("nsqlookupd", "HTTP"), ("nsqadmin", "HTTP"),
@@ -290,7 +300,8 @@ def test_failed_start_is_one_fatal_line(program, label, mode, taken, tmp_path) -
         assert r.stderr.rstrip("\n").endswith(f"] [{program}] FATAL: {expected}"), r.stderr
     else:
         assert r.stderr == f"FATAL: {expected}\n", r.stderr
-        log = (tmp_path / "twistd.log").read_text()
+        # twistd removes its pid file before it logs its last line: the log is read until it has it
+        log = read_until(tmp_path / "twistd.log", "Server Shut Down.")
         assert f"FATAL: {expected}" in log and "Server Shut Down." in log, log
     go = os.path.join(ANCHOR, program)
     if mode == "-n" and os.path.exists(go):
@@ -311,7 +322,9 @@ def test_daemonized_start_returns_once_ready(program, tmp_path) -> None:
     try:
         r = launch(PROGRAMS[program], "daemon", args, tmp_path, env_with())
         assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
-        log = (tmp_path / "twistd.log").read_text()
+        # info lines reach the log file in batches, up to 50 ms after they were logged
+        read_until(tmp_path / "twistd.log", "HTTP: listening on")
+        log = read_until(tmp_path / "twistd.log", "TCP: listening on" if program != "nsqadmin" else "HTTP")
         http = re.search(r"HTTP: listening on 127\.0\.0\.1:(\d+)", log)
         assert http, log
         assert http_ok(int(http.group(1)), "/ping" if program != "nsqadmin" else "/")
