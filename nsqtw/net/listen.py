@@ -153,16 +153,19 @@ class ListenerService(Service):
 
 
 def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[Any]:
-    """Tell the service manager ``READY=1`` once every listener among ``services`` is bound.
+    """Tell the service manager ``READY=1`` once every listener among ``services`` is bound,
+    and every service with a ``serving`` Deferred (nsqd's worker processes) serves.
 
     Sent when the reactor runs (the listeners answer), and never when one
     of them failed: that process is on its way out with status 1.
     """
+    services = list(services)
     listeners = [s for s in services if isinstance(s, ListenerService)]
+    serving = [s.serving for s in services if isinstance(getattr(s, "serving", None), Deferred)]
 
     def all_bound(_: object) -> None:
         if process_exit.status is None and all(s.port is not None for s in listeners):
             notify("READY=1")
 
-    done = gatherResults([s.ready for s in listeners if s.ready is not None])
+    done = gatherResults([s.ready for s in listeners if s.ready is not None] + serving)
     return done.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))

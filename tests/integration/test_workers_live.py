@@ -27,10 +27,18 @@ from tests.rawclient import Client, collect, subscribe
 PUBLISHERS = 8
 
 
+def direct_children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:  # gone
+        return []
+
+
 def children(pid: int) -> list[int]:
-    """The worker processes of the node whose core is ``pid``."""
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+    """The worker processes of the node whose core is ``pid``: the children of its fork server
+    (the core's one child)."""
+    return [w for server in direct_children(pid) for w in direct_children(server)]
 
 
 def stats(d: Any) -> dict[str, Any]:
