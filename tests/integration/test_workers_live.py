@@ -17,6 +17,7 @@ import re
 import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -247,3 +248,106 @@ def test_the_default_chooses_the_workers_from_the_usable_cpus(daemon_factory) ->
     c.pub("auto", b"x")
     assert stats(d)["topics"][0]["message_count"] == 1
     c.close()
+
+
+def client_sockets(port: int) -> set[int]:
+    """The inodes of the established TCP sockets whose local port is ``port`` (the node's side)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                        inodes.add(int(fields[9]))
+        except OSError:
+            pass
+    return inodes
+
+
+def held(pid: int, inodes: set[int]) -> int:
+    """How many of the sockets ``inodes`` process ``pid`` holds."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+            count += 1
+    return count
+
+
+def per_worker(d: Any, workers: list[int], expected: int) -> list[int]:
+    """How many of the node's client connections each worker holds, once ``expected`` are held."""
+    def counts() -> list[int] | None:
+        inodes = client_sockets(d.tcp[1])
+        each = [held(pid, inodes) for pid in workers]
+        return each if sum(each) >= expected else None
+
+    return list(wait_for(counts, what=f"{expected} connections held by the workers"))
+
+
+def test_connections_spread_evenly_over_the_workers_idle_and_busy(daemon_factory) -> None:
+    """The core hands each connection to the worker with the fewest: 64 connections over 4
+    workers are 16 each when idle, and still within 10-22 each while two publishers keep
+    workers busy; the core itself holds none."""
+    d = daemon_factory("--workers=4")
+    workers = wait_for(lambda: (w := children(d.pid)) and len(w) == 4 and w, what="four workers")
+    clients = [Client(d.tcp_address) for _ in range(64)]
+    for c in clients:  # each connection is served (the magic took; a NOP needs no answer)
+        c.send(b"NOP\n")
+    each = per_worker(d, workers, 64)
+    assert all(10 <= n <= 22 for n in each), each
+    assert held(d.pid, client_sockets(d.tcp[1])) == 0
+    for c in clients:
+        c.close()
+    wait_for(lambda: sum(held(pid, client_sockets(d.tcp[1])) for pid in workers) == 0, what="all closed")
+    busy = [Publisher(d.tcp_address, "spread", f"p{i}") for i in range(2)]
+    for p in busy:
+        p.start()
+        p.connected.wait(10)
+    try:
+        clients = [Client(d.tcp_address) for _ in range(64)]
+        each = per_worker(d, workers, 66)
+        assert all(10 <= n <= 22 for n in each), each
+    finally:
+        for p in busy:
+            p.stopping.set()
+        for p in busy:
+            p.join(10)
+        for c in clients:
+            c.close()
+
+
+def test_ping_and_ready_wait_for_every_worker(daemon_factory, tmp_path, notify_socket) -> None:
+    """Until every worker is ready /ping answers 500 ``NOK - ...`` and the service manager
+    hears nothing; a client that connects meanwhile waits in the backlog and is served once
+    the workers are."""
+    release = tmp_path / "release"
+    path, notify = notify_socket
+    d = daemon_factory("--workers=2", env={"NSQTW_TEST_HOLD_WORKERS": str(release), "NOTIFY_SOCKET": path})
+    for _ in range(3):
+        try:
+            urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=5)
+            raise AssertionError("/ping answered OK before the workers were ready")
+        except urllib.error.HTTPError as e:
+            assert e.code == 500
+            assert e.read() == b"NOK - worker processes starting"
+        time.sleep(0.2)
+    notify.settimeout(0.3)
+    try:
+        said = notify.recv(100)
+    except OSError:
+        said = b""
+    assert b"READY=1" not in said
+    early = Client(d.tcp_address)
+    early.cmd("PUB", "early", body=b"x")
+    release.touch()
+    assert early.response() == (0, b"OK")
+    notify.settimeout(10)
+    assert notify.recv(100) == b"READY=1"
+    with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=5) as r:
+        assert r.read() == b"OK"
+    early.close()
