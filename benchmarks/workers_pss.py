@@ -110,7 +110,7 @@ def burst(tcp: str) -> None:
     consumer.close()
 
 
-def measure(workers: int, idle: float = 3.0) -> dict[str, object]:
+def measure(workers: int, idle: float = 3.0, traffic: bool = True) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as data:
         cmd = [*nsqtw_command(), f"--workers={workers}", "--tcp-address=127.0.0.1:0",
                "--http-address=127.0.0.1:0", f"--data-path={data}"]
@@ -120,9 +120,11 @@ def measure(workers: int, idle: float = 3.0) -> dict[str, object]:
             wait_ping(http)
             time.sleep(idle)
             idle_total, idle_each = tree_pss(proc.pid)
-            burst(tcp)
-            time.sleep(idle)
-            busy_total, busy_each = tree_pss(proc.pid)
+            busy_total, busy_each = 0.0, []
+            if traffic:
+                burst(tcp)
+                time.sleep(idle)
+                busy_total, busy_each = tree_pss(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
