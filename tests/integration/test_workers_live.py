@@ -98,7 +98,7 @@ def drain(address: str, topic: str, channel: str, expected: set[bytes], timeout:
 
 def test_a_consumer_on_the_one_address_gets_every_message_exactly_once(daemon_factory) -> None:
     d = daemon_factory("--workers=2")
-    assert len(wait_for(lambda: children(d.pid), what="two workers")) == 2
+    assert len(wait_for(lambda: len(children(d.pid)) == 2 and children(d.pid), what="two workers")) == 2
     consumer = subscribe(d.tcp_address, "w", "c", rdy=1000)
     publishers = [Publisher(d.tcp_address, "w", f"p{i}", count=300) for i in range(PUBLISHERS)]
     for p in publishers:
@@ -136,7 +136,7 @@ def test_stats_lists_each_worker_clients_publishes(daemon_factory) -> None:
 
 def test_a_worker_killed_under_load_is_started_again_and_nothing_acknowledged_is_lost(daemon_factory) -> None:
     d = daemon_factory("--workers=2")
-    workers = wait_for(lambda: children(d.pid), what="two workers")
+    workers = wait_for(lambda: len(children(d.pid)) == 2 and children(d.pid), what="two workers")
     # a consumer that holds messages without FIN: whichever worker it is on dies below
     holder = subscribe(d.tcp_address, "k", "c", rdy=20)
     publishers = [Publisher(d.tcp_address, "k", f"p{i}") for i in range(4)]
@@ -170,7 +170,7 @@ def test_a_publish_the_worker_answered_survives_its_kill_while_the_core_is_stopp
     in the kernel's socket buffer: answered with the core stopped (SIGSTOP), then the worker
     killed with -9 before the core ever ran, the message is still delivered."""
     d = daemon_factory("--workers=2")
-    workers = wait_for(lambda: children(d.pid), what="the workers")
+    workers = wait_for(lambda: len(children(d.pid)) == 2 and children(d.pid), what="the workers")
     subscribe(d.tcp_address, "g", "c", rdy=0).close()
     publisher = Client(d.tcp_address)
     publisher.pub("g", b"asked the core")  # answered by the core, with a grant for the topic
@@ -221,11 +221,11 @@ def alive(pid: int) -> bool:
 
 def test_workers_die_with_the_core_and_leave_with_a_clean_stop(daemon_factory) -> None:
     killed = daemon_factory("--workers=2")
-    orphans = wait_for(lambda: children(killed.pid), what="two workers")
+    orphans = wait_for(lambda: len(children(killed.pid)) == 2 and children(killed.pid), what="two workers")
     killed.kill()  # SIGKILL of the core: its workers end too (PR_SET_PDEATHSIG, else the link's end)
     wait_for(lambda: not any(alive(p) for p in orphans), timeout=10, what="the workers gone with the core")
     stopped = daemon_factory("--workers=2")
-    workers = wait_for(lambda: children(stopped.pid), what="two workers")
+    workers = wait_for(lambda: len(children(stopped.pid)) == 2 and children(stopped.pid), what="two workers")
     assert stopped.stop() == 0
     assert not any(alive(p) for p in workers)
     assert "starting it again" not in stopped.read_output()  # a stopping node restarts no worker

@@ -12,9 +12,9 @@ import ast
 import functools
 import importlib
 import inspect
+import os
 import re
 import signal
-import os
 import socket
 from pathlib import Path
 from typing import Any
