@@ -98,19 +98,22 @@ class ListenerService(Service):
     address that cannot be listened on (malformed, out of range, a name
     that does not resolve, a port taken) ends the process: one FATAL line
     naming the address, exit status 1 (:mod:`nsqtw.net.exit`), as
-    ``program`` (nsqd, nsqlookupd, nsqadmin) would.
+    ``program`` (nsqd, nsqlookupd, nsqadmin) would. With ``gate``, the bound
+    port is not read until that Deferred fires: its connections wait in the
+    backlog (nsqd's HTTP listeners while ``--workers`` start).
     """
 
     log = Logger()
 
     def __init__(self, label: str, address: str, factory: Any, on_bound: Any = None, *,
-                 program: str, reactor: Any) -> None:
+                 program: str, reactor: Any, gate: Deferred[None] | None = None) -> None:
         self.label = label
         self.address = address
         self.factory = factory
         self.on_bound = on_bound
         self.program = program
         self.reactor = reactor
+        self.gate = gate
         self.port: IListeningPort | None = None
         #: fires once the listener is bound (with its port) or failed (with None)
         self.ready: Deferred[IListeningPort | None] | None = None
@@ -126,6 +129,9 @@ class ListenerService(Service):
     def _bound(self, port: IListeningPort) -> IListeningPort:
         reactor = self.reactor
         self.port = port
+        if self.gate is not None and not self.gate.called:
+            port.stopReading()  # type: ignore[attr-defined]
+            self.gate.addCallback(self._open, port)
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)
@@ -133,6 +139,11 @@ class ListenerService(Service):
         if self.on_bound is not None:
             self.on_bound(getattr(port.getHost(), "port", 0))
         return port
+
+    def _open(self, result: object, port: Any) -> object:
+        if self.port is port:  # still listening
+            port.startReading()  # type: ignore[union-attr]
+        return result
 
     def _log_listening(self, address: str) -> None:
         if process_exit.status is None:  # no line for a port that closes at once: another listener failed

@@ -13,6 +13,13 @@ TCP connections one by one, restarted when they die, stopped before the core flu
   wait in the kernel's backlog.
 - ``serving`` fires once every worker said READY: only then does ``/ping``
   answer OK and the service manager hear ``READY=1``.
+- Until then the HTTP and HTTPS listeners (gated by ``http_gate``) are
+  bound but not read either: a request made as soon as the ``listening on``
+  lines are out (client libraries' test harnesses do that: gnsq's pings at
+  once) waits in the backlog and is answered by a ready node, as Go nsqd's,
+  whose listeners are served from the start. The wait is bounded
+  (``HTTP_HOLD``): workers that cannot start leave ``/ping`` answering
+  ``500 NOK - worker processes starting`` after it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ RESTART_DELAY = 1.0
 ACCEPTS_PER_TURN = 64
 #: /ping's answer (and /stats' health) until every worker is ready
 STARTING = "worker processes starting"
+#: the longest the HTTP listeners wait for every worker's READY before they answer anyway
+HTTP_HOLD = 5.0
 
 
 class _Worker:
@@ -111,6 +120,17 @@ class WorkerPool(Service):
         self._acceptor: _Acceptor | None = None
         self._reading = False
         self._turn = 0
+        #: fires once every worker is ready, ``HTTP_HOLD`` seconds after the start at the latest,
+        #: or at the stop: the HTTP(S) listeners read their connections only from then on
+        self.http_gate: Deferred[None] = Deferred()
+        self._hold_timer: Any = None
+
+    def _open_gate(self) -> None:
+        if self._hold_timer is not None and self._hold_timer.active():
+            self._hold_timer.cancel()
+        self._hold_timer = None
+        if not self.http_gate.called:
+            self.http_gate.callback(None)
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()  # type: ignore[no-untyped-call]
@@ -126,6 +146,7 @@ class WorkerPool(Service):
             self.privilegedStartService()
         assert self.fork_server is not None
         self.nsqd.set_health("workers", STARTING, quiet=True)
+        self._hold_timer = self.reactor.callLater(HTTP_HOLD, self._open_gate)
         self.fork_server.on_started = self._started
         self.fork_server.on_exited = self._exited
         self.fork_server.on_lost = self._fork_server_lost
@@ -175,6 +196,7 @@ class WorkerPool(Service):
         if all(w.peer.ready for w in self.workers.values()) and len(self.workers) == self.count:
             if not self.serving.called:
                 self.nsqd.set_health("workers", None, quiet=True)
+                self._open_gate()
                 self.serving.callback(None)
         self._read_if_ready()
 
@@ -241,6 +263,7 @@ class WorkerPool(Service):
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()  # type: ignore[no-untyped-call]
+        self._open_gate()
         self._read_if_ready()
         if self._acceptor is not None:
             self._acceptor.sock.close()

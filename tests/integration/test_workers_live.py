@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -22,6 +23,7 @@ import urllib.request
 from typing import Any
 
 from nsqtw.nsqd.options import auto_workers
+from nsqtw.workers.pool import HTTP_HOLD
 from tests.helpers import wait_for
 from tests.rawclient import Client, collect, subscribe
 
@@ -321,33 +323,74 @@ def test_connections_spread_evenly_over_the_workers_idle_and_busy(daemon_factory
             c.close()
 
 
+def _raw_get(address: str, path: str) -> socket.socket:
+    """A GET sent on a fresh connection; the answer is left to read."""
+    host, port = address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n".encode())
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    return out
+
+
 def test_ping_and_ready_wait_for_every_worker(daemon_factory, tmp_path, notify_socket) -> None:
-    """Until every worker is ready /ping answers 500 ``NOK - ...`` and the service manager
-    hears nothing; a client that connects meanwhile waits in the backlog and is served once
-    the workers are."""
+    """Until every worker is ready the service manager hears nothing, and HTTP requests wait in
+    the backlog as TCP clients do: a ``/ping`` sent as soon as the ``listening on`` lines are out
+    (gnsq's test harness does that) is answered ``OK`` once the workers are, as Go nsqd's would
+    be, not ``500`` meanwhile; a client that connects meanwhile is served then too."""
     release = tmp_path / "release"
     path, notify = notify_socket
     d = daemon_factory("--workers=2", env={"NSQTW_TEST_HOLD_WORKERS": str(release), "NOTIFY_SOCKET": path})
-    for _ in range(3):
-        try:
-            urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=5)
-            raise AssertionError("/ping answered OK before the workers were ready")
-        except urllib.error.HTTPError as e:
-            assert e.code == 500
-            assert e.read() == b"NOK - worker processes starting"
-        time.sleep(0.2)
+    ping = _raw_get(d.http_address, "/ping")
+    early = Client(d.tcp_address)
+    early.cmd("PUB", "early", body=b"x")
+    ping.settimeout(1.5)
+    try:
+        said = ping.recv(100)
+    except TimeoutError:
+        said = b""
+    assert said == b"", f"/ping answered before the workers were ready: {said!r}"
     notify.settimeout(0.3)
     try:
         said = notify.recv(100)
     except OSError:
         said = b""
     assert b"READY=1" not in said
-    early = Client(d.tcp_address)
-    early.cmd("PUB", "early", body=b"x")
     release.touch()
+    ping.settimeout(10)
+    answer = _read_all(ping)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nOK"), answer
     assert early.response() == (0, b"OK")
     notify.settimeout(10)
     assert notify.recv(100) == b"READY=1"
     with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=5) as r:
         assert r.read() == b"OK"
     early.close()
+
+
+def test_http_answers_after_its_hold_when_workers_do_not_start(daemon_factory, tmp_path) -> None:
+    """The HTTP listeners wait for the workers ``HTTP_HOLD`` seconds at most: workers that do not
+    start leave ``/ping`` answering ``500 NOK - worker processes starting`` after that."""
+    d = daemon_factory("--workers=2", env={"NSQTW_TEST_HOLD_WORKERS": str(tmp_path / "never")})
+    began = time.monotonic()
+    try:
+        urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=HTTP_HOLD + 10)
+        raise AssertionError("/ping answered OK before the workers were ready")
+    except urllib.error.HTTPError as e:
+        assert e.code == 500
+        assert e.read() == b"NOK - worker processes starting"
+    assert time.monotonic() - began >= HTTP_HOLD - 1
+
+
+def test_ping_ok_right_after_the_listening_lines(daemon_factory) -> None:
+    """gnsq's harness: read the ``listening on`` lines, then ``/ping`` at once, expecting OK
+    (with four workers starting on a busy machine, they are seldom all ready by then)."""
+    d = daemon_factory("--workers=4")
+    with urllib.request.urlopen(f"http://{d.http_address}/ping", timeout=HTTP_HOLD + 5) as r:
+        assert r.read() == b"OK"
