@@ -255,6 +255,20 @@ def start_settled(failed: bool) -> None:
             _direct.start_succeeded()
 
 
+def log_to_stderr(reactor: Any) -> None:
+    """In a process forked from a daemon (a ``--workers`` worker): nsqtw's lines go to stderr,
+    gathered on ``reactor`` (this process's own), as under ``twistd -n``."""
+    global _direct
+    _direct = BufferedLogWriter(sys.__stderr__, reactor)
+    atexit.register(_direct.flush_now)
+
+
+def flush_direct() -> None:
+    """Write out nsqtw's buffered lines now (before a forked process's ``os._exit``)."""
+    if _direct is not None:
+        _direct.flush_now()
+
+
 class BufferedLogWriter(io.TextIOBase):
     """The stderr stream of ``twistd -n``: log lines go out together, a few times a second.
 

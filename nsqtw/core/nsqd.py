@@ -96,14 +96,16 @@ class NSQD:
 
     # -- health -----------------------------------------------------------
 
-    def set_health(self, source: str, error: str | None) -> None:
-        """Record (or clear) a failure that /ping and /stats should report."""
+    def set_health(self, source: str, error: str | None, quiet: bool = False) -> None:
+        """Record (or clear) a failure that /ping and /stats should report; ``quiet``: no log
+        line (a state expected at start, such as worker processes starting)."""
         if error is None:
-            if self._errors.pop(source, None) is not None:
+            if self._errors.pop(source, None) is not None and not quiet:
                 self.log.info("NSQ: health restored ({source})", source=source)
         elif self._errors.get(source) != error:
             self._errors[source] = error
-            self.log.error("NSQ: unhealthy ({source}) - {error}", source=source, error=error)
+            if not quiet:
+                self.log.error("NSQ: unhealthy ({source}) - {error}", source=source, error=error)
 
     def storage_health(self, source: object, error: str | None) -> None:
         """A disk queue or journal's failure began (``error``) or ended (``None``)."""

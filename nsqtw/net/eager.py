@@ -25,7 +25,7 @@ import os
 import socket
 from typing import Any
 
-from twisted.internet import defer, error, tcp
+from twisted.internet import address, defer, error, tcp
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -251,38 +251,34 @@ class EagerPort(tcp.Port):
         cache_port_logger(self)
 
 
-class _InheritedSocket(AcceptSocket):
-    """A listening socket another process bound and listens on (``--workers``): Twisted's
-    ``startListening`` binds and listens what it is given, which here is already done."""
+def adopt_connection(reactor: Any, fd: int, factory: Any, sessionno: int = 0) -> tcp.Server | None:
+    """A connected TCP socket accepted by another process (``--workers``: handed over by the core),
+    served here as the listener's own connections are: a :data:`SERVER_CLASS` transport.
 
-    __slots__ = ()
-
-    def bind(self, address: Any) -> None:
+    What ``reactor.adoptStreamConnection`` does, with nsqtw's connection class
+    rather than Twisted's plain ``tcp.Server``: the descriptor is duplicated
+    (the caller closes ``fd``), the protocol built from the peer's address,
+    and the connection made. None when the peer is gone already or the
+    factory refused it (the socket is closed then).
+    """
+    sock = socket.socket(fileno=os.dup(fd))  # its family read from the socket
+    sock.setblocking(False)
+    family = sock.family
+    try:
+        peer = sock.getpeername()
+        local_port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
         return None
-
-    def listen(self, backlog: int = 0) -> None:
+    kind = address.IPv6Address if family == socket.AF_INET6 else address.IPv4Address
+    protocol = factory.buildProtocol(kind("TCP", *peer[:2]))
+    if protocol is None:
+        sock.close()
         return None
-
-
-class InheritedPort(EagerPort):
-    """:class:`EagerPort` on a listening socket inherited as a file descriptor: a worker's share of
-    the node's TCP address. Its connections are :data:`SERVER_CLASS`, as the listener's own."""
-
-    #: the socket is shared with the core and the other workers: closing this port must not
-    #: ``shutdown(2)`` it under them (a private Twisted attribute, listed in
-    #: ``nsqtw.net.twisted_privates.OVERRIDDEN``)
-    _shouldShutdown = False
-
-    def __init__(self, fd: int, factory: Any, reactor: Any) -> None:
-        with socket.socket(fileno=os.dup(fd)) as probe:
-            host, port = probe.getsockname()[:2]
-        super().__init__(port, factory, interface=host, reactor=reactor)
-        self.inherited_fd = fd
-
-    def createInternetSocket(self) -> socket.socket:
-        sock = _InheritedSocket(self.addressFamily, socket.SOCK_STREAM, 0, os.dup(self.inherited_fd))
-        sock.setblocking(False)
-        return sock
+    conn = SERVER_CLASS(sock, protocol, peer, None, sessionno, reactor)  # type: ignore[arg-type]
+    conn.repstr = f"<{type(protocol).__name__} #{sessionno} on {local_port}>"
+    protocol.makeConnection(conn)
+    return conn
 
 
 @implementer(IStreamServerEndpoint)

@@ -99,19 +99,22 @@ class ListenerService(Service):
     address that cannot be listened on (malformed, out of range, a name
     that does not resolve, a port taken) ends the process: one FATAL line
     naming the address, exit status 1 (:mod:`nsqtw.net.exit`), as
-    ``program`` (nsqd, nsqlookupd, nsqadmin) would.
+    ``program`` (nsqd, nsqlookupd, nsqadmin) would. With ``gate``, the bound
+    port is not read until that Deferred fires: its connections wait in the
+    backlog (nsqd's HTTP listeners while ``--workers`` start).
     """
 
     log = Logger()
 
     def __init__(self, label: str, address: str, factory: Any, on_bound: Any = None, *,
-                 program: str, reactor: Any) -> None:
+                 program: str, reactor: Any, gate: Deferred[None] | None = None) -> None:
         self.label = label
         self.address = address
         self.factory = factory
         self.on_bound = on_bound
         self.program = program
         self.reactor = reactor
+        self.gate = gate
         self.port: IListeningPort | None = None
         #: fires once the listener is bound (with its port) or failed (with None)
         self.ready: Deferred[IListeningPort | None] | None = None
@@ -127,6 +130,9 @@ class ListenerService(Service):
     def _bound(self, port: IListeningPort) -> IListeningPort:
         reactor = self.reactor
         self.port = port
+        if self.gate is not None and not self.gate.called:
+            port.stopReading()  # type: ignore[attr-defined]
+            self.gate.addCallback(self._open, port)
         # twistd starts services before the reactor runs and installs its signal
         # handlers; a harness that sends SIGTERM as soon as it reads this line
         # must find them installed (else the process dies of the signal, -15)
@@ -134,6 +140,11 @@ class ListenerService(Service):
         if self.on_bound is not None:
             self.on_bound(getattr(port.getHost(), "port", 0))
         return port
+
+    def _open(self, result: object, port: Any) -> object:
+        if self.port is port:  # still listening
+            port.startReading()  # type: ignore[union-attr]
+        return result
 
     def _log_listening(self, address: str) -> None:
         if process_exit.status is None:  # no line for a port that closes at once: another listener failed
@@ -154,7 +165,8 @@ class ListenerService(Service):
 
 
 def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[Any]:
-    """Tell the service manager ``READY=1`` once every listener among ``services`` is bound.
+    """Tell the service manager ``READY=1`` once every listener among ``services`` is bound,
+    and every service with a ``serving`` Deferred (nsqd's worker processes) serves.
 
     The start is settled then: under ``twistd -n`` the start-up lines are
     written out, and a daemonized start's launching process exits 0
@@ -163,12 +175,14 @@ def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[A
     Sent when the reactor runs (the listeners answer), and never when one
     of them failed: that process is on its way out with status 1.
     """
+    services = list(services)
     listeners = [s for s in services if isinstance(s, ListenerService)]
+    serving = [s.serving for s in services if isinstance(getattr(s, "serving", None), Deferred)]
 
     def all_bound(_: object) -> None:
         if process_exit.status is None and all(s.port is not None for s in listeners):
             notify("READY=1")
             launch.started()
 
-    done = gatherResults([s.ready for s in listeners if s.ready is not None])
+    done = gatherResults([s.ready for s in listeners if s.ready is not None] + serving)
     return done.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))

@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "OVERRIDDEN", "READ_OR_WRITTEN", "WRITE_BUFFER_ATTRIBUTES", "cache_port_logger", "clear_exit_signal",
+    "close_reactor_descriptors",
     "drop_transfer_decoder", "epoll_poller", "epoll_ready_dispatcher", "epoll_selectables", "exit_signal",
     "handling_request", "is_aborting", "on_request_line", "quiet_pool", "received_header_size",
     "request_target", "transfer_decoder", "waiting_for_transport", "write_buffer_empty",
@@ -58,9 +59,6 @@ OVERRIDDEN: tuple[tuple[str, str, str, str], ...] = (
     ("twisted.internet.tcp.Connection", "_shouldShutdown", "nsqtw.net.eager.EagerServer",
      "False: close() alone ends a connection the process alone holds; shutdown(2) first is one system"
      " call more per connection"),
-    ("twisted.internet.tcp.Port", "_shouldShutdown", "nsqtw.net.eager.InheritedPort",
-     "False: a worker's port shares the node's listening socket with the core and the other workers;"
-     " closing it must not shutdown(2) the socket under them (as Twisted's own adopted ports do)"),
     ("twisted.internet.endpoints.HostnameEndpoint", "_hostAsBytesAndText", "nsqtw.admin.client._NameAsIsEndpoint",
      "nsqadmin reaches a node registered under a name IDNA 2008 refuses (``my_host``), as Go's resolver does"),
     ("twisted.web.http.HTTPChannel", "_respondToBadRequestAndDisconnect", "nsqtw.http.channel.GoHTTPChannel",
@@ -96,6 +94,24 @@ def epoll_ready_dispatcher(reactor: Any) -> Callable[[Any, int, int], None]:
     """
     dispatch: Callable[[Any, int, int], None] = reactor._doReadOrWrite
     return dispatch
+
+
+def close_reactor_descriptors(reactor: Any) -> None:
+    """Close the descriptors an inherited (forked) epoll reactor holds: its ``_poller`` and its waker.
+
+    A process forked from the core (``--workers``: the fork server, hence
+    each worker) shares the core's epoll instance: an ``epoll_ctl`` on it
+    would change what the core waits for. The child runs a reactor of its
+    own, and closes these through their objects (``epoll.close()``, the
+    waker's ``connectionLost``), so nothing closes the same numbers again
+    once they are reused; the caller keeps ``reactor`` referenced.
+    """
+    poller = getattr(reactor, "_poller", None)
+    if poller is not None and hasattr(poller, "close"):
+        poller.close()
+    waker = getattr(reactor, "waker", None)
+    if waker is not None:
+        waker.connectionLost(None)
 
 
 # --- how twistd ends (nsqtw.net.exit) ---------------------------------------------------------

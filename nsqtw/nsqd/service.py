@@ -165,17 +165,21 @@ class NSQDService(MultiService):
         tcp = ListenerService("TCP", options.tcp_address, V2Factory(self.nsqd, reactor), self._tcp_bound,
                               program="nsqd", reactor=reactor)
         tcp.setServiceParent(self)  # type: ignore[no-untyped-call]
+        #: with --workers, the HTTP(S) listeners answer once every worker is ready (WorkerPool)
+        http_gate = None
         if options.workers > 1:
             # after the TCP listener, so it stops first: the workers close their clients
             # before the core flushes their topics
             from nsqtw.workers.pool import WorkerPool
 
-            WorkerPool(self.nsqd, options, reactor, tcp).setServiceParent(self)  # type: ignore[no-untyped-call]
+            pool = WorkerPool(self.nsqd, options, reactor, tcp)
+            pool.setServiceParent(self)  # type: ignore[no-untyped-call]
+            http_gate = pool.http_gate
         if options.http_address:  # nsqd: an empty --http-address turns HTTP off
             # the API (twisted.web, Klein) is imported and made at the first HTTP connection
             site = FirstConnectionFactory(self._http_site, "GoSite")
             ListenerService("HTTP", options.http_address, site, self._http_bound,  # type: ignore[no-untyped-call]
-                            program="nsqd", reactor=reactor).setServiceParent(self)
+                            program="nsqd", reactor=reactor, gate=http_gate).setServiceParent(self)
         if self.nsqd.tls is not None and options.https_address:
             # imported here: twisted.protocols.tls loads pyOpenSSL, which a node without TLS never needs
             from nsqtw.net.https import HTTPSFactory
@@ -186,7 +190,7 @@ class NSQDService(MultiService):
             secure.noisy = False
             ListenerService("HTTPS", options.https_address,  # type: ignore[no-untyped-call]
                             HTTPSFactory(self.nsqd.tls, False, secure), self._https_bound,
-                            program="nsqd", reactor=reactor).setServiceParent(self)
+                            program="nsqd", reactor=reactor, gate=http_gate).setServiceParent(self)
         if options.statsd_address:
             StatsdService(self.nsqd, reactor).setServiceParent(self)  # type: ignore[no-untyped-call]
         # after the listeners: it announces their ports, and stops first

@@ -51,6 +51,10 @@ GRANTED_PUB = 10
 SYNC = 11
 #: the answer to REVOKE: the credit that was left (bytes), topic
 RETURN = 12
+#: the worker serves: the core may hand it connections (no fields)
+READY = 13
+#: a connection handed to the worker could not be served (its peer was gone): no fields
+DROPPED = 14
 
 # -- kinds: from the core to a worker
 #: the answer to a PUB or SUB: seq, status (ACK_*), text

@@ -118,6 +118,13 @@ class WorkerPeer:
         self.closed = False
         #: fires once the link ended and everything on it was read
         self.done: Deferred[None] = Deferred()
+        #: the connections the core handed this worker that it still holds (handed, less the
+        #: GONE and DROPPED records): what the core balances by
+        self.connections = 0
+        #: the worker said READY (it serves handed connections)
+        self.ready = False
+        #: called once when the worker says READY
+        self.on_ready: Any = None
 
     def send(self, pieces: list[bytes]) -> None:
         self.link.send(pieces)
@@ -176,7 +183,15 @@ class WorkerPeer:
             conn = r.u32()
             self.clients[conn].adopt(json.loads(r.rest()))
         elif kind == link.GONE:
+            self.connections -= 1
             self._gone(self.clients.pop(r.u32()))
+        elif kind == link.DROPPED:
+            self.connections -= 1
+        elif kind == link.READY:
+            if not self.ready:
+                self.ready = True
+                if self.on_ready is not None:
+                    self.on_ready(self)
         else:
             self.log.error("WORKER({index}): unknown record {kind}", index=self.index, kind=kind)
 

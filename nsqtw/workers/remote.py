@@ -78,7 +78,10 @@ class RemoteNode:
         self.tls: Any = None
         self.auth: Any = None
         self.index = index
+        self.clock = clock
         self.link = Link(clock, self.record, self.lost)
+        #: waiting for the last client to go (:meth:`idle`)
+        self._idle: list[Deferred[None]] = []
         self._client_ids = itertools.count(1)
         self._seqs = itertools.count(1)
         #: this worker's connections, by the ID the core knows them by
@@ -110,6 +113,30 @@ class RemoteNode:
         if self.conns.pop(client_id, None) is not None:
             self._sent.pop(client_id, None)
             self.send(link.conn_record(link.GONE, client_id))
+            if not self.conns and self._idle:
+                waiters, self._idle = self._idle, []
+                for d in waiters:
+                    d.callback(None)
+
+    def idle(self, timeout: float) -> Deferred[None]:
+        """Fires once no client is connected, or after ``timeout`` seconds."""
+        d: Deferred[None] = Deferred()
+        if not self.conns:
+            d.callback(None)
+            return d
+        self._idle.append(d)
+        def give_up() -> None:
+            if not d.called:
+                d.callback(None)
+
+        timer = self.clock.callLater(timeout, give_up)
+
+        def cancel(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(cancel)
 
     def _sync(self, client: V2Protocol) -> None:
         """Send the client's identity again if IDENTIFY or AUTH changed it."""

@@ -12,6 +12,7 @@ import ast
 import functools
 import importlib
 import inspect
+import os
 import re
 import signal
 import socket
@@ -203,6 +204,24 @@ class EPollReactorTests(SynchronousTestCase):
         self.assertEqual(read, [True])
         reactor.removeReader(reader)
         self.assertNotIn(a.fileno(), selectables)
+
+
+class InheritedReactorTests(SynchronousTestCase):
+    """What a process forked from the core (``--workers``) closes of the reactor it inherited."""
+
+    def test_close_reactor_descriptors_closes_the_epoll_and_the_waker_once(self) -> None:
+        """The epoll object and both ends of the waker's pipe are closed through their objects, so
+        the descriptor numbers are not closed again later (they may be reused by then)."""
+        reactor = epollreactor.EPollReactor()
+        poller = tp.epoll_poller(reactor)
+        waker = reactor.waker
+        fds = [poller.fileno(), waker.i, waker.o]
+        tp.close_reactor_descriptors(reactor)
+        self.assertTrue(poller.closed)
+        for fd in fds:
+            self.assertRaises(OSError, os.fstat, fd)
+        self.assertFalse(hasattr(waker, "i"))
+        tp.close_reactor_descriptors(reactor)  # a second time closes nothing
 
 
 class ExitSignalTests(SynchronousTestCase):

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The NSQ client libraries' own test suites, with their own harnesses, against nsqtw --workers=N (or Go nsqd):
+# gnsq 1.0.2, ansq 0.3.0 and pynsq 0.9.1 from their PyPI sdists, go-nsq from the Go module proxy.
+#
+#   benchmarks/client_suites.sh WORKERS RUNS [GO/bin]     # e.g. benchmarks/client_suites.sh 2 3
+#   benchmarks/client_suites.sh go 1 GO/bin               # the reference: Go nsqd v1.3.0 and nsqlookupd
+#
+# Each harness starts `nsqd` (and `nsqlookupd`) by name: the script writes wrappers of those names that
+# `exec` twistd (`-n nsqtw --workers=WORKERS`, `-n nsqtw-lookupd`) from this checkout with the Python that
+# runs it (NSQTW_PYTHON, default `python3` on PATH, which must have nsqtw's dependencies), so a harness's
+# kill reaches the core itself, and puts them first on PATH. The suites run in a virtualenv of their own
+# under WORK (default /tmp/nsqtw-client-suites); it needs PyPI (and apt and the Go module proxy for go-nsq).
+# Prints one line per suite and run: passed/failed/errors, or why the suite could not run. Exit status 1
+# when a suite that ran had a failure.
+set -u
+WORKERS=${1:?usage: client_suites.sh WORKERS|go RUNS [GO/bin]}; RUNS=${2:-1}; GOBIN=${3:-}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${WORK:-/tmp/nsqtw-client-suites}
+PY=${NSQTW_PYTHON:-$(command -v python3)}
+mkdir -p "$WORK"/sdist "$WORK"/logs
+status=0
+
+# -- the wrappers named nsqd and nsqlookupd ----------------------------------------------------------------
+BIN="$WORK/bin-$WORKERS"; rm -rf "$BIN"; mkdir -p "$BIN"
+if [ "$WORKERS" = go ]; then
+  [ -x "$GOBIN/nsqd" ] || { echo "go: GO/bin with nsqd and nsqlookupd needed"; exit 2; }
+  ln -s "$(cd "$GOBIN" && pwd)"/nsqd "$(cd "$GOBIN" && pwd)"/nsqlookupd "$BIN"/
+else
+  TWISTD=$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); from nsqtw.tools.daemons import TWISTD; print(TWISTD)' "$ROOT")
+  for pair in "nsqd:nsqtw --workers=$WORKERS" "nsqlookupd:nsqtw-lookupd"; do
+    cat >"$BIN/${pair%%:*}" <<EOF
+#!/bin/sh
+export PYTHONPATH="$ROOT\${PYTHONPATH:+:\$PYTHONPATH}"
+exec "$PY" -c "$TWISTD" --pidfile= -n ${pair#*:} "\$@"
+EOF
+    chmod +x "$BIN/${pair%%:*}"
+  done
+fi
+export PATH="$BIN:$PATH"
+echo "# $(nsqd --version 2>&1 | head -1); workers=$WORKERS; runs=$RUNS; $(nproc) cores"
+
+# -- the suites' virtualenv and sources --------------------------------------------------------------------
+VENV="$WORK/venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+  "$VENV"/bin/pip install -q pytest pytest-timeout mock gevent blinker six urllib3 python-snappy \
+    pytest-asyncio aiohttp attrs tornado==6.0.4 >"$WORK"/logs/pip.log 2>&1 || { echo "pip install failed"; exit 2; }
+fi
+cd "$WORK"/sdist
+[ -d gnsq-1.0.2 ] && [ -d ansq-0.3.0 ] && [ -d pynsq-0.9.1 ] || {
+  "$VENV"/bin/pip download -q --no-binary :all: --no-deps gnsq==1.0.2 ansq==0.3.0 pynsq==0.9.1 >>"$WORK"/logs/pip.log 2>&1
+  for f in gnsq-1.0.2.tar.gz ansq-0.3.0.tar.gz pynsq-0.9.1.tar.gz; do tar xzf "$f"; done; }
+
+summary() { # the pytest closing line of log $1
+  grep -E '(passed|failed|error).* in [0-9.]+s' "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//'; }
+
+# -- gnsq: tests/integration_server.py starts nsqd/nsqlookupd by name on port 0, SIGTERM at the end ---------
+for run in $(seq 1 "$RUNS"); do
+  log="$WORK/logs/gnsq-$WORKERS-$run.log"
+  (cd gnsq-1.0.2 && timeout 900 "$VENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
+    || status=1
+  echo "gnsq 1.0.2 workers=$WORKERS run $run: $(summary "$log") (log $log)"
+  grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+done
+
+# -- ansq, pynsq: is the harness in the sdist? -------------------------------------------------------------
+if [ -f ansq-0.3.0/tests/conftest.py ]; then
+  for run in $(seq 1 "$RUNS"); do
+    log="$WORK/logs/ansq-$WORKERS-$run.log"
+    (cd ansq-0.3.0 && timeout 900 "$VENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
+      || status=1
+    echo "ansq 0.3.0 workers=$WORKERS run $run: $(summary "$log") (log $log)"
+    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+  done
+else
+  echo "ansq 0.3.0: not run: its sdist has tests/test_*.py but not tests/conftest.py, which defines the" \
+       "fixtures that start nsqd/nsqlookupd (nsqd, create_nsqd, nsqlookupd)"
+fi
+if ls pynsq-0.9.1 | grep -qi test; then
+  echo "pynsq 0.9.1: tests found in the sdist, but this script does not run them yet"
+else
+  echo "pynsq 0.9.1: not run: its sdist has the nsq package only, no tests and no harness"
+fi
+
+# -- go-nsq: its test.sh starts nsqlookupd and nsqd (TLS flags, ./test certificates) and runs go test ------
+if ! command -v go >/dev/null; then
+  apt-get install -y golang-go >"$WORK"/logs/apt.log 2>&1 || true
+fi
+if ! command -v go >/dev/null; then
+  echo "go-nsq: not run: no Go toolchain (apt-get install golang-go failed, see $WORK/logs/apt.log)"
+else
+  export GOPATH="$WORK/gopath" GOFLAGS=-modcacherw
+  mkdir -p "$WORK"/gomod && cd "$WORK"/gomod
+  [ -f go.mod ] || go mod init client-suites >/dev/null 2>&1
+  if ! out=$(timeout 120 go mod download -json github.com/nsqio/go-nsq@latest 2>&1) \
+     || grep -q '"Error"' <<<"$out"; then
+    echo "go-nsq: not run: go mod download failed: $(grep -o '"Error": .*' <<<"$out" | head -1)"
+  else
+    dir=$(sed -n 's/.*"Dir": "\(.*\)",/\1/p' <<<"$out")
+    for run in $(seq 1 "$RUNS"); do
+      log="$WORK/logs/go-nsq-$WORKERS-$run.log"; rm -rf "$WORK/go-nsq"; cp -r "$dir" "$WORK/go-nsq"
+      (cd "$WORK/go-nsq" && timeout 900 bash test.sh >"$log" 2>&1) || status=1
+      echo "go-nsq workers=$WORKERS run $run: $(grep -c '^--- PASS' "$log") passed," \
+           "$(grep -c '^--- FAIL' "$log") failed (log $log)"
+    done
+  fi
+fi
+exit $status
