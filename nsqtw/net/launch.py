@@ -29,7 +29,9 @@ Nothing here uses a private name of Twisted: twistd's documented order
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +70,10 @@ def report_to_launcher(twistd_options: Mapping[str, Any] | None, program: str) -
     if child == 0:  # goes on into twistd, which daemonizes it
         os.close(read_fd)
         _mode, _report_fd = "daemon", write_fd
+        # twistd's waiting parent (this process, after twistd's first fork) must not hold the
+        # daemon's end: a daemon that dies before its word then closes the pipe for good
+        waiter = os.getpid()
+        os.register_at_fork(after_in_parent=lambda: _let_go(waiter))
         return
     os.close(write_fd)
     try:
@@ -77,6 +83,14 @@ def report_to_launcher(twistd_options: Mapping[str, Any] | None, program: str) -
     if text:
         _write_all(2, text)
     os._exit(status)
+
+
+def _let_go(waiter: int) -> None:
+    """After a fork, in twistd's waiting parent only: close the daemon's end of the pipe."""
+    global _report_fd
+    if os.getpid() == waiter and _report_fd is not None:
+        os.close(_report_fd)
+        _report_fd = None
 
 
 def refuse_running_pid_file(twistd_options: Mapping[str, Any] | None) -> None:
@@ -129,11 +143,31 @@ def wait_for_word(read_fd: int, child: int, program: str, log_at: str) -> tuple[
         return 0, b""
     if word.startswith(FATAL):
         return 1, word + b"\n"
-    _, wait_status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(wait_status)
-    if code > 0:
+    code = _twistd_parent_status(child)
+    if code is not None and code > 0:
         return code, b""  # twistd said why
     return 1, f"FATAL: {program} exited during start-up - see {log_at}\n".encode()
+
+
+def _twistd_parent_status(child: int, grace: float = 0.5) -> int | None:
+    """The exit status of twistd's waiting parent ``child``, once the daemon went without a word.
+
+    When twistd itself failed, the daemon told that parent before it
+    ended, and the parent exits at once with its own message. When the
+    daemon died before telling it (killed during its start), twistd's
+    parent would wait for ever: after ``grace`` it is ended, and None
+    says so.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        pid, wait_status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return os.waitstatus_to_exitcode(wait_status)
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return None
+        time.sleep(0.01)
 
 
 def started() -> None:

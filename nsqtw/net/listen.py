@@ -13,6 +13,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.python.failure import Failure
 
+from nsqtw import log
 from nsqtw.log import Logger
 from nsqtw.net import launch
 from nsqtw.net.eager import EagerTCPServerEndpoint
@@ -168,8 +169,12 @@ def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[A
     """Tell the service manager ``READY=1`` once every listener among ``services`` is bound,
     and every service with a ``serving`` Deferred (nsqd's worker processes) serves.
 
-    The start is settled then: under ``twistd -n`` the start-up lines are
-    written out, and a daemonized start's launching process exits 0
+    The start is settled once every listener is bound: under ``twistd -n``
+    the start-up lines (the ``listening on`` lines among them) are written
+    out then, while worker processes may still be starting (connections
+    wait for them: the TCP ones in the kernel's backlog, the HTTP ones in
+    the listener's, the worker pool's ``http_gate``). A daemonized
+    start's launching process exits 0 with ``READY=1``
     (:mod:`nsqtw.net.launch`).
 
     Sent when the reactor runs (the listeners answer), and never when one
@@ -179,10 +184,19 @@ def notify_ready_when_bound(reactor: Any, services: Iterable[Any]) -> Deferred[A
     listeners = [s for s in services if isinstance(s, ListenerService)]
     serving = [s.serving for s in services if isinstance(getattr(s, "serving", None), Deferred)]
 
+    def bound() -> bool:
+        return process_exit.status is None and all(s.port is not None for s in listeners)
+
     def all_bound(_: object) -> None:
-        if process_exit.status is None and all(s.port is not None for s in listeners):
+        if bound():
+            log.start_settled(failed=False)
+
+    def all_serving(_: object) -> None:
+        if bound():
             notify("READY=1")
             launch.started()
 
-    done = gatherResults([s.ready for s in listeners if s.ready is not None] + serving)
-    return done.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))
+    listening = gatherResults([s.ready for s in listeners if s.ready is not None])
+    listening.addCallback(lambda _: reactor.callWhenRunning(all_bound, None))
+    done = gatherResults([listening] + serving)
+    return done.addCallback(lambda _: reactor.callWhenRunning(all_serving, None))
