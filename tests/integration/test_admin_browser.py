@@ -189,18 +189,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         daemons.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def open_chromium(*args: str, console: bool = False) -> Any:
+    """Headless Chromium under selenium, with ``args`` besides the usual ones; ``console``:
+    the page's console messages kept for ``driver.get_log("browser")``. The caller quits it."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     options = Options()
     options.binary_location = CHROMIUM or ""
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
+                "--window-size=1280,900", "--no-first-run", "--disable-extensions", *args):
         options.add_argument(arg)
+    if console:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = open_chromium()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     yield driver
     driver.quit()

@@ -17,7 +17,6 @@ reload of its URL (what a bookmark or a pasted link gets).
 
 from __future__ import annotations
 
-import shutil
 import socket
 import time
 from collections import deque
@@ -32,16 +31,10 @@ from tests.admin_reference import get_json, http, wait_for
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
 from tests.rawclient import Client, pub
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:  # pragma: no cover - CI installs both
-    pytest.skip("needs Debian's chromium and chromium-driver: apt-get install -y chromium chromium-driver",
-                allow_module_level=True)
+# skipped as that module is where Debian's chromium and its driver are missing
+from tests.integration.test_admin_browser import By, WebDriverWait, open_chromium  # isort: skip
 
-webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 #: the most pages the crawl opens (the cluster below draws about fifteen)
 MAX_PAGES = 60
@@ -126,17 +119,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM or ""
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = open_chromium(console=True)
     yield driver
     driver.quit()
 

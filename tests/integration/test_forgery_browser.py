@@ -40,15 +40,7 @@ import pytest
 
 from tests.admin_reference import free_port, get_json, http
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
-from tests.integration.test_admin_browser import (
-    CHROMEDRIVER,
-    CHROMIUM,
-    By,
-    WebDriverWait,
-    _click_confirmed,
-    _wait,
-    webdriver,
-)
+from tests.integration.test_admin_browser import By, WebDriverWait, _click_confirmed, _wait, open_chromium
 from tests.integration.test_admin_trust import GO_BIN
 
 #: the name a rebound page has, and a name given to nsqtw-admin with --allow-host; both map to loopback
@@ -192,17 +184,7 @@ def side(request: pytest.FixtureRequest, setup: Setup) -> Side:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Chromium in which evil.test and admin.test are names of 127.0.0.1."""
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM or ""
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions",
-                f"--host-resolver-rules=MAP {EVIL} 127.0.0.1, MAP {ALLOWED} 127.0.0.1"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = open_chromium(f"--host-resolver-rules=MAP {EVIL} 127.0.0.1, MAP {ALLOWED} 127.0.0.1")
     driver.set_script_timeout(20)
     yield driver
     driver.quit()
