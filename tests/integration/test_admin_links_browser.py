@@ -17,7 +17,6 @@ reload of its URL (what a bookmark or a pasted link gets).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import pytest
 
 from tests.admin_reference import get_json, http, wait_for
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
+from tests.integration.test_admin_trust import _ipv6_loopback
 from tests.rawclient import Client, pub
 
 # skipped as that module is where Debian's chromium and its driver are missing
@@ -40,15 +40,6 @@ from selenium.common.exceptions import StaleElementReferenceException, TimeoutEx
 MAX_PAGES = 60
 #: the second admin's --base-path: every link and route lives under it
 BASE_PATH = "/nsq/admin"
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 IPV6 = _ipv6_loopback()
