@@ -1,0 +1,211 @@
+"""Every ``sh`` block of docs/ and the README runs as written, page by page, on a fresh state.
+
+Each page starts where the README's first command leaves a new user: that
+command runs in a terminal of its own (a node on nsqd's default ports,
+its data in ``nsq-data/``), then the page's blocks, in order, in another
+terminal at the root of a checkout. How the blocks are run, and the only
+things changed in them (free ports for the doc's ports, foreground
+daemons as jobs, the commands of this checkout, shortened durations a
+block lists), is tests/docrun.py's docstring.
+
+:data:`PLAN` names every block of every page, with what its output must
+show. A block not run here says where it is run (a named test) or why it
+cannot run on a test machine (root and systemd). Blocks that use Go NSQ
+v1.3.0 (``$NSQTW_GO_BIN``) run where its binaries are
+(``$NSQTW_GO_BIN`` or ``../shared/anchor/bin``) and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import docrun
+
+ROOT = docrun.ROOT
+GO = docrun.go_bin()
+
+
+@dataclass(frozen=True)
+class Block:
+    """What a block is and what running it must show."""
+
+    #: the block's text holds this (which block of the page this is)
+    says: str
+    #: its output holds each of these
+    expect: tuple[str, ...] = ()
+    #: (the doc's text, the test's): durations and sizes cut to keep a benchmark short
+    shorten: tuple[tuple[str, str], ...] = ()
+    #: its last command runs until Ctrl-C, which comes once this has been printed
+    until: str | None = None
+    #: not run here: the test that runs it, or why no test machine can
+    elsewhere: str | None = None
+    timeout: float = 120
+
+
+QUICKSTART = "tests/integration/test_quickstart.py::test_quickstart_runs_as_written (against a node on free ports)"
+
+CLUSTER = "tests/integration/test_cluster_doc.py::test_cluster_doc_runs_as_written (as here, with more checks)"
+
+PLAN: dict[str, list[Block]] = {
+    "README.md": [
+        Block("pip install . && mkdir -p nsq-data && cd nsq-data && twistd -n nsqtw"),
+        Block("pip install '.[test]' && python -m pytest",
+              elsewhere=".ci/run runs it, in a fresh venv made from the machine's Python"),
+        Block("twistd -n nsqtw --tcp-address=127.0.0.1:4250 --http-address=127.0.0.1:4251"),
+        Block("python -m venv .venv && . .venv/bin/activate",
+              elsewhere="the development setup runs the whole suite and tools/check.sh, as .ci/run does"),
+    ],
+    "docs/admin.md": [
+        Block("twistd -n --pidfile= nsqtw-admin --lookupd-http-address=127.0.0.1:4161"),
+        Block("/api/topics/orders", expect=tuple(f'"request":"{r}","ok":true' for r in (
+            "topic/pause", "channel/empty", "channel/delete", "topic/tombstone", "topic/delete"))),
+    ],
+    "docs/cluster.md": [
+        Block(says, elsewhere=CLUSTER) for says in (
+            "--node-id=1", "hello from 1", "/lookup?topic=events", "nsqtw-admin --lookupd-http-address",
+            "/config/nsqlookupd_tcp_addresses", "/topic/delete?topic=events", "/topic/tombstone?topic=events")
+    ],
+    "docs/features.md": [
+        Block("openssl req -x509"),
+        Block("twistd -n nsqtw --tls-cert=server.pem --tls-key=server.key"),
+        Block("twistd -n nsqtw --auth-http-address=127.0.0.1:4181"),
+        Block("twistd -n nsqtw --statsd-address=127.0.0.1:8125"),
+        Block("twistd -n nsqtw --e2e-processing-latency-percentile"),
+    ],
+    "docs/metrics.md": [
+        Block("/metrics | grep nsqd_channel_depth",
+              expect=('nsqd_channel_depth{channel="archive",topic="orders"} 42.0',)),
+    ],
+    "docs/tools.md": [
+        Block("nsqtw tail --topic=orders -n 2", expect=("a\nb\n", " | ")),
+        Block("nsqtw pub --topic=records --delimiter=,"),
+        Block("nsqtw stat --topic=payments", expect=("ingress  egress",)),
+        Block("nsqtw to-file --topic=logs", until="records to disk"),
+        Block("cat archive/logs.", expect=("line 1\nline 2\n",)),
+        Block("nsqtw to-http --topic=webhooks", until="[aggregate]: finished 2"),
+        Block("nsqtw pub --topic=events"),
+        Block("nsqtw to-nsq --topic=events", expect=('{"id":1,"ts":2.5}',)),
+    ],
+    "docs/quickstart.md": [
+        Block("twistd -n nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path=nsq-data"),
+        *(Block(says, elsewhere=QUICKSTART) for says in (
+            "export NSQD_TCP=", "/channel/create?topic=events&channel=printer", "python consume.py",
+            "nsqtw-bench writer")),
+    ],
+    "docs/http-api.md": [
+        Block("/ping", expect=("OK",)),
+        Block("/info", expect=('"version":"1.3.0"',)),
+        Block("/pub?topic=events", expect=("OKOK",)),
+        Block("/mpub?topic=events", expect=("OKOK",)),
+        Block("/topic/create?topic=events"),
+        Block("/channel/create?topic=events&channel=archive"),
+        Block("/stats?format=json", expect=('"topic_name":"events"', "[events ")),
+        Block("/config/nsqlookupd_tcp_addresses", expect=('[]["10.0.0.1:4160","10.0.0.2:4160"]1',)),
+    ],
+}
+
+
+def pages() -> list[str]:
+    """Every page with an ``sh`` block: the README and docs/*.md."""
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [str(p.relative_to(ROOT)) for p in found if docrun.sh_blocks(p)]
+
+
+def test_every_block_of_every_page_is_planned() -> None:
+    """PLAN lists each page's blocks in order, each by a text it holds; a block it does not run here
+    names the test that runs it or why none can; no block names the project's own machines."""
+    assert sorted(PLAN) == sorted(pages())
+    for page, plan in PLAN.items():
+        blocks = docrun.sh_blocks(ROOT / page)
+        assert len(blocks) == len(plan), f"{page}: {len(blocks)} blocks, PLAN has {len(plan)}"
+        for i, (text, block) in enumerate(zip(blocks, plan, strict=True)):
+            assert block.says in text, f"{page} block {i} no longer says {block.says!r}:\n{text}"
+            assert "shared/anchor" not in text, f"{page} block {i} names the project's machines"
+        for block in plan:
+            named = re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", block.elsewhere or "")
+            for path, name in named:
+                source = (ROOT / path).read_text()
+                assert not name or re.search(rf"\bdef {name}\b", source), f"{page}: no {path}::{name}"
+
+
+def test_no_other_shell_blocks() -> None:
+    """A command to type is in an ``sh`` block (which PLAN covers); the only other kind is the
+    README's first command, shown again in the quickstart as ``console``."""
+    first = docrun.sh_blocks(ROOT / "README.md")[0]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for kind, text in re.findall(r"^```(console|bash|shell|zsh)\n(.*?)^```", page.read_text(), re.S | re.M):
+            assert text == first, f"{page.relative_to(ROOT)}: a {kind} block that is not the README's first command"
+
+
+def test_performance_report_is_short() -> None:
+    """docs/performance.md stays a report to decide from: at most 300 lines (detail goes to
+    benchmarks/README.md)."""
+    lines = (ROOT / "docs" / "performance.md").read_text().count("\n")
+    assert lines <= 300, f"docs/performance.md has {lines} lines"
+
+
+def _slugs(page: Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_links_between_pages_resolve() -> None:
+    """Every relative link in the README, docs/ and benchmarks/README.md names a file that exists and,
+    with ``#anchor``, a heading of that page."""
+    pages_ = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages_:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _slugs(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+@pytest.mark.parametrize("page", [p for p in PLAN if any(b.elsewhere is None for b in PLAN[p])])
+def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
+    """The README's first command, then every block of the page in order: each runs without a
+    failing command and prints what PLAN expects."""
+    work = docrun.work_dir(tmp_path / "checkout")
+    env = docrun.environment(docrun.shims(tmp_path / "bin"), GO)
+    run = docrun.Page(work, env)
+    skipped = []
+    try:
+        first = run.terminal()
+        readme_first = docrun.sh_blocks(ROOT / "README.md")[0]
+        run.run_block(first, readme_first)
+        term = run.terminal()
+        for i, (text, block) in enumerate(zip(docrun.sh_blocks(ROOT / page), PLAN[page], strict=True)):
+            if page == "README.md" and i == 0:
+                continue  # it is the first command, running in the first terminal
+            if block.elsewhere is not None:
+                continue
+            if "NSQTW_GO_BIN" in text and GO is None:
+                skipped.append(i)
+                continue
+            out = run.run_block(term, text, shorten=block.shorten, until=block.until, timeout=block.timeout)
+            print(f"--- {page} block {i}:\n{out}")  # shown with a failure, or with -s
+            for wanted in block.expect:
+                assert wanted in out, f"{page} block {i} did not print {wanted!r}:\n{out}"
+    finally:
+        run.close()
+    if skipped:
+        pytest.skip(f"{page}: the other blocks ran; blocks {skipped} need Go NSQ v1.3.0 ($NSQTW_GO_BIN)")
