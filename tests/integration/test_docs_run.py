@@ -69,6 +69,13 @@ PLAN: dict[str, list[Block]] = {
             "--node-id=1", "hello from 1", "/lookup?topic=events", "nsqtw-admin --lookupd-http-address",
             "/config/nsqlookupd_tcp_addresses", "/topic/delete?topic=events", "/topic/tombstone?topic=events")
     ],
+    "docs/durability.md": [
+        Block("twistd -n nsqtw --durable-delivery --data-path=nsq-data"),
+        Block("nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --pub --workers=8",
+              shorten=(("--runfor=5s", "--runfor=1s"),), expect=("ops/s",)),
+        Block("benchmarks/durable_compare.py", shorten=(("--runs=3 --runfor=10s", "--runs=1 --runfor=1s"),),
+              expect=("PUB/s",), timeout=300),
+    ],
     "docs/features.md": [
         Block("openssl req -x509"),
         Block("twistd -n nsqtw --tls-cert=server.pem --tls-key=server.key"),
