@@ -24,6 +24,8 @@ block, and only this:
   nothing: it checks that what a doc installs is this checkout (whose
   install tests/integration/test_install.py checks) or a version the
   tests already run with.
+* **The default address of a program**, ``NSQD_TCP_ADDRESS``
+  (examples/spark/events_per_minute.py's), is the page's node's.
 * **Durations** a block's spec lists (``Block.shorten``), to keep a
   benchmark short; the rest of the command is the doc's.
 
@@ -39,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,8 +75,9 @@ def without_logs(text: str) -> str:
 
 
 def sh_blocks(page: Path) -> list[str]:
-    """The page's ```sh blocks, in order."""
-    return re.findall(r"^```sh\n(.*?)^```", page.read_text(), re.S | re.M)
+    """The page's ```sh blocks, in order; one indented in a list item without its indent."""
+    found = re.findall(r"^( *)```sh\n(.*?)^\1```", page.read_text(), re.S | re.M)
+    return [textwrap.dedent(text) if indent else text for indent, text in found]
 
 
 def go_bin() -> Path | None:
@@ -383,6 +387,11 @@ class Page:
     terminals: list[Terminal] = field(default_factory=list)
     foreground: list[Daemon] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # a program a block runs that takes the default address from this variable (docs/spark.md's
+        # examples/spark/events_per_minute.py) finds the page's node, as the blocks' own addresses do
+        self.env = dict(self.env, NSQD_TCP_ADDRESS=f"127.0.0.1:{self.ports.mapping[4150]}")
+
     def terminal(self) -> Terminal:
         t = Terminal(self.work, self.env, self.work / f".terminal{len(self.terminals)}.log")
         self.terminals.append(t)
@@ -411,6 +420,29 @@ class Page:
                 segment.append(line)
         out += self._segment(term, segment, timeout, until)
         return without_logs(out)
+
+    def run_job(self, term: Terminal, text: str, until: str, *, timeout: float = 120) -> str:
+        """Run a block whose one command runs until stopped (while the doc goes on in another shell) as
+        a job; once it has printed ``until``, the page goes on. It is stopped with the page."""
+        script = self.prepare(text).strip()
+        start = len(term.output())
+        pgid = term.start_job("{ " + script + "\n}")
+        deadline = time.monotonic() + timeout
+        while until not in term.output()[start:]:
+            if not _group_alive(pgid) or time.monotonic() > deadline:
+                raise BlockFailed(f"{script!r} did not print {until!r} "
+                                  f"({'it exited' if not _group_alive(pgid) else 'timed out'}):\n"
+                                  f"{term.output()[start:][-4000:]}")
+            time.sleep(0.2)
+        return without_logs(term.output()[start:])
+
+    def wait_for(self, term: Terminal, command: str, wanted: str, timeout: float = 120) -> None:
+        """Run ``command`` until its output holds ``wanted``: what the doc tells the reader to wait for."""
+        deadline = time.monotonic() + timeout
+        while wanted not in (out := term.run(self.prepare(command), timeout)):
+            if time.monotonic() > deadline:
+                raise BlockFailed(f"{command!r} did not print {wanted!r} within {timeout:.0f} s:\n{out}")
+            time.sleep(1)
 
     def _segment(self, term: Terminal, lines: list[str], timeout: float, until: str | None) -> str:
         if not "".join(lines).strip():

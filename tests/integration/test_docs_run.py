@@ -18,6 +18,7 @@ v1.3.0 (``$NSQTW_GO_BIN``) run where its binaries are
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,13 @@ class Block:
     shorten: tuple[tuple[str, str], ...] = ()
     #: its last command runs until Ctrl-C, which comes once this has been printed
     until: str | None = None
+    #: its one command runs until stopped while the page goes on (in another shell): started as a job,
+    #: the page goes on once it has printed ``until``
+    job: bool = False
+    #: (a command, what it prints): what the doc tells the reader to wait for before this block
+    wait_for: tuple[str, str] | None = None
+    #: a program it needs that a test machine may lack
+    needs: str | None = None
     #: not run here: the test that runs it, or why no test machine can
     elsewhere: str | None = None
     timeout: float = 120
@@ -49,6 +57,14 @@ class Block:
 QUICKSTART = "tests/integration/test_quickstart.py::test_quickstart_runs_as_written (against a node on free ports)"
 
 CLUSTER = "tests/integration/test_cluster_doc.py::test_cluster_doc_runs_as_written (as here, with more checks)"
+
+SPARK_DEPLOY = ("tests/spark/test_spark_deploy.py::test_a_standalone_cluster_with_a_worker_killed_mid_query: "
+                "a master and workers on one machine (the block's HOST and NSQD are other hosts)")
+SPARK_CONNECT = ("tests/spark/test_spark_deploy.py::test_spark_connect: the server on a port of its own "
+                 "(15002 may be taken)")
+
+SYSTEMD = ("a host's root and its systemd: the units' ExecStart lines run in "
+           "tests/integration/test_deploy_doc.py::test_exec_start_runs_and_notifies")
 
 PLAN: dict[str, list[Block]] = {
     "README.md": [
@@ -69,6 +85,10 @@ PLAN: dict[str, list[Block]] = {
             "--node-id=1", "hello from 1", "/lookup?topic=events", "nsqtw-admin --lookupd-http-address",
             "/config/nsqlookupd_tcp_addresses", "/topic/delete?topic=events", "/topic/tombstone?topic=events")
     ],
+    "docs/deploy.md": [
+        Block("useradd --system", elsewhere=SYSTEMD),
+        Block("systemctl enable --now", elsewhere=SYSTEMD),
+    ],
     "docs/durability.md": [
         Block("twistd -n nsqtw --durable-delivery --data-path=nsq-data"),
         Block("nsqtw-bench writer --nsqd-tcp-address=127.0.0.1:4150 --pub --workers=8",
@@ -87,6 +107,22 @@ PLAN: dict[str, list[Block]] = {
         Block("/metrics | grep nsqd_channel_depth",
               expect=('nsqd_channel_depth{channel="archive",topic="orders"} 42.0',)),
     ],
+    "docs/spark.md": [
+        Block("pip install '.[spark]'"),
+        Block("python examples/spark/events_per_minute.py", needs="java", timeout=180,
+              expect=("published 1 counts to events_per_minute", '"message_count":1', '"events":300}')),
+        Block("java -version", needs="java"),
+        Block("channel=archive", expect=("OK",)),
+        Block("spark-submit --master 'local[2]' examples/spark/nsq_to_parquet.py", needs="java", job=True,
+              until="stop cleanly with: kill -TERM", timeout=300),
+        Block("s.read.parquet('events-parquet')", needs="java", timeout=300, expect=("|    1000|              1000|",),
+              wait_for=("curl -s 'http://127.0.0.1:4151/stats?topic=events&channel=archive&format=json'",
+                        '"channel_name":"archive","depth":0,"backend_depth":0,"in_flight_count":0')),
+        Block("org.apache.spark.deploy.master.Master", elsewhere=SPARK_DEPLOY),
+        Block("SparkConnectServer", elsewhere=SPARK_CONNECT),
+        Block("python -m nsqtw.spark.bench", needs="java", timeout=600,
+              shorten=(("--messages=10000000", "--messages=20000 --rate-seconds=3"),)),
+    ],
     "docs/tools.md": [
         Block("nsqtw tail --topic=orders -n 2", expect=("a\nb\n", " | ")),
         Block("nsqtw pub --topic=records --delimiter=,"),
@@ -96,6 +132,32 @@ PLAN: dict[str, list[Block]] = {
         Block("nsqtw to-http --topic=webhooks", until="[aggregate]: finished 2"),
         Block("nsqtw pub --topic=events"),
         Block("nsqtw to-nsq --topic=events", expect=('{"id":1,"ts":2.5}',)),
+    ],
+    "docs/performance.md": [
+        Block("benchmarks/report.sh $NSQTW_GO_BIN/nsqd", timeout=600, expect=("| measure |",), shorten=(
+            ("nsqd                       # the table", "nsqd --runs=1 --runfor=1s # the table"),
+            ("--runs=1 --runfor=3s", "--runs=1 --runfor=1s"))),
+        Block("--measures=write,read,round_trip,pub,latency_p99,idle_rss,memory", timeout=600,
+              shorten=(("--runfor=10s", "--runfor=1s"),), expect=("| measure |",)),
+        Block("benchmarks/many_cores.sh $NSQTW_GO_BIN", timeout=600, shorten=(("RUN=6s ROUNDS=2", "RUN=1s ROUNDS=1"),)),
+        Block("--nsqtw-flag=--busy-poll=0", timeout=300, shorten=(("--runfor=8s", "--runfor=1s"),),
+              expect=("round trips",)),
+        Block("benchmarks/workers_cpu.py $NSQTW_GO_BIN 1 2", timeout=600,
+              shorten=(("RUN=5s ROUNDS=2", "RUN=1s ROUNDS=1"),)),
+        Block("--measures=fanout", timeout=600, shorten=(
+            ("--runs=3 --batch-size=100 --size=100", "--runs=1 --batch-size=100 --size=100 --fanout-copies=20000"),)),
+    ],
+    "docs/reliability.md": [
+        Block("python -m pytest tests/reliability", elsewhere="the suite runs tests/reliability; this is that part"),
+        Block("benchmarks/attack_compare.py $NSQTW_GO_BIN/nsqd", timeout=600, expect=("| attack |",), shorten=(
+            ("attack_compare.py $NSQTW_GO_BIN/nsqd", "attack_compare.py --churn-cycles=300 $NSQTW_GO_BIN/nsqd"),)),
+        Block("benchmarks/churn_ab.py", timeout=600, shorten=(
+            ("--cycles=20000 --rounds=3", "--cycles=300 --rounds=1"), ("--churn-cycles=20000", "--churn-cycles=300"))),
+        Block("attack_compare.py --only=slices", timeout=600, expect=("| attack |",)),
+        Block("nsqtw-bench chaos", needs="java", timeout=900, shorten=(
+            ("--duration=10m", "--duration=15s"), ("--seed=1,2,3,4,5", "--seed=1"))),
+        Block("benchmarks/soak.py --minutes 10", timeout=300, shorten=(("--minutes 10", "--minutes 0.5"),)),
+        Block("benchmarks/soak.py --minutes 5 --disk-faults", timeout=300, shorten=(("--minutes 5", "--minutes 0.5"),)),
     ],
     "docs/quickstart.md": [
         Block("twistd -n nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path=nsq-data"),
@@ -144,8 +206,14 @@ def test_no_other_shell_blocks() -> None:
     README's first command, shown again in the quickstart as ``console``."""
     first = docrun.sh_blocks(ROOT / "README.md")[0]
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for kind, text in re.findall(r"^```(console|bash|shell|zsh)\n(.*?)^```", page.read_text(), re.S | re.M):
+        for kind, text in re.findall(r"^ *```(console|bash|shell|zsh)\n(.*?)^ *```", page.read_text(), re.S | re.M):
             assert text == first, f"{page.relative_to(ROOT)}: a {kind} block that is not the README's first command"
+
+
+def test_spark_example_is_the_docs() -> None:
+    """docs/spark.md shows examples/spark/events_per_minute.py as it is (the run block runs the file)."""
+    shown = re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "spark.md").read_text(), re.S | re.M)
+    assert (ROOT / "examples" / "spark" / "events_per_minute.py").read_text() in shown
 
 
 def test_performance_report_is_short() -> None:
@@ -205,14 +273,21 @@ def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
                 continue  # it is the first command, running in the first terminal
             if block.elsewhere is not None:
                 continue
-            if "NSQTW_GO_BIN" in text and GO is None:
+            if ("NSQTW_GO_BIN" in text and GO is None) or (block.needs and shutil.which(block.needs) is None):
                 skipped.append(i)
                 continue
-            out = run.run_block(term, text, shorten=block.shorten, until=block.until, timeout=block.timeout)
+            if block.wait_for is not None:
+                run.wait_for(term, *block.wait_for, timeout=block.timeout)
+            if block.job:
+                assert block.until is not None
+                out = run.run_job(term, text, block.until, timeout=block.timeout)
+            else:
+                out = run.run_block(term, text, shorten=block.shorten, until=block.until, timeout=block.timeout)
             print(f"--- {page} block {i}:\n{out}")  # shown with a failure, or with -s
             for wanted in block.expect:
                 assert wanted in out, f"{page} block {i} did not print {wanted!r}:\n{out}"
     finally:
         run.close()
     if skipped:
-        pytest.skip(f"{page}: the other blocks ran; blocks {skipped} need Go NSQ v1.3.0 ($NSQTW_GO_BIN)")
+        pytest.skip(f"{page}: the other blocks ran; blocks {skipped} need Go NSQ v1.3.0 ($NSQTW_GO_BIN) "
+                    "or a program this machine lacks (Java for Spark)")
