@@ -9,8 +9,9 @@ would. What the test machine must change is changed the same way in every
 block, and only this:
 
 * **Ports.** Every port on this machine a doc names (:data:`DOC_PORTS`,
-  after ``127.0.0.1:``, ``0.0.0.0:``, ``localhost:`` or a bare ``:``) becomes a free one, the same one everywhere
-  in the page, so pages and other tests on the machine never collide.
+  after ``127.0.0.1:``, ``0.0.0.0:``, ``localhost:`` or a bare ``:``)
+  becomes a free one, the same one everywhere in the page, so pages and
+  other tests on the machine never collide.
   A ``twistd`` daemon the doc starts on its defaults is given those
   defaults explicitly (``--tcp-address=0.0.0.0:4150`` and so on, before
   the port becomes the page's).
@@ -291,7 +292,8 @@ class Terminal:
         path = self.cwd / f".block{n}.sh"
         path.write_text(script)
         start = len(self.output())
-        self._type(f'echo "{_MARK}START {n}"; . ./.block{n}.sh </dev/null; jobs -p > .jobs{n}; '
+        jobs = self.cwd / f".jobs{n}"  # absolute: a block may change the directory
+        self._type(f'echo "{_MARK}START {n}"; . "{path}" </dev/null; jobs -p > "{jobs}"; '
                    f'echo "{_MARK}DONE {n}"\n')
         deadline = time.monotonic() + timeout
         interrupted = False
@@ -312,10 +314,11 @@ class Terminal:
             if time.monotonic() > deadline:
                 raise BlockFailed(f"block {n} did not finish within {timeout:.0f} s:\n{script}\n--- output:\n{out}")
             time.sleep(0.1)
-        self.jobs |= {int(p) for p in (self.cwd / f".jobs{n}").read_text().split()}
+        self.jobs |= {int(p) for p in jobs.read_text().split()}
         out = out.split(f"{_MARK}START {n}\n", 1)[-1].split(f"{_MARK}DONE {n}\n", 1)[0]
-        errors = [line for line in out.splitlines() if line.startswith(f"{_MARK}ERR(")
-                  and not (interrupted and line.startswith(f"{_MARK}ERR(130)"))]
+        # (a marker may follow output without a newline, such as curl's)
+        errors = [line for line in out.splitlines() if f"{_MARK}ERR(" in line
+                  and not (interrupted and f"{_MARK}ERR(130)" in line)]
         if errors:
             raise BlockFailed(f"a command failed: {errors}\n{script}\n--- output:\n{out}")
         if until is not None and not interrupted:
@@ -331,7 +334,7 @@ class Terminal:
         """Start one command line as a background job; its process group."""
         self.count += 1
         n = self.count
-        self._type(f"{line.rstrip()} &\necho $! > .job{n}\n")
+        self._type(f'{line.rstrip()} &\necho $! > "{self.cwd / f".job{n}"}"\n')
         self._wait_file(self.cwd / f".job{n}")
         for _ in range(100):
             text = (self.cwd / f".job{n}").read_text().strip()
@@ -343,8 +346,14 @@ class Terminal:
         return pgid
 
     def close(self) -> None:
-        """Ctrl-C every job still running, then the terminal; what stays is killed."""
+        """Ctrl-C every job still running (and a command left in the foreground), then the terminal;
+        what stays is killed."""
         groups = [g for g in self.jobs if _alive(g)]
+        for child in _children(self.proc.pid):
+            try:
+                groups.append(os.getpgid(child))
+            except ProcessLookupError:
+                pass
         for g in groups:
             _signal_group(g, signal.SIGINT)
         deadline = time.monotonic() + 30
@@ -488,12 +497,17 @@ class Page:
 
 
 def work_dir(where: Path) -> Path:
-    """A directory standing for a fresh checkout: this one's top-level entries, linked."""
+    """A directory standing for a fresh checkout: the top-level entries git has in this one, linked
+    (not what the docs' commands leave in a checkout, such as ``nsq-data/``)."""
     where.mkdir(parents=True, exist_ok=True)
-    for entry in ROOT.iterdir():
-        if entry.name in (".git", "nsq-data", "build", "dist") or entry.name.startswith("."):
-            continue
-        (where / entry.name).symlink_to(entry)
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        names = {line.split("/", 1)[0] for line in listed.splitlines()}
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: what a source tree holds
+        names = {e.name for e in ROOT.iterdir() if not e.name.startswith((".", "nsq-data", "events-"))}
+    for name in sorted(names):
+        if not name.startswith(".") and (ROOT / name).exists():
+            (where / name).symlink_to(ROOT / name)
     return where
 
 
