@@ -136,14 +136,14 @@ PLAN: dict[str, list[Block]] = {
     ],
     "docs/performance.md": [
         Block("benchmarks/report.sh $NSQTW_GO_BIN/nsqd --runs=1", timeout=600, expect=("| measure |",),
-              shorten=(("--runfor=3s", "--runfor=1s"),)),
+              shorten=(("--runfor=3s", "--runfor=1s --memory-messages=100000"),)),
         Block("benchmarks/many_cores.sh $NSQTW_GO_BIN", timeout=600, shorten=(("RUN=6s ROUNDS=2", "RUN=1s ROUNDS=1"),)),
         Block("--nsqtw-flag=--busy-poll=0", timeout=300, shorten=(("--runfor=8s", "--runfor=1s"),),
               expect=("round trips",)),
         Block("benchmarks/workers_cpu.py $NSQTW_GO_BIN 1 2", timeout=600,
               shorten=(("RUN=5s ROUNDS=2", "RUN=1s ROUNDS=1"),)),
         Block("--measures=fanout", timeout=600, shorten=(
-            ("--runs=3 --batch-size=100 --size=100", "--runs=1 --batch-size=100 --size=100 --fanout-copies=20000"),)),
+            ("--runs=3 --batch-size=100 --size=100", "--runs=1 --batch-size=100 --size=100 --fanout-copies=5000"),)),
     ],
     "docs/reliability.md": [
         Block("python -m pytest tests/reliability", elsewhere="the suite runs tests/reliability; this is that part"),
@@ -153,9 +153,10 @@ PLAN: dict[str, list[Block]] = {
             ("--cycles=20000 --rounds=3", "--cycles=300 --rounds=1"), ("--churn-cycles=20000", "--churn-cycles=300"))),
         Block("attack_compare.py --only=slices", timeout=600, expect=("| attack |",)),
         Block("nsqtw-bench chaos", needs="java", timeout=900, shorten=(
-            ("--duration=10m", "--duration=15s"), ("--seed=1,2,3,4,5", "--seed=1"))),
-        Block("benchmarks/soak.py --minutes 10", timeout=300, shorten=(("--minutes 10", "--minutes 0.5"),)),
-        Block("benchmarks/soak.py --minutes 5 --disk-faults", timeout=300, shorten=(("--minutes 5", "--minutes 0.5"),)),
+            ("--duration=10m", "--duration=8s"), ("--seed=1,2,3,4,5", "--seed=1"))),
+        Block("benchmarks/soak.py --minutes 10", timeout=300, shorten=(("--minutes 10", "--minutes 0.25"),)),
+        Block("benchmarks/soak.py --minutes 5 --disk-faults", timeout=300,
+              shorten=(("--minutes 5", "--minutes 0.25"),)),
     ],
     "docs/quickstart.md": [
         Block("twistd -n nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path=nsq-data"),
