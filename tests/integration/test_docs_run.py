@@ -12,7 +12,10 @@ block lists), is tests/docrun.py's docstring.
 show. A block not run here says where it is run (a named test) or why it
 cannot run on a test machine (root and systemd). Blocks that use Go NSQ
 v1.3.0 (``$NSQTW_GO_BIN``) run where its binaries are
-(``$NSQTW_GO_BIN`` or ``../shared/anchor/bin``) and are skipped elsewhere.
+(``$NSQTW_GO_BIN`` or ``../shared/anchor/bin``), and Spark's where Java
+is; elsewhere the page's other blocks run and the test says which were
+skipped. Benchmarks run with the durations and sizes their block lists
+cut, so a page of them takes minutes, not hours.
 """
 
 from __future__ import annotations
