@@ -268,6 +268,8 @@ class Terminal:
     def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
         self.cwd = cwd
         self.log = log
+        #: the files it types commands from and answers into (its own: a page's terminals share a directory)
+        self.files = log.with_suffix("")
         self._out = open(log, "ab")  # noqa: SIM115 - held for the terminal's life
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], stdin=subprocess.PIPE, stdout=self._out,
                                      stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
@@ -289,10 +291,10 @@ class Terminal:
         which comes once that text has been printed."""
         self.count += 1
         n = self.count
-        path = self.cwd / f".block{n}.sh"
+        path = Path(f"{self.files}.block{n}.sh")
         path.write_text(script)
         start = len(self.output())
-        jobs = self.cwd / f".jobs{n}"  # absolute: a block may change the directory
+        jobs = Path(f"{self.files}.jobs{n}")  # absolute: a block may change the directory
         self._type(f'echo "{_MARK}START {n}"; . "{path}" </dev/null; jobs -p > "{jobs}"; '
                    f'echo "{_MARK}DONE {n}"\n')
         deadline = time.monotonic() + timeout
@@ -334,10 +336,12 @@ class Terminal:
         """Start one command line as a background job; its process group."""
         self.count += 1
         n = self.count
-        self._type(f'{line.rstrip()} &\necho $! > "{self.cwd / f".job{n}"}"\n')
-        self._wait_file(self.cwd / f".job{n}")
+        # its input is not the terminal's (the commands typed after it)
+        job = Path(f"{self.files}.job{n}")
+        self._type(f'{line.rstrip()} </dev/null &\necho $! > "{job}"\n')
+        self._wait_file(job)
         for _ in range(100):
-            text = (self.cwd / f".job{n}").read_text().strip()
+            text = job.read_text().strip()
             if text:
                 break
             time.sleep(0.05)
