@@ -21,6 +21,7 @@ from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.busypoll import busy_poll_of
 from nsqtw.net.exit import exit_cleanly_after_signal, fail_start
 from nsqtw.net.lazy import FirstConnectionFactory
+from nsqtw.net.limits import open_file_limit
 from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
 from nsqtw.net.notify import notify
 from nsqtw.net.tls import build_server_tls
@@ -282,6 +283,9 @@ class NSQDService(MultiService):
         if poll is not None and self.options.busy_poll > 0:
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
+        limit = open_file_limit()
+        if limit is not None:
+            self.log.info("open files: up to {limit} (RLIMIT_NOFILE; an idle queue holds none)", limit=limit)
         keep_long_lived_old()  # queued messages are long-lived
         return_big_blocks()  # a freed MPUB's megabyte goes back to the system, not into the heap
         d = ensureDeferred(self._start())
@@ -310,6 +314,12 @@ class NSQDService(MultiService):
                 self.nsqd.restore_deferred(decode_deferred(raw_due))
             await gatherResults([b.loaded for b in self.nsqd.backends()
                                  if hasattr(b, "loaded")], consumeErrors=True)
+            # a queue whose files could not be read (out of descriptors, memory, a failing disk) stops
+            # the start: nothing was set aside or overwritten, and a start with what it lacked reads all
+            failed = [error for b in self.nsqd.backends() if (error := getattr(b, "load_error", None))]
+            if failed:
+                more = f" (and {len(failed) - 1} more queues)" if len(failed) > 1 else ""
+                raise StartError(f"failed to load metadata - {failed[0]}{more}")
             self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
         # a channel made just before a crash may have a journal but no entry in nsqd.dat yet
         missing = [(t, c) for t, c in journaled
