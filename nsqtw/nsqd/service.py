@@ -35,6 +35,7 @@ from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.durable import DurableDelivery, compact_min, keep_free
 from nsqtw.storage.executor import DiskLane, DiskPool
 from nsqtw.storage.fsync import FsyncLatency
+from nsqtw.storage.groupsync import GroupSync, load_syncfs
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
@@ -88,7 +89,7 @@ class DataPathLock:
             self._fd = None
 
 
-#: seconds a graceful stop waits for every queue and journal to flush before it exits anyway
+#: seconds a graceful stop waits without any queue finishing its flush before it exits anyway
 STOP_FLUSH_TIMEOUT = 10.0
 
 
@@ -152,6 +153,10 @@ class NSQDService(MultiService):
         #: one --sync-timeout timer for every disk queue, armed only while one has work
         self.sync_schedule = SyncSchedule(reactor, options.sync_timeout)
         self.meta_executor: DiskLane | None = None
+        #: a graceful stop's one syncfs for the queues it closes (None where there is no syncfs)
+        self.group_sync: GroupSync | None = None
+        #: disk queues whose close has ended (a graceful stop waits while this grows)
+        self.queues_closed = 0
         #: the data path's filesystem size (--durable-delivery: what its queues keep free depends on it)
         self._fs_bytes: int | None = None
         #: every fsync of the disk queues and journals, timed on the disk threads (/metrics)
@@ -213,7 +218,11 @@ class NSQDService(MultiService):
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
                          durable=self.durable, keep_free=reserve, sync_schedule=self.sync_schedule,
                          fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
-                         on_set_aside=self.nsqd.count_set_aside)
+                         on_set_aside=self.nsqd.count_set_aside, group_sync=self.group_sync,
+                         on_closed=self._queue_closed)
+
+    def _queue_closed(self) -> None:
+        self.queues_closed += 1
 
     def _fs_size(self) -> int:
         """The data path's filesystem size, read once (the durable writers' reserves)."""
@@ -296,6 +305,15 @@ class NSQDService(MultiService):
         self.lock.acquire()
         self.disk_pool = DiskPool(self.reactor, self.options.disk_threads)
         self.meta_executor = self._lane("metadata")
+        if load_syncfs() is not None:
+            # the data path is opened now: syncfs reports the writeback errors since then
+            group = GroupSync(self.data_path, self._lane("syncfs"), self.fsync_latency.syncfs)
+            try:
+                await group.arm()
+                self.group_sync = group
+            except OSError as e:  # each queue fsyncs its own files at the stop
+                self.log.warn("NSQ: cannot open {path} to sync it at the stop - {error}", path=self.data_path,
+                              error=e)
         store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
         try:
             raw = await self.meta_executor.submit(read_file, self.data_path)
@@ -355,31 +373,53 @@ class NSQDService(MultiService):
         fail_start(self.reactor, reason)
 
     async def _close_within(self, seconds: float) -> None:
-        """Flush and close every topic and channel, giving up after ``seconds``.
+        """Flush and close every topic and channel; give up once ``seconds`` pass with no queue closing.
 
-        A disk that keeps failing (fsync errors, a full disk under
-        ``--durable-delivery``) would hold the stop forever: the hand-offs
-        wait for journal fsyncs that never succeed. Past the bound, what
-        could not be flushed is logged, queue by queue, and the stop goes
-        on; it is what a kill -9 at that moment would leave (with
-        ``--durable-delivery`` the journals and the topics' read positions
-        still hold every acknowledged message).
+        A healthy disk keeps closing queues, however many there are, and the
+        stop waits for all of them. A disk that keeps failing (fsync errors,
+        a full disk under ``--durable-delivery``) would hold the stop
+        forever: the hand-offs wait for journal fsyncs that never succeed.
+        Once ``seconds`` pass in which no queue finished closing, the disk
+        threads run nothing more but the metadata's, the jobs under way end,
+        and what is not on disk then is logged, queue by queue: what a kill
+        -9 at that moment would leave (with ``--durable-delivery`` the
+        journals and the topics' read positions still hold every
+        acknowledged message). A record that reached the disk is never
+        reported.
         """
         finished: Deferred[bool] = Deferred()
+        seen = -1
+        last = self.reactor.seconds()
 
         def settle(result: bool) -> None:
             if not finished.called:
                 finished.callback(result)
 
+        def watch() -> None:
+            nonlocal seen, last
+            if finished.called:
+                return
+            now = self.reactor.seconds()
+            if self.queues_closed != seen:
+                seen, last = self.queues_closed, now
+            elif now - last >= seconds:
+                settle(False)
+                return
+            timer[0] = self.reactor.callLater(min(1.0, seconds), watch)
+
+        timer: list[Any] = [None]
         self.nsqd.close().addBoth(lambda _: settle(True))
-        timer = self.reactor.callLater(seconds, settle, False)
+        watch()
         if await finished:
-            if timer.active():
-                timer.cancel()
+            if timer[0] is not None and timer[0].active():
+                timer[0].cancel()
         else:
-            self.log.error("NSQ: stop: flushing did not finish within {seconds}s - exiting anyway",
+            self.log.error("NSQ: stop: no queue finished flushing for {seconds}s - exiting anyway",
                            seconds=seconds)
-        # what failed to reach the disk, whether the flush finished (with errors) or timed out
+            if self.disk_pool is not None:
+                # nothing more reaches the disk (but nsqd.dat), so what is reported below stays true
+                await self.disk_pool.halt(keep=self.meta_executor)
+        # what failed to reach the disk, whether the flush finished (with errors) or was given up
         for what, counts in unflushed(self.nsqd):
             self.log.error("NSQ: stop: {what} could not be flushed: {counts}", what=what, counts=counts)
 
@@ -399,6 +439,8 @@ class NSQDService(MultiService):
             except Exception as e:
                 self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
         await self._close_within(STOP_FLUSH_TIMEOUT)
+        if self.group_sync is not None:
+            self.group_sync.disarm()
         if self.nsqd.metadata is not None:
             try:
                 await self.nsqd.metadata.persist()

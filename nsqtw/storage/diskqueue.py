@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, cast
 
 from twisted.internet import defer
@@ -45,6 +46,7 @@ from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor, IDurableBackendQueue
 from nsqtw.log import Logger
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
+from nsqtw.storage.groupsync import GroupSync
 from nsqtw.storage.readahead import ReadAhead
 from nsqtw.storage.segments import Consumption, DiskState, OpResult
 from nsqtw.storage.sync import SyncSchedule
@@ -85,6 +87,8 @@ class DiskQueue(ReadAhead):
         sync_schedule: SyncSchedule | None = None,
         unwritten: UnwrittenBytes | None = None,
         on_set_aside: Callable[[int], None] | None = None,
+        group_sync: GroupSync | None = None,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -146,6 +150,10 @@ class DiskQueue(ReadAhead):
 
         self._dirty = False
 
+        #: a graceful stop's one syncfs for every queue closing (when armed), instead of fsyncs of its own
+        self._group_sync = group_sync
+        #: told when a close has ended, well or not (a graceful stop waits while queues keep closing)
+        self._on_closed = on_closed
         #: --sync-timeout: shared by every queue of a node (one timer), or this queue's own
         self._sync_schedule = sync_schedule if sync_schedule is not None else SyncSchedule(clock, sync_timeout)
 
@@ -546,13 +554,20 @@ class DiskQueue(ReadAhead):
     async def _close(self) -> None:
         await self._flush_idle()
         batch, self._pending = self._pending, []
+        group = self._group_sync if self._group_sync is not None and self._group_sync.armed else None
         try:
-            written, error = await self._submit(self._disk.close, batch)
+            written, error, grouped = await self._submit(self._disk.close, batch, group is not None)
             self._written_seq += written  # what is left is what the stop could not flush
+            if grouped and group is not None:
+                epoch = self._epoch
+                result = await group.sync(partial(self._disk.run, None, self._disk.finish_close))
+                self._after_op(result, epoch)
         finally:
             # written or not, none of it is in this node's memory any more
             self._shrink_backlog(self._backlog_bytes)
             self._executor.stop()
+            if self._on_closed is not None:
+                self._on_closed()
         if error is not None:
             raise BackendError(f"{error} ({len(batch) - written} records lost on close)")
 

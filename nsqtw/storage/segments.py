@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from twisted.logger import LogLevel
 
-from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir
+from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir, remove_quietly, write_temp
 from nsqtw.storage.executor import Reply
 from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, read_size, split_records
 from nsqtw.storage.segment_files import LogEvent
@@ -98,6 +98,9 @@ class DiskState(SegmentLoad):
     _read_error: str | None = None
     #: the read-ahead under way was asked for by a reader (see :meth:`run_read`)
     _reading: bool = False
+    #: a grouped close's metadata, written beside the file until the group's syncfs (:meth:`close`)
+    _meta_beside: str | None = None
+    _removable_after: list[int] = field(default_factory=list)
 
     # -- operation frame ---------------------------------------------------
 
@@ -528,16 +531,57 @@ class DiskState(SegmentLoad):
         self.count = 0
         self.need_sync = True
 
-    def close(self, batch: list[bytes]) -> tuple[int, str | None]:
-        """Write what is pending, then fsync, persist metadata and close the files."""
-        result = self.write_batch(batch)
+    def close(self, batch: list[bytes], grouped: bool = False) -> tuple[int, str | None, bool]:
+        """Write what is pending, then fsync, persist metadata and close the files.
+
+        A queue with nothing new since its last sync (or its load) writes no
+        metadata: the file says what it would. ``grouped`` (a graceful stop
+        with a :class:`~nsqtw.storage.groupsync.GroupSync`): the new metadata
+        is written beside the old without an fsync and the third value is
+        true; the queue's fsyncs are the group's ``syncfs``, after which
+        :meth:`finish_close` renames it into place.
+        """
+        written, error = self.write_batch(batch)
         self._apply_consumption(None)
-        self._sync()
+        self._close_read()
+        due = self.count > 0 or self.need_sync or self._segment_unsynced
+        if due and grouped and not self._segment_unsynced:
+            self._close_write()  # the syncfs writes back what went through it
+            path = self.meta_file_name()
+            text = format_meta(self.depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos)
+            try:
+                self._meta_beside = write_temp(path, text, self.open_fn)
+            except OSError as e:
+                self._sync_failed(e)  # the metadata stays as it was; the next start salvages the tail
+            self.need_sync = False
+            # removed once the metadata naming the segments after them is in place (finish_close)
+            self._removable_after, self._removable = self._removable, []
+            return written, error, True
+        if due:
+            self._sync()
         self.need_sync = False
         self._remove_consumed()
-        self._close_read()
         self._close_write()
-        return result
+        return written, error, False
+
+    def finish_close(self, synced: bool) -> None:
+        """After the group's ``syncfs``: the metadata written beside replaces the old one, then the
+        segments read to their end go. A ``syncfs`` that failed: the queue syncs on its own."""
+        tmp, self._meta_beside = self._meta_beside, None
+        self._removable[:0], self._removable_after = self._removable_after, []
+        if synced and tmp is not None:
+            try:
+                os.replace(tmp, self.meta_file_name())
+                self.count = 0
+                self._sync_error = ""
+            except OSError as e:
+                self._sync_failed(e)
+        else:
+            if tmp is not None:
+                remove_quietly(tmp)
+            self._segment_unsynced = True  # fsynced through a new descriptor
+            self._sync()
+        self.need_sync = False
 
     def delete(self) -> None:
         """Remove the segments and the metadata; nothing is persisted afterwards."""

@@ -9,7 +9,10 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
   slower than the publishers);
 - ``NSQTW_TEST_FSYNC_FAIL_FLAG=<path>``: while that file exists, every fsync of
-  the disk queues and journals (the node's timed fsync) fails with EIO;
+  the disk queues and journals (the node's timed fsync), and the syncfs a
+  graceful stop makes for them, fails with EIO;
+- ``NSQTW_TEST_FSYNC_DELAY=<seconds>``: every such fsync and syncfs takes
+  that long more (a disk whose fsyncs are slow);
 - ``NSQTW_TEST_METADATA_FAIL_FLAG=<path>``: while that file exists, saving
   ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``).
 """
@@ -47,6 +50,14 @@ def install() -> None:
         from nsqtw.storage.fsync import FsyncLatency
 
         FsyncLatency.fsync = fails_while(fsync_flag, FsyncLatency.fsync)  # type: ignore[method-assign]
+        FsyncLatency.syncfs = fails_while(fsync_flag, FsyncLatency.syncfs)  # type: ignore[method-assign]
+
+    fsync_delay = float(os.environ.get("NSQTW_TEST_FSYNC_DELAY") or 0)
+    if fsync_delay:
+        from nsqtw.storage.fsync import FsyncLatency
+
+        FsyncLatency.fsync = slowed(fsync_delay, FsyncLatency.fsync)  # type: ignore[method-assign]
+        FsyncLatency.syncfs = slowed(fsync_delay, FsyncLatency.syncfs)  # type: ignore[method-assign]
 
     metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
     if metadata_flag:
@@ -61,6 +72,16 @@ def fails_while(flag: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(*args: Any) -> Any:
         if os.path.exists(flag):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return fn(*args)
+
+    return wrapped
+
+
+def slowed(seconds: float, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, after sleeping ``seconds``."""
+
+    def wrapped(*args: Any) -> Any:
+        time.sleep(seconds)
         return fn(*args)
 
     return wrapped
