@@ -66,5 +66,5 @@ def test_a_stop_with_thousands_of_topics_reports_nothing_false(tmp_path) -> None
             depths = {t["topic_name"]: t["depth"] for t in json.loads(r.read())["topics"]}
     finally:
         again.stop()
-    assert depths == {"t%05d" % i: 1 for i in range(TOPICS)}
+    assert depths == {f"t{i:05d}": 1 for i in range(TOPICS)}
     assert glob.glob(str(path / "*.bad")) == []
