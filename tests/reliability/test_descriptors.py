@@ -17,8 +17,11 @@ import socket
 import time
 import urllib.request
 
+import pytest
+
 from tests.daemon import Daemon
 from tests.rawclient import Client, subscribe
+from tests.reliability.faults import faulty_daemon_code
 
 #: the daemon's open-file limit, soft and hard: its start needs about 15
 LIMIT = 64
@@ -109,4 +112,44 @@ def test_out_of_descriptors_sets_no_segment_aside(tmp_path) -> None:
     finally:
         again.stop()
     assert set(got) == set(bodies), sorted(set(bodies) - set(got))[:10]
+    assert glob.glob(str(path / "*.bad")) == []
+
+
+def test_a_start_whose_queues_cannot_open_their_files_fails_and_sets_nothing_aside(tmp_path) -> None:
+    """Every file a disk queue opens fails with EMFILE while the node starts (injected: a real limit
+    that low would not let Python start): one FATAL line naming the queue and the error, exit 1,
+    no file renamed or rewritten; the next start, with descriptors, delivers every message."""
+    path = tmp_path / "data"
+    path.mkdir()
+    flag = str(tmp_path / "emfile")
+    args = ("--mem-queue-size=0",)
+    bodies = [b"message-%04d" % i for i in range(50)]
+    d = Daemon(str(path), *args).start()
+    try:
+        p = Client(d.tcp_address)
+        p.mpub("t", bodies)
+        assert p.response() == (0, b"OK")
+        p.close()
+    finally:
+        assert d.stop() == 0
+    before = {f: (path / f).read_bytes() for f in sorted(os.listdir(path))}
+
+    open(flag, "w").close()
+    failing = Daemon(str(path), *args, code=faulty_daemon_code(), env={"NSQTW_TEST_EMFILE_FLAG": flag})
+    with pytest.raises(RuntimeError, match="exited"):
+        failing.start()
+    out = "".join(failing.output)
+    assert "FATAL: failed to load metadata - DISKQUEUE(t) failed to load: DISKQUEUE(t) failed to retrieveMetaData" \
+        in out, out[-2000:]
+    assert "Too many open files" in out
+    assert failing.proc is not None and failing.proc.returncode == 1
+    assert {f: (path / f).read_bytes() for f in sorted(os.listdir(path))} == before
+
+    os.unlink(flag)
+    again = Daemon(str(path), *args).start()
+    try:
+        got = [m.body for m in subscribe(again.tcp_address, "t", "c", rdy=100).drain(quiet=1.0)]
+    finally:
+        again.stop()
+    assert sorted(got) == bodies
     assert glob.glob(str(path / "*.bad")) == []
