@@ -14,7 +14,7 @@ from twisted.internet.protocol import Factory
 from nsqtw import speedups, version_banner
 from nsqtw._go.duration import format_duration
 from nsqtw.core.nsqd import NSQD
-from nsqtw.heap import keep_long_lived_old, release_free_heap, return_big_blocks
+from nsqtw.heap import freeze_start_up, keep_long_lived_old, release_free_heap, return_big_blocks
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
@@ -288,7 +288,9 @@ class NSQDService(MultiService):
                           f"{self.options.workers} worker processes serve TCP clients")
         poll = busy_poll_of(self.reactor)
         if poll is not None:
-            poll.limit = self.options.busy_poll
+            # no spinning while the queues load (every disk thread's result would set the reactor
+            # spinning against them for the GIL); the limit is set as the listeners open (_start)
+            poll.limit = 0
         if poll is not None and self.options.busy_poll > 0:
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
@@ -362,13 +364,16 @@ class NSQDService(MultiService):
         except Exception as e:
             raise StartError(f"failed to persist metadata - {e}") from None
         self.nsqd.metadata = store
-        # what start-up built (every topic and channel of nsqd.dat) lives as long as the node:
-        # collect it into the oldest generation now, before serving. With the thresholds above
-        # the young generations hold up to a million objects, and the first collection of that
-        # heap after start-up (a first /metrics scrape of 10,000 channels) stalled the reactor
-        # 0.28 s, whatever thread triggered it (tests/integration/test_metrics_scale.py)
-        gc.collect()
+        # what start-up built (every topic and channel of nsqd.dat) lives as long as the node: out
+        # of every collection from now on (nsqtw.heap.freeze_start_up). Left young, the first
+        # collection of that heap after start-up (a first /metrics scrape of 10,000 channels)
+        # stalled the reactor 0.28 s (tests/integration/test_metrics_scale.py); collected now, it
+        # took 0.6 s of a 2.5 s restart with 15,000 topics
+        freeze_start_up()
         gc.enable()
+        poll = busy_poll_of(self.reactor)
+        if poll is not None:
+            poll.limit = self.options.busy_poll
         for service in self:
             service.startService()
         notify_ready_when_bound(self.reactor, self)

@@ -151,6 +151,19 @@ class SegmentFiles:
         """A file object over :attr:`open_fn` (``"rb"`` or ``"r+b"``)."""
         return os.fdopen(self.open_fn(path, os.O_RDWR if "+" in mode else os.O_RDONLY), mode)
 
+    def _read_file(self, path: str, offset: int = 0) -> bytes:
+        """The file's bytes from ``offset`` on, through :attr:`open_fn` and plain reads (a node
+        loading 30,000 queues reads 30,000 metadata files; a file object each cost twice as much)."""
+        fd = self.open_fn(path, os.O_RDONLY)
+        try:
+            chunks = [os.pread(fd, 1 << 16, offset)]
+            while len(chunks[-1]) == 1 << 16:  # a short read of a regular file is its end
+                offset += 1 << 16
+                chunks.append(os.pread(fd, 1 << 16, offset))
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def files_open(self) -> bool:
         """Whether the queue holds a descriptor (an idle one is asked to give them back)."""
         return self._rfd is not None or self._wfd is not None

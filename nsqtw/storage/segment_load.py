@@ -55,8 +55,7 @@ class SegmentLoad(SegmentFiles):
         """
         path = self.meta_file_name()
         try:
-            with self._open_file(path, "rb") as f:
-                text = f.read()
+            text = self._read_file(path)
         except FileNotFoundError:
             # a new queue, or a crash before its first metadata write: records
             # already written to segment 0 were acknowledged, so they are taken
@@ -174,9 +173,7 @@ class SegmentLoad(SegmentFiles):
         undelivered until more were written (found by the kill -9 test).
         """
         # an error here fails the load (LoadError): a depth short by the tail would hold records back
-        with self._open_file(path, "rb") as f:
-            f.seek(self.write_pos)
-            tail = f.read(size - self.write_pos)
+        tail = self._read_file(path, self.write_pos)
         _, count = self._whole_records(tail)
         self.depth += count
 
