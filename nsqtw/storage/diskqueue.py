@@ -390,8 +390,10 @@ class DiskQueue(ReadAhead):
         tries the load first and fails the same way), so no position is
         lost; a start that meets this fails (``NSQDService``).
         """
-        self.load_error = f"DISKQUEUE({self.name}) failed to load: {failure.getErrorMessage()}"
-        self._op_failed(failure, "load")
+        error = f"DISKQUEUE({self.name}) failed to load: {failure.getErrorMessage()}"
+        if error != self.load_error:  # once, not at every retry
+            self._op_failed(failure, "load")
+        self.load_error = error
         self._report_health()
         if not self._closed:
             self._clock.callLater(self._retry_interval, self._retry_load)

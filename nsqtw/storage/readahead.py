@@ -230,7 +230,8 @@ class ReadAhead:
 
     def _refill_failed(self, failure: Failure) -> None:
         self._refilling = False
-        self._op_failed(failure, "read")
+        if not failure.check(OSError):  # those are logged by _read_done, once
+            self._op_failed(failure, "read")
         self._read_done(f"DISKQUEUE({self.name}) failed to read: {failure.getErrorMessage()}")
 
     def _read_done(self, error: str | None) -> None:
@@ -242,6 +243,8 @@ class ReadAhead:
         """
         if error is None and self._read_error is not None:
             self.log.info("DISKQUEUE({name}) reads work again", name=self.name)
+        elif error is not None and error != self._read_error:  # once, not at every retry
+            self.log.error("{text}", text=error)
         self._read_error = error
         self._report_health()
         if error is not None and self._read_retry is None and not self._closed:

@@ -471,11 +471,9 @@ class DiskState(SegmentLoad):
         return (num, pos, data), off
 
     def _cannot_read(self, error: str) -> None:
-        """A resource error at the read position: log it and report it; the segment stays as it is."""
+        """A resource error at the read position: report it (the queue logs it); the segment stays as it is."""
         self._close_read()
-        text = f"DISKQUEUE({self.name}) failed to read {self.file_name(self.cursor_file_num)} - {error}"
-        self._log(LogLevel.error, "{text}", text=text)
-        self._read_error = text
+        self._read_error = f"DISKQUEUE({self.name}) failed to read {self.file_name(self.cursor_file_num)} - {error}"
 
     def _handle_read_error(self, error: str) -> None:
         """Rename the unreadable segment to ``.bad`` and jump to the next one."""

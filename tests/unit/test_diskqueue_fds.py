@@ -160,6 +160,24 @@ class ResourceErrorTests(CountedOpensBase):
                 self.assertIsNone(q.health())
                 self.successResultOf(q.close())
 
+    def test_a_read_that_keeps_failing_is_logged_once(self) -> None:
+        """Retried every second, a read that keeps failing the same way logs one ERROR, and one line
+        when it works again (10,000 queues out of descriptors would otherwise log 10,000 a second)."""
+        q = self.open()
+        q.put_many(rec(i) for i in range(3))
+        self.clock.advance(0)
+        q = self.reopen(q)
+        self.opens.fail(errno.EMFILE, ".dat")
+        self.assertEqual(q.read(10), [])
+        for _ in range(5):
+            self.clock.advance(1.0)
+        self.opens.fail(None)
+        self.clock.advance(1.0)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(3)])
+        lines = [str(e.get("text", e.get("log_format"))) for e in self.events]
+        self.assertEqual(len([line for line in lines if "Too many open files" in line]), 1)
+        self.assertEqual(len([line for line in lines if "reads work again" in line]), 1)
+
     def test_out_of_descriptors_at_load_touches_no_file(self) -> None:
         """The metadata cannot be opened: the queue is not loaded (nothing is written at position
         0 over its records, as go-diskqueue would), is unhealthy and tries again; writes wait.
