@@ -300,17 +300,17 @@ class NSQDService(MultiService):
         keep_long_lived_old()  # queued messages are long-lived
         return_big_blocks()  # a freed MPUB's megabyte goes back to the system, not into the heap
         # what start-up builds (every topic and channel of nsqd.dat) lives as long as the node: no
-        # collection while it is built (with 30,000 topics they took a second of a ten-second start),
-        # one at the end (_start)
+        # collection while it is built (with 30,000 topics they took a second of a ten-second
+        # start); it is frozen out of the collector at the end (_start)
         gc.disable()
         d = ensureDeferred(self._start())
         d.addErrback(self._start_failed)
-        d.addBoth(self._collect_after_start)
+        d.addBoth(self._collector_back_on)
         return d
 
     @staticmethod
-    def _collect_after_start(result: object) -> object:
-        gc.enable()
+    def _collector_back_on(result: object) -> object:
+        gc.enable()  # (a start that failed too)
         return result
 
     async def _start(self) -> None:

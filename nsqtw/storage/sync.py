@@ -43,8 +43,10 @@ class SyncSchedule:
 
     def mark(self, queue: _Syncable) -> None:
         """``queue`` did something since the last sync: sync it within ``interval``."""
-        if self.syncs:
-            self.watch(queue)
+        if self.syncs:  # (watch's body, inline: every put marks)
+            self._marked[id(queue)] = queue
+            if self._call is None:
+                self._call = self._clock.callLater(self._period, self._tick)
 
     def watch(self, queue: _Syncable) -> None:
         """Tick ``queue`` at the next tick (it holds descriptors to give back once it idles)."""
