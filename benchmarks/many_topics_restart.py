@@ -126,14 +126,16 @@ def publish(tcp: str, topics: int) -> float:
     return elapsed
 
 
-def stop(proc: subprocess.Popen[str], lines: list[str]) -> tuple[float, int, int]:
-    """SIGTERM; (seconds to exit, exit status, "could not be flushed" lines)."""
+def stop(proc: subprocess.Popen[str], lines: list[str]) -> tuple[float, int, str]:
+    """SIGTERM; (seconds to exit, exit status, what it said about flushing)."""
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(300)
     took = time.monotonic() - started
     time.sleep(0.2)
-    return took, rc, sum("could not be flushed" in line for line in lines)
+    unflushed = sum("could not be flushed" in line for line in lines)
+    gave_up = sum("exiting anyway" in line for line in lines)
+    return took, rc, f"{unflushed} 'could not be flushed' lines{', gave up waiting' if gave_up else ''}"
 
 
 def depth(http: str) -> int:
@@ -161,11 +163,13 @@ def main() -> None:
         found = wait_listening(proc, lines, 60)
         assert found, "".join(lines)
         took = publish(found["TCP"], args.topics)
-        stopped, rc, unflushed = stop(proc, lines)
+        stopped, rc, said = stop(proc, lines)
         print(f"{creator}: {args.topics} PUBs to new topics in {took:.1f}s; SIGTERM to exit {stopped:.2f}s,"
-              f" exit status {rc}, {unflushed} 'could not be flushed' lines", flush=True)
-        segments = len(glob.glob(os.path.join(made, "*.diskqueue.*.dat")))
-        print(f"data directory: {segments} diskqueue files", flush=True)
+              f" exit status {rc}, {said}", flush=True)
+        segments = len(glob.glob(os.path.join(made, "*.diskqueue.0*.dat")))
+        metas = len(glob.glob(os.path.join(made, "*.diskqueue.meta.dat")))
+        temps = len(glob.glob(os.path.join(made, "*.tmp")))
+        print(f"data directory: {segments} segments, {metas} metadata files, {temps} temporary files", flush=True)
         for name, cmd in daemons.items():
             data = os.path.join(tmp, name.split()[0] + "-restart")
             shutil.copytree(made, data)
@@ -182,10 +186,10 @@ def main() -> None:
                 ok = ping_ok(found["HTTP"], 600)
                 pinged = time.monotonic() - started
                 held = depth(found["HTTP"])
-                stopped, rc, unflushed = stop(proc, lines)
+                stopped, rc, said = stop(proc, lines)
                 print(f"{name}: listening after {listening:.2f}s, /ping {'OK' if ok else 'not OK'} after"
                       f" {pinged:.2f}s; depth {held} of {args.topics}; SIGTERM to exit {stopped:.2f}s, exit"
-                      f" status {rc}, {unflushed} 'could not be flushed' lines", flush=True)
+                      f" status {rc}, {said}", flush=True)
             bad = len(glob.glob(os.path.join(data, "*.bad")))
             errors = sum("too many open files" in line.lower() for line in lines)
             print(f"{name}: {bad} segments renamed *.bad, {errors} 'too many open files' lines", flush=True)

@@ -155,8 +155,8 @@ class NSQDService(MultiService):
         self.meta_executor: DiskLane | None = None
         #: a graceful stop's one syncfs for the queues it closes (None where there is no syncfs)
         self.group_sync: GroupSync | None = None
-        #: disk queues whose close has ended (a graceful stop waits while this grows)
-        self.queues_closed = 0
+        #: steps disk queues made closing (records written, closes ended): a stop waits while it grows
+        self.stop_progress = 0
         #: the data path's filesystem size (--durable-delivery: what its queues keep free depends on it)
         self._fs_bytes: int | None = None
         #: every fsync of the disk queues and journals, timed on the disk threads (/metrics)
@@ -219,10 +219,10 @@ class NSQDService(MultiService):
                          durable=self.durable, keep_free=reserve, sync_schedule=self.sync_schedule,
                          fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
                          on_set_aside=self.nsqd.count_set_aside, group_sync=self.group_sync,
-                         on_closed=self._queue_closed)
+                         on_progress=self._stop_progressed)
 
-    def _queue_closed(self) -> None:
-        self.queues_closed += 1
+    def _stop_progressed(self) -> None:
+        self.stop_progress += 1
 
     def _fs_size(self) -> int:
         """The data path's filesystem size, read once (the durable writers' reserves)."""
@@ -395,13 +395,13 @@ class NSQDService(MultiService):
         stop waits for all of them. A disk that keeps failing (fsync errors,
         a full disk under ``--durable-delivery``) would hold the stop
         forever: the hand-offs wait for journal fsyncs that never succeed.
-        Once ``seconds`` pass in which no queue finished closing, the disk
-        threads run nothing more but the metadata's, the jobs under way end,
-        and what is not on disk then is logged, queue by queue: what a kill
-        -9 at that moment would leave (with ``--durable-delivery`` the
-        journals and the topics' read positions still hold every
-        acknowledged message). A record that reached the disk is never
-        reported.
+        Once ``seconds`` pass in which no queue moved on (wrote what it
+        held, or finished closing), the disk threads run nothing more but
+        the metadata's, the jobs under way end, and what is not on disk then
+        is logged, queue by queue: what a kill -9 at that moment would leave
+        (with ``--durable-delivery`` the journals and the topics' read
+        positions still hold every acknowledged message). A record that
+        reached the disk is never reported.
         """
         finished: Deferred[bool] = Deferred()
         seen = -1
@@ -416,8 +416,8 @@ class NSQDService(MultiService):
             if finished.called:
                 return
             now = self.reactor.seconds()
-            if self.queues_closed != seen:
-                seen, last = self.queues_closed, now
+            if self.stop_progress != seen:
+                seen, last = self.stop_progress, now
             elif now - last >= seconds:
                 settle(False)
                 return
@@ -430,7 +430,7 @@ class NSQDService(MultiService):
             if timer[0] is not None and timer[0].active():
                 timer[0].cancel()
         else:
-            self.log.error("NSQ: stop: no queue finished flushing for {seconds}s - exiting anyway",
+            self.log.error("NSQ: stop: no queue moved on flushing for {seconds}s - exiting anyway",
                            seconds=seconds)
             if self.disk_pool is not None:
                 # nothing more reaches the disk (but nsqd.dat), so what is reported below stays true

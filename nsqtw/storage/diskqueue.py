@@ -88,7 +88,7 @@ class DiskQueue(ReadAhead):
         unwritten: UnwrittenBytes | None = None,
         on_set_aside: Callable[[int], None] | None = None,
         group_sync: GroupSync | None = None,
-        on_closed: Callable[[], None] | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -152,8 +152,9 @@ class DiskQueue(ReadAhead):
 
         #: a graceful stop's one syncfs for every queue closing (when armed), instead of fsyncs of its own
         self._group_sync = group_sync
-        #: told when a close has ended, well or not (a graceful stop waits while queues keep closing)
-        self._on_closed = on_closed
+        #: told as a close moves on (its records written, the close ended well or not): a graceful
+        #: stop waits while its queues keep moving
+        self._on_progress = on_progress
         #: --sync-timeout: shared by every queue of a node (one timer), or this queue's own
         self._sync_schedule = sync_schedule if sync_schedule is not None else SyncSchedule(clock, sync_timeout)
 
@@ -564,6 +565,7 @@ class DiskQueue(ReadAhead):
             written, error, grouped = await self._submit(self._disk.close, batch, group is not None)
             self._written_seq += written  # what is left is what the stop could not flush
             if grouped and group is not None:
+                self._progressed()
                 epoch = self._epoch
                 result = await group.sync(partial(self._disk.run, None, self._disk.finish_close))
                 self._after_op(result, epoch)
@@ -571,10 +573,13 @@ class DiskQueue(ReadAhead):
             # written or not, none of it is in this node's memory any more
             self._shrink_backlog(self._backlog_bytes)
             self._executor.stop()
-            if self._on_closed is not None:
-                self._on_closed()
+            self._progressed()
         if error is not None:
             raise BackendError(f"{error} ({len(batch) - written} records lost on close)")
+
+    def _progressed(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress()
 
     async def _delete(self) -> None:
         await self._flush_idle()

@@ -59,6 +59,9 @@ def test_a_stop_with_thousands_of_topics_reports_nothing_false(tmp_path) -> None
     assert "could not be flushed" not in out and "exiting anyway" not in out, out[-3000:]
     assert took < STOP_FLUSH_TIMEOUT, took
     assert len(glob.glob(str(path / "*.diskqueue.000000.dat"))) == TOPICS
+    # the metadata of each, renamed into place after the syncfs; no temporary file left
+    assert len(glob.glob(str(path / "*.diskqueue.meta.dat"))) == TOPICS
+    assert glob.glob(str(path / "*.tmp")) == []
 
     again = Daemon(str(path)).start(timeout=60)
     try:

@@ -102,6 +102,19 @@ class GroupSyncTests(SynchronousTestCase):
         self.assertEqual([self.successResultOf(d) for d in later], [(i, True) for i in range(100)])
         self.assertEqual((syncfs.calls, group.rounds), (2, 2))
 
+    def test_a_round_serves_at_most_round_max(self) -> None:
+        """5,000 queues waiting: rounds of at most ROUND_MAX, each a syncfs and its renames, so the
+        stop sees queues finish closing all along (it gives up only when none do)."""
+        from nsqtw.storage.groupsync import ROUND_MAX
+
+        group, executor, syncfs = self.group()
+        first = group.sync(lambda ok: ok)
+        rest = [group.sync(lambda ok: ok) for _ in range(5000)]
+        executor.run()
+        self.assertIs(self.successResultOf(first), True)
+        self.assertTrue(all(self.successResultOf(d) for d in rest))
+        self.assertEqual(syncfs.calls, 1 + -(-5000 // ROUND_MAX))
+
     def test_a_failed_syncfs_tells_each_then(self) -> None:
         """A syncfs that fails hands ``False`` to every ``then`` of its round (each syncs on its own)."""
         group, executor, syncfs = self.group()
@@ -257,7 +270,7 @@ class StopDeadlineTests(SynchronousTestCase):
 
         clock = Clock()
         errors: list[str] = []
-        service = SimpleNamespace(nsqd=FakeNode(), reactor=clock, queues_closed=0, disk_pool=None,
+        service = SimpleNamespace(nsqd=FakeNode(), reactor=clock, stop_progress=0, disk_pool=None,
                                   meta_executor=None,
                                   log=Logger(observer=lambda e: errors.append(formatEvent(e))))
         done = Deferred.fromCoroutine(NSQDService._close_within(service, 10.0))  # type: ignore[arg-type]
@@ -275,7 +288,7 @@ class StopDeadlineTests(SynchronousTestCase):
         service, clock, done, errors = self.stop()
         for _ in range(20):
             self.tick(clock, 3.0)
-            service.queues_closed += 1
+            service.stop_progress += 1
         self.assertNoResult(done)
         service.nsqd.closing.callback(None)
         self.successResultOf(done)
@@ -285,10 +298,10 @@ class StopDeadlineTests(SynchronousTestCase):
         """Queues stop closing (a failing disk): 10 s later the stop gives up and says so."""
         service, clock, done, errors = self.stop()
         self.tick(clock, 5.0)
-        service.queues_closed += 1
+        service.stop_progress += 1
         self.tick(clock, 9.0)
         self.assertNoResult(done)
         self.tick(clock, 2.0)
         self.successResultOf(done)
         self.assertEqual(len(errors), 1)
-        self.assertIn("no queue finished flushing for 10.0s", errors[0])
+        self.assertIn("no queue moved on flushing for 10.0s", errors[0])
