@@ -112,6 +112,7 @@ class Daemon:
         """In the child, before exec: the open-file limit, hard too (the daemon raises its soft one)."""
         import resource
 
+        assert self.nofile is not None
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     #: the listeners whose ``listening on`` lines start() waits for
