@@ -41,11 +41,13 @@ class Daemon:
     checkout = True
 
     def __init__(self, data_path: str, *args: str, env: dict[str, str] | None = None,
-                 code: str = TWISTD) -> None:
+                 code: str = TWISTD, nofile: int | None = None) -> None:
         self.data_path = data_path
         self.args = list(args)
         self.env = env
         self.code = code
+        #: the open-file limit (soft and hard) the daemon runs under, if not this process's
+        self.nofile = nofile
         self.proc: subprocess.Popen[bytes] | None = None
         self.tcp: tuple[str, int] = ("", 0)
         self.http: tuple[str, int] = ("", 0)
@@ -68,7 +70,7 @@ class Daemon:
             env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         cmd = self.command(tcp, http)
         self.proc = subprocess.Popen(cmd, cwd=self.data_path, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=self._limit if self.nofile else None)
         found: dict[str, str] = {}
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
@@ -105,6 +107,13 @@ class Daemon:
         host, port = found["HTTP"].rsplit(":", 1)
         self.http = (host, int(port))
         return self
+
+    def _limit(self) -> None:
+        """In the child, before exec: the open-file limit, hard too (the daemon raises its soft one)."""
+        import resource
+
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     #: the listeners whose ``listening on`` lines start() waits for
     listens: tuple[str, ...] = ("TCP", "HTTP")

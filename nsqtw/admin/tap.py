@@ -16,6 +16,7 @@ from nsqtw.admin.options import AdminOptions
 from nsqtw.admin.options import AdminTwistdOptions as Options
 from nsqtw.log import start_daemon
 from nsqtw.net.launch import report_to_launcher
+from nsqtw.net.limits import raise_open_file_limit
 from nsqtw.net.listen import split_host_port
 from nsqtw.net.reactor import install_for_daemon
 
@@ -37,6 +38,7 @@ def _resolve_addresses(opts: AdminOptions) -> None:
 
 
 def makeService(config: Options) -> IService:
+    raise_open_file_limit()  # as Go's runtime does: sockets and segments are descriptors
     opts = config.admin
     install_for_daemon()  # before start_daemon: its log writer imports the reactor
     start_daemon("nsqadmin", opts.version, opts.log_level, opts.log_prefix,

@@ -17,6 +17,7 @@ from nsqtw.core.memory import EphemeralBackend, MemoryBackend
 from nsqtw.core.topic import Topic
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN, UnwrittenBytes
 from nsqtw.errors import ExitingError
+from nsqtw.heap import thaw
 from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, ITopicOwner
 from nsqtw.log import Logger, set_level
 from nsqtw.names import backend_name, is_ephemeral
@@ -258,6 +259,7 @@ class NSQD:
         self.metadata_changed()
 
     def channel_deleted(self, topic: Topic, channel: Channel) -> None:
+        thaw()  # its cycles may have been frozen at start
         for listener in self.listeners:
             listener.channel_deleted(topic, channel)
         self.metadata_changed()
@@ -265,6 +267,7 @@ class NSQD:
     def delete_topic(self, name: str) -> Deferred[Any]:
         """Remove a topic with its channels and data; raises KeyError when there is none."""
         topic = self.topics.pop(name)
+        thaw()  # its cycles may have been frozen at start
         self.log.info("TOPIC({topic}): deleting", topic=name)
         d = topic.delete()
         for listener in self.listeners:

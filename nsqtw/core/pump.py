@@ -67,7 +67,9 @@ class Pump:
     the next turn: producers never pay a Deferred or a call per message. The
     pumps of a clock woken in a turn share one delayed call (:class:`_Turn`).
     ``drain`` returns True when it stopped early (a batch limit) and wants
-    another turn.
+    another turn. The loop (a coroutine and its Deferred) begins at the
+    first wake: a node restarting with 30,000 topics nobody reads makes
+    none for them.
     """
 
     log = Logger()
@@ -83,9 +85,10 @@ class Pump:
         self._done: Deferred[None] | None = None
 
     def start(self) -> None:
-        if self._running:
-            return
         self._running = True
+
+    def _begin(self) -> None:
+        """The loop, at the first wake: it waits on its Deferred before the turn fires it."""
         self._done = ensureDeferred(self._loop())
         self._done.addErrback(lambda f: self.log.failure("{name}: pump stopped", f, name=self._name))
 
@@ -97,6 +100,8 @@ class Pump:
         if self._scheduled or not self._running:
             return
         self._scheduled = True
+        if self._done is None:
+            self._begin()
         self._turn.add(self)
 
     def _fire(self) -> None:

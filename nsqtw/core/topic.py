@@ -96,7 +96,7 @@ class Topic:
         self._room_waiters: list[Deferred[None]] = []
         self._pump = Pump(clock, self.distribute, f"TOPIC({name})")
         self._pump.start()
-        backend.set_readable_callback(self._pump.wake)
+        backend.set_readable_callback(self._backend_readable)
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -111,6 +111,12 @@ class Topic:
     def wake(self) -> None:
         """Run the pump on the next turn (there may be messages to copy)."""
         self._pump.wake()
+
+    def _backend_readable(self) -> None:
+        """The backend has records to read: only a topic with channels reads them (a new channel
+        wakes the pump, :meth:`get_channel`)."""
+        if self.channels:
+            self._pump.wake()
 
     # -- publishing -------------------------------------------------------
 

@@ -16,6 +16,7 @@ from twisted.application.service import IService
 from nsqtw.log import start_daemon
 from nsqtw.lookupd.options import LookupdTwistdOptions as Options
 from nsqtw.net.launch import report_to_launcher
+from nsqtw.net.limits import raise_open_file_limit
 from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import keep_openssl_out
 
@@ -23,6 +24,7 @@ __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
+    raise_open_file_limit()  # as Go's runtime does: sockets and segments are descriptors
     keep_openssl_out(False)  # before anything imports the reactor (LookupdService below)
     install_for_daemon()  # before start_daemon: its log writer imports the reactor
     start_daemon("nsqlookupd", config.lookupd.version, config.lookupd.log_level, config.lookupd.log_prefix,

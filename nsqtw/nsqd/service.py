@@ -14,13 +14,14 @@ from twisted.internet.protocol import Factory
 from nsqtw import speedups, version_banner
 from nsqtw._go.duration import format_duration
 from nsqtw.core.nsqd import NSQD
-from nsqtw.heap import keep_long_lived_old, release_free_heap, return_big_blocks
+from nsqtw.heap import freeze_start_up, keep_long_lived_old, release_free_heap, return_big_blocks
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.log import Logger
 from nsqtw.names import is_valid_channel_name, is_valid_topic_name
 from nsqtw.net.busypoll import busy_poll_of
 from nsqtw.net.exit import exit_cleanly_after_signal, fail_start
 from nsqtw.net.lazy import FirstConnectionFactory
+from nsqtw.net.limits import open_file_limit
 from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
 from nsqtw.net.notify import notify
 from nsqtw.net.tls import build_server_tls
@@ -34,6 +35,7 @@ from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.durable import DurableDelivery, compact_min, keep_free
 from nsqtw.storage.executor import DiskLane, DiskPool
 from nsqtw.storage.fsync import FsyncLatency
+from nsqtw.storage.groupsync import GroupSync, load_syncfs
 from nsqtw.storage.journal import Journal, JournalState, find_journals, journal_path, replay
 from nsqtw.storage.metadata import (
     DEFERRED_FILENAME,
@@ -90,7 +92,7 @@ class DataPathLock:
             self._fd = None
 
 
-#: seconds a graceful stop waits for every queue and journal to flush before it exits anyway
+#: seconds a graceful stop waits without any queue finishing its flush before it exits anyway
 STOP_FLUSH_TIMEOUT = 10.0
 
 
@@ -154,6 +156,10 @@ class NSQDService(MultiService):
         #: one --sync-timeout timer for every disk queue, armed only while one has work
         self.sync_schedule = SyncSchedule(reactor, options.sync_timeout)
         self.meta_executor: DiskLane | None = None
+        #: a graceful stop's one syncfs for the queues it closes (None where there is no syncfs)
+        self.group_sync: GroupSync | None = None
+        #: steps disk queues made closing (records written, closes ended): a stop waits while it grows
+        self.stop_progress = 0
         #: the data path's filesystem size (--durable-delivery: what its queues keep free depends on it)
         self._fs_bytes: int | None = None
         #: every fsync of the disk queues and journals, timed on the disk threads (/metrics)
@@ -219,7 +225,11 @@ class NSQDService(MultiService):
                          o.sync_every, o.sync_timeout, self.reactor, self._lane(f"diskqueue-{name}"),
                          durable=self.durable, keep_free=reserve, sync_schedule=self.sync_schedule,
                          fsync_fn=self.fsync_latency.fsync, unwritten=self.nsqd.unwritten,
-                         on_set_aside=self.nsqd.count_set_aside)
+                         on_set_aside=self.nsqd.count_set_aside, group_sync=self.group_sync,
+                         on_progress=self._stop_progressed)
+
+    def _stop_progressed(self) -> None:
+        self.stop_progress += 1
 
     def _fs_size(self) -> int:
         """The data path's filesystem size, read once (the durable writers' reserves)."""
@@ -285,20 +295,44 @@ class NSQDService(MultiService):
                           f"{self.options.workers} worker processes serve TCP clients")
         poll = busy_poll_of(self.reactor)
         if poll is not None:
-            poll.limit = self.options.busy_poll
+            # no spinning while the queues load (every disk thread's result would set the reactor
+            # spinning against them for the GIL); the limit is set as the listeners open (_start)
+            poll.limit = 0
         if poll is not None and self.options.busy_poll > 0:
             self.log.info("busy polling: up to {limit} while traffic is brisk (--busy-poll=0 turns it off)",
                           limit=format_duration(self.options.busy_poll))
+        limit = open_file_limit()
+        if limit is not None:
+            self.log.info("open files: up to {limit} (RLIMIT_NOFILE; an idle queue holds none)", limit=limit)
         keep_long_lived_old()  # queued messages are long-lived
         return_big_blocks()  # a freed MPUB's megabyte goes back to the system, not into the heap
+        # what start-up builds (every topic and channel of nsqd.dat) lives as long as the node: no
+        # collection while it is built (with 30,000 topics they took a second of a ten-second
+        # start); it is frozen out of the collector at the end (_start)
+        gc.disable()
         d = ensureDeferred(self._start())
         d.addErrback(self._start_failed)
+        d.addBoth(self._collector_back_on)
         return d
+
+    @staticmethod
+    def _collector_back_on(result: object) -> object:
+        gc.enable()  # (a start that failed too)
+        return result
 
     async def _start(self) -> None:
         self.lock.acquire()
         self.disk_pool = DiskPool(self.reactor, self.options.disk_threads)
         self.meta_executor = self._lane("metadata")
+        if load_syncfs() is not None:
+            # the data path is opened now: syncfs reports the writeback errors since then
+            group = GroupSync(self.data_path, self._lane("syncfs"), self.fsync_latency.syncfs)
+            try:
+                await group.arm()
+                self.group_sync = group
+            except OSError as e:  # each queue fsyncs its own files at the stop
+                self.log.warn("NSQ: cannot open {path} to sync it at the stop - {error}", path=self.data_path,
+                              error=e)
         store = MetadataStore(self.nsqd, self.data_path, self.reactor, self.meta_executor.submit)
         try:
             raw = await self.meta_executor.submit(read_file, self.data_path)
@@ -317,6 +351,12 @@ class NSQDService(MultiService):
                 self.nsqd.restore_deferred(decode_deferred(raw_due))
             await gatherResults([b.loaded for b in self.nsqd.backends()
                                  if hasattr(b, "loaded")], consumeErrors=True)
+            # a queue whose files could not be read (out of descriptors, memory, a failing disk) stops
+            # the start: nothing was set aside or overwritten, and a start with what it lacked reads all
+            failed = [error for b in self.nsqd.backends() if (error := getattr(b, "load_error", None))]
+            if failed:
+                more = f" (and {len(failed) - 1} more queues)" if len(failed) > 1 else ""
+                raise StartError(f"failed to load metadata - {failed[0]}{more}")
             self.log.info("NSQ: loaded metadata: {topics} topics", topics=len(entries))
         # a channel made just before a crash may have a journal but no entry in nsqd.dat yet
         missing = [(t, c) for t, c in journaled
@@ -331,12 +371,16 @@ class NSQDService(MultiService):
         except Exception as e:
             raise StartError(f"failed to persist metadata - {e}") from None
         self.nsqd.metadata = store
-        # what start-up built (every topic and channel of nsqd.dat) lives as long as the node:
-        # collect it into the oldest generation now, before serving. With the thresholds above
-        # the young generations hold up to a million objects, and the first collection of that
-        # heap after start-up (a first /metrics scrape of 10,000 channels) stalled the reactor
-        # 0.28 s, whatever thread triggered it (tests/integration/test_metrics_scale.py)
-        gc.collect()
+        # what start-up built (every topic and channel of nsqd.dat) lives as long as the node: out
+        # of every collection from now on (nsqtw.heap.freeze_start_up). Left young, the first
+        # collection of that heap after start-up (a first /metrics scrape of 10,000 channels)
+        # stalled the reactor 0.28 s (tests/integration/test_metrics_scale.py); collected now, it
+        # took 0.6 s of a 2.5 s restart with 15,000 topics
+        freeze_start_up()
+        gc.enable()
+        poll = busy_poll_of(self.reactor)
+        if poll is not None:
+            poll.limit = self.options.busy_poll
         for service in self:
             service.startService()
         notify_ready_when_bound(self.reactor, self)
@@ -352,31 +396,53 @@ class NSQDService(MultiService):
         fail_start(self.reactor, reason)
 
     async def _close_within(self, seconds: float) -> None:
-        """Flush and close every topic and channel, giving up after ``seconds``.
+        """Flush and close every topic and channel; give up once ``seconds`` pass with no queue closing.
 
-        A disk that keeps failing (fsync errors, a full disk under
-        ``--durable-delivery``) would hold the stop forever: the hand-offs
-        wait for journal fsyncs that never succeed. Past the bound, what
-        could not be flushed is logged, queue by queue, and the stop goes
-        on; it is what a kill -9 at that moment would leave (with
-        ``--durable-delivery`` the journals and the topics' read positions
-        still hold every acknowledged message).
+        A healthy disk keeps closing queues, however many there are, and the
+        stop waits for all of them. A disk that keeps failing (fsync errors,
+        a full disk under ``--durable-delivery``) would hold the stop
+        forever: the hand-offs wait for journal fsyncs that never succeed.
+        Once ``seconds`` pass in which no queue moved on (wrote what it
+        held, or finished closing), the disk threads run nothing more but
+        the metadata's, the jobs under way end, and what is not on disk then
+        is logged, queue by queue: what a kill -9 at that moment would leave
+        (with ``--durable-delivery`` the journals and the topics' read
+        positions still hold every acknowledged message). A record that
+        reached the disk is never reported.
         """
         finished: Deferred[bool] = Deferred()
+        seen = -1
+        last = self.reactor.seconds()
 
         def settle(result: bool) -> None:
             if not finished.called:
                 finished.callback(result)
 
+        def watch() -> None:
+            nonlocal seen, last
+            if finished.called:
+                return
+            now = self.reactor.seconds()
+            if self.stop_progress != seen:
+                seen, last = self.stop_progress, now
+            elif now - last >= seconds:
+                settle(False)
+                return
+            timer[0] = self.reactor.callLater(min(1.0, seconds), watch)
+
+        timer: list[Any] = [None]
         self.nsqd.close().addBoth(lambda _: settle(True))
-        timer = self.reactor.callLater(seconds, settle, False)
+        watch()
         if await finished:
-            if timer.active():
-                timer.cancel()
+            if timer[0] is not None and timer[0].active():
+                timer[0].cancel()
         else:
-            self.log.error("NSQ: stop: flushing did not finish within {seconds}s - exiting anyway",
+            self.log.error("NSQ: stop: no queue moved on flushing for {seconds}s - exiting anyway",
                            seconds=seconds)
-        # what failed to reach the disk, whether the flush finished (with errors) or timed out
+            if self.disk_pool is not None:
+                # nothing more reaches the disk (but nsqd.dat), so what is reported below stays true
+                await self.disk_pool.halt(keep=self.meta_executor)
+        # what failed to reach the disk, whether the flush finished (with errors) or was given up
         for what, counts in unflushed(self.nsqd):
             self.log.error("NSQ: stop: {what} could not be flushed: {counts}", what=what, counts=counts)
 
@@ -396,6 +462,8 @@ class NSQDService(MultiService):
             except Exception as e:
                 self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
         await self._close_within(STOP_FLUSH_TIMEOUT)
+        if self.group_sync is not None:
+            self.group_sync.disarm()
         if self.nsqd.metadata is not None:
             try:
                 await self.nsqd.metadata.persist()

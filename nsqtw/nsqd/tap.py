@@ -18,6 +18,7 @@ from twisted.application.service import IService
 
 from nsqtw.log import start_daemon
 from nsqtw.net.launch import report_to_launcher
+from nsqtw.net.limits import raise_open_file_limit
 from nsqtw.net.reactor import install_for_daemon
 from nsqtw.net.tls import TLSConfigError, keep_openssl_out
 from nsqtw.nsqd.options import NSQDTwistdOptions as Options
@@ -26,6 +27,7 @@ __all__ = ["Options", "makeService"]
 
 
 def makeService(config: Options) -> IService:
+    raise_open_file_limit()  # as Go's runtime does: sockets and segments are descriptors
     # before anything imports the reactor (NSQDService below)
     keep_openssl_out(config.nsqd.needs_openssl)
     install_for_daemon()  # before start_daemon: its log writer imports the reactor

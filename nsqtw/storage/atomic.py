@@ -13,7 +13,8 @@ import os
 import random
 from collections.abc import Callable
 
-__all__ = ["atomic_write", "check_room", "free_bytes", "fsync_dir", "remove_quietly", "write_all"]
+__all__ = ["atomic_write", "check_room", "free_bytes", "fsync_dir", "remove_quietly", "temp_name", "write_all",
+           "write_temp"]
 
 _random = random.SystemRandom()
 
@@ -63,6 +64,30 @@ def remove_quietly(path: str) -> None:
             raise
 
 
+def temp_name(path: str) -> str:
+    """A fresh temporary name beside ``path``."""
+    return f"{path}.{_random.getrandbits(63)}.tmp"
+
+
+def write_temp(path: str, data: bytes, open_fn: Callable[..., int] = os.open) -> str:
+    """Write ``data`` to a new temporary file beside ``path``, without an fsync; its name.
+
+    The first half of :func:`atomic_write` for writers whose fsyncs one
+    ``syncfs`` makes for all (:mod:`nsqtw.storage.groupsync`): the caller
+    renames it over ``path`` once the filesystem is synced.
+    """
+    tmp = temp_name(path)
+    fd = open_fn(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        remove_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
 def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fsync,
                  ignore_fsync_error: bool = False, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, then the directory's fsync.
@@ -73,7 +98,7 @@ def atomic_write(path: str, data: bytes, *, fsync: Callable[[int], None] = os.fs
     Go code it mirrors does not do it. On any failure the temp file is gone
     and ``path`` is untouched.
     """
-    tmp = f"{path}.{_random.getrandbits(63)}.tmp"
+    tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         write_all(fd, data)

@@ -6,23 +6,21 @@ records and ``NAME.diskqueue.meta.dat`` holding
 ``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``.  nsqtw reads a
 data dir Go left behind and leaves one Go can read.
 
-Two halves:
+Three parts:
 
 * :class:`DiskState` owns the files and go-diskqueue's positions.  It runs
-  only on the queue's own one-thread executor and touches only bytes and
+  only on the queue's lane of the disk threads and touches only bytes and
   files; what it wants logged travels back with each result.
 * :class:`DiskQueue` lives on the reactor thread.  ``put`` only appends to a
-  pending list (one disk write per reactor turn); ``read`` slices records
-  from a read-ahead buffer the disk thread refills in chunks of up to 4,096
-  records or 1 MiB. Smaller chunks left a reader at 400,000 messages/s
-  waiting for the refill (its disk thread is also writing the copies a topic
-  hands over); bigger ones hold the GIL longer on the disk thread while
-  it splits them. A queue
-  reads 1,024 ahead until reads take records out of it, then twice as many
-  at each read up to the 4,096: a topic without channels or a channel
-  without consumers, thousands of them on a node, hold no more than before.
-  The read position on disk only moves past records ``read`` has returned,
-  so buffered records survive a restart.
+  pending list (one disk write per reactor turn, handed over at most every
+  5 ms while busy).
+* Its base :class:`~nsqtw.storage.readahead.ReadAhead` is the read side:
+  ``read`` slices records from a read-ahead buffer the disk thread refills.
+
+A queue holds a descriptor only while it is read or written: an idle one
+gives them back at the sync schedule's next tick (:meth:`DiskQueue.sync_tick`),
+and running out of them is an error the queue reports and retries, never
+corruption (tests/unit/test_diskqueue_fds.py).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, cast
 
 from twisted.internet import defer
@@ -47,19 +46,19 @@ from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor, IDurableBackendQueue
 from nsqtw.log import Logger
 from nsqtw.storage.executor import ThreadPoolDiskExecutor
-from nsqtw.storage.segments import Consumption, DiskState, OpResult, ReadChunk
+from nsqtw.storage.groupsync import GroupSync
+from nsqtw.storage.readahead import ReadAhead
+from nsqtw.storage.segments import Consumption, DiskState, OpResult
 from nsqtw.storage.sync import SyncSchedule
 
 __all__ = ["DiskQueue"]
 
 #: seconds between two hand-offs of a queue's writes to its disk thread
 FLUSH_INTERVAL = 0.005
-#: records a queue reads ahead before anything is read from it
-READ_AHEAD_START = 1024
 
 
 @implementer(IDurableBackendQueue)
-class DiskQueue:
+class DiskQueue(ReadAhead):
     """go-diskqueue-compatible backend for a topic or channel, driven from the reactor."""
 
     log = Logger()
@@ -82,11 +81,14 @@ class DiskQueue:
         flush_interval: float = FLUSH_INTERVAL,
         write_fn: Callable[[int, Any], int] = os.write,
         fsync_fn: Callable[[int], None] = os.fsync,
+        open_fn: Callable[..., int] = os.open,
         durable: bool = False,
         keep_free: int = 0,
         sync_schedule: SyncSchedule | None = None,
         unwritten: UnwrittenBytes | None = None,
         on_set_aside: Callable[[int], None] | None = None,
+        group_sync: GroupSync | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.data_path = data_path
@@ -96,14 +98,10 @@ class DiskQueue:
         if executor is None:
             executor = self.default_executor(cast(IReactorFromThreads, clock), name)
         self._executor = executor
-        self._read_ahead_records = max(read_ahead_records, 1)
-        #: the read-ahead now: READ_AHEAD_START records until reads take records out,
-        #: then doubling up to ``read_ahead_records`` (see the module's docstring)
-        self._ahead = min(READ_AHEAD_START, self._read_ahead_records)
-        self._read_ahead_bytes = max(read_ahead_bytes, 1)
+        self._init_reading(read_ahead_records, read_ahead_bytes)
         self._retry_interval = retry_interval
         self._disk = DiskState(name, data_path, max_bytes_per_file, min_msg_size, max_msg_size,
-                                sync_every, write_fn, fsync_fn, durable, keep_free)
+                                sync_every, write_fn, fsync_fn, durable, keep_free, open_fn)
 
         self._depth = 0
         self._epoch = 0  # bumped by empty/delete: results of older operations are stale
@@ -129,6 +127,13 @@ class DiskQueue:
         self._write_error: str | None = None
         #: why the last sync (fsync, metadata) failed, until one succeeds
         self._sync_error: str | None = None
+        #: why the queue could not be loaded (its metadata or segments could not be read), until it is
+        self.load_error: str | None = None
+        #: whether the disk state holds a descriptor (as its last operation said); an idle queue gives
+        #: them back at a tick of the sync schedule (:meth:`sync_tick`)
+        self._files_open = False
+        #: records were written, read ahead or read since the last tick of the sync schedule
+        self._active = False
         #: what the health listener was last told
         self._reported_health: str | None = None
         #: told of every change of :meth:`health` (the node's list of failing queues)
@@ -143,31 +148,18 @@ class DiskQueue:
         #: ``/metrics``' nsqd_disk_write_errors_total)
         self.write_errors = 0
 
-        # reading
-        #: read ahead: chunks of records, each [file_num, position of its next record,
-        #: its records, index of the next]; none is ever empty
-        self._buffer: deque[list[Any]] = deque()
-        self._buffer_count = 0
-        self._buffer_bytes = 0
-        self._refilling = False
-        self._disk_more = False
-        self._consumed_count = 0
-        self._consumed_pos: tuple[int, int] | None = None
-        self._readable_callback: Callable[[], object] | None = None
-        self._want_readable = True
-        self._notify_call: IDelayedCall | None = None
         self._dirty = False
-        # durable mode: records handed out by read_positions() but not yet
-        # committed; cumulative counts so marks commit in any order
-        self._read_total = 0
-        self._read_last: tuple[int, int] | None = None
-        self._committed_total = 0
 
+        #: a graceful stop's one syncfs for every queue closing (when armed), instead of fsyncs of its own
+        self._group_sync = group_sync
+        #: told as a close moves on (its records written, the close ended well or not): a graceful
+        #: stop waits while its queues keep moving
+        self._on_progress = on_progress
         #: --sync-timeout: shared by every queue of a node (one timer), or this queue's own
         self._sync_schedule = sync_schedule if sync_schedule is not None else SyncSchedule(clock, sync_timeout)
 
-        self.loaded: Deferred[None] = self._submit(self._disk.load).addCallback(self._load_done)
-        self.loaded.addErrback(self._op_failed, "load")
+        #: fires once the first load was tried (:attr:`load_error` says if it failed; it is retried)
+        self.loaded: Deferred[None] = self._submit(self._disk.load).addErrback(self._load_failed)
 
     @classmethod
     def default_executor(cls, reactor: IReactorFromThreads, name: str = "diskqueue") -> ThreadPoolDiskExecutor:
@@ -242,105 +234,6 @@ class DiskQueue:
             else:
                 d.errback(BackendError(error))
 
-    def _take(self, max_count: int) -> list[tuple[int, int, list[bytes]]]:
-        """Up to ``max_count`` records from the read-ahead, as runs of one segment:
-        (file_num, position just past the run, its records).
-
-        A whole chunk's records are sliced out at once, not moved one by one:
-        this runs for every message a consumer reads back from disk.
-        """
-        runs: list[tuple[int, int, list[bytes]]] = []
-        buffer = self._buffer
-        want = max_count
-        while buffer and want > 0:
-            chunk = buffer[0]
-            num, pos, data, i = chunk
-            if i == 0 and len(data) <= want:
-                run = data
-                buffer.popleft()
-            else:
-                run = data[i:i + want]
-                chunk[3] = i + len(run)
-                if chunk[3] == len(data):
-                    buffer.popleft()
-            nbytes = sum(map(len, run))
-            pos += 4 * len(run) + nbytes
-            chunk[1] = pos
-            self._buffer_bytes -= nbytes
-            want -= len(run)
-            runs.append((num, pos, run))
-        if runs and self._ahead < self._read_ahead_records:
-            # someone reads this queue: read further ahead (see the module's docstring)
-            self._ahead = min(2 * self._ahead, self._read_ahead_records)
-        self._buffer_count -= max_count - want
-        return runs
-
-    def read(self, max_count: int) -> list[bytes]:
-        if self._closed:
-            return []  # the read position is already persisted; don't hand out more
-        runs = self._take(max_count)
-        if len(runs) == 1:
-            out = runs[0][2]
-        else:
-            out = [d for run in runs for d in run[2]]
-        if out:
-            self._consumed_pos = runs[-1][:2]
-            self._consumed_count += len(out)
-            self._depth -= len(out)
-            self._sync_schedule.mark(self)
-        self._after_read(len(out), max_count)
-        return out
-
-    def _after_read(self, got: int, wanted: int) -> None:
-        self._maybe_refill()
-        if got < wanted:
-            if self._buffer:
-                self._schedule_notify()  # a refill finished while we were in here
-            else:
-                self._want_readable = True
-
-    # -- durable delivery: reads count as consumed only once committed -------
-
-    def read_positions(self, max_count: int) -> list[tuple[bytes, int, int]]:
-        """Like ``read``, with each record's end position; the read position
-        on disk moves past them only when :meth:`commit_read` says so."""
-        out: list[tuple[bytes, int, int]] = []
-        if self._closed:
-            return out
-        for num, end, run in self._take(max_count):
-            pos = end - 4 * len(run) - sum(map(len, run))
-            for data in run:
-                pos += 4 + len(data)
-                out.append((data, num, pos))
-        if out:
-            self._read_total += len(out)
-            self._read_last = (out[-1][1], out[-1][2])
-            self._depth -= len(out)
-        self._after_read(len(out), max_count)
-        return out
-
-    def read_mark(self) -> tuple[int, int, int, int] | None:
-        """A token for everything ``read_positions`` returned so far."""
-        if self._read_last is None:
-            return None
-        return (self._epoch, self._read_total, *self._read_last)
-
-    def commit_read(self, mark: tuple[int, int, int, int] | None) -> None:
-        """The records up to ``mark`` are safe elsewhere: let the read position pass them."""
-        if mark is None or self._closed:
-            return
-        epoch, total, num, pos = mark
-        if epoch != self._epoch or total <= self._committed_total:
-            return  # emptied since, or a later mark was committed already
-        self._consumed_count += total - self._committed_total
-        self._consumed_pos = (num, pos)
-        self._committed_total = total
-        self._sync_schedule.mark(self)
-        self._maybe_refill()
-
-    def set_readable_callback(self, callback: Callable[[], object]) -> None:
-        self._readable_callback = callback
-
     def depth(self) -> int:
         return self._depth
 
@@ -384,7 +277,7 @@ class DiskQueue:
         healthy, as in Go nsqd: later data still flows, and a load balancer
         must not take the node out of service for it.
         """
-        return self._write_error or self._sync_error
+        return self.load_error or self._write_error or self._sync_error or self._read_error
 
     def watch_health(self, listener: Callable[[object, str | None], None]) -> None:
         self._health_listener = listener
@@ -439,6 +332,9 @@ class DiskQueue:
     def _after_op(self, result: OpResult, epoch: int) -> Any:
         for level, fmt, kw in result.events:
             self.log.emit(level, fmt, **kw)
+        self._files_open = result.files_open
+        if result.files_open and not self._closed:
+            self._sync_schedule.watch(self)  # given back once the queue idles (sync_tick)
         if epoch == self._epoch:
             self._depth += result.depth_delta
             self._disk_more = result.more
@@ -450,6 +346,10 @@ class DiskQueue:
                     self._on_set_aside(result.set_aside)
             if result.sync_error is not None:
                 self._sync_done(result.sync_error or None)
+        if result.read_error is not None:
+            self._read_done(result.read_error or None)
+        if result.loaded is not None:
+            self._load_done(result.loaded, epoch)
         return result.value
 
     def _sync_done(self, error: str | None) -> None:
@@ -461,12 +361,48 @@ class DiskQueue:
         self._report_health()
 
     def _op_failed(self, failure: Failure, what: str) -> None:
-        self.log.failure("DISKQUEUE({name}) {what} failed", failure, name=self.name, what=what)
+        if failure.check(OSError):  # a disk or resource error, said in its message; no traceback
+            self.log.error("DISKQUEUE({name}) {what} failed - {error}", name=self.name, what=what,
+                           error=failure.getErrorMessage())
+        else:
+            self.log.failure("DISKQUEUE({name}) {what} failed", failure, name=self.name, what=what)
 
-    def _load_done(self, depth: int) -> None:
-        self._depth += depth
+    def _load_done(self, depth: int, epoch: int) -> None:
+        if epoch == self._epoch:  # else emptied or deleted since: its records are gone
+            self._depth += depth
         self._loaded = True
-        self._maybe_refill()
+        if self.load_error is not None:
+            self.log.info("DISKQUEUE({name}) loaded", name=self.name)
+            self.load_error = None
+            self._report_health()
+        # what is on disk is read ahead once the queue is first read, not now: a topic without
+        # channels or a channel without clients never reads, and a node restarting with 30,000
+        # of them would otherwise open, read and hold a read-ahead of each
+        if self._disk_more and self._want_readable and self._notify_call is None:
+            # told at once, not on a later turn as a refill's news is (this is no read's inside):
+            # 30,000 queues loading at start made 30,000 delayed calls
+            self._want_readable = False
+            self._notify()
+
+    def _load_failed(self, failure: Failure) -> None:
+        """The load could not read the metadata or the segments: unhealthy, and tried again.
+
+        Nothing is written, read or persisted meanwhile (every operation
+        tries the load first and fails the same way), so no position is
+        lost; a start that meets this fails (``NSQDService``).
+        """
+        error = f"DISKQUEUE({self.name}) failed to load: {failure.getErrorMessage()}"
+        if error != self.load_error:  # once, not at every retry
+            self._op_failed(failure, "load")
+        self.load_error = error
+        self._report_health()
+        if not self._closed:
+            self._clock.callLater(self._retry_interval, self._retry_load)
+
+    def _retry_load(self) -> None:
+        if self._closed or self._loaded:
+            return
+        self._submit(self._disk.load).addErrback(self._load_failed)
 
     def _check_writable(self) -> None:
         # A write error does not refuse puts: the records wait in ``_pending``
@@ -482,10 +418,10 @@ class DiskQueue:
                                f" maxMsgSize={self._max_msg_size}")
 
     def _stop_timers(self) -> None:
-        for call in (self._flush_call, self._retry_call, self._notify_call):
+        for call in (self._flush_call, self._retry_call, self._notify_call, self._read_retry):
             if call is not None and call.active():
                 call.cancel()
-        self._flush_call = self._retry_call = self._notify_call = None
+        self._flush_call = self._retry_call = self._notify_call = self._read_retry = None
         self._sync_schedule.forget(self)
 
     def _drop_everything(self) -> None:
@@ -545,6 +481,7 @@ class DiskQueue:
             return
         self._flushing = True
         self._dirty = True
+        self._active = True
         self._sync_schedule.mark(self)
         self._last_flush = self._clock.seconds()
         epoch = self._epoch
@@ -599,75 +536,50 @@ class DiskQueue:
             self._flush_waiters.append(waiter)
             await waiter
 
-    # -- reading ---------------------------------------------------------------
-
-    def _buffer_low(self) -> bool:
-        return (self._buffer_count < self._ahead // 2 + 1
-                and self._buffer_bytes < self._read_ahead_bytes // 2 + 1)
-
-    def _maybe_refill(self) -> None:
-        if self._closed or not self._loaded or self._refilling or not self._buffer_low():
-            return
-        if not (self._disk_more or self._consumed_pos is not None):
-            return
-        self._refilling = True
-        epoch = self._epoch
-        d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes, read=True)
-        d.addCallback(self._refill_done, epoch)
-        d.addErrback(self._refill_failed)
-
-    def _refill_done(self, chunks: list[ReadChunk], epoch: int) -> None:
-        self._refilling = False
-        if epoch != self._epoch or self._closed:
-            return
-        for num, pos, data in chunks:
-            self._buffer.append([num, pos, data, 0])
-            self._buffer_count += len(data)
-            self._buffer_bytes += sum(map(len, data))
-        if chunks and self._want_readable:
-            self._schedule_notify()
-        # go again unless that made no progress and nothing new was consumed
-        # (records held back behind an unread error wait for read())
-        if chunks or self._consumed_pos is not None:
-            self._maybe_refill()
-
-    def _refill_failed(self, failure: Failure) -> None:
-        self._refilling = False
-        self._op_failed(failure, "read")
-
-    def _schedule_notify(self) -> None:
-        """Tell the consumer there is data, from a fresh reactor turn (never inside ``read``)."""
-        self._want_readable = False
-        if self._notify_call is None and not self._closed:
-            self._notify_call = self._clock.callLater(0, self._notify)
-
-    def _notify(self) -> None:
-        self._notify_call = None
-        if self._readable_callback is not None and self._buffer:
-            self._readable_callback()
-
     # -- sync, close, delete ---------------------------------------------------
 
     def sync_tick(self) -> None:
-        """--sync-timeout (from the :class:`SyncSchedule`): make sure recent activity reaches the disk."""
-        if self._closed or not (self._dirty or self._consumed_pos is not None):
+        """A tick of the :class:`SyncSchedule`: recent activity reaches the disk (--sync-timeout),
+        and a queue idle since the last tick gives its descriptors back.
+
+        A node of 30,000 topics must not hold a descriptor for each: the
+        ones that are written or read keep theirs, the others hold none.
+        """
+        if self._closed:
             return
-        self._dirty = False
-        d = self._submit(self._disk.sync_if_dirty)
-        d.addErrback(self._op_failed, "sync")
+        active, self._active = self._active or self._consumed_pos is not None, False
+        if self._sync_schedule.syncs and (self._dirty or self._consumed_pos is not None):
+            self._dirty = False
+            self._submit(self._disk.sync_if_dirty).addErrback(self._op_failed, "sync")
+        elif self._files_open and not active and not self._flushing and not self._refilling:
+            self._submit(self._disk.release_files).addErrback(self._op_failed, "release files")
+            return
+        if self._files_open:
+            self._sync_schedule.watch(self)  # busy since the last tick: look again at the next
 
     async def _close(self) -> None:
         await self._flush_idle()
         batch, self._pending = self._pending, []
+        group = self._group_sync if self._group_sync is not None and self._group_sync.armed else None
         try:
-            written, error = await self._submit(self._disk.close, batch)
+            written, error, grouped = await self._submit(self._disk.close, batch, group is not None)
             self._written_seq += written  # what is left is what the stop could not flush
+            if grouped and group is not None:
+                self._progressed()
+                epoch = self._epoch
+                result = await group.sync(partial(self._disk.run, None, self._disk.finish_close))
+                self._after_op(result, epoch)
         finally:
             # written or not, none of it is in this node's memory any more
             self._shrink_backlog(self._backlog_bytes)
             self._executor.stop()
+            self._progressed()
         if error is not None:
             raise BackendError(f"{error} ({len(batch) - written} records lost on close)")
+
+    def _progressed(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress()
 
     async def _delete(self) -> None:
         await self._flush_idle()

@@ -147,6 +147,48 @@ class SynchronousDiskExecutor:
         self.stopped = True
 
 
+class _ToReactor:
+    """What a pool's threads hand back, run on the reactor in the order handed, one wake-up at a time.
+
+    Twisted's ``callFromThread`` writes to the reactor's waker pipe at every
+    call: a node loading 30,000 queues at start paid 30,000 pipe writes and
+    reactor wake-ups, a quarter of its disk threads' time. Here a thread
+    queues the call and wakes the reactor only when no wake-up is pending;
+    the reactor runs everything queued by then in one go.
+    """
+
+    def __init__(self, reactor: IReactorFromThreads) -> None:
+        self._reactor = reactor
+        self._calls: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
+        self._pending = False
+
+    def __call__(self, f: Callable[..., object], *args: Any) -> None:
+        """Any thread: run ``f(*args)`` on the reactor after what was handed before."""
+        self._calls.append((f, args))
+        if not self._pending:
+            self._pending = True
+            self._reactor.callFromThread(self._run)
+
+    def _run(self) -> None:
+        # cleared before draining: a call queued after this line is either drained below or
+        # finds the flag clear and wakes the reactor again
+        self._pending = False
+        calls = self._calls
+        while calls:
+            f, args = calls.popleft()
+            try:
+                f(*args)
+            except Exception:
+                _log.failure("a disk thread's result failed on the reactor")
+
+
+class _Wake:
+    """Put in a pool's queue to wake a waiting thread without a job (:meth:`DiskPool.halt`)."""
+
+
+_WAKE = _Wake()
+
+
 class DiskPool:
     """A fixed number of disk threads serving every queue and journal, each on its own lane.
 
@@ -164,9 +206,16 @@ class DiskPool:
         if threads < 1:
             raise ValueError(f"a disk pool needs at least one thread, not {threads}")
         self._reactor = reactor
-        self._ready: queue.SimpleQueue[DiskLane | None] = queue.SimpleQueue()
+        self._to_reactor = _ToReactor(reactor)
+        self._ready: queue.SimpleQueue[DiskLane | _Wake | None] = queue.SimpleQueue()
         self._stopped = False
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+        #: see :meth:`halt`
+        self._halted = False
+        self._keep: DiskLane | None = None
+        self._quiet: list[bool] = []
+        self._quiet_left = 0
+        self._quiet_done: Deferred[None] | None = None
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"{name}-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()
@@ -183,12 +232,45 @@ class DiskPool:
     def _schedule(self, lane: DiskLane) -> None:
         self._ready.put(lane)
 
-    def _run(self) -> None:
+    def _run(self, index: int) -> None:
         ready = self._ready
-        call = self._reactor.callFromThread
+        call = self._to_reactor
         while (lane := ready.get()) is not None:
-            _run_job(lane._take(), call)
-            lane._done()
+            if lane is not _WAKE:
+                lane = cast(DiskLane, lane)
+                job = lane._take()
+                if self._halted and lane is not self._keep:
+                    call(job[0].errback, Failure(BackendError("exiting: not run, the stop gave up waiting")))
+                else:
+                    _run_job(job, call)
+                lane._done()
+            if self._halted and not self._quiet[index]:
+                self._quiet[index] = True
+                call(self._thread_quiet)
+
+    def halt(self, keep: DiskLane | None = None) -> Deferred[None]:
+        """Run no more of the jobs waiting, but ``keep``'s: the others fail with ``BackendError``.
+
+        A graceful stop that gives up waiting reports what is not on disk;
+        for that to stay true nothing may be written after it. The Deferred
+        fires once every job running now has ended and its result has
+        reached the reactor (each thread says so after its job's result, on
+        the same ordered path).
+        """
+        self._keep = keep
+        self._quiet = [False] * len(self._threads)
+        self._quiet_left = len(self._threads)
+        self._quiet_done = Deferred()
+        self._halted = True
+        for _ in self._threads:
+            self._ready.put(_WAKE)  # a thread waiting for work says it is quiet at once
+        return self._quiet_done
+
+    def _thread_quiet(self) -> None:
+        self._quiet_left -= 1
+        if self._quiet_left == 0 and self._quiet_done is not None:
+            done, self._quiet_done = self._quiet_done, None
+            done.callback(None)
 
     def stop(self) -> None:
         """End the threads once the lanes queued so far have run their jobs."""

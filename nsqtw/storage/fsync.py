@@ -12,6 +12,7 @@ up (copying a list is atomic under the GIL).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -19,7 +20,20 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nsqtw.storage.groupsync import load_syncfs
+
 __all__ = ["BUCKETS", "FsyncLatency", "LatencyHistogram"]
+
+_SYNCFS: list[Callable[[int], None]] = []
+
+
+def _syncfs() -> Callable[[int], None]:
+    if not _SYNCFS:
+        found = load_syncfs()
+        if found is None:
+            raise OSError(errno.ENOSYS, "syncfs is not available here")
+        _SYNCFS.append(found)
+    return _SYNCFS[0]
 
 #: upper bounds (seconds) of the buckets: a healthy SSD is below 5 ms, a struggling disk in seconds
 BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -65,6 +79,15 @@ class FsyncLatency:
         started = self._timer()
         try:
             os.fsync(fd)  # looked up at each call, so a test that patches os.fsync still reaches it
+        finally:
+            self.record(self._timer() - started)
+
+    def syncfs(self, fd: int) -> None:
+        """``syncfs(fd)``, the one sync of a graceful stop's queues (:mod:`nsqtw.storage.groupsync`), timed
+        as an fsync; only where :func:`~nsqtw.storage.groupsync.load_syncfs` finds it."""
+        started = self._timer()
+        try:
+            _syncfs()(fd)
         finally:
             self.record(self._timer() - started)
 

@@ -21,12 +21,13 @@ from typing import Any, cast
 
 from twisted.logger import LogLevel
 
-from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir
+from nsqtw.storage.atomic import atomic_write, check_room, fsync_dir, remove_quietly, write_temp
 from nsqtw.storage.executor import Reply
-from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, parse_meta, read_size, split_records
-from nsqtw.storage.segment_files import LogEvent, SegmentFiles
+from nsqtw.storage.formats import format_meta, frame_records, nsqd_msg_size_limits, read_size, split_records
+from nsqtw.storage.segment_files import LogEvent
+from nsqtw.storage.segment_load import LoadError, SegmentLoad
 
-__all__ = ["Consumption", "DiskState", "OpResult", "ReadChunk", "nsqd_msg_size_limits"]
+__all__ = ["Consumption", "DiskState", "LoadError", "OpResult", "ReadChunk", "nsqd_msg_size_limits"]
 
 
 #: (count, file_num, pos): records consumed since the last disk operation,
@@ -45,7 +46,18 @@ IO_PIECE = 64 * 1024
 
 
 class _ReadError(Exception):
-    """A record at the read position could not be read (short file or bad size)."""
+    """The data at the read position is bad: a short file, a bad size, a missing segment (corruption)."""
+
+
+class _CannotRead(Exception):
+    """The read position's segment could not be opened or read now, through no fault of its data.
+
+    Out of descriptors (EMFILE, ENFILE), memory (ENOMEM), an I/O error
+    (EIO), a permission: nothing says the records are bad, so the segment is
+    kept and the read is tried again later.
+    """
+
+
 
 
 @dataclass
@@ -61,23 +73,34 @@ class OpResult:
     set_aside: int = 0
     #: a sync (fsync and metadata) ran in this operation: ``""`` if it worked, else why not
     sync_error: str | None = None
+    #: the depth the queue was loaded with, if this operation loaded it
+    loaded: int | None = None
+    #: a read-ahead ran in this operation: ``""`` if it could read, else why not
+    read_error: str | None = None
+    #: whether the queue holds a descriptor after the operation
+    files_open: bool = False
 
 
 @dataclass(slots=True)
-class DiskState(SegmentFiles):
+class DiskState(SegmentLoad):
     """The operations on go-diskqueue's files, each run on the disk thread as one
     :meth:`run` (or :meth:`run_read`): load, read ahead, write, sync, empty, close.
 
-    The settings, positions and open files are :class:`SegmentFiles`'s.
+    The settings, positions and open files are :class:`SegmentFiles`'s, the load
+    :class:`~nsqtw.storage.segment_load.SegmentLoad`'s.
     """
 
     # outputs of the operation in progress, besides SegmentFiles'
     _set_aside: int = 0
     _sync_error: str | None = None
-    #: segments read to their end, to remove (see :meth:`run_read`)
-    _removable: list[int] = field(default_factory=list)
     #: an fsync of the write segment failed and none has worked since
     _segment_unsynced: bool = False
+    _read_error: str | None = None
+    #: the read-ahead under way was asked for by a reader (see :meth:`run_read`)
+    _reading: bool = False
+    #: a grouped close's metadata, written beside the file until the group's syncfs (:meth:`close`)
+    _meta_beside: str | None = None
+    _removable_after: list[int] = field(default_factory=list)
 
     # -- operation frame ---------------------------------------------------
 
@@ -99,12 +122,28 @@ class DiskState(SegmentFiles):
         operation, and reported by that operation.
         """
         result = self._result(self._operate(consumption, fn, args))
+        # a descriptor stays open only where it is about to be used again: the queue is being
+        # written, or being read with more to read. A read-ahead nobody reads (a topic without
+        # channels, a channel without clients, thousands of them at start) gives it back at once
+        reading = consumption is not None or self._reading
+        if self._rfd is not None and not (self._wfd is not None or (reading and self._has_more())):
+            self._close_read()
+            result.files_open = self.files_open()
         if self.need_sync or self._removable:
             return Reply(result, self._catch_up)
         return result
 
     def _operate(self, consumption: Consumption | None, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """What both frames do first: apply the consumption, run ``fn``, see whether a sync is due."""
+        """What both frames do first: load if not loaded yet, apply the consumption, run ``fn``,
+        see whether a sync is due. A load that fails raises :class:`LoadError` before anything
+        else runs (the reactor's queue hands over no consumption before it is loaded)."""
+        if not self._loaded:
+            try:
+                self._load()
+            except LoadError:
+                raise
+            except OSError as e:
+                raise LoadError(f"DISKQUEUE({self.name}) failed to open its files - {e}") from None
         self._apply_consumption(consumption)
         value = fn(*args)
         if self.count >= max(self.sync_every, 1):
@@ -127,139 +166,16 @@ class DiskState(SegmentFiles):
         corruption, self._corruption = self._corruption, None
         set_aside, self._set_aside = self._set_aside, 0
         sync_error, self._sync_error = self._sync_error, None
-        return OpResult(value, events, depth_delta, corruption, self._has_more(), set_aside, sync_error)
+        loaded, self._loaded_depth = self._loaded_depth, None
+        read_error, self._read_error = self._read_error, None
+        return OpResult(value, events, depth_delta, corruption, self._has_more(), set_aside, sync_error,
+                        loaded, read_error, self.files_open())
 
     # -- metadata ----------------------------------------------------------
 
-    def load(self) -> int:
-        """Read the metadata file (go-diskqueue's retrieveMetaData); returns the depth."""
-        path = self.meta_file_name()
-        try:
-            with open(path, "rb") as f:
-                text = f.read()
-        except FileNotFoundError:
-            # a new queue, or a crash before its first metadata write: records
-            # already written to segment 0 were acknowledged, so they are taken
-            # in (durable) or salvaged like any tail past a stale writePos below.
-            # go-diskqueue starts at writePos 0 and overwrites them.
-            text = b"0\n0,0\n0,0\n"
-        except OSError as e:
-            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {error}",
-                      name=self.name, error=str(e))
-            return 0
-        meta = parse_meta(text)
-        if meta is None:
-            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - bad format {text!r}",
-                      name=self.name, text=text[:100])
-            return 0
-        depth, rnum, rpos, wnum, wpos = meta
-        self.depth = depth
-        self.read_file_num, self.read_pos = rnum, rpos
-        self.cursor_file_num, self.cursor_pos = rnum, rpos
-        self.write_file_num, self.write_pos = wnum, wpos
-
-        # metadata not synced before a crash can lag the write segment: writing
-        # at writePos would clobber records, so go-diskqueue starts a new
-        # segment and lets the reader salvage what lies past writePos
-        wpath = self.file_name(wnum)
-        size = self._segment_size(wnum)
-        if size is None and wpos > 0 and (rnum, rpos) == (wnum, wpos) and depth == 0:
-            # a drained segment removed before the metadata naming its successor was
-            # written (its sync failed, then a crash): carry on from the next one
-            wnum, wpos = wnum + 1, 0
-            self._start_at(wnum)
-            self.need_sync = True
-            wpath = self.file_name(wnum)
-            size = self._segment_size(wnum)
-        elif size is None and wpos > 0:
-            self._log(LogLevel.error, "DISKQUEUE({name}) failed to retrieveMetaData - {path} is missing",
-                      name=self.name, path=wpath)
-        if size is not None and wpos < size and self.durable:
-            self._adopt_tail(wpath, size)
-        elif size is not None and wpos < size:
-            self._log(LogLevel.warn,
-                      "DISKQUEUE({name}) {path} metadata writePos {write_pos} < file size of {size},"
-                      " skipping to new file",
-                      name=self.name, path=wpath, write_pos=wpos, size=size)
-            self._count_salvaged_tail(wpath, size)
-            self.write_file_num += 1
-            self.write_pos = 0
-        if self.durable:
-            self._adopt_later_segments()
-        self._normalize_consumed(self.read_file_num)
-        self._check_tail_corruption()
-        # the reactor takes the depth as loaded, corrections included
-        self._depth_delta = 0
-        return self.depth
-
-    def _adopt_tail(self, path: str, size: int) -> None:
-        """Durable mode: take in the whole records fsynced after the last metadata write.
-
-        Publishers were answered once those records were fsynced, so they are
-        part of the queue; a torn record at the end was never acknowledged and
-        is cut off.
-        """
-        with open(path, "r+b") as f:
-            f.seek(self.write_pos)
-            tail = f.read(size - self.write_pos)
-            off, count = self._whole_records(tail)
-            if off < len(tail):
-                f.truncate(self.write_pos + off)
-                os.fsync(f.fileno())
-        self._log(LogLevel.info,
-                  "DISKQUEUE({name}): recovered {count} records written after the last metadata sync"
-                  " (cut {torn} torn bytes)",
-                  name=self.name, count=count, torn=len(tail) - off)
-        self.write_pos += off
-        self.depth += count
-        self.need_sync = True
-
-    def _adopt_later_segments(self) -> None:
-        """Durable mode: take in the segments begun after the last metadata write.
-
-        A failed fsync moves writing to a new segment (:meth:`_fsync_written`)
-        without writing the metadata (the fsync is what failed); the batch is
-        written again there once fsyncs work, and acknowledged. A kill -9
-        before the next metadata write left the metadata naming the old
-        segment, and those records were lost (found by
-        ``test_fault_matrix.py::test_failing_fsync[durable]``).
-        """
-        while True:
-            path = self.file_name(self.write_file_num + 1)
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                return
-            self.write_file_num += 1
-            self.write_pos = 0
-            self.need_sync = True
-            if size:
-                self._adopt_tail(path, size)
-
-    def _whole_records(self, tail: bytes) -> tuple[int, int]:
-        """How far the whole, valid records at the start of ``tail`` reach, and how many they are."""
-        records, off = split_records(tail, len(tail), self.min_msg_size, self.max_msg_size)
-        return off, len(records)
-
-    def _count_salvaged_tail(self, path: str, size: int) -> None:
-        """Count the records the reader will salvage past a stale writePos in the depth.
-
-        After a kill -9 between a write and its metadata sync, the segment
-        holds records the metadata's depth does not count. go-diskqueue reads
-        them anyway and lets the depth go negative until the tail resets it
-        (logging "metadata corruption"). Here the depth counts them from the
-        start: the queue's readers take records while the depth says there
-        are some, so a depth short by k would leave the last k records
-        undelivered until more were written (found by the kill -9 test).
-        """
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.write_pos)
-                tail = f.read(size - self.write_pos)
-        except OSError:
-            return  # the reader meets the same error and handles it as go-diskqueue does
-        _, count = self._whole_records(tail)
-        self.depth += count
+    def load(self) -> None:
+        """The queue's first operation: :meth:`_operate` loads it (as it does before any operation
+        while the queue is not loaded); the depth goes back as :attr:`OpResult.loaded`."""
 
     def _persist_metadata(self) -> None:
         """Replace the metadata file atomically (go-diskqueue does not fsync the directory)."""
@@ -303,7 +219,7 @@ class DiskState(SegmentFiles):
         return True
 
     def _fsync_path(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
+        fd = self.open_fn(path, os.O_RDONLY)
         try:
             self.fsync_fn(fd)
         finally:
@@ -372,7 +288,7 @@ class DiskState(SegmentFiles):
     def _write_chunk(self, framed: bytes, count: int) -> None:
         if self._wfd is None:
             path = self.file_name(self.write_file_num)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self.open_fn(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 if self._truncate_on_open:
                     # drop whatever a failed write left past writePos
@@ -383,9 +299,11 @@ class DiskState(SegmentFiles):
                 raise
             self._wfd = fd
             self._truncate_on_open = False
-            if self.durable:
-                fsync_dir(self.data_path)  # the new segment's name must survive power loss too
-            self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
+            if self._write_logged != self.write_file_num:  # not again when an idle queue opens it again
+                self._write_logged = self.write_file_num
+                if self.durable:
+                    fsync_dir(self.data_path)  # the new segment's name must survive power loss too
+                self._log(LogLevel.info, "DISKQUEUE({name}): writeOne() opened {path}", name=self.name, path=path)
         size = len(framed)
         try:
             done = self.write_fn(self._wfd, framed)
@@ -448,20 +366,6 @@ class DiskState(SegmentFiles):
         self._segment_unsynced = False  # whatever it held was consumed
         self.need_sync = True
 
-    def _normalize_consumed(self, old: int) -> None:
-        """Step the read position past fully-read finished segments, to be removed (:meth:`_remove_consumed`)."""
-        while self.read_file_num < self.write_file_num:
-            size = self._segment_size(self.read_file_num)
-            if size is None or self.read_pos < size:
-                break
-            self.read_file_num += 1
-            self.read_pos = 0
-        self._cursor_at_least(self.read_file_num, self.read_pos)
-        if self.read_file_num != old:
-            # sync every time we start reading from a new file
-            self.need_sync = True
-            self._removable.extend(range(old, self.read_file_num))
-
     def _remove_consumed(self) -> None:
         """Remove the segments read to their end."""
         removable, self._removable = self._removable, []
@@ -489,10 +393,19 @@ class DiskState(SegmentFiles):
             self.cursor_file_num += 1
             self.cursor_pos = 0
 
-    def read_chunk(self, max_records: int, max_bytes: int) -> list[ReadChunk]:
-        """Read ahead from the cursor: up to ``max_records`` records or about ``max_bytes``."""
+    def read_chunk(self, max_records: int, max_bytes: int, reading: bool = False) -> list[ReadChunk]:
+        """Read ahead from the cursor: up to ``max_records`` records or about ``max_bytes``.
+
+        ``reading``: a reader asked for it (its segment stays open while there is more to read).
+
+        Bad data sets its segment aside (:meth:`_handle_read_error`); a segment
+        that cannot be opened or read now (:class:`_CannotRead`) is kept, and the
+        failure goes back as :attr:`OpResult.read_error` for the queue to retry.
+        """
         out: list[ReadChunk] = []
         count = nbytes = 0
+        self._read_error = ""
+        self._reading = reading
         while count < max_records and nbytes < max_bytes:
             self._normalize_cursor()
             if not self._has_more():
@@ -506,6 +419,9 @@ class DiskState(SegmentFiles):
                     break
                 self._handle_read_error(str(e))
                 continue
+            except _CannotRead as e:
+                self._cannot_read(str(e))
+                break
             out.append(got)
             count += len(got[2])
             nbytes += size
@@ -514,24 +430,25 @@ class DiskState(SegmentFiles):
     def _read_records(self, max_records: int, max_bytes: int) -> tuple[ReadChunk, int]:
         """At least one record from the cursor's segment (or _ReadError), and the bytes they take there."""
         num, pos = self.cursor_file_num, self.cursor_pos
-        path = self.file_name(num)
         if self._rfd_num != num or self._rfd is None:
             self._close_read()
+            path = self.file_name(num)
             try:
-                self._rfd = os.open(path, os.O_RDONLY)
+                self._rfd = self.open_fn(path, os.O_RDONLY)
+            except FileNotFoundError as e:
+                raise _ReadError(str(e)) from e  # the records are not there: go-diskqueue's corruption
             except OSError as e:
-                raise _ReadError(str(e)) from e
+                raise _CannotRead(str(e)) from e
             self._rfd_num = num
-            self._log(LogLevel.info, "DISKQUEUE({name}): readOne() opened {path}", name=self.name, path=path)
+            if self._read_logged != num:  # not again when an idle queue opens it again
+                self._read_logged = num
+                self._log(LogLevel.info, "DISKQUEUE({name}): readOne() opened {path}", name=self.name, path=path)
         fd = self._rfd
-        if num == self.write_file_num:
-            end = self.write_pos
-        else:
-            end = self._segment_size(num) or 0
         try:
+            end = self.write_pos if num == self.write_file_num else os.fstat(fd).st_size
             buf = os.pread(fd, max(min(end - pos, max_bytes, IO_PIECE), 4), pos)
         except OSError as e:
-            raise _ReadError(str(e)) from e
+            raise _CannotRead(str(e)) from e
         data, off = split_records(buf, max_records, self.min_msg_size, self.max_msg_size)
         if not data:
             # the first record is not whole and valid in what was read: find out why
@@ -546,12 +463,17 @@ class DiskState(SegmentFiles):
             try:
                 rec = os.pread(fd, off, pos)
             except OSError as e:
-                raise _ReadError(str(e)) from e
+                raise _CannotRead(str(e)) from e
             if len(rec) < off:
                 raise _ReadError("unexpected EOF")
             data = [rec[4:]]
         self.cursor_pos = pos + off
         return (num, pos, data), off
+
+    def _cannot_read(self, error: str) -> None:
+        """A resource error at the read position: report it (the queue logs it); the segment stays as it is."""
+        self._close_read()
+        self._read_error = f"DISKQUEUE({self.name}) failed to read {self.file_name(self.cursor_file_num)} - {error}"
 
     def _handle_read_error(self, error: str) -> None:
         """Rename the unreadable segment to ``.bad`` and jump to the next one."""
@@ -588,6 +510,18 @@ class DiskState(SegmentFiles):
         if self.count > 0:
             self.need_sync = True
 
+    def release_files(self) -> None:
+        """An idle queue gives its descriptors back; the next read or write opens them again.
+
+        What was written through the write descriptor is fsynced first
+        (with the metadata): a later sync would have no descriptor to fsync
+        it through.
+        """
+        if self._wfd is not None and (self.count > 0 or self.need_sync):
+            self._sync()
+        self._close_read()
+        self._close_write()
+
     def empty(self) -> None:
         """Drop every record: remove the segments, restart after them, persist metadata."""
         self._skip_to_next_rw_file()
@@ -595,16 +529,57 @@ class DiskState(SegmentFiles):
         self.count = 0
         self.need_sync = True
 
-    def close(self, batch: list[bytes]) -> tuple[int, str | None]:
-        """Write what is pending, then fsync, persist metadata and close the files."""
-        result = self.write_batch(batch)
+    def close(self, batch: list[bytes], grouped: bool = False) -> tuple[int, str | None, bool]:
+        """Write what is pending, then fsync, persist metadata and close the files.
+
+        A queue with nothing new since its last sync (or its load) writes no
+        metadata: the file says what it would. ``grouped`` (a graceful stop
+        with a :class:`~nsqtw.storage.groupsync.GroupSync`): the new metadata
+        is written beside the old without an fsync and the third value is
+        true; the queue's fsyncs are the group's ``syncfs``, after which
+        :meth:`finish_close` renames it into place.
+        """
+        written, error = self.write_batch(batch)
         self._apply_consumption(None)
-        self._sync()
+        self._close_read()
+        due = self.count > 0 or self.need_sync or self._segment_unsynced
+        if due and grouped and not self._segment_unsynced:
+            self._close_write()  # the syncfs writes back what went through it
+            path = self.meta_file_name()
+            text = format_meta(self.depth, self.read_file_num, self.read_pos, self.write_file_num, self.write_pos)
+            try:
+                self._meta_beside = write_temp(path, text, self.open_fn)
+            except OSError as e:
+                self._sync_failed(e)  # the metadata stays as it was; the next start salvages the tail
+            self.need_sync = False
+            # removed once the metadata naming the segments after them is in place (finish_close)
+            self._removable_after, self._removable = self._removable, []
+            return written, error, True
+        if due:
+            self._sync()
         self.need_sync = False
         self._remove_consumed()
-        self._close_read()
         self._close_write()
-        return result
+        return written, error, False
+
+    def finish_close(self, synced: bool) -> None:
+        """After the group's ``syncfs``: the metadata written beside replaces the old one, then the
+        segments read to their end go. A ``syncfs`` that failed: the queue syncs on its own."""
+        tmp, self._meta_beside = self._meta_beside, None
+        self._removable[:0], self._removable_after = self._removable_after, []
+        if synced and tmp is not None:
+            try:
+                os.replace(tmp, self.meta_file_name())
+                self.count = 0
+                self._sync_error = ""
+            except OSError as e:
+                self._sync_failed(e)
+        else:
+            if tmp is not None:
+                remove_quietly(tmp)
+            self._segment_unsynced = True  # fsynced through a new descriptor
+            self._sync()
+        self.need_sync = False
 
     def delete(self) -> None:
         """Remove the segments and the metadata; nothing is persisted afterwards."""

@@ -6,6 +6,11 @@ wrote or consumed anything marks itself; one timer, armed by the first mark,
 syncs the marked queues when it fires and is not re-armed until the next
 mark. A queue is still synced at most ``interval`` after its last activity,
 and an idle node runs no per-queue work at all.
+
+The same ticks give descriptors back: a queue holding one is *watched*,
+and at a tick that finds it idle since the one before it closes its files
+(:meth:`nsqtw.storage.diskqueue.DiskQueue.sync_tick`). So a queue's
+descriptors are closed two ticks at most after its last read or write.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-__all__ = ["SyncSchedule"]
+__all__ = ["IDLE_TICK", "SyncSchedule"]
+
+#: seconds between ticks when ``--sync-timeout`` syncs nothing (0): descriptors are still given back
+IDLE_TICK = 2.0
 
 
 class _Syncable(Protocol):
@@ -27,20 +35,30 @@ class SyncSchedule:
     def __init__(self, clock: IReactorTime, interval: float) -> None:
         self._clock = clock
         self.interval = interval
+        #: whether ticks sync (``--sync-timeout`` above 0) or only give idle descriptors back
+        self.syncs = interval > 0
+        self._period = interval if interval > 0 else IDLE_TICK
         self._marked: dict[int, _Syncable] = {}
         self._call: IDelayedCall | None = None
 
     def mark(self, queue: _Syncable) -> None:
         """``queue`` did something since the last sync: sync it within ``interval``."""
-        if self.interval <= 0:
-            return
+        if self.syncs:  # (watch's body, inline: every put marks)
+            self._marked[id(queue)] = queue
+            if self._call is None:
+                self._call = self._clock.callLater(self._period, self._tick)
+
+    def watch(self, queue: _Syncable) -> None:
+        """Tick ``queue`` at the next tick (it holds descriptors to give back once it idles)."""
         self._marked[id(queue)] = queue
         if self._call is None:
-            self._call = self._clock.callLater(self.interval, self._tick)
+            self._call = self._clock.callLater(self._period, self._tick)
 
     def forget(self, queue: _Syncable) -> None:
-        """A closed queue needs no more syncs."""
+        """A closed queue needs no more syncs (nor the timer, if it was the last one marked)."""
         self._marked.pop(id(queue), None)
+        if not self._marked:
+            self.stop()
 
     def _tick(self) -> None:
         self._call = None

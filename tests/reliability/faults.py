@@ -9,7 +9,13 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_DISK_BYTES_PER_SEC=<n>``: writes take ``len/n`` seconds (a disk
   slower than the publishers);
 - ``NSQTW_TEST_FSYNC_FAIL_FLAG=<path>``: while that file exists, every fsync of
-  the disk queues and journals (the node's timed fsync) fails with EIO;
+  the disk queues and journals (the node's timed fsync), and the syncfs a
+  graceful stop makes for them, fails with EIO;
+- ``NSQTW_TEST_EMFILE_FLAG=<path>``: while that file exists, every file a
+  disk queue opens (its metadata, its segments) fails with EMFILE, as in a
+  process out of descriptors;
+- ``NSQTW_TEST_FSYNC_DELAY=<seconds>``: every such fsync and syncfs takes
+  that long more (a disk whose fsyncs are slow);
 - ``NSQTW_TEST_METADATA_FAIL_FLAG=<path>``: while that file exists, saving
   ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``).
 """
@@ -42,11 +48,24 @@ def install() -> None:
     assert defaults is not None and "write_fn" in defaults
     defaults["write_fn"] = write
 
+    open_flag = os.environ.get("NSQTW_TEST_EMFILE_FLAG")
+    if open_flag:
+        assert "open_fn" in defaults
+        defaults["open_fn"] = fails_while(open_flag, os.open, errno.EMFILE)
+
     fsync_flag = os.environ.get("NSQTW_TEST_FSYNC_FAIL_FLAG")
     if fsync_flag:
         from nsqtw.storage.fsync import FsyncLatency
 
         FsyncLatency.fsync = fails_while(fsync_flag, FsyncLatency.fsync)  # type: ignore[method-assign]
+        FsyncLatency.syncfs = fails_while(fsync_flag, FsyncLatency.syncfs)  # type: ignore[method-assign]
+
+    fsync_delay = float(os.environ.get("NSQTW_TEST_FSYNC_DELAY") or 0)
+    if fsync_delay:
+        from nsqtw.storage.fsync import FsyncLatency
+
+        FsyncLatency.fsync = slowed(fsync_delay, FsyncLatency.fsync)  # type: ignore[method-assign]
+        FsyncLatency.syncfs = slowed(fsync_delay, FsyncLatency.syncfs)  # type: ignore[method-assign]
 
     metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
     if metadata_flag:
@@ -55,12 +74,22 @@ def install() -> None:
         metadata.write_state = fails_while(metadata_flag, metadata.write_state)
 
 
-def fails_while(flag: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, failing with EIO while the file ``flag`` exists."""
+def fails_while(flag: str, fn: Callable[..., Any], error: int = errno.EIO) -> Callable[..., Any]:
+    """``fn``, failing with ``error`` (EIO) while the file ``flag`` exists."""
 
     def wrapped(*args: Any) -> Any:
         if os.path.exists(flag):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
+            raise OSError(error, os.strerror(error))
+        return fn(*args)
+
+    return wrapped
+
+
+def slowed(seconds: float, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, after sleeping ``seconds``."""
+
+    def wrapped(*args: Any) -> Any:
+        time.sleep(seconds)
         return fn(*args)
 
     return wrapped

@@ -177,3 +177,33 @@ class DiskPoolTests(SynchronousTestCase):
         self.reactor.run_until(lambda: len(done) == 2000)
         alive = [t for t in threading.enumerate() if t.name.startswith("counted-")]
         self.assertEqual(len(alive), 3)
+
+
+class CoalescedResultsTests(SynchronousTestCase):
+    def test_results_come_back_in_order_with_fewer_wake_ups_than_jobs(self) -> None:
+        """A thousand jobs' results reach the reactor in the order they finished, through far fewer
+        ``callFromThread`` calls (each one a write to the reactor's waker pipe) than jobs."""
+        reactor = ThreadCalls()
+        wakes: list[int] = []
+        calls = reactor.calls
+        original = reactor.callFromThread
+
+        def counted(f: Callable[..., Any], *args: Any) -> None:
+            wakes.append(1)
+            original(f, *args)
+
+        reactor.callFromThread = counted  # type: ignore[method-assign]
+        pool = DiskPool(reactor, 1)  # type: ignore[arg-type]
+        self.addCleanup(pool.stop)
+        lane = pool.lane("t")
+        gate = threading.Event()
+        lane.submit(gate.wait, 10)
+        results: list[int] = []
+        for i in range(1000):
+            lane.submit(lambda i=i: i).addCallback(results.append)
+        gate.set()
+        time.sleep(0.2)  # the thread runs them all before the "reactor" looks
+        reactor.run_until(lambda: len(results) == 1000)
+        self.assertEqual(results, list(range(1000)))
+        self.assertLess(len(wakes), 100)
+        self.assertTrue(calls.empty())

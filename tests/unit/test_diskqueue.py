@@ -298,21 +298,25 @@ class ReadTests(DiskQueueTestBase):
 
     def test_read_ahead_grows_only_once_read(self) -> None:
         """A queue nobody reads (a topic without channels, a channel without consumers) reads
-        1,024 records ahead, as before the read-ahead grew; reads take it up to 4,096."""
+        1,024 records ahead after a write, as before the read-ahead grew, and nothing at all
+        when it is loaded (it is told it is readable, and reads ahead at its first read);
+        reads take it up to 4,096."""
         q = self.open()
         q.put_many(rec(i % 10) for i in range(10_000))
         self.clock.advance(0)
         self.assertEqual(q._buffer_count, 1024)
         q = self.reopen(q)
         self.clock.advance(0)
-        self.assertEqual(q._buffer_count, 1024)
+        self.assertEqual(q._buffer_count, 0)
+        self.assertFalse(q._disk.files_open())
+        self.assertEqual(q.read(100), [rec(i % 10) for i in range(100)])  # read ahead then (synchronously here)
         sizes = []
         for _ in range(6):
             self.assertEqual(len(q.read(100)), 100)
             sizes.append(q._buffer_count)
         self.assertGreater(max(sizes), 1024)
         self.assertLessEqual(max(sizes), 4096)
-        self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(600, 10_000)])
+        self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(700, 10_000)])
 
     def test_fully_read_segments_deleted(self) -> None:
         """A segment is deleted once every record in it has been returned by read()."""

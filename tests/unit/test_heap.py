@@ -97,3 +97,24 @@ class KeepLongLivedOldTests(SynchronousTestCase):
         keep_long_lived_old()
         self.assertEqual(gc.get_threshold(), GC_THRESHOLDS)
         self.assertEqual(GC_THRESHOLDS, (50000, 20, 100))
+
+
+class FreezeTests(SynchronousTestCase):
+    def test_start_up_is_frozen_until_something_is_deleted(self) -> None:
+        """What start-up built is out of every collection until a topic or channel is deleted; then
+        it is collectable again (its cycles with it), and a second deletion changes nothing."""
+        from nsqtw import heap
+        from tests.helpers import make_nsqd
+
+        self.addCleanup(gc.unfreeze)
+        nsqd, _ = make_nsqd()
+        nsqd.get_topic("t").get_channel("c")
+        heap.freeze_start_up()
+        frozen = gc.get_freeze_count()
+        self.assertGreater(frozen, 1000)
+        nsqd.get_topic("t").delete_channel("c")
+        self.assertEqual(gc.get_freeze_count(), 0)
+        heap.freeze_start_up()
+        nsqd.delete_topic("t")
+        self.assertEqual(gc.get_freeze_count(), 0)
+        heap.thaw()

@@ -363,6 +363,7 @@ class ClassicTextTests(SynchronousTestCase):
             {"log_format": "two\nlines {x}", "x": "and\nthree"},
             {"log_format": "missing {nothing}"},
             {"log_format": "a call {f()}", "f": lambda: "called"},
+            {"log_format": "calls {f()!r} and {f():>8} beside {x}", "f": lambda: "called", "x": 1},
             {"log_format": "with a failure", "log_failure": failure},
             {"log_format": "", "x": 1},
             {"log_format": "system set", "log_system": "custom"},

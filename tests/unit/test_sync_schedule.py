@@ -59,7 +59,8 @@ class SyncScheduleTests(SynchronousTestCase):
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_disk_queues_share_it(self) -> None:
-        """Idle disk queues on a shared schedule leave no timer behind (no per-queue work while idle)."""
+        """Idle disk queues on a shared schedule leave no timer behind (no per-queue work while idle),
+        and no descriptor open: the tick after the one that synced them gives their files back."""
         import shutil
         import tempfile
 
@@ -77,6 +78,20 @@ class SyncScheduleTests(SynchronousTestCase):
         clock.advance(0)
         self.assertEqual(len(clock.getDelayedCalls()), 1)  # the shared sync timer only
         clock.advance(2.0)
-        self.assertEqual(clock.getDelayedCalls(), [])
         with open(f"{path}/q7.diskqueue.meta.dat", "rb") as f:
             self.assertEqual(f.read(), b"1\n0,0\n0,5\n")  # the tick synced and persisted it
+        self.assertEqual(len(clock.getDelayedCalls()), 1)  # their write descriptors are still open
+        self.assertTrue(all(q._disk.files_open() for q in queues))
+        clock.advance(2.0)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertFalse(any(q._disk.files_open() for q in queues))
+
+    def test_descriptors_are_given_back_with_syncs_off(self) -> None:
+        """With --sync-timeout=0 nothing is synced by time, but idle queues still close their files."""
+        clock = Clock()
+        schedule = SyncSchedule(clock, 0)
+        q = Queue()
+        schedule.watch(q)
+        clock.advance(2.0)
+        self.assertEqual(q.syncs, 1)
+        self.assertEqual(clock.getDelayedCalls(), [])
