@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
+import os
 import sys
 import threading
 from _thread import get_ident
@@ -21,6 +23,7 @@ from twisted.logger import (
     ILogObserver,
     LogLevel,
     LogLevelFilterPredicate,
+    eventAsText,
     formatEventAsClassicLogText,
     formatTime,
     globalLogPublisher,
@@ -44,6 +47,8 @@ _prefix = ""
 
 #: under ``twistd -n`` with the log on stderr: nsqtw's own events are written here directly
 _direct: Any = None
+#: in a worker whose core logs elsewhere than stderr: ``_direct`` takes relay records, not lines
+_relaying = False
 _time_cache: tuple[int, str] = (-1, "")
 
 
@@ -81,17 +86,105 @@ def _classic_text(event: dict[str, Any]) -> str | None:
         return formatEventAsClassicLogText(event, _format_time)
     if not text:
         return None
+    line = f"{_format_time(event.get('log_time'))} [{_system(event)}] {text}"
+    return line.replace("\n", "\n\t") + "\n"
+
+
+def _system(event: dict[str, Any]) -> str:
+    """The ``[system]`` of the event's classic line, as twisted.logger names it."""
     system = event.get("log_system")
     if system is None:
         level = event.get("log_level")
-        system = f"{event.get('log_namespace', '-')}#{'-' if level is None else level.name}"
-    else:
+        return f"{event.get('log_namespace', '-')}#{'-' if level is None else level.name}"
+    try:
+        return str(system)
+    except Exception:
+        return "UNFORMATTABLE"
+
+
+# -- a worker's log, relayed to its core -------------------------------------------------
+#
+# A ``--workers`` worker is forked from the core after twistd chose the log's destination.
+# Under ``twistd -n`` with the log on stderr the worker writes its lines to the same stderr.
+# Anywhere else (``--logfile``, a daemon's ``twistd.log``, syslog) the destination is the
+# core's alone (twistd's LogFile rotates by renaming; a daemon's stderr is /dev/null), so the
+# worker sends each event to the core as one JSON line on a socket, and the core emits it as
+# an event of its own: the same line, rotation and syslog included.
+
+
+def relay_record(event: dict[str, Any]) -> str | None:
+    """The event as the core re-emits it (:func:`emit_relayed`): one JSON line of its time,
+    level, system and text (a failure's traceback included); None for an empty event."""
+    fmt = event.get("log_format")
+    text: str | None = None
+    if type(fmt) is str and "log_failure" not in event and "log_flattened" not in event:
         try:
-            system = str(system)
+            text = fmt.format_map(event)
         except Exception:
-            system = "UNFORMATTABLE"
-    line = f"{_format_time(event.get('log_time'))} [{system}] {text}"
-    return line.replace("\n", "\n\t") + "\n"
+            text = None
+    if text is None:
+        text = eventAsText(event, includeTimestamp=False, includeSystem=False)
+    if not text:
+        return None
+    level = event.get("log_level")
+    return json.dumps([event.get("log_time"), None if level is None else level.name, _system(event),
+                       text]) + "\n"
+
+
+def emit_relayed(line: str, source: str) -> None:
+    """A line a worker sent its core (:func:`relay_record`), logged here as the worker logged it.
+
+    A line that is not a record (whatever the worker wrote to its stderr
+    itself, such as a traceback at its exit) is logged as an error of
+    ``source``. Not filtered again by level (the worker did that) nor
+    prefixed again (its text has the prefix).
+    """
+    try:
+        when, name, system, text = json.loads(line)
+        level = LogLevel.levelWithName(name) if name else LogLevel.info
+        if not isinstance(text, str) or not isinstance(system, str):
+            raise ValueError(line)
+    except (ValueError, TypeError, KeyError, LookupError):
+        when, level, system, text = time(), LogLevel.error, source, line
+    event = {"log_format": "{log_text}", "log_text": text, "log_time": when, "log_system": system,
+             "log_level": level, "log_namespace": "nsqtw.workers"}
+    if _direct is not None:
+        classic = _classic_text(event)
+        if classic:
+            _direct.write_line(classic, level)
+        return
+    globalLogPublisher(event)
+
+
+def relay_to_core(reactor: Any, fd: int) -> None:
+    """In a worker: every event, nsqtw's and Twisted's own, goes to the core on ``fd``.
+
+    ``fd`` becomes the worker's stdout and stderr too, so what is written
+    there (a traceback, ``print``) reaches the core's log as well. The
+    observers the worker inherited from twistd (the core's log file) are
+    dropped: only the core writes its log.
+    """
+    global _direct, _relaying
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    stream = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    _direct = BufferedLogWriter(stream, reactor)
+    _relaying = True
+    atexit.register(_direct.flush_now)
+    from nsqtw.net.twisted_privates import log_observers
+
+    for observer in log_observers(globalLogPublisher):
+        globalLogPublisher.removeObserver(observer)
+    globalLogPublisher.addObserver(_relay_twisted)
+
+
+@provider(ILogObserver)
+def _relay_twisted(event: dict[str, Any]) -> None:
+    """Twisted's own events in a relaying worker (nsqtw's come through :func:`_publish`)."""
+    record = relay_record(event)
+    if record and _direct is not None:
+        _direct.write_line(record, event.get("log_level"))
 
 
 @provider(ILogObserver)
@@ -106,7 +199,7 @@ def _publish(event: dict[str, Any]) -> None:
     if _prefix and event.get("log_format") is not None:
         event["log_format"] = _prefix + event["log_format"]
     if _direct is not None:
-        text = _classic_text(event)
+        text = relay_record(event) if _relaying else _classic_text(event)
         if text:
             _direct.write_line(text, event.get("log_level"))
         return

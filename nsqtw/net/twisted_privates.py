@@ -27,7 +27,7 @@ __all__ = [
     "OVERRIDDEN", "READ_OR_WRITTEN", "WRITE_BUFFER_ATTRIBUTES", "cache_port_logger", "clear_exit_signal",
     "close_reactor_descriptors",
     "drop_transfer_decoder", "epoll_poller", "epoll_ready_dispatcher", "epoll_selectables", "exit_signal",
-    "handling_request", "is_aborting", "on_request_line", "quiet_pool", "received_header_size",
+    "handling_request", "is_aborting", "log_observers", "on_request_line", "quiet_pool", "received_header_size",
     "request_target", "transfer_decoder", "waiting_for_transport", "write_buffer_empty",
     "write_buffers_understood", "write_side_closed",
 ]
@@ -52,6 +52,7 @@ READ_OR_WRITTEN: tuple[tuple[str, str], ...] = (
     ("twisted.web.http.HTTPChannel", "_handlingRequest"),
     ("twisted.web.http.HTTPChannel", "_transferDecoder"),
     ("twisted.web.http.HTTPChannel", "_path"),
+    ("twisted.logger._observer.LogPublisher", "_observers"),
 )
 
 #: (Twisted class, attribute, the nsqtw class that overrides or subclasses it, why)
@@ -214,6 +215,20 @@ def cache_port_logger(port: Any) -> None:
     build shadows the descriptor.
     """
     port._logger = type(port)._logger.__get__(port, type(port))
+
+
+# --- the log (nsqtw.log) --------------------------------------------------------------------------
+
+
+def log_observers(publisher: Any) -> list[Any]:
+    """The observers of ``publisher`` (a ``LogPublisher``), a copy.
+
+    A ``--workers`` worker inherits twistd's observers of the global
+    publisher (the core's log file) and must drop them, so that only the
+    core writes its log (``nsqtw.log.relay_to_core``); ``LogPublisher``
+    offers ``removeObserver`` but no way to list them.
+    """
+    return list(publisher._observers)
 
 
 # --- nsqadmin's HTTP client (nsqtw.admin.client) ------------------------------------------------

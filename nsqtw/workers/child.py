@@ -187,7 +187,10 @@ def _serve(options: Any, tls: Any, index: int, fds: list[int]) -> None:
     handoff_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, handoff_fd)
     handoff_sock.setblocking(False)
     r = _fresh_reactor()
-    nsqtw_log.log_to_stderr(r)
+    if len(fds) > 2:  # the core's log is not stderr: events go to the core, which logs them
+        nsqtw_log.relay_to_core(r, fds[2])
+    else:
+        nsqtw_log.log_to_stderr(r)
     hold = os.environ.get(HOLD_ENV)
     while hold and not os.path.exists(hold):
         time.sleep(0.01)

@@ -33,9 +33,11 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReadDescriptor
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw import log as nsqtw_log
 from nsqtw.core.nsqd import NSQD
 from nsqtw.log import Logger
 from nsqtw.net.exit import fail_start
@@ -57,6 +59,41 @@ ACCEPTS_PER_TURN = 64
 STARTING = "worker processes starting"
 #: the longest the HTTP listeners wait for every worker's READY before they answer anyway
 HTTP_HOLD = 5.0
+
+
+class WorkerLog(Protocol):
+    """The core's end of a worker's log: each line it sends is logged here (``emit_relayed``)."""
+
+    #: a longer line (a huge traceback) is logged in pieces of this length
+    MAX_LENGTH = 1 << 20
+
+    def __init__(self, index: int) -> None:
+        self.source = f"WORKER({index})"
+        self._partial = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > self.MAX_LENGTH:
+            lines.append(self._partial)
+            self._partial = b""
+        for line in lines:
+            nsqtw_log.emit_relayed(line.decode("utf-8", "backslashreplace"), self.source)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._partial:  # the worker's last words, without their newline
+            self.dataReceived(b"\n")
+
+
+class WorkerLogFactory(Factory):
+    """Makes the :class:`WorkerLog` of worker ``index``."""
+
+    noisy = False
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def buildProtocol(self, addr: Any) -> WorkerLog:
+        return WorkerLog(self.index)
 
 
 class _Worker:
@@ -182,9 +219,17 @@ class WorkerPool(Service):
         self.reactor.adoptStreamConnection(ours.fileno(), socket.AF_UNIX, LinkFactory(peer.link))
         ours.close()
         self.workers[index] = _Worker(index, peer, hand_ours)
-        self.fork_server.fork(index, [theirs.fileno(), hand_theirs.fileno()])
-        theirs.close()
-        hand_theirs.close()
+        given = [theirs, hand_theirs]
+        if not nsqtw_log.logs_to_stderr():
+            # the log is the core's alone (a file twistd rotates, a daemon's, syslog): the worker
+            # sends its events here, to be logged as its own (nsqtw.log.relay_to_core)
+            log_ours, log_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.reactor.adoptStreamConnection(log_ours.fileno(), socket.AF_UNIX, WorkerLogFactory(index))
+            log_ours.close()
+            given.append(log_theirs)
+        self.fork_server.fork(index, [end.fileno() for end in given])
+        for end in given:
+            end.close()
 
     def _started(self, index: int, pid: int) -> None:
         worker = self.workers.get(index)

@@ -418,3 +418,49 @@ def test_ready_once_listeners_answer_and_stopping_on_sigterm(program, abstract, 
             proc.kill()
             proc.wait()
         sock.close()
+
+
+@pytest.mark.parametrize("mode", ["-n --logfile", "daemon"])
+def test_workers_log_to_the_daemons_log_file(mode, tmp_path) -> None:
+    """With ``--workers`` and a log file (twistd's ``--logfile``, or a daemon's ``twistd.log``) the
+    workers' lines are in that file, as one process's would be: a worker serves every client, so
+    its ``TCP: new client`` and protocol errors are lines only a worker writes. Its stderr is the
+    core's (a daemon's is /dev/null): without the relay they were lost, or on the terminal."""
+    args = [*twistd_args(mode, tmp_path), "nsqtw", "--workers=2", "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0", f"--data-path={tmp_path}"]
+    proc = subprocess.Popen([sys.executable, "-c", TWISTD, *args], cwd=str(tmp_path), env=env_with(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logfile = tmp_path / "twistd.log"
+    try:
+        if mode == "daemon":
+            assert proc.wait(30) == 0, proc.communicate()
+        log = read_until(logfile, "HTTP: listening on", timeout=30)
+        tcp = re.search(r"TCP: listening on 127\.0\.0\.1:(\d+)", log)
+        http = re.search(r"HTTP: listening on 127\.0\.0\.1:(\d+)", log)
+        assert tcp and http, log
+        assert http_ok(int(http.group(1)), "/ping")  # every worker is ready
+        for _ in range(4):
+            with socket.create_connection(("127.0.0.1", int(tcp.group(1))), timeout=5) as s:
+                s.sendall(b"  V2BOGUS\n")
+                answer = b""
+                while chunk := s.recv(4096):  # the error, then the node closes the connection
+                    answer += chunk
+                assert b"E_INVALID" in answer, answer
+        log = read_until(logfile, "E_INVALID invalid command BOGUS", timeout=10)
+        deadline = time.monotonic() + 10
+        while log.count("TCP: new client(") < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            log = logfile.read_text()
+        assert log.count("TCP: new client(") == 4, log
+        assert log.count("E_INVALID invalid command BOGUS") == 4, log
+        # each a whole line of the file, as the core writes its own, with the worker's own system
+        line = next(line for line in log.splitlines() if "TCP: new client(" in line)
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} \[nsqtw\.protocol\.v2\.\w+#info\] \[nsqd\] TCP: new"
+                        r" client\(127\.0\.0\.1:\d+\)$", line), line
+    finally:
+        if mode == "daemon":
+            wait_daemon_gone(tmp_path, stop=True)
+        else:
+            proc.terminate()
+            out, err = proc.communicate(timeout=30)
+            assert "TCP: new client" not in err, err  # in the file, not on the terminal

@@ -403,3 +403,61 @@ class BoundLoggerTests(SynchronousTestCase):
         a.log.info("TOPIC({topic}): created", topic="t")
         self.assertEqual([(e["log_namespace"], formatEvent(e)) for e in events],
                          [(f"{__name__}.Owner", "TOPIC(t): created")])
+
+
+class WorkerRelayTests(SynchronousTestCase):
+    """A worker whose core logs to a file sends its events to the core (``relay_record``), which
+    logs them as the worker would have (``emit_relayed``): the same classic line."""
+
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def relayed(self, event: dict[str, Any]) -> str:
+        record = log.relay_record(event)
+        assert record is not None and record.endswith("\n") and record.count("\n") == 1, record
+        log.emit_relayed(record[:-1], "WORKER(1)")
+        self.assertEqual(len(self.events), 1)
+        text = log._classic_text(self.events.pop())
+        assert text is not None
+        return text
+
+    def test_a_line_comes_out_as_the_worker_would_have_written_it(self) -> None:
+        from twisted.logger import LogLevel
+
+        event = {"log_format": "[nsqd] TCP: new client({client}) {{braces}}", "client": "127.0.0.1:5",
+                 "log_time": 1_700_000_000.25, "log_level": LogLevel.warn,
+                 "log_namespace": "nsqtw.protocol.v2.V2Protocol", "log_system": "nsqtw.protocol.v2.V2Protocol#warn"}
+        self.assertEqual(self.relayed(event), log._classic_text(dict(event)))
+        self.assertIn("TCP: new client(127.0.0.1:5) {braces}", log._classic_text(dict(event)) or "")
+
+    def test_a_failure_keeps_its_traceback_and_level(self) -> None:
+        from twisted.logger import LogLevel
+        from twisted.python.failure import Failure
+
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            failure = Failure()
+        event = {"log_format": "[nsqd] WORKER({index}): failed", "index": 2, "log_failure": failure,
+                 "log_time": 1_700_000_001.0, "log_level": LogLevel.critical, "log_namespace": "n"}
+        record = log.relay_record(event)
+        assert record is not None
+        log.emit_relayed(record[:-1], "WORKER(2)")
+        (got,) = self.events
+        self.assertEqual(got["log_level"], LogLevel.critical)
+        self.assertEqual(got["log_time"], 1_700_000_001.0)
+        self.assertIn("[nsqd] WORKER(2): failed", got["log_text"])
+        self.assertIn("ZeroDivisionError", got["log_text"])
+        self.assertIn("Traceback", got["log_text"])
+
+    def test_what_the_worker_wrote_to_stderr_itself_is_an_error_of_the_worker(self) -> None:
+        from twisted.logger import LogLevel
+
+        for raw in ("Traceback (most recent call last):", "[1, 2]", '["not", "a", "record"]'):
+            log.emit_relayed(raw, "WORKER(3)")
+        self.assertEqual([(e["log_system"], e["log_level"], e["log_text"]) for e in self.events],
+                         [("WORKER(3)", LogLevel.error, "Traceback (most recent call last):"),
+                          ("WORKER(3)", LogLevel.error, "[1, 2]"),
+                          ("WORKER(3)", LogLevel.error, '["not", "a", "record"]')])

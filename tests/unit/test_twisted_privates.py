@@ -311,6 +311,24 @@ class PortLoggerTests(SynchronousTestCase):
         self.assertEqual(port._logger.namespace, tcp.Port._logger.__get__(port, tcp.Port).namespace)
 
 
+class LogObserverTests(SynchronousTestCase):
+    def test_log_observers_lists_what_was_added_and_removal_takes_effect(self) -> None:
+        """A worker drops the observers it inherited: the list is the publisher's, in order, and
+        removing each of them leaves events reaching only what is added afterwards."""
+        from twisted.logger import LogPublisher
+
+        seen: list[str] = []
+        first, second = (lambda e: seen.append("first")), (lambda e: seen.append("second"))
+        publisher = LogPublisher(first)
+        publisher.addObserver(second)
+        self.assertEqual(tp.log_observers(publisher), [first, second])
+        for observer in tp.log_observers(publisher):
+            publisher.removeObserver(observer)
+        publisher.addObserver(lambda e: seen.append("relay"))
+        publisher({"log_format": "x"})
+        self.assertEqual(seen, ["relay"])
+
+
 class HTTPClientTests(SynchronousTestCase):
     def test_quiet_pool(self) -> None:
         """``HTTPConnectionPool._factory`` is the per-connection factory class; the quiet one is a quiet kind of it."""
