@@ -437,7 +437,7 @@ class WorkerRelayTests(SynchronousTestCase):
         from twisted.python.failure import Failure
 
         try:
-            1 / 0
+            raise ZeroDivisionError("division by zero")
         except ZeroDivisionError:
             failure = Failure()
         event = {"log_format": "[nsqd] WORKER({index}): failed", "index": 2, "log_failure": failure,
