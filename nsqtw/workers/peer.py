@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw.core.admission import PUBLISHED, Failed, WaitForRoom, Written, admit, settled
 from nsqtw.core.message import Message, frames
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -233,25 +234,26 @@ class WorkerPeer:
 
     def _publish(self, seq: int, client: RemoteClient | None, topic: str, bodies: list[bytes],
                  defer: float) -> None:
-        """nsqd's publish for a worker's client: the same admission and answers as
-        :meth:`V2Protocol._publish`, the answer an ACK record."""
-        try:
-            room = self.nsqd.wait_for_room(topic)
-            if room is not None:
-                room.addCallbacks(lambda _: self._publish(seq, client, topic, bodies, defer),
-                                  lambda f: self._answer(f, seq))
-                return
-            written = self.nsqd.publish(topic, bodies, defer)
-        except (ExitingError, BackendError) as e:
-            self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
-            return
-        if client is not None:
-            client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
-        if written is None:
+        """nsqd's publish for a worker's client: the node's admission
+        (:func:`~nsqtw.core.admission.admit`), as a V2 connection has it; the answer an ACK record."""
+        outcome = admit(self.nsqd, topic, bodies, defer, client)
+        if outcome is PUBLISHED:
             self._grant(topic)  # first, so the worker's next publish finds it
             self.send(link.ack_record(seq, link.ACK_OK))
+        elif isinstance(outcome, Written):
+            outcome.deferred.addBoth(self._answer, seq)
+        elif isinstance(outcome, WaitForRoom):
+            outcome.room.addBoth(self._when_room, seq, client, topic, bodies, defer)
         else:
-            written.addBoth(self._answer, seq)
+            self.send(link.ack_record(seq, link.ACK_FAILED, outcome.why))
+
+    def _when_room(self, result: object, seq: int, client: RemoteClient | None, topic: str,
+                   bodies: list[bytes], defer: float) -> None:
+        room = settled(result)
+        if isinstance(room, Failed):
+            self.send(link.ack_record(seq, link.ACK_FAILED, room.why))
+        else:
+            self._publish(seq, client, topic, bodies, defer)
 
     def _granted_pub(self, r: Reader) -> None:
         """A publish the worker answered already, under the topic's grant: published as one
@@ -325,8 +327,9 @@ class WorkerPeer:
             del self.grants[name]
 
     def _answer(self, result: object, seq: int) -> None:
-        if isinstance(result, Failure):
-            self.send(link.ack_record(seq, link.ACK_FAILED, result.getErrorMessage()))
+        written = settled(result)
+        if isinstance(written, Failed):
+            self.send(link.ack_record(seq, link.ACK_FAILED, written.why))
         else:
             self.send(link.ack_record(seq, link.ACK_OK))
 
