@@ -233,29 +233,29 @@ def test_a_worker_link_acks_each_outcome() -> None:
     transport = StringTransport()
     peer.link.makeConnection(transport)
     identity = json.dumps(connect(nsqd, clock)[0].identity()).encode()  # a V2 client's, as a worker sends it
-    peer.link.dataReceived(b"".join(link.conn_record(link.OPEN, 7, identity)))
+    peer.link.dataReceived(b"".join(link.encode(link.OPEN, 7, identity)))
     client = peer.clients[7]
 
     script.written = written = Deferred()
     script.room = room = Deferred()
-    records = [link.pub_record(1, 7, 0, b"t", [b"a"]), link.pub_record(2, 7, 0, b"t", [b"b"])]
+    records = [link.encode(link.PUB, 1, 7, 0, b"t", [b"a"]), link.encode(link.PUB, 2, 7, 0, b"t", [b"b"])]
     peer.link.dataReceived(b"".join(b"".join(r) for r in records))
     clock.advance(0)
     assert acks(transport) == []  # 1 waits for room, 2 for its write
     written.callback(None)
     room.callback(None)
-    peer.link.dataReceived(b"".join(link.pub_record(3, 7, 0, b"t", [b"c"])))
+    peer.link.dataReceived(b"".join(link.encode(link.PUB, 3, 7, 0, b"t", [b"c"])))
     clock.advance(0)
     assert acks(transport) == [(2, link.ACK_OK, ""), (1, link.ACK_OK, ""), (3, link.ACK_OK, "")]
     assert client.pub_counts == {"t": 3}
 
     script.room = ExitingError()
     script.written = later = Deferred()
-    records = [link.pub_record(4, 7, 0, b"t", [b"d"]), link.pub_record(5, 7, 0, b"t", [b"e"])]
+    records = [link.encode(link.PUB, 4, 7, 0, b"t", [b"d"]), link.encode(link.PUB, 5, 7, 0, b"t", [b"e"])]
     peer.link.dataReceived(b"".join(b"".join(r) for r in records))
     later.errback(BackendError("disk full"))
     script.room = room = Deferred()
-    peer.link.dataReceived(b"".join(link.pub_record(6, 7, 0, b"t", [b"f"])))
+    peer.link.dataReceived(b"".join(link.encode(link.PUB, 6, 7, 0, b"t", [b"f"])))
     room.errback(ExitingError())
     clock.advance(0)
     assert acks(transport) == [(4, link.ACK_FAILED, "exiting"), (5, link.ACK_FAILED, "disk full"),
