@@ -204,7 +204,7 @@ REQS = Codec("reqs", encode=lambda v: [b"".join(_ID_MS.pack(i, round(d * 1000)) 
 
 class Kind:
     """One kind of record: its number, name, sender and fields (name and :class:`Codec`), and
-    the encoder and decoder made from them (:meth:`encode`, :meth:`decode`)."""
+    the encoder and decoder made from them (``encode``, ``decode``)."""
 
     __slots__ = ("code", "name", "sender", "fields", "doc", "conn_at", "run_unknown", "encode", "decode")
 
