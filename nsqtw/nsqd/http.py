@@ -24,6 +24,7 @@ from nsqtw import NSQD_VERSION
 from nsqtw._go.flags import TLS_REQUIRED
 from nsqtw._go.json import go_loads
 from nsqtw._go.strconv import parse_int
+from nsqtw.core.admission import PUBLISHED, WaitForRoom, Written, admit
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, route, sniff
@@ -83,6 +84,11 @@ def _go_json_value(kind: str, value: Any) -> Any:
 
 #: what Go sniffs ``OK`` as (text/plain; charset=utf-8), worked out once: a healthy /ping is frequent
 _OK_TYPE = sniff(b"OK")
+
+
+def _exiting(_: object) -> str:
+    """nsqd answers any failure to queue a publish with 503 EXITING."""
+    raise APIError(503, "EXITING")
 
 
 class HTTPAPI(GoHTTPAPI):
@@ -171,27 +177,21 @@ class HTTPAPI(GoHTTPAPI):
 
     def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0,
                  waited: float = 0.0) -> str | Deferred[str]:
-        """The shared publish path; answered once a spill to disk is written (as TCP).
+        """/pub and /mpub: the node's admission (:func:`~nsqtw.core.admission.admit`), answered
+        ``OK`` now or once a spill to disk is written (as TCP), any refusal 503 ``EXITING``.
 
         Past the memory bound of unwritten records (the rule TCP publishers
         follow too, :meth:`NSQD.wait_for_room`) the request waits for room,
         at most :data:`PUBLISH_ROOM_WAIT` seconds in all, then gets a 503.
         """
-        try:
-            room = self.nsqd.wait_for_room(name)
-            if room is not None:
-                return self._publish_when_room(room, name, bodies, defer, waited)
-            written = self.nsqd.publish(name, bodies, defer)
-        except (ExitingError, BackendError):
-            raise APIError(503, "EXITING") from None
-        if written is None:
+        outcome = admit(self.nsqd, name, bodies, defer)
+        if outcome is PUBLISHED:
             return "OK"
-
-        def failed(_: Any) -> str:
-            # nsqd answers any failure to queue with 503 EXITING
-            raise APIError(503, "EXITING")
-
-        return written.addCallbacks(lambda _: "OK", failed)
+        if isinstance(outcome, Written):
+            return outcome.deferred.addCallbacks(lambda _: "OK", _exiting)
+        if isinstance(outcome, WaitForRoom):
+            return self._publish_when_room(outcome.room, name, bodies, defer, waited)
+        raise APIError(503, "EXITING")  # nsqd answers any failure to queue so
 
     def _publish_when_room(self, room: Deferred[None], name: str, bodies: list[bytes], defer: float,
                            waited: float) -> Deferred[str]:
@@ -210,7 +210,7 @@ class HTTPAPI(GoHTTPAPI):
         def failed(_: Any) -> str:
             self.log.warn("NSQ: HTTP publish to topic({topic}) refused - no room for unwritten messages after {s}s",  # noqa: G010 - twisted Logger
                           topic=name, s=PUBLISH_ROOM_WAIT)
-            raise APIError(503, "EXITING")
+            return _exiting(None)
 
         out: Deferred[str] = room.addCallbacks(retry, failed)
         return out

@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw._go.strconv import parse_int
+from nsqtw.core.admission import PUBLISHED, Failed, WaitForRoom, Written, admit, settled
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame, frames
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer, IStreamCodec
@@ -587,37 +588,35 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
         self.channel.wake()  # nothing more for this client (a worker's core learns it so)
 
     def _publish(self, cmd: bytes, topic: str, bodies: list[bytes], defer: float = 0.0) -> None:
+        """PUB, MPUB, DPUB: the node's admission (:func:`~nsqtw.core.admission.admit`), answered
+        as nsqd does: OK now, OK once the disk write is done, or a fatal ``E_<CMD>_FAILED``."""
         if self.auth.required and not self._authorize(
                 cmd.decode(), topic, "", lambda: self._publish(cmd, topic, bodies, defer)):
             return
-        try:
-            room = self.nsqd.wait_for_room(topic)
-            if room is not None:
-                # past the memory bound of unwritten records: read nothing from this
-                # publisher until there is room, then ask again (checked before accepting)
-                self._block_until(room, lambda result: self._publish_when_room(result, cmd, topic, bodies, defer))
-                return
-            written = self.nsqd.publish(topic, bodies, defer, self)
-        except (ExitingError, BackendError) as e:
-            c = cmd.decode()
-            raise fatal(f"E_{c}_FAILED", f"{c} failed {e}") from None
-        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
-        if written is None:
+        outcome = admit(self.nsqd, topic, bodies, defer, self)
+        if outcome is PUBLISHED:
             self._write(_OK)
-            return
-        # Some went to disk: answer once written, like nsqd. Until then this
-        # publisher is paused, which is our backpressure on fast publishers.
-        self._block_until(written, lambda result: self._published(result, cmd.decode()))
+        elif isinstance(outcome, Written):
+            # Some went to disk: answer once written, like nsqd. Until then this
+            # publisher is paused, which is our backpressure on fast publishers.
+            self._block_until(outcome.deferred, lambda result: self._published(result, cmd))
+        elif isinstance(outcome, WaitForRoom):
+            # past the memory bound of unwritten records: read nothing from this
+            # publisher until there is room, then ask again (checked before accepting)
+            self._block_until(outcome.room, lambda result: self._publish_when_room(result, cmd, topic, bodies, defer))
+        else:
+            raise _publish_failed(cmd, outcome)
 
     def _publish_when_room(self, result: Any, cmd: bytes, topic: str, bodies: list[bytes], defer: float) -> None:
-        if isinstance(result, Failure):
-            c = cmd.decode()
-            raise fatal(f"E_{c}_FAILED", f"{c} failed {result.getErrorMessage()}")
+        room = settled(result)
+        if isinstance(room, Failed):
+            raise _publish_failed(cmd, room)
         self._publish(cmd, topic, bodies, defer)
 
-    def _published(self, result: Any, cmd: str) -> None:
-        if isinstance(result, Failure):
-            raise fatal(f"E_{cmd}_FAILED", f"{cmd} failed {result.getErrorMessage()}")
+    def _published(self, result: Any, cmd: bytes) -> None:
+        written = settled(result)
+        if isinstance(written, Failed):
+            raise _publish_failed(cmd, written)
         self._write(_OK)
 
     # -- IConsumer --------------------------------------------------------
@@ -654,6 +653,12 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
 
     def stopProducing(self) -> None:
         self._paused_writing = True
+
+def _publish_failed(cmd: bytes, failed: Failed) -> NSQError:
+    """nsqd's answer to a publish the node refused: fatal ``E_PUB_FAILED PUB failed <why>``."""
+    c = cmd.decode()
+    return fatal(f"E_{c}_FAILED", f"{c} failed {failed.why}")
+
 
 class V2Factory(ServerFactory):
     """Builds a :class:`V2Protocol` per connection to the TCP listener."""

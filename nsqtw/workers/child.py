@@ -68,7 +68,7 @@ class HandOffReceiver(Service):
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
         self.reactor.addReader(self)
-        self.node.send(link.record(link.READY))
+        self.node.send(link.encode(link.READY))
 
     def stopService(self) -> None:
         super().stopService()  # type: ignore[no-untyped-call]
@@ -98,7 +98,7 @@ class HandOffReceiver(Service):
                 finally:
                     os.close(fd)
                 if conn is None:
-                    self.node.send(link.record(link.DROPPED))
+                    self.node.send(link.encode(link.DROPPED))
 
     def connectionLost(self, reason: Failure) -> None:
         if self.sock.fileno() >= 0:

@@ -8,14 +8,17 @@ during one reactor turn leaves in one gathered write on the next
 (:meth:`Link.send`), so a turn that took a hundred publishes costs the
 link one system call, not a hundred.
 
-What each kind carries is written where it is made: the worker's side in
-:mod:`nsqtw.workers.remote`, the core's in :mod:`nsqtw.workers.peer`.
+What each kind carries is one table, :data:`KINDS`: its number, name,
+sender and fields. Both sides write records from it (:func:`encode`) and
+read them through it (:class:`Dispatch`, which hands each record's fields
+to the handler its side names for the kind, checked against the table when
+the side is made). A new kind is one table entry and its handler.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -26,50 +29,32 @@ from nsqtw.log import Logger
 from nsqtw.net.eager import send_pieces
 from nsqtw.net.twisted_privates import may_send_now, write_buffers_understood
 
-# -- kinds: from a worker to the core
-#: a client connected to the worker: conn, its identity (JSON)
+#: which process sends a kind
+WORKER, CORE = "worker", "core"
+
+# -- kinds: from a worker to the core (their fields: :data:`KINDS`)
 OPEN = 1
-#: a client's identity changed (IDENTIFY, AUTH): conn, identity
 INFO = 2
-#: a client's connection closed: conn
 GONE = 3
-#: PUB, MPUB, DPUB: seq, conn, defer in ms, topic, bodies
 PUB = 4
-#: SUB: seq, conn, topic, channel
 SUB = 5
-#: a subscriber's RDY, whether its writes are paused, its state: conn, ready, paused, state
 STATE = 6
-#: FIN: conn, message IDs
 FIN = 7
-#: REQ: conn, (message ID, delay in ms) pairs
 REQ = 8
-#: TOUCH: conn, message ID
 TOUCH = 9
-#: a publish under a grant, answered OK by the worker already: as PUB
 GRANTED_PUB = 10
-#: answer (ACK) once everything before this was read: seq
 SYNC = 11
-#: the answer to REVOKE: the credit that was left (bytes), topic
 RETURN = 12
-#: the worker serves: the core may hand it connections (no fields)
 READY = 13
-#: a connection handed to the worker could not be served (its peer was gone): no fields
 DROPPED = 14
 
 # -- kinds: from the core to a worker
-#: the answer to a PUB or SUB: seq, status (ACK_*), text
 ACK = 20
-#: MESSAGE frames for a subscriber: conn, the frames' bytes
 DELIVER = 21
-#: a FIN, REQ or TOUCH that failed: conn, command, message ID, why
 FAILED = 22
-#: close a client's connection (its channel was deleted, the node stops): conn
 CLOSE = 23
-#: stop: close every client, then exit
 STOP = 24
-#: more credit for publishes to a topic: bytes, topic
 GRANT = 25
-#: give the topic's credit back (RETURN): 0, topic
 REVOKE = 26
 
 #: an ACK's status: done; failed (the text says why); past --max-channel-consumers
@@ -82,72 +67,8 @@ _EAGER = write_buffers_understood()
 _HEAD = struct.Struct(">IB")
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
-_CONN = struct.Struct(">I")
-_SEQ_CONN = struct.Struct(">II")
-_PUB = struct.Struct(">IIIH")
-_STATE = struct.Struct(">IIBB")
-_ACK = struct.Struct(">IB")
 _ID_MS = struct.Struct(">16sI")
 _COUNT_FIRST = struct.Struct(">II")
-
-
-def record(kind: int, *pieces: bytes) -> list[bytes]:
-    """One record of ``kind`` whose fields are ``pieces``, already encoded, as pieces to write."""
-    return [_HEAD.pack(1 + sum(len(p) for p in pieces), kind), *pieces]
-
-
-def text(value: str | bytes) -> bytes:
-    """A name or text field: its length (2 bytes) and its UTF-8 bytes."""
-    data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
-    return _U16.pack(len(data)) + data
-
-
-def conn_record(kind: int, conn: int, *rest: bytes) -> list[bytes]:
-    """A record about one client connection: ``conn`` first, then ``rest``."""
-    return record(kind, _CONN.pack(conn), *rest)
-
-
-def pub_record(seq: int, conn: int, defer_ms: int, topic: bytes, bodies: list[bytes],
-               kind: int = PUB) -> list[bytes]:
-    """A publish (PUB or GRANTED_PUB): its bodies' count, their sizes in one array, then the
-    bodies back to back, so the core reads the sizes in one call (:meth:`Reader.bodies`)."""
-    count = len(bodies)
-    return record(kind, _PUB.pack(seq, conn, defer_ms, len(topic)), topic, _U32.pack(count),
-                  struct.pack(f">{count}I", *map(len, bodies)), bodies[0] if count == 1 else b"".join(bodies))
-
-
-def topic_record(kind: int, count: int, topic: bytes) -> list[bytes]:
-    """GRANT, REVOKE or RETURN: a count of bytes, and the topic's name as the rest."""
-    return record(kind, _U32.pack(count), topic)
-
-
-def sync_record(seq: int) -> list[bytes]:
-    return record(SYNC, _U32.pack(seq))
-
-
-def sub_record(seq: int, conn: int, topic: str, channel: str) -> list[bytes]:
-    return record(SUB, _SEQ_CONN.pack(seq, conn), text(topic), text(channel))
-
-
-def state_record(conn: int, ready: int, paused: bool, state: int) -> list[bytes]:
-    return record(STATE, _STATE.pack(conn, ready, paused, state))
-
-
-def ids_record(kind: int, conn: int, msg_ids: list[bytes]) -> list[bytes]:
-    """FIN (or TOUCH) of these 16-byte message IDs."""
-    return record(kind, _CONN.pack(conn), b"".join(msg_ids))
-
-
-def req_record(conn: int, reqs: list[tuple[bytes, float]]) -> list[bytes]:
-    return record(REQ, _CONN.pack(conn), b"".join(_ID_MS.pack(i, round(d * 1000)) for i, d in reqs))
-
-
-def ack_record(seq: int, status: int, why: str = "") -> list[bytes]:
-    return record(ACK, _ACK.pack(seq, status), text(why))
-
-
-def failed_record(conn: int, cmd: str, msg_id: bytes, why: str) -> list[bytes]:
-    return record(FAILED, _CONN.pack(conn), text(cmd), text(msg_id), text(why))
 
 
 class Reader:
@@ -187,18 +108,11 @@ class Reader:
     def rest(self) -> bytes:
         return self.raw(self.end - self.at)
 
-    def pub(self) -> tuple[int, int, int, str, list[bytes]]:
-        """A PUB or GRANTED_PUB whole (:func:`pub_record`): seq, conn, defer in ms, topic, bodies;
-        its fixed fields in one unpack, as the core reads one for each publish."""
-        data, at = self.data, self.at
-        seq, conn, defer_ms, size = _PUB.unpack_from(data, at)
-        at += _PUB.size
-        topic = data[at:at + size].decode("utf-8", "surrogateescape")
-        self.at = at + size
-        return seq, conn, defer_ms, topic, self.bodies()
+    def rest_text(self) -> str:
+        return self.rest().decode("utf-8", "surrogateescape")
 
     def bodies(self) -> list[bytes]:
-        """A publish's bodies: the count, the sizes, the bodies (:func:`pub_record`)."""
+        """A publish's bodies: the count, the sizes, the bodies (:data:`BODIES`)."""
         data = self.data
         count, first = _COUNT_FIRST.unpack_from(data, self.at)
         if count == 1:  # PUB: no sizes array to walk
@@ -223,6 +137,242 @@ class Reader:
     def reqs(self) -> list[tuple[bytes, float]]:
         data = self.rest()
         return [(i, ms / 1000.0) for i, ms in _ID_MS.iter_unpack(data)]
+
+
+def text(value: str | bytes) -> bytes:
+    """A name or text field: its length (2 bytes) and its UTF-8 bytes."""
+    data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+    return _U16.pack(len(data)) + data
+
+
+def _rest(value: bytes | list[bytes]) -> list[bytes]:
+    return [value] if isinstance(value, bytes) else list(value)
+
+
+def _rest_text(value: str | bytes) -> list[bytes]:
+    return [value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value]
+
+
+def _bodies(bodies: list[bytes]) -> list[bytes]:
+    count = len(bodies)
+    return [_U32.pack(count), struct.pack(f">{count}I", *map(len, bodies)),
+            bodies[0] if count == 1 else b"".join(bodies)]
+
+
+class Codec:
+    """How one kind of field is written and read: a fixed-size number (``fmt``, a ``struct``
+    letter; the neighbouring ones of a record are packed and unpacked in one call), or a
+    variable field (``encode`` to pieces, ``decode`` from the :class:`Reader`)."""
+
+    __slots__ = ("name", "fmt", "encode", "decode", "conn")
+
+    def __init__(self, name: str, fmt: str = "", encode: Callable[[Any], list[bytes]] | None = None,
+                 decode: Callable[[Reader], Any] | None = None, conn: bool = False) -> None:
+        self.name = name
+        self.fmt = fmt
+        self.encode = encode
+        self.decode = decode
+        #: a connection the receiver knows by this ID (:class:`Dispatch` looks it up)
+        self.conn = conn
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: numbers
+U8 = Codec("u8", "B")
+U32 = Codec("u32", "I")
+#: a client connection's ID (4 bytes), which the receiver turns into that connection
+CONN = Codec("conn", "I", conn=True)
+#: a name or text (2-byte length, UTF-8): written from str or bytes, read as str
+TEXT = Codec("text", encode=lambda v: [text(v)], decode=Reader.text)
+#: the same, read as bytes
+NAME = Codec("name", encode=lambda v: [text(v)], decode=Reader.name)
+#: the rest of the record, as it is: written from bytes or pieces (not joined), read as bytes
+REST = Codec("rest", encode=_rest, decode=Reader.rest)
+#: the rest of the record as a text: written from str or bytes, read as str
+REST_TEXT = Codec("rest_text", encode=_rest_text, decode=Reader.rest_text)
+#: a publish's bodies: their count, their sizes in one array, then the bodies back to back
+#: (the core reads the sizes in one call: :meth:`Reader.bodies`)
+BODIES = Codec("bodies", encode=_bodies, decode=Reader.bodies)
+#: the rest as 16-byte message IDs
+IDS = Codec("ids", encode=lambda v: [b"".join(v)], decode=Reader.ids)
+#: the rest as (message ID, delay) pairs, the delay in ms on the wire, in seconds here
+REQS = Codec("reqs", encode=lambda v: [b"".join(_ID_MS.pack(i, round(d * 1000)) for i, d in v)],
+             decode=Reader.reqs)
+
+
+class Kind:
+    """One kind of record: its number, name, sender and fields (name and :class:`Codec`), and
+    the encoder and decoder made from them (``encode``, ``decode``)."""
+
+    __slots__ = ("code", "name", "sender", "fields", "doc", "conn_at", "run_unknown", "encode", "decode")
+
+    def __init__(self, code: int, name: str, sender: str, fields: tuple[tuple[str, Codec], ...],
+                 doc: str, run_unknown: bool = False) -> None:
+        self.code = code
+        self.name = name
+        self.sender = sender
+        self.fields = fields
+        self.doc = doc
+        conns = [i for i, (_, c) in enumerate(fields) if c.conn]
+        #: where the connection the record is about is among its fields (None: no connection)
+        self.conn_at: int | None = conns[0] if conns else None
+        #: handled even when its connection is unknown (None in its place): it is answered (a
+        #: PUB, a SUB), or it changes more than the connection (GONE: the worker holds one less)
+        self.run_unknown = run_unknown
+        #: ``encode(*values)``: the record with these field values, in the table's order, as pieces
+        #: to write; ``decode(reader)``: the record's field values, in that order
+        self.encode, self.decode = _compile(code, name, fields)
+
+
+def _compile(code: int, name: str, fields: tuple[tuple[str, Codec], ...]
+             ) -> tuple[Callable[..., list[bytes]], Callable[[Reader], list[Any]]]:
+    """A kind's encoder and decoder, made from its fields as straight-line Python, the way
+    :mod:`dataclasses` makes ``__init__``: a record is written and read for every publish,
+    and a loop over the layout would cost a publish twice what the hand-written code it
+    replaces did. A run of fixed-size numbers is one ``struct`` call either way."""
+    env: dict[str, Any] = {"_HEAD": _HEAD}
+    names = [f"{field}_" for field, _ in fields]
+    enc: list[str] = []
+    dec = ["    data = r.data"]
+    out: list[str] = []
+    run: list[str] = []
+    fmt = ""
+
+    def close_run() -> None:
+        nonlocal fmt
+        if not run:
+            return
+        key = f"_S{len(out)}"
+        env[key] = st = struct.Struct(">" + fmt)
+        enc.append(f"{key}.pack({', '.join(run)})")
+        dec.append(f"    {', '.join(run)}, = {key}.unpack_from(data, r.at)")
+        dec.append(f"    r.at += {st.size}")
+        out.extend(run)
+        run.clear()
+        fmt = ""
+
+    for (_, codec), value in zip(fields, names, strict=True):
+        if codec.fmt:
+            run.append(value)
+            fmt += codec.fmt
+            continue
+        close_run()
+        env[f"_E_{value}"], env[f"_D_{value}"] = codec.encode, codec.decode
+        enc.append(f"*_E_{value}({value})")
+        dec.append(f"    {value} = _D_{value}(r)")
+        out.append(value)
+    close_run()
+    src = (f"def encode({', '.join(names)}):\n"
+           f"    pieces = [{', '.join(enc)}]\n"
+           f"    return [_HEAD.pack(1 + sum(map(len, pieces)), {code}), *pieces]\n"
+           f"def decode(r):\n" + "\n".join(dec) + f"\n    return [{', '.join(out)}]\n")
+    exec(compile(src, f"<link record {name}>", "exec"), env)  # noqa: S102 - made from the table only
+    return env["encode"], env["decode"]
+
+
+#: every kind of record, the one table both sides read: what each carries, in order
+KINDS: dict[int, Kind] = {k.code: k for k in (
+    Kind(OPEN, "OPEN", WORKER, (("conn", U32), ("identity", REST)),
+         "a client connected to the worker (its identity: JSON)"),
+    Kind(INFO, "INFO", WORKER, (("conn", CONN), ("identity", REST)),
+         "a client's identity changed (IDENTIFY, AUTH)"),
+    Kind(GONE, "GONE", WORKER, (("conn", CONN),), "a client's connection closed", run_unknown=True),
+    Kind(PUB, "PUB", WORKER,
+         (("seq", U32), ("conn", CONN), ("defer_ms", U32), ("topic", TEXT), ("bodies", BODIES)),
+         "PUB, MPUB, DPUB, answered by an ACK (conn 0: no client)", run_unknown=True),
+    Kind(SUB, "SUB", WORKER, (("seq", U32), ("conn", CONN), ("topic", TEXT), ("channel", TEXT)),
+         "SUB, answered by an ACK", run_unknown=True),
+    Kind(STATE, "STATE", WORKER, (("conn", CONN), ("ready", U32), ("paused", U8), ("state", U8)),
+         "a subscriber's RDY, whether its writes are paused, its state"),
+    Kind(FIN, "FIN", WORKER, (("conn", CONN), ("ids", IDS)), "FIN of these message IDs"),
+    Kind(REQ, "REQ", WORKER, (("conn", CONN), ("reqs", REQS)), "REQ of these (ID, delay) pairs"),
+    Kind(TOUCH, "TOUCH", WORKER, (("conn", CONN), ("msg_id", REST)), "TOUCH of one message ID"),
+    Kind(GRANTED_PUB, "GRANTED_PUB", WORKER,
+         (("seq", U32), ("conn", CONN), ("defer_ms", U32), ("topic", TEXT), ("bodies", BODIES)),
+         "a publish under a grant, answered OK by the worker already", run_unknown=True),
+    Kind(SYNC, "SYNC", WORKER, (("seq", U32),), "answer (ACK) once everything before this was read"),
+    Kind(RETURN, "RETURN", WORKER, (("left", U32), ("topic", REST_TEXT)),
+         "the answer to REVOKE: the credit (bytes) that was left"),
+    Kind(READY, "READY", WORKER, (), "the worker serves: the core may hand it connections"),
+    Kind(DROPPED, "DROPPED", WORKER, (), "a connection handed to the worker could not be served"),
+    Kind(ACK, "ACK", CORE, (("seq", U32), ("status", U8), ("why", TEXT)),
+         "the answer to a PUB, SUB or SYNC: ACK_* and why"),
+    Kind(DELIVER, "DELIVER", CORE, (("conn", CONN), ("frames", REST)),
+         "MESSAGE frames for a subscriber, encoded once in the core"),
+    Kind(FAILED, "FAILED", CORE, (("conn", CONN), ("cmd", TEXT), ("msg_id", NAME), ("why", TEXT)),
+         "a FIN, REQ or TOUCH that failed"),
+    Kind(CLOSE, "CLOSE", CORE, (("conn", CONN),),
+         "close a client's connection (its channel was deleted, the node stops)"),
+    Kind(STOP, "STOP", CORE, (), "stop: close every client, then exit"),
+    Kind(GRANT, "GRANT", CORE, (("nbytes", U32), ("topic", REST_TEXT)),
+         "more credit for publishes to a topic"),
+    Kind(REVOKE, "REVOKE", CORE, (("nbytes", U32), ("topic", REST_TEXT)),
+         "give the topic's credit back (RETURN); nbytes is 0"),
+)}
+
+
+def encode(kind: int, *values: Any) -> list[bytes]:
+    """A record of ``kind`` with its fields' values in the table's order (:data:`KINDS`)."""
+    return KINDS[kind].encode(*values)
+
+
+class Dispatch:
+    """The records one side receives, each decoded by the table and handed to its handler.
+
+    ``handlers`` names, for every kind the other side sends (and no other),
+    the method of ``owner`` that runs it; checked against :data:`KINDS` when
+    the side is made, so a kind without a handler fails at start-up, not
+    when its first record arrives. A handler gets the record's fields in the
+    table's order, a connection's ID (:data:`CONN`) already turned into the
+    connection from ``conns``. A record naming a connection this side does
+    not know (closed meanwhile, or a bug) is counted in
+    :attr:`unknown_conns` and logged; it never raises. It is dropped, unless
+    its kind says to run it anyway (:attr:`Kind.run_unknown`: a PUB or SUB,
+    whose sender waits for the answer, a publish the worker answered already,
+    a GONE): then its handler gets None for the connection. Connection 0 is
+    a publish's "no client", not an unknown one.
+    """
+
+    log = Logger()
+
+    def __init__(self, side: str, who: str, owner: object, handlers: Mapping[int, str],
+                 conns: Mapping[int, object]) -> None:
+        receives = {code for code, kind in KINDS.items() if kind.sender != side}
+        if set(handlers) != receives:
+            missing = sorted(KINDS[c].name for c in receives - set(handlers))
+            extra = sorted(map(str, set(handlers) - receives))
+            raise ValueError(f"{who}: the handlers do not match the link's table: missing {missing}, "
+                             f"not received here {extra}")
+        self.who = who
+        self._table: dict[int, tuple[Kind, Callable[..., None]]] = {
+            code: (KINDS[code], getattr(owner, name)) for code, name in handlers.items()}
+        #: the connections this side knows, by their IDs (the owner's dict, never replaced)
+        self.conns = conns
+        #: records that named a connection this side does not know
+        self.unknown_conns = 0
+
+    def __call__(self, code: int, r: Reader) -> None:
+        entry = self._table.get(code)
+        if entry is None:
+            self.log.error("{who}: unknown record {kind}", who=self.who, kind=code)
+            return
+        kind, handler = entry
+        values = kind.decode(r)
+        at = kind.conn_at
+        if at is not None:
+            conn = values[at]
+            found = self.conns.get(conn)
+            if found is None and (conn or not kind.run_unknown):
+                self.unknown_conns += 1
+                self.log.warn("{who}: {kind} for unknown connection {conn} - {what}",  # noqa: G010 - twisted Logger
+                              who=self.who, kind=kind.name, conn=conn,
+                              what="handled without it" if kind.run_unknown else "ignored")
+                if not kind.run_unknown:
+                    return
+            values[at] = found
+        handler(*values)
 
 
 class Link(Protocol):

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw.core.admission import PUBLISHED, Failed, WaitForRoom, Written, admit, settled
 from nsqtw.core.message import Message, frames
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
@@ -59,7 +60,7 @@ class RemoteClient(ClientStats, ConsumerCounts):
 
     def close(self) -> None:
         """The node stops: its worker closes the connection."""
-        self.peer.send(link.conn_record(link.CLOSE, self.conn))
+        self.peer.send(link.encode(link.CLOSE, self.conn))
 
     # -- IConsumer --------------------------------------------------------
 
@@ -70,7 +71,7 @@ class RemoteClient(ClientStats, ConsumerCounts):
 
     def deliver(self, messages: list[Message]) -> None:
         self.count_delivered(len(messages))
-        self.peer.send(link.conn_record(link.DELIVER, self.conn, *frames(messages)))
+        self.peer.send(link.encode(link.DELIVER, self.conn, frames(messages)))
 
     def channel_deleted(self) -> None:
         self.channel = None
@@ -101,7 +102,10 @@ class WorkerPeer:
         self.nsqd = nsqd
         self.index = index
         self.link = Link(clock, self.record, self._link_lost, self._read_done)
+        #: the worker's clients, by the ID it knows them by (one dict for the peer's life)
         self.clients: dict[int, RemoteClient] = {}
+        #: each record to its handler (:data:`HANDLERS`), through the link's table
+        self.dispatch = link.Dispatch(link.CORE, f"WORKER({index})", self, self.HANDLERS, self.clients)
         #: each topic's grant to this worker, least recently topped up first
         #: (docs/architecture.md, "Publishes answered by the worker")
         self.grants: dict[str, Grant] = {}
@@ -131,69 +135,82 @@ class WorkerPeer:
 
     def stop(self) -> None:
         """Ask the worker to close its clients and exit."""
-        self.send(link.record(link.STOP))
+        self.send(link.encode(link.STOP))
         self.link.flush()
 
     # -- records from the worker -------------------------------------------
 
+    #: the method that runs each kind of record from the worker (checked against the link's table)
+    HANDLERS: dict[int, str] = {
+        link.OPEN: "_on_open", link.INFO: "_on_info", link.GONE: "_on_gone", link.PUB: "_publish",
+        link.SUB: "_sub", link.STATE: "_on_state", link.FIN: "_on_fin", link.REQ: "_req",
+        link.TOUCH: "_on_touch", link.GRANTED_PUB: "_granted_pub", link.SYNC: "_on_sync",
+        link.RETURN: "_on_return", link.READY: "_on_ready", link.DROPPED: "_on_dropped",
+    }
+
+    @property
+    def unknown_conns(self) -> int:
+        """Records from the worker that named a connection the core does not know."""
+        return self.dispatch.unknown_conns
+
     def record(self, kind: int, r: Reader) -> None:
         if self._batch and kind != link.GRANTED_PUB:
             self._publish_batch()  # what the worker sent before this is queued before it runs
-        if kind == link.PUB:
-            self._pub(r)
-        elif kind == link.GRANTED_PUB:
-            self._granted_pub(r)
-        elif kind == link.SYNC:
-            self.send(link.ack_record(r.u32(), link.ACK_OK))
-        elif kind == link.RETURN:
-            r.u32()  # what the worker had left: every publish before this was read, so ours agrees
-            grant = self.grants.pop(r.rest().decode("utf-8", "surrogateescape"), None)
-            if grant is not None:
-                self.nsqd.keep_promise(grant.nbytes)
-        elif kind == link.FIN:
-            client = self.clients[r.u32()]
-            if client.channel is not None:
-                for msg_id, e in client.channel.finish_many(client, r.ids()):
-                    self.send(link.failed_record(client.conn, "FIN", msg_id, str(e)))
-        elif kind == link.STATE:
-            client = self.clients[r.u32()]
-            client.ready_count = r.u32()
-            client.paused = bool(r.u8())
-            client.state = ClientState(r.u8())
-            if client.channel is not None:
-                client.channel.wake()
-        elif kind == link.REQ:
-            self._req(self.clients[r.u32()], r.reqs())
-        elif kind == link.TOUCH:
-            client = self.clients[r.u32()]
-            msg_id = r.rest()
-            if client.channel is not None:
-                try:
-                    client.channel.touch(client, msg_id, client.msg_timeout)
-                except NotInFlightError as e:
-                    self.send(link.failed_record(client.conn, "TOUCH", msg_id, str(e)))
-        elif kind == link.SUB:
-            self._sub(r)
-        elif kind == link.OPEN:
-            conn = r.u32()
-            client = RemoteClient(self, conn, self.nsqd.new_client_id(), json.loads(r.rest()))
-            self.clients[conn] = client
-            self.nsqd.add_client(client.client_id, client)
-        elif kind == link.INFO:
-            conn = r.u32()
-            self.clients[conn].adopt(json.loads(r.rest()))
-        elif kind == link.GONE:
-            self.connections -= 1
-            self._gone(self.clients.pop(r.u32()))
-        elif kind == link.DROPPED:
-            self.connections -= 1
-        elif kind == link.READY:
-            if not self.ready:
-                self.ready = True
-                if self.on_ready is not None:
-                    self.on_ready(self)
-        else:
-            self.log.error("WORKER({index}): unknown record {kind}", index=self.index, kind=kind)
+        self.dispatch(kind, r)
+
+    def _on_open(self, conn: int, identity: bytes) -> None:
+        client = RemoteClient(self, conn, self.nsqd.new_client_id(), json.loads(identity))
+        self.clients[conn] = client
+        self.nsqd.add_client(client.client_id, client)
+
+    def _on_info(self, client: RemoteClient, identity: bytes) -> None:
+        client.adopt(json.loads(identity))
+
+    def _on_gone(self, client: RemoteClient | None) -> None:
+        self.connections -= 1
+        if client is not None:
+            del self.clients[client.conn]
+            self._gone(client)
+
+    def _on_dropped(self) -> None:
+        self.connections -= 1
+
+    def _on_ready(self) -> None:
+        if not self.ready:
+            self.ready = True
+            if self.on_ready is not None:
+                self.on_ready(self)
+
+    def _on_sync(self, seq: int) -> None:
+        self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
+
+    def _on_return(self, left: int, topic: str) -> None:
+        # what the worker had left (unused): every publish before this was read, so ours agrees
+        grant = self.grants.pop(topic, None)
+        if grant is not None:
+            self.nsqd.keep_promise(grant.nbytes)
+
+    def _on_state(self, client: RemoteClient, ready: int, paused: int, state: int) -> None:
+        client.ready_count = ready
+        client.paused = bool(paused)
+        client.state = ClientState(state)
+        if client.channel is not None:
+            client.channel.wake()
+
+    def _on_fin(self, client: RemoteClient, msg_ids: list[bytes]) -> None:
+        if client.channel is not None:
+            for msg_id, e in client.channel.finish_many(client, msg_ids):
+                self._failed(client, "FIN", msg_id, e)
+
+    def _on_touch(self, client: RemoteClient, msg_id: bytes) -> None:
+        if client.channel is not None:
+            try:
+                client.channel.touch(client, msg_id, client.msg_timeout)
+            except NotInFlightError as e:
+                self._failed(client, "TOUCH", msg_id, e)
+
+    def _failed(self, client: RemoteClient, cmd: str, msg_id: bytes, why: object) -> None:
+        self.send(link.encode(link.FAILED, client.conn, cmd, msg_id, str(why)))
 
     def _gone(self, client: RemoteClient) -> None:
         if client.channel is not None:
@@ -201,21 +218,21 @@ class WorkerPeer:
             client.channel = None
         self.nsqd.remove_client(client.client_id)
 
-    def _sub(self, r: Reader) -> None:
-        seq, conn = r.u32(), r.u32()
-        topic, channel = r.text(), r.text()
-        client = self.clients[conn]
+    def _sub(self, seq: int, client: RemoteClient | None, topic: str, channel: str) -> None:
+        if client is None:  # (counted and logged as unknown): the worker still hears
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, "unknown connection"))
+            return
         try:
             client.channel = self.nsqd.subscribe(topic, channel, client)
         except ValueError:
-            self.send(link.ack_record(seq, link.ACK_TOO_MANY))
+            self.send(link.encode(link.ACK, seq, link.ACK_TOO_MANY, ""))
             return
         except Exception as e:  # the node is stopping
-            self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, str(e)))
             return
         client.state = _SUBSCRIBED
         client.subscribed()
-        self.send(link.ack_record(seq, link.ACK_OK))
+        self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
 
     def _req(self, client: RemoteClient, reqs: list[tuple[bytes, float]]) -> None:
         if client.channel is None:
@@ -225,35 +242,33 @@ class WorkerPeer:
         except BackendError as e:
             failed = [(reqs[-1][0], e)]
         for msg_id, why in failed:
-            self.send(link.failed_record(client.conn, "REQ", msg_id, str(why)))
+            self._failed(client, "REQ", msg_id, why)
 
-    def _pub(self, r: Reader) -> None:
-        seq, conn, defer_ms, topic, bodies = r.pub()
-        self._publish(seq, self.clients.get(conn), topic, bodies, defer_ms / 1000.0)
-
-    def _publish(self, seq: int, client: RemoteClient | None, topic: str, bodies: list[bytes],
-                 defer: float) -> None:
-        """nsqd's publish for a worker's client: the same admission and answers as
-        :meth:`V2Protocol._publish`, the answer an ACK record."""
-        try:
-            room = self.nsqd.wait_for_room(topic)
-            if room is not None:
-                room.addCallbacks(lambda _: self._publish(seq, client, topic, bodies, defer),
-                                  lambda f: self._answer(f, seq))
-                return
-            written = self.nsqd.publish(topic, bodies, defer)
-        except (ExitingError, BackendError) as e:
-            self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
-            return
-        if client is not None:
-            client.pub_counts[topic] = client.pub_counts.get(topic, 0) + len(bodies)
-        if written is None:
+    def _publish(self, seq: int, client: RemoteClient | None, defer_ms: int, topic: str,
+                 bodies: list[bytes]) -> None:
+        """nsqd's publish for a worker's client: the node's admission
+        (:func:`~nsqtw.core.admission.admit`), as a V2 connection has it; the answer an ACK record."""
+        outcome = admit(self.nsqd, topic, bodies, defer_ms / 1000.0, client)
+        if outcome is PUBLISHED:
             self._grant(topic)  # first, so the worker's next publish finds it
-            self.send(link.ack_record(seq, link.ACK_OK))
+            self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
+        elif isinstance(outcome, Written):
+            outcome.deferred.addBoth(self._answer, seq)
+        elif isinstance(outcome, WaitForRoom):
+            outcome.room.addBoth(self._when_room, seq, client, defer_ms, topic, bodies)
         else:
-            written.addBoth(self._answer, seq)
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, outcome.why))
 
-    def _granted_pub(self, r: Reader) -> None:
+    def _when_room(self, result: object, seq: int, client: RemoteClient | None, defer_ms: int,
+                   topic: str, bodies: list[bytes]) -> None:
+        room = settled(result)
+        if isinstance(room, Failed):
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, room.why))
+        else:
+            self._publish(seq, client, defer_ms, topic, bodies)
+
+    def _granted_pub(self, seq: int, client: RemoteClient | None, defer_ms: int, name: str,
+                     bodies: list[bytes]) -> None:
         """A publish the worker answered already, under the topic's grant: published as one
         process would, without asking for room (it was promised). No answer: more credit once
         half the grant is used, one record for many publishes.
@@ -263,7 +278,6 @@ class WorkerPeer:
         a read holds many workers' clients' publishes, and one publish of many
         messages costs the topic a fraction of as many publishes of one.
         """
-        seq, conn, defer_ms, name, bodies = r.pub()
         count = len(bodies)
         nbytes = len(bodies[0]) if count == 1 else sum(map(len, bodies))
         grant = self.grants.get(name)
@@ -278,7 +292,6 @@ class WorkerPeer:
         self._batch_topic, self._batch_defer = name, defer_ms
         self._batch.extend(bodies)
         self._batch_seqs.append(seq)
-        client = self.clients.get(conn)
         if client is not None:
             client.pub_counts[name] = client.pub_counts.get(name, 0) + count
         if low:
@@ -293,7 +306,7 @@ class WorkerPeer:
         except (ExitingError, BackendError) as e:
             self._lost_publish(name, len(bodies), e)
             for seq in seqs:  # a worker still waiting for one (its link was backed up) hears why
-                self.send(link.ack_record(seq, link.ACK_FAILED, str(e)))
+                self.send(link.encode(link.ACK, seq, link.ACK_FAILED, str(e)))
             return
         if queued is not None:  # a batch queued a slice a turn
             queued.addErrback(lambda f: self._lost_publish(name, len(bodies), f.value))
@@ -314,28 +327,30 @@ class WorkerPeer:
             if len(active) >= GRANTED_TOPICS:
                 oldest = active[0]
                 self.grants[oldest].revoked = True
-                self.send(link.topic_record(link.REVOKE, 0, oldest.encode("utf-8", "surrogateescape")))
+                self.send(link.encode(link.REVOKE, 0, oldest))
         self.grants[name] = grant  # last: the most recently used
         want = self.share - grant.nbytes
         give = self.nsqd.promise(name, want) if want > 0 and not grant.revoked else 0
         if give:
             grant.nbytes += give
-            self.send(link.topic_record(link.GRANT, give, name.encode("utf-8", "surrogateescape")))
+            self.send(link.encode(link.GRANT, give, name))
         elif not grant.nbytes and not grant.revoked:
             del self.grants[name]
 
     def _answer(self, result: object, seq: int) -> None:
-        if isinstance(result, Failure):
-            self.send(link.ack_record(seq, link.ACK_FAILED, result.getErrorMessage()))
+        written = settled(result)
+        if isinstance(written, Failed):
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, written.why))
         else:
-            self.send(link.ack_record(seq, link.ACK_OK))
+            self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
 
     def lost(self, reason: Failure) -> None:
         """The worker is gone (exited, killed): its clients are too; what they held in flight
         goes back to their channels, and what its grants held is free again."""
         self.closed = True
-        clients, self.clients = self.clients, {}
-        for client in clients.values():
+        clients = list(self.clients.values())
+        self.clients.clear()
+        for client in clients:
             self._gone(client)
         grants, self.grants = self.grants, {}
         self.nsqd.keep_promise(sum(g.nbytes for g in grants.values()))

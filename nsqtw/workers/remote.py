@@ -28,7 +28,7 @@ from nsqtw.log import Logger
 from nsqtw.protocol.node import Subscription
 from nsqtw.protocol.v2 import V2Protocol
 from nsqtw.workers import link
-from nsqtw.workers.link import Link, Reader
+from nsqtw.workers.link import Link
 
 
 class PublishFailed(Exception):
@@ -50,22 +50,22 @@ class RemoteChannel:
         proto = self.node.conns.get(self.conn)
         if proto is not None:
             ready = proto.ready_count
-            self.node.send(link.state_record(self.conn, ready, ready > 0 and proto.ready_capacity() == 0,
-                                             int(proto.state)))
+            self.node.send(link.encode(link.STATE, self.conn, ready, ready > 0 and proto.ready_capacity() == 0,
+                                       int(proto.state)))
 
     def finish_many(self, client: Any, msg_ids: list[bytes]) -> list[tuple[bytes, object]]:
-        self.node.send(link.ids_record(link.FIN, self.conn, msg_ids))
+        self.node.send(link.encode(link.FIN, self.conn, msg_ids))
         return []
 
     def requeue_many(self, client: Any, reqs: list[tuple[bytes, float]]) -> list[tuple[bytes, object]]:
-        self.node.send(link.req_record(self.conn, reqs))
+        self.node.send(link.encode(link.REQ, self.conn, reqs))
         return []
 
     def requeue(self, client: Any, msg_id: bytes, delay: float) -> None:
-        self.node.send(link.req_record(self.conn, [(msg_id, delay)]))
+        self.node.send(link.encode(link.REQ, self.conn, [(msg_id, delay)]))
 
     def touch(self, client: Any, msg_id: bytes, timeout: float) -> None:
-        self.node.send(link.ids_record(link.TOUCH, self.conn, [msg_id]))
+        self.node.send(link.encode(link.TOUCH, self.conn, msg_id))
 
 
 class RemoteNode:
@@ -79,13 +79,15 @@ class RemoteNode:
         self.auth: Any = None
         self.index = index
         self.clock = clock
-        self.link = Link(clock, self.record, self.lost)
         #: waiting for the last client to go (:meth:`idle`)
         self._idle: list[Deferred[None]] = []
         self._client_ids = itertools.count(1)
         self._seqs = itertools.count(1)
         #: this worker's connections, by the ID the core knows them by
         self.conns: dict[int, V2Protocol] = {}
+        #: each record to its handler (:data:`HANDLERS`), through the link's table
+        self.dispatch = link.Dispatch(link.WORKER, f"WORKER({index})", self, self.HANDLERS, self.conns)
+        self.link = Link(clock, self.dispatch, self.lost)
         #: each connection's identity as last sent (:meth:`ClientStats.identity_key`)
         self._sent: dict[int, tuple[Any, ...]] = {}
         #: the PUBs and SUBs waiting for the core's answer
@@ -107,12 +109,12 @@ class RemoteNode:
     def add_client(self, client_id: int, client: V2Protocol) -> None:
         self.conns[client_id] = client
         self._sent[client_id] = client.identity_key()
-        self.send(link.conn_record(link.OPEN, client_id, json.dumps(client.identity()).encode()))
+        self.send(link.encode(link.OPEN, client_id, json.dumps(client.identity()).encode()))
 
     def remove_client(self, client_id: int) -> None:
         if self.conns.pop(client_id, None) is not None:
             self._sent.pop(client_id, None)
-            self.send(link.conn_record(link.GONE, client_id))
+            self.send(link.encode(link.GONE, client_id))
             if not self.conns and self._idle:
                 waiters, self._idle = self._idle, []
                 for d in waiters:
@@ -143,14 +145,14 @@ class RemoteNode:
         key = client.identity_key()
         if self._sent.get(client.client_id) != key:
             self._sent[client.client_id] = key
-            self.send(link.conn_record(link.INFO, client.client_id, json.dumps(client.identity()).encode()))
+            self.send(link.encode(link.INFO, client.client_id, json.dumps(client.identity()).encode()))
 
     def subscribe(self, topic: str, channel: str, client: V2Protocol) -> Deferred[Subscription]:
         self._sync(client)
         seq = next(self._seqs)
         d: Deferred[Subscription] = Deferred()
         self._waiting[seq] = (d, RemoteChannel(self, client.client_id))
-        self.send(link.sub_record(seq, client.client_id, topic, channel))
+        self.send(link.encode(link.SUB, seq, client.client_id, topic, channel))
         return d
 
     def wait_for_room(self, topic: str) -> Deferred[None] | None:
@@ -173,61 +175,60 @@ class RemoteNode:
         credit = self.credit.get(topic, 0)
         if credit >= nbytes and self.link.sends_now():
             self.credit[topic] = credit - nbytes
-            if self.link.send_now(link.pub_record(seq, conn, round(defer * 1000), name, bodies,
-                                                  link.GRANTED_PUB)):
+            if self.link.send_now(link.encode(link.GRANTED_PUB, seq, conn, round(defer * 1000), name, bodies)):
                 return None  # in the kernel: the core gets it even if this process dies now
             # the link is backed up: answered once the core says it has read this far
-            self.send(link.sync_record(seq))
+            self.send(link.encode(link.SYNC, seq))
         else:
-            self.send(link.pub_record(seq, conn, round(defer * 1000), name, bodies))
+            self.send(link.encode(link.PUB, seq, conn, round(defer * 1000), name, bodies))
         d: Deferred[None] = Deferred()
         self._waiting[seq] = (d, None)
         return d
 
     # -- records from the core ---------------------------------------------
 
-    def record(self, kind: int, r: Reader) -> None:
-        if kind == link.GRANT:
-            count = r.u32()
-            topic = r.rest().decode("utf-8", "surrogateescape")
-            self.credit[topic] = self.credit.get(topic, 0) + count
-        elif kind == link.REVOKE:
-            r.u32()
-            name = r.rest()
-            left = self.credit.pop(name.decode("utf-8", "surrogateescape"), 0)
-            self.send(link.topic_record(link.RETURN, left, name))
-        elif kind == link.ACK:
-            seq, status = r.u32(), r.u8()
-            entry = self._waiting.pop(seq, None)
-            if entry is None:  # a publish answered here already: the core took it, or failed to
-                if status != link.ACK_OK:
-                    self.log.error("WORKER({index}): a publish answered under a grant was lost in the core "
-                                   "- {why}", index=self.index, why=r.text())
-                return
-            d, result = entry
-            if status == link.ACK_OK:
-                d.callback(result)
-            elif status == link.ACK_TOO_MANY:
-                d.errback(ValueError())
-            else:
-                d.errback(PublishFailed(r.text()))
-        elif kind == link.DELIVER:
-            proto = self.conns.get(r.u32())
-            if proto is not None:
-                proto.deliver_frames(r.rest())
-        elif kind == link.FAILED:
-            proto = self.conns.get(r.u32())
-            if proto is not None:
-                cmd, msg_id, why = r.text(), r.name(), r.text()
-                proto.report_failed(cmd, msg_id, why)
-        elif kind == link.CLOSE:
-            proto = self.conns.get(r.u32())
-            if proto is not None:
-                proto.close()
-        elif kind == link.STOP:
-            self._stop()
+    #: the method that runs each kind of record from the core (checked against the link's table)
+    HANDLERS: dict[int, str] = {
+        link.GRANT: "_on_grant", link.REVOKE: "_on_revoke", link.ACK: "_on_ack",
+        link.DELIVER: "_on_deliver", link.FAILED: "_on_failed", link.CLOSE: "_on_close",
+        link.STOP: "_stop",
+    }
+
+    @property
+    def unknown_conns(self) -> int:
+        """Records from the core that named a connection this worker does not know (closed meanwhile)."""
+        return self.dispatch.unknown_conns
+
+    def _on_grant(self, nbytes: int, topic: str) -> None:
+        self.credit[topic] = self.credit.get(topic, 0) + nbytes
+
+    def _on_revoke(self, _: int, topic: str) -> None:
+        left = self.credit.pop(topic, 0)
+        self.send(link.encode(link.RETURN, left, topic))
+
+    def _on_ack(self, seq: int, status: int, why: str) -> None:
+        entry = self._waiting.pop(seq, None)
+        if entry is None:  # a publish answered here already: the core took it, or failed to
+            if status != link.ACK_OK:
+                self.log.error("WORKER({index}): a publish answered under a grant was lost in the core "
+                               "- {why}", index=self.index, why=why)
+            return
+        d, result = entry
+        if status == link.ACK_OK:
+            d.callback(result)
+        elif status == link.ACK_TOO_MANY:
+            d.errback(ValueError())
         else:
-            self.log.error("WORKER({index}): unknown record {kind}", index=self.index, kind=kind)
+            d.errback(PublishFailed(why))
+
+    def _on_deliver(self, proto: V2Protocol, data: bytes) -> None:
+        proto.deliver_frames(data)
+
+    def _on_failed(self, proto: V2Protocol, cmd: str, msg_id: bytes, why: str) -> None:
+        proto.report_failed(cmd, msg_id, why)
+
+    def _on_close(self, proto: V2Protocol) -> None:
+        proto.close()
 
     def _stop(self) -> None:
         """Close every client, as nsqd does on its way out, and hand over to ``on_stop``."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import globalLogPublisher
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.observe.stats import snapshot
@@ -220,7 +221,7 @@ def test_a_lost_worker_takes_its_clients_out_of_the_core() -> None:
 def test_records_split_anywhere_are_read_whole() -> None:
     got: list[tuple[int, bytes]] = []
     receiver = Link(Clock(), lambda kind, r: got.append((kind, r.rest())), lambda reason: None)
-    data = b"".join(link.conn_record(link.DELIVER, 7, b"x" * 100_000) + link.conn_record(link.CLOSE, 8))
+    data = b"".join(link.encode(link.DELIVER, 7, b"x" * 100_000) + link.encode(link.CLOSE, 8))
     for size in (1, 3, 4096, len(data)):
         got.clear()
         for i in range(0, len(data), size):
@@ -236,7 +237,7 @@ def test_records_of_a_turn_leave_in_one_write() -> None:
     writes: list[list[bytes]] = []
     transport.writeSequence = writes.append  # type: ignore[method-assign]
     for conn in range(50):
-        sender.send(link.conn_record(link.GONE, conn))
+        sender.send(link.encode(link.GONE, conn))
     assert writes == []
     clock.advance(0)
     assert len(writes) == 1
@@ -256,7 +257,7 @@ def test_a_record_that_fails_is_logged_and_the_link_goes_on() -> None:
     receiver = Link(Clock(), handle, lambda reason: None)
     globalLogPublisher.addObserver(logged.append)
     try:
-        receiver.dataReceived(b"".join(link.conn_record(link.GONE, 1) + link.conn_record(link.CLOSE, 2)))
+        receiver.dataReceived(b"".join(link.encode(link.GONE, 1) + link.encode(link.CLOSE, 2)))
     finally:
         globalLogPublisher.removeObserver(logged.append)
     assert got == [link.CLOSE]
@@ -394,7 +395,7 @@ def test_a_lost_worker_gives_its_grants_back() -> None:
     assert j.nsqd.unwritten.total == 0
     assert j.peer.done.called
     # what the dead worker's link still held is read after its end: taken, and no new promise
-    j.peer.link.dataReceived(b"".join(link.pub_record(9, 1, 0, b"t", [b"late"], link.GRANTED_PUB)))
+    j.peer.link.dataReceived(b"".join(link.encode(link.GRANTED_PUB, 9, 1, 0, b"t", [b"late"])))
     assert j.nsqd.topics["t"].depth() == 2 and j.nsqd.unwritten.total == 0
 
 
@@ -402,9 +403,9 @@ def test_granted_publishes_of_one_read_are_queued_together_and_in_order_with_the
     j = Joined(kernel=True)
     granted(j)
     topic = j.nsqd.topics["t"]
-    records = [link.pub_record(10 + i, 1, 0, b"t", [b"g%d" % i], link.GRANTED_PUB) for i in range(3)]
-    records.append(link.pub_record(20, 1, 0, b"t", [b"asked"]))  # a publish that waits for its answer
-    records.append(link.pub_record(21, 1, 0, b"t", [b"g3"], link.GRANTED_PUB))
+    records = [link.encode(link.GRANTED_PUB, 10 + i, 1, 0, b"t", [b"g%d" % i]) for i in range(3)]
+    records.append(link.encode(link.PUB, 20, 1, 0, b"t", [b"asked"]))  # a publish that waits for its answer
+    records.append(link.encode(link.GRANTED_PUB, 21, 1, 0, b"t", [b"g3"]))
     values = []
     real = j.nsqd.publish
 
@@ -417,3 +418,147 @@ def test_granted_publishes_of_one_read_are_queued_together_and_in_order_with_the
     # the three before the other publish went as one, before it; the last after it
     assert values == [[b"g0", b"g1", b"g2"], [b"asked"], [b"g3"]]
     assert [m.body for m in topic.memory][-5:] == [b"g0", b"g1", b"g2", b"asked", b"g3"]
+
+
+# -- the one table of record kinds --------------------------------------------------------------
+
+ID = b"0123456789abcdef"
+
+#: a record of each kind, as the link has always written it (the bytes must never change)
+WIRE = [
+    (link.OPEN, (7, b'{"a":1}'), "0000000c01000000077b2261223a317d"),
+    (link.INFO, (7, b'{"a":1}'), "0000000c02000000077b2261223a317d"),
+    (link.GONE, (7,), "000000050300000007"),
+    (link.PUB, (1, 7, 250, "t\u00e9", [b"abc"]), "0000001d040000000100000007000000fa000374c3a90000000100000003616263"),
+    (link.SUB, (3, 7, "t", "c#ephemeral"), "00000019050000000300000007000174000b6323657068656d6572616c"),
+    (link.STATE, (7, 2500, 1, 3), "0000000b0600000007000009c40103"),
+    (link.FIN, (7, [ID, ID[::-1]]),
+     "0000002507000000073031323334353637383961626364656666656463626139383736353433323130"),
+    (link.REQ, (7, [(ID, 1.5), (ID, 0.0)]),
+     "0000002d080000000730313233343536373839616263646566000005dc3031323334353637383961626364656600000000"),
+    (link.TOUCH, (7, ID), "00000015090000000730313233343536373839616263646566"),
+    (link.GRANTED_PUB, (1, 7, 0, "t\u00e9", [b"abc", b"", b"de"]),
+     "000000270a000000010000000700000000000374c3a9000000030000000300000000000000026162636465"),
+    (link.SYNC, (9,), "000000050b00000009"),
+    (link.RETURN, (55, "t"), "000000060c0000003774"),
+    (link.READY, (), "000000010d"),
+    (link.DROPPED, (), "000000010e"),
+    (link.ACK, (9, link.ACK_FAILED, "exiting"), "0000000f140000000901000765786974696e67"),
+    (link.DELIVER, (7, b"f1f2"), "00000009150000000766316632"),
+    (link.FAILED, (7, "REQ", ID, "E no"),
+     "0000002216000000070003524551001030313233343536373839616263646566000445206e6f"),
+    (link.CLOSE, (7,), "000000051700000007"),
+    (link.STOP, (), "0000000118"),
+    (link.GRANT, (1000, "t"), "0000000619000003e874"),
+    (link.REVOKE, (0, "t"), "000000061a0000000074"),
+]
+
+
+def test_every_kind_is_written_as_ever_and_read_back_from_the_table() -> None:
+    assert sorted(k for k, _, _ in WIRE) == sorted(link.KINDS)
+    for kind, values, wire in WIRE:
+        data = b"".join(link.encode(kind, *values))
+        assert data.hex() == wire, link.KINDS[kind].name
+        assert link.KINDS[kind].decode(Reader(data, 5)) == list(values), link.KINDS[kind].name
+    # pieces are written as they are: MESSAGE frames are not joined to be sent
+    assert link.encode(link.DELIVER, 7, [b"f1", b"f2"])[-2:] == [b"f1", b"f2"]
+
+
+def test_each_side_handles_every_kind_the_other_sends() -> None:
+    core = {k for k, kind in link.KINDS.items() if kind.sender == link.WORKER}
+    assert set(WorkerPeer.HANDLERS) == core
+    assert set(RemoteNode.HANDLERS) == set(link.KINDS) - core
+    j = Joined()  # made at start-up: each handler exists
+    assert j.peer.dispatch is not None and j.node.dispatch is not None
+
+
+def test_a_side_without_a_handler_for_a_kind_fails_at_start_up() -> None:
+    handlers = dict(RemoteNode.HANDLERS)
+    del handlers[link.GRANT]
+    with pytest.raises(ValueError, match=r"missing \['GRANT'\]"):
+        link.Dispatch(link.WORKER, "WORKER(0)", RemoteNode(make_nsqd()[0].options, Clock(), 0), handlers, {})
+    with pytest.raises(ValueError, match="not received here"):
+        link.Dispatch(link.WORKER, "WORKER(0)", None, {**RemoteNode.HANDLERS, link.PUB: "x"}, {})
+
+
+# -- records naming a connection the receiver does not know ----------------------------------------
+
+def unknown_lines(events: list[dict[str, Any]]) -> list[str]:
+    return [formatEvent(e) for e in events if "unknown connection" in (e.get("log_format") or "")
+            and e["log_level"] == LogLevel.warn]
+
+
+def test_records_for_an_unknown_connection_are_counted_and_logged_by_the_core() -> None:
+    j = Joined()
+    proto, transport = j.client()
+    connections = j.peer.connections
+    logged: list[dict[str, Any]] = []
+    records = [link.encode(link.INFO, 99, b"{}"), link.encode(link.STATE, 99, 5, 0, 3),
+               link.encode(link.FIN, 99, [ID]), link.encode(link.REQ, 99, [(ID, 1.0)]),
+               link.encode(link.TOUCH, 99, ID), link.encode(link.GONE, 99),
+               link.encode(link.SUB, 1000, 99, "t", "c"), link.encode(link.PUB, 1001, 99, 0, "t", [b"x"]),
+               link.encode(link.PUB, 1002, 0, 0, "t", [b"y"])]  # conn 0: no client, not unknown
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        j.peer.link.dataReceived(b"".join(b"".join(r) for r in records))
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    assert j.peer.unknown_conns == 8
+    assert unknown_lines(logged) == [
+        "WORKER(0): INFO for unknown connection 99 - ignored",
+        "WORKER(0): STATE for unknown connection 99 - ignored",
+        "WORKER(0): FIN for unknown connection 99 - ignored",
+        "WORKER(0): REQ for unknown connection 99 - ignored",
+        "WORKER(0): TOUCH for unknown connection 99 - ignored",
+        "WORKER(0): GONE for unknown connection 99 - handled without it",
+        "WORKER(0): SUB for unknown connection 99 - handled without it",
+        "WORKER(0): PUB for unknown connection 99 - handled without it",
+    ]
+    assert not [e for e in logged if "log_failure" in e]  # nothing raised
+    assert j.peer.connections == connections - 1  # the worker holds one less, known or not
+    # both publishes queued and answered; the SUB refused
+    assert [m.body for m in j.nsqd.topics["t"].memory] == [b"x", b"y"]
+    j.clock.advance(0)  # the turn's records leave
+    acks = []
+    data = j.core_side.value()
+    j.core_side.clear()  # (answers the worker never asked for)
+    at = 0
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 4], "big")
+        if data[at + 4] == link.ACK:
+            acks.append(link.KINDS[link.ACK].decode(Reader(data, at + 5, at + 4 + size)))
+        at += 4 + size
+    assert acks == [[1000, link.ACK_FAILED, "unknown connection"], [1001, link.ACK_OK, ""],
+                    [1002, link.ACK_OK, ""]]
+    # the link goes on: the known client's next publish is answered
+    j.settle()
+    proto.dataReceived(b"PUB t\n" + body(b"after"))
+    j.settle()
+    assert take_frames(transport)[-1] == (FRAME_TYPE_RESPONSE, b"OK")
+
+
+def test_records_for_an_unknown_connection_are_counted_and_logged_by_the_worker() -> None:
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"SUB t c\nRDY 1\n")
+    j.settle()
+    take_frames(ct)
+    logged: list[dict[str, Any]] = []
+    records = [link.encode(link.DELIVER, 99, b"frames"), link.encode(link.FAILED, 99, "FIN", ID, "E no"),
+               link.encode(link.CLOSE, 99)]
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        j.node.link.dataReceived(b"".join(b"".join(r) for r in records))
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    assert j.node.unknown_conns == 3
+    assert unknown_lines(logged) == ["WORKER(0): DELIVER for unknown connection 99 - ignored",
+                                     "WORKER(0): FAILED for unknown connection 99 - ignored",
+                                     "WORKER(0): CLOSE for unknown connection 99 - ignored"]
+    assert not [e for e in logged if "log_failure" in e]
+    # the link goes on: a message published now reaches the known subscriber
+    j.nsqd.publish("t", [b"later"])
+    j.settle()
+    ((kind, payload),) = take_frames(ct)
+    assert kind == FRAME_TYPE_MESSAGE and decode_message_frame(payload)[3] == b"later"
+    assert j.node.unknown_conns == 3
