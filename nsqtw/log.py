@@ -156,13 +156,14 @@ def emit_relayed(line: str, source: str) -> None:
     globalLogPublisher(event)
 
 
-def relay_to_core(reactor: Any, fd: int) -> None:
+def relay_to_core(reactor: Any, fd: int, inherited: list[Any]) -> None:
     """In a worker: every event, nsqtw's and Twisted's own, goes to the core on ``fd``.
 
     ``fd`` becomes the worker's stdout and stderr too, so what is written
-    there (a traceback, ``print``) reaches the core's log as well. The
-    observers the worker inherited from twistd (the core's log file) are
-    dropped: only the core writes its log.
+    there (a traceback, ``print``) reaches the core's log as well.
+    ``inherited``, the global publisher's observers the worker inherited
+    from twistd (the core's log file), are dropped: only the core writes
+    its log.
     """
     global _direct, _relaying
     os.dup2(fd, 1)
@@ -172,9 +173,7 @@ def relay_to_core(reactor: Any, fd: int) -> None:
     _direct = BufferedLogWriter(stream, reactor)
     _relaying = True
     atexit.register(_direct.flush_now)
-    from nsqtw.net.twisted_privates import log_observers
-
-    for observer in log_observers(globalLogPublisher):
+    for observer in inherited:
         globalLogPublisher.removeObserver(observer)
     globalLogPublisher.addObserver(_relay_twisted)
 

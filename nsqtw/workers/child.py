@@ -26,6 +26,7 @@ import twisted.internet
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReadDescriptor
+from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -34,6 +35,7 @@ from nsqtw.heap import keep_long_lived_old, return_big_blocks
 from nsqtw.log import Logger
 from nsqtw.net.busypoll import busy_poll_of
 from nsqtw.net.eager import adopt_connection
+from nsqtw.net.twisted_privates import log_observers
 from nsqtw.protocol import compress  # noqa: F401 - preloaded: snappy and deflate in every worker
 from nsqtw.protocol.auth import authorizer_for
 from nsqtw.protocol.v2 import V2Factory
@@ -188,7 +190,7 @@ def _serve(options: Any, tls: Any, index: int, fds: list[int]) -> None:
     handoff_sock.setblocking(False)
     r = _fresh_reactor()
     if len(fds) > 2:  # the core's log is not stderr: events go to the core, which logs them
-        nsqtw_log.relay_to_core(r, fds[2])
+        nsqtw_log.relay_to_core(r, fds[2], log_observers(globalLogPublisher))
     else:
         nsqtw_log.log_to_stderr(r)
     hold = os.environ.get(HOLD_ENV)
