@@ -168,13 +168,17 @@ class _LoggedEndpoint:
     def __init__(self, address: str, endpoint: IStreamClientEndpoint) -> None:
         self.address = address
         self.endpoint = endpoint
+        #: the peer is being stopped: an attempt cancelled now failed for no reason worth a line
+        #: (a start that failed stopped it mid-resolution: "DNS lookup failed '127.0.0.1'")
+        self.stopping = False
 
     def connect(self, factory: Any) -> Deferred[Any]:
         d: Deferred[Any] = self.endpoint.connect(factory)
 
         def failed(f: Failure) -> Failure:
-            self.log.error("LOOKUPD({peer}): connect - {error}", peer=self.address,
-                           error=f.getErrorMessage())
+            if not self.stopping:
+                self.log.error("LOOKUPD({peer}): connect - {error}", peer=self.address,
+                               error=f.getErrorMessage())
             return f
 
         return d.addErrback(failed)
@@ -192,8 +196,9 @@ class LookupPeer:
         # imported here: ClientService brings automat, which a node without nsqlookupd never needs
         from twisted.application.internet import ClientService, backoffPolicy
 
+        self._endpoint = _LoggedEndpoint(address, endpoint)
         self.service = ClientService(
-            _LoggedEndpoint(address, endpoint), _PeerFactory(self),
+            self._endpoint, _PeerFactory(self),
             retryPolicy=backoffPolicy(initialDelay=0.5, maxDelay=PING_INTERVAL, factor=1.5),
             clock=lookup.clock)
 
@@ -201,6 +206,7 @@ class LookupPeer:
         self.service.startService()
 
     def stop(self) -> Deferred[Any]:
+        self._endpoint.stopping = True
         d = self.service.stopService()
         return d if d is not None else succeed(None)
 

@@ -107,6 +107,34 @@ class LookupClientTests(SynchronousTestCase):
                                                reg("channel", "t", "c2"), reg("topic", "lonely")})
         self.assertEqual(self.c.addresses, ["lookupd:4160"])
 
+    def test_an_attempt_cancelled_by_the_stop_is_not_an_error(self) -> None:
+        """A node stopped while it is still connecting (a start that failed on its port stops at
+        once) says nothing about that attempt; one that fails while running is an error line."""
+        from twisted.internet.defer import Deferred
+        from twisted.internet.error import DNSLookupError
+        from twisted.logger import LogLevel, globalLogPublisher
+
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+
+        def pending(factory: Any) -> Deferred[Any]:
+            # what HostnameEndpoint's cancellation mid-resolution answers
+            return Deferred(lambda d: d.errback(DNSLookupError("'127.0.0.1'")))
+
+        self.c.endpoint.connect = pending  # type: ignore[method-assign]
+        self.c.lookup.startService()
+        self.c.lookup.stopService()
+        errors = [e for e in events if e.get("log_level") == LogLevel.error]
+        self.assertEqual(errors, [])
+        from twisted.internet.defer import fail
+
+        self.c.endpoint.connect = lambda factory: fail(DNSLookupError("'nowhere'"))  # type: ignore[method-assign]
+        self.c.lookup.startService()
+        errors = [e for e in events if e.get("log_level") == LogLevel.error]
+        self.assertEqual(len(errors), 1)
+        self.assertIn("LOOKUPD(lookupd:4160): connect - DNS lookup failed", errors[0]["log_format"].format(**errors[0]))
+
     def test_identify_wire_format(self) -> None:
         """IDENTIFY is the magic, the line and a JSON body with Go's sorted keys."""
         c = self.c
