@@ -12,27 +12,14 @@ nothing of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
+#: the channel a connection subscribed to, as its commands use it (defined with them, in the core)
+from nsqtw.core.commands import Subscription
 
-class Subscription(Protocol):
-    """The channel a connection subscribed to, as the connection uses it."""
-
-    def remove_client(self, client: Any) -> None: ...
-
-    def wake(self) -> None: ...
-
-    def finish_many(self, client: Any, msg_ids: list[bytes]) -> Sequence[tuple[bytes, object]]:
-        """FIN each ID; the ones that failed now, with why (a remote one reports them later)."""
-
-    def requeue_many(self, client: Any, reqs: list[tuple[bytes, float]]) -> Sequence[tuple[bytes, object]]: ...
-
-    def requeue(self, client: Any, msg_id: bytes, delay: float) -> None: ...
-
-    def touch(self, client: Any, msg_id: bytes, timeout: float) -> None: ...
+__all__ = ["Node", "Subscription"]
 
 
 class Node(Protocol):
