@@ -510,7 +510,9 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
         self._finish(msg_ids)
 
     def _finish(self, msg_ids: list[bytes]) -> None:
-        self._report_failures("FIN", commands.finish(self, msg_ids))
+        failed = commands.finish(self, msg_ids)
+        if failed:  # the usual FIN run fails none: no more calls for it
+            self._report_failures("FIN", failed)
 
     def _report_failures(self, cmd: str, failed: Failures) -> None:
         for msg_id, why in failed:
