@@ -187,7 +187,8 @@ class WorkerPeer:
             self.nsqd.keep_promise(grant.nbytes)
 
     def _on_state(self, client: RemoteClient, ready: int, paused: int, state: int) -> None:
-        """RDY, CLS, or its writes paused or resumed (the worker checked the count's bound)."""
+        """RDY, CLS, or its writes paused or resumed: the state the worker's connection keeps,
+        then RDY as one process runs it (the worker checked its bound already)."""
         client.paused = bool(paused)
         client.state = ClientState(state)
         commands.ready(client, ready, self.nsqd.options.max_rdy_count)
@@ -216,7 +217,13 @@ class WorkerPeer:
         if client is None:  # (counted and logged as unknown): the worker still hears
             self.send(link.encode(link.ACK, seq, link.ACK_FAILED, "unknown connection"))
             return
-        outcome = commands.subscribe(self.nsqd, topic, channel, client)
+        try:
+            outcome = commands.subscribe(self.nsqd, topic, channel, client)
+        except Exception as e:  # a bug: logged, and the worker, waiting on this SUB, still hears
+            self.log.failure("WORKER({index}): SUB {topic}:{channel} failed", index=self.index,
+                             topic=topic, channel=channel)
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, str(e)))
+            return
         if outcome is SUBSCRIBED:
             self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
         elif outcome is TOO_MANY:

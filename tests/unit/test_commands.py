@@ -331,3 +331,16 @@ def test_a_worker_link_reports_each_failed_ack_and_counts_the_rest() -> None:
         [7, "FIN", UNKNOWN, "ID not in flight"], [7, "REQ", UNKNOWN, "ID not in flight"],
         [7, "TOUCH", UNKNOWN, "ID not in flight"]]
     assert (client.finish_count, client.requeue_count) == (1, 1)
+
+
+def test_a_worker_link_answers_a_sub_that_raised() -> None:
+    nsqd, clock, peer, transport = linked()
+
+    def broken(topic: str, channel: str, client: Any) -> Any:
+        raise RuntimeError("boom")
+
+    nsqd.subscribe = broken  # type: ignore[method-assign]
+    peer.link.dataReceived(b"".join(link.encode(link.SUB, 1, 7, b"t", b"c")))
+    clock.advance(0)
+    assert [fields for kind, fields in records(transport) if kind == link.ACK] == [[1, link.ACK_FAILED, "boom"]]
+    assert peer.clients[7].channel is None
