@@ -34,7 +34,7 @@ from twisted.python.failure import Failure
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, fatal
 from nsqtw.log import Logger
 
-__all__ = ["SUBSCRIBED", "TOO_MANY", "ClientState", "Consumer", "Refused", "SubOutcome", "Subscriber",
+__all__ = ["SUBSCRIBED", "TOO_MANY", "ClientState", "Consumer", "Failures", "Refused", "SubOutcome", "Subscriber",
            "Subscription", "finish", "ready", "requeue", "requeue_delay", "subscribe", "subscribed",
            "touch"]
 
