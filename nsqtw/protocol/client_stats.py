@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar, overload
 
 from nsqtw._go.json import go_dumps
+from nsqtw.core.commands import ClientState
 from nsqtw.protocol.authz import ClientAuth
 
 #: the go_stats fields :meth:`V2Protocol.stats_json` fills in each time, in its format's order
@@ -65,7 +66,7 @@ class ClientStats:
     hostname = Shown[str]()
     remote_address = Shown[str]()
     user_agent = Shown[str]()
-    state: int
+    state: ClientState
     ready_count: int
     in_flight_count: int
     message_count: int
@@ -247,35 +248,3 @@ class ClientStats:
             pieces.append(before + f'"{name}":')
         head, p1, p2, p3, p4, p5 = pieces
         return head, p1, p2, p3, p4, p5, text
-
-
-class ConsumerCounts:
-    """The :class:`~nsqtw.interfaces.IConsumer` callbacks that only keep a subscriber's counts: a
-    V2 connection's, and a worker's client's in its core (``nsqtw.workers.peer.RemoteClient``).
-    Each class keeps its own ``deliver`` and ``ready_capacity`` (how it sends, when it may)."""
-
-    in_flight_count: int
-    message_count: int
-    finish_count: int
-    requeue_count: int
-    channel: Any
-
-    def count_delivered(self, count: int) -> None:
-        self.in_flight_count += count
-        self.message_count += count
-
-    def messages_finished(self, count: int) -> None:
-        self.in_flight_count -= count
-        self.finish_count += count
-
-    def message_requeued(self) -> None:
-        self.in_flight_count -= 1
-        self.requeue_count += 1
-
-    def message_timed_out(self) -> None:
-        self.in_flight_count -= 1
-        if self.channel is not None:
-            self.channel.wake()
-
-    def in_flight_emptied(self) -> None:
-        self.in_flight_count = 0

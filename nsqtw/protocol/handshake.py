@@ -9,6 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITransport
 from twisted.python.failure import Failure
 
+from nsqtw.core.commands import ClientState
 from nsqtw.core.message import FRAME_TYPE_RESPONSE, frame
 from nsqtw.errors import NSQError, fatal
 from nsqtw.interfaces import IStreamCodec
@@ -41,7 +42,7 @@ class Handshake:
     transport: ITransport | None
     parser: V2Parser
     auth: ClientAuth
-    state: int
+    state: ClientState
     identifier: str
     hostname: str
     user_agent: str

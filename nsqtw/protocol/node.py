@@ -12,31 +12,19 @@ nothing of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
 
-from twisted.internet.defer import Deferred
+from nsqtw.core.admission import Publisher
+
+#: the channel a connection subscribed to, as its commands use it (defined with them, in the core)
+from nsqtw.core.commands import Subscriber, Subscription
+
+__all__ = ["Node", "Subscription"]
 
 
-class Subscription(Protocol):
-    """The channel a connection subscribed to, as the connection uses it."""
-
-    def remove_client(self, client: Any) -> None: ...
-
-    def wake(self) -> None: ...
-
-    def finish_many(self, client: Any, msg_ids: list[bytes]) -> Sequence[tuple[bytes, object]]:
-        """FIN each ID; the ones that failed now, with why (a remote one reports them later)."""
-
-    def requeue_many(self, client: Any, reqs: list[tuple[bytes, float]]) -> Sequence[tuple[bytes, object]]: ...
-
-    def requeue(self, client: Any, msg_id: bytes, delay: float) -> None: ...
-
-    def touch(self, client: Any, msg_id: bytes, timeout: float) -> None: ...
-
-
-class Node(Protocol):
-    """The node a connection serves: options, TLS and AUTH, clients, publishing, subscribing."""
+class Node(Subscriber, Publisher, Protocol):
+    """The node a connection serves: options, TLS and AUTH, clients; subscribing and publishing
+    as the core's commands (:mod:`nsqtw.core.commands`) and admission need them."""
 
     options: Any
     tls: Any
@@ -47,12 +35,3 @@ class Node(Protocol):
     def add_client(self, client_id: int, client: Any) -> None: ...
 
     def remove_client(self, client_id: int) -> None: ...
-
-    def subscribe(self, topic: str, channel: str, client: Any) -> Subscription | Deferred[Subscription]:
-        """Add ``client`` to the channel (made if new); raises ValueError past
-        ``--max-channel-consumers`` (or fails the Deferred with it)."""
-
-    def wait_for_room(self, topic: str) -> Deferred[None] | None: ...
-
-    def publish(self, topic: str, bodies: list[bytes], defer: float = 0.0,
-                client: Any = None) -> Deferred[None] | None: ...

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import Enum
 
+#: nsqd's state of a client: defined with the commands that change it, in the core
+from nsqtw.core.commands import ClientState
 
-class ClientState(IntEnum):
-    """nsqd's state of a client, as ``/stats`` shows it: what the client may ask for next."""
-
-    INIT = 0
-    DISCONNECTED = 1
-    CONNECTED = 2
-    SUBSCRIBED = 3
-    CLOSING = 4
+__all__ = ["ClientState", "Input"]
 
 
 class Input(Enum):

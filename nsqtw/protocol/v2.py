@@ -11,26 +11,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw._go.strconv import parse_int
+from nsqtw.core import commands
 from nsqtw.core.admission import PUBLISHED, Failed, WaitForRoom, Written, admit, settled
+from nsqtw.core.commands import SUBSCRIBED, TOO_MANY, Consumer, Failures, SubOutcome
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, MSG_ID_LENGTH, Message, frame, frames
-from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError, fatal, nonfatal
+from nsqtw.errors import NSQError, fatal, nonfatal
 from nsqtw.interfaces import IConsumer, IStreamCodec
 from nsqtw.log import Logger
 from nsqtw.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqtw.protocol.authz import ClientAuth
-from nsqtw.protocol.client_stats import ClientStats, ConsumerCounts
+from nsqtw.protocol.client_stats import ClientStats
 from nsqtw.protocol.compress import CodecError
 from nsqtw.protocol.handshake import Handshake
 from nsqtw.protocol.heartbeat import Heartbeats
 from nsqtw.protocol.identify import DEFAULT_OUTPUT_BUFFER_SIZE
-from nsqtw.protocol.node import Node, Subscription
+from nsqtw.protocol.node import Node
 from nsqtw.protocol.states import ClientState, Input
 from nsqtw.protocol.wire import BODY_COMMANDS, Command, LineTooLong, V2Parser
 
@@ -69,7 +71,7 @@ def _text(value: bytes) -> str:
 
 
 @implementer(IConsumer, IPushProducer, IHandshakeListener)
-class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
+class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
     """One client connection speaking nsqd's V2 protocol.
 
     Its state is nsqd's client state (:attr:`state`, a :class:`ClientState`:
@@ -93,23 +95,21 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
         self.client_id = nsqd.new_client_id()
         self.parser = V2Parser(o.max_msg_size, o.max_body_size, self._check_header)
         self.heartbeat_interval = o.client_timeout / 2
-        self.msg_timeout = o.msg_timeout
+        #: state, channel, ready count and counters: what the node's side of its commands keeps
+        self.init_consumer(_INIT, o.msg_timeout)
         self.output_buffer_timeout = o.output_buffer_timeout
         self.connect_ts = int(clock.seconds())
-        self.pub_counts: dict[str, int] = {}
         #: nsqd's --tls-required: every command but IDENTIFY needs TLS first
         self._need_tls = bool(o.tls_required)
         self._tls_info: dict[str, Any] = {}
         #: AUTH: the secret and the auth server's answer (off when nsqd has no --auth-http-address)
         self.auth = ClientAuth(nsqd.auth, clock)
-        self.state = _INIT
         #: whether commands are read and run now (see :class:`Input`)
         self._input = _RUNNING
         #: the transport asked us to stop writing (a slow reader): no deliveries meanwhile.
         #: Apart from :attr:`_input`: a client that reads slowly may still publish, and one
         #: that waits on a publish may still be sent the messages it subscribed to
         self._paused_writing = False
-        self.channel: Subscription | None = None
         # IDENTIFY-able settings, nsqd's defaults (the option-derived ones are set above)
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.sample_rate = 0
@@ -117,12 +117,6 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
         self.hostname = ""
         self.user_agent = ""
         self.remote_address = ""
-        # counters for /stats
-        self.ready_count = 0
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
         # the encodings agreed in IDENTIFY
         self.tls = False
         self.snappy = False
@@ -463,25 +457,23 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
         if self.auth.required and not self._authorize("SUB", topic_name, channel_name,
                                                            lambda: self._sub(args)):
             return
-        try:
-            channel = self.nsqd.subscribe(topic_name, channel_name, self)
-        except ValueError:
-            channel = fail(ValueError())
-        if isinstance(channel, Deferred):  # a worker's: its core answers
-            self._block_until(channel, lambda result: self._subscribed(result, topic_name, channel_name))
+        outcome = commands.subscribe(self.nsqd, topic_name, channel_name, self)
+        if isinstance(outcome, Deferred):  # a worker's: its core answers
+            self._block_until(outcome, lambda result: self._subscribed(
+                commands.subscribed(self, result), topic_name, channel_name))
         else:
-            self._subscribed(channel, topic_name, channel_name)
+            self._subscribed(outcome, topic_name, channel_name)
 
-    def _subscribed(self, channel: Subscription | Failure, topic_name: str, channel_name: str) -> None:
-        if isinstance(channel, Failure):
-            channel.trap(ValueError)
+    def _subscribed(self, outcome: SubOutcome, topic_name: str, channel_name: str) -> None:
+        """SUB's answer: OK, or a fatal error for the node's refusal."""
+        if outcome is SUBSCRIBED:
+            self._write(_OK)
+        elif outcome is TOO_MANY:
             raise fatal("E_TOO_MANY_CHANNEL_CONSUMERS",
                         f"channel consumers for {topic_name}:{channel_name} exceeds limit of "
                         f"{self.nsqd.options.max_channel_consumers}")
-        self.channel = channel
-        self.state = _SUBSCRIBED
-        self.subscribed()
-        self._write(_OK)
+        else:
+            raise fatal("E_SUB_FAILED", f"SUB failed {outcome.why}")
 
     def _rdy(self, args: list[bytes]) -> None:
         if self.state == _CLOSING:
@@ -496,12 +488,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
                 count = _parse_base10(args[0])
             except ValueError:
                 raise fatal("E_INVALID", f"RDY could not parse count {_text(args[0])}") from None
-        max_rdy = self.nsqd.options.max_rdy_count
-        if count > max_rdy:
-            raise fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
-        self.ready_count = count
-        assert self.channel is not None
-        self.channel.wake()
+        commands.ready(self, count, self.nsqd.options.max_rdy_count)
 
     def _message_id(self, cmd: str, args: list[bytes], count: int) -> bytes:
         if self.state != _SUBSCRIBED and self.state != _CLOSING:
@@ -523,9 +510,13 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
         self._finish(msg_ids)
 
     def _finish(self, msg_ids: list[bytes]) -> None:
-        assert self.channel is not None
-        for msg_id, e in self.channel.finish_many(self, msg_ids):
-            self.report_failed("FIN", msg_id, e)
+        failed = commands.finish(self, msg_ids)
+        if failed:  # the usual FIN run fails none: no more calls for it
+            self._report_failures("FIN", failed)
+
+    def _report_failures(self, cmd: str, failed: Failures) -> None:
+        for msg_id, why in failed:
+            self.report_failed(cmd, msg_id, why)
 
     def report_failed(self, cmd: str, msg_id: bytes, why: object) -> None:
         """nsqd's answer to a FIN, REQ or TOUCH that failed (a worker's comes from its core, later)."""
@@ -544,13 +535,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
                 except NSQError as e:
                     self._send_error(e)
             return
-        assert self.channel is not None
-        try:
-            failed = self.channel.requeue_many(self, [(msg_id, ms / 1000.0) for msg_id, ms in reqs])
-        except BackendError as e:
-            raise nonfatal("E_REQ_FAILED", f"REQ {_text(reqs[-1][0])} failed {e}") from None
-        for msg_id, why in failed:
-            self.report_failed("REQ", msg_id, why)
+        self._report_failures("REQ", commands.requeue(self, [(msg_id, ms / 1000.0) for msg_id, ms in reqs]))
 
     def _req(self, args: list[bytes]) -> None:
         msg_id = self._message_id("REQ", args, 2)
@@ -558,25 +543,11 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, ConsumerCounts, Protocol):
             ms = _parse_base10(args[1])
         except ValueError:
             raise fatal("E_INVALID", f"REQ could not parse timeout {_text(args[1])}") from None
-        max_req = self.nsqd.options.max_req_timeout
-        delay = ms / 1000.0
-        if delay > max_req:
-            self.log.info("PROTOCOL(V2): [{client}] REQ timeout {timeout} out of range 0-{max}. "
-                          "Setting to {max}", client=self, timeout=ms, max=int(max_req * 1000))
-            delay = max_req
-        assert self.channel is not None
-        try:
-            self.channel.requeue(self, msg_id, delay)
-        except (NotInFlightError, ExitingError, BackendError) as e:
-            self.report_failed("REQ", msg_id, e)
+        delay = commands.requeue_delay(self, ms, self.nsqd.options.max_req_timeout)
+        self._report_failures("REQ", commands.requeue(self, [(msg_id, delay)]))
 
     def _touch(self, args: list[bytes]) -> None:
-        msg_id = self._message_id("TOUCH", args, 1)
-        assert self.channel is not None
-        try:
-            self.channel.touch(self, msg_id, self.msg_timeout)
-        except NotInFlightError as e:
-            self.report_failed("TOUCH", msg_id, e)
+        self._report_failures("TOUCH", commands.touch(self, self._message_id("TOUCH", args, 1)))
 
     def _cls(self) -> None:
         if self.state != _SUBSCRIBED:

@@ -18,15 +18,15 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nsqtw.core import commands
 from nsqtw.core.admission import PUBLISHED, Failed, WaitForRoom, Written, admit, settled
+from nsqtw.core.commands import SUBSCRIBED, TOO_MANY, ClientState, Consumer, Failures
 from nsqtw.core.message import Message, frames
 from nsqtw.core.nsqd import NSQD
-from nsqtw.errors import BackendError, ExitingError, NotInFlightError
+from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IConsumer
 from nsqtw.log import Logger
-from nsqtw.protocol.client_stats import ClientStats, ConsumerCounts
-from nsqtw.protocol.node import Subscription
-from nsqtw.protocol.states import ClientState
+from nsqtw.protocol.client_stats import ClientStats
 from nsqtw.workers import link
 from nsqtw.workers.link import Link, Reader
 
@@ -37,22 +37,18 @@ GRANT_MAX = 1024 * 1024
 
 
 @implementer(IConsumer)
-class RemoteClient(ClientStats, ConsumerCounts):
+class RemoteClient(ClientStats, Consumer):
     """A worker's client, as the core's channel and ``/stats`` see it."""
 
     def __init__(self, peer: WorkerPeer, conn: int, client_id: int, identity: dict[str, Any]) -> None:
         self.peer = peer
         self.conn = conn
         self.client_id = client_id
-        self.state = ClientState.CONNECTED
-        self.channel: Subscription | None = None
-        self.ready_count = 0
+        #: state, channel, ready count and counters, as a V2 connection keeps them (its
+        #: ``msg_timeout`` is the worker's, from ``identity``)
+        self.init_consumer(ClientState.CONNECTED, 0.0)
+        #: its connection's writes are paused (a slow reader): nothing is sent meanwhile
         self.paused = False
-        self.in_flight_count = 0
-        self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
-        self.pub_counts: dict[str, int] = {}
         self.adopt(identity)
 
     def __str__(self) -> str:
@@ -191,26 +187,25 @@ class WorkerPeer:
             self.nsqd.keep_promise(grant.nbytes)
 
     def _on_state(self, client: RemoteClient, ready: int, paused: int, state: int) -> None:
-        client.ready_count = ready
+        """RDY, CLS, or its writes paused or resumed: the state the worker's connection keeps,
+        then RDY as one process runs it (the worker checked its bound already)."""
         client.paused = bool(paused)
         client.state = ClientState(state)
-        if client.channel is not None:
-            client.channel.wake()
+        commands.ready(client, ready, self.nsqd.options.max_rdy_count)
 
     def _on_fin(self, client: RemoteClient, msg_ids: list[bytes]) -> None:
-        if client.channel is not None:
-            for msg_id, e in client.channel.finish_many(client, msg_ids):
-                self._failed(client, "FIN", msg_id, e)
+        self._failed(client, "FIN", commands.finish(client, msg_ids))
+
+    def _req(self, client: RemoteClient, reqs: list[tuple[bytes, float]]) -> None:
+        self._failed(client, "REQ", commands.requeue(client, reqs))
 
     def _on_touch(self, client: RemoteClient, msg_id: bytes) -> None:
-        if client.channel is not None:
-            try:
-                client.channel.touch(client, msg_id, client.msg_timeout)
-            except NotInFlightError as e:
-                self._failed(client, "TOUCH", msg_id, e)
+        self._failed(client, "TOUCH", commands.touch(client, msg_id))
 
-    def _failed(self, client: RemoteClient, cmd: str, msg_id: bytes, why: object) -> None:
-        self.send(link.encode(link.FAILED, client.conn, cmd, msg_id, str(why)))
+    def _failed(self, client: RemoteClient, cmd: str, failed: Failures) -> None:
+        """What could not be acknowledged: a FAILED record each, the worker answers its client."""
+        for msg_id, why in failed:
+            self.send(link.encode(link.FAILED, client.conn, cmd, msg_id, str(why)))
 
     def _gone(self, client: RemoteClient) -> None:
         if client.channel is not None:
@@ -223,26 +218,19 @@ class WorkerPeer:
             self.send(link.encode(link.ACK, seq, link.ACK_FAILED, "unknown connection"))
             return
         try:
-            client.channel = self.nsqd.subscribe(topic, channel, client)
-        except ValueError:
-            self.send(link.encode(link.ACK, seq, link.ACK_TOO_MANY, ""))
-            return
-        except Exception as e:  # the node is stopping
+            outcome = commands.subscribe(self.nsqd, topic, channel, client)
+        except Exception as e:  # a bug: logged, and the worker, waiting on this SUB, still hears
+            self.log.failure("WORKER({index}): SUB {topic}:{channel} failed", index=self.index,
+                             topic=topic, channel=channel)
             self.send(link.encode(link.ACK, seq, link.ACK_FAILED, str(e)))
             return
-        client.state = _SUBSCRIBED
-        client.subscribed()
-        self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
-
-    def _req(self, client: RemoteClient, reqs: list[tuple[bytes, float]]) -> None:
-        if client.channel is None:
-            return
-        try:
-            failed: Any = client.channel.requeue_many(client, reqs)
-        except BackendError as e:
-            failed = [(reqs[-1][0], e)]
-        for msg_id, why in failed:
-            self._failed(client, "REQ", msg_id, why)
+        if outcome is SUBSCRIBED:
+            self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
+        elif outcome is TOO_MANY:
+            self.send(link.encode(link.ACK, seq, link.ACK_TOO_MANY, ""))
+        else:  # the node's subscribe answers now: a refusal
+            assert not isinstance(outcome, Deferred)
+            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, outcome.why))
 
     def _publish(self, seq: int, client: RemoteClient | None, defer_ms: int, topic: str,
                  bodies: list[bytes]) -> None:

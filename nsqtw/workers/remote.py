@@ -61,9 +61,6 @@ class RemoteChannel:
         self.node.send(link.encode(link.REQ, self.conn, reqs))
         return []
 
-    def requeue(self, client: Any, msg_id: bytes, delay: float) -> None:
-        self.node.send(link.encode(link.REQ, self.conn, [(msg_id, delay)]))
-
     def touch(self, client: Any, msg_id: bytes, timeout: float) -> None:
         self.node.send(link.encode(link.TOUCH, self.conn, msg_id))
 
