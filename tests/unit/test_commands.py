@@ -218,13 +218,14 @@ def test_requeue_a_backend_refuses_is_the_last_ids_failure() -> None:
 
 def test_requeue_delay_is_clamped_to_max_req_timeout_and_logged() -> None:
     logged: list[dict[str, Any]] = []
+    observer = commands.log.observer
     commands.log.observer = logged.append  # type: ignore[method-assign]
     try:
         assert commands.requeue_delay("c", 1500, 3600.0) == 1.5
         assert logged == []
         assert commands.requeue_delay("c", 7_200_000, 3600.0) == 3600.0
     finally:
-        del commands.log.observer
+        commands.log.observer = observer  # type: ignore[method-assign]
     assert [(e["timeout"], e["max"]) for e in logged] == [(7_200_000, 3_600_000)]
 
 
