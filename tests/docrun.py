@@ -262,6 +262,12 @@ class Daemon:
     line: str
 
 
+def _default_interrupt() -> None:
+    """In the child, before bash starts: SIGINT and SIGQUIT back to their defaults."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Terminal:
     """One bash, typed into block by block; what it prints goes to ``log``."""
 
@@ -271,8 +277,12 @@ class Terminal:
         #: the files it types commands from and answers into (its own: a page's terminals share a directory)
         self.files = log.with_suffix("")
         self._out = open(log, "ab")  # noqa: SIM115 - held for the terminal's life
+        # Ctrl-C as a terminal gives it: a test run started in the background (``cmd &`` in a
+        # script) ignores SIGINT, which every process it starts inherits, and a daemon (twistd,
+        # like Go's programs) leaves an ignored SIGINT ignored, so the page's Ctrl-C did nothing
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], stdin=subprocess.PIPE, stdout=self._out,
-                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
+                                     preexec_fn=_default_interrupt)
         self.count = 0
         self.jobs: set[int] = set()
         self._type("set -m -o pipefail -E\n"

@@ -100,3 +100,19 @@ def exit_cleanly_after_signal(reactor: Any) -> None:
     """
     if exit_signal(reactor) in (signal.SIGTERM, signal.SIGINT):
         clear_exit_signal(reactor)
+
+
+def interrupt_stops() -> None:
+    """Ctrl-C (SIGINT) stops this program even if it was started with SIGINT ignored.
+
+    A process started in the background by a script (``nsqd &``,
+    ``nohup``) inherits SIGINT ignored, and Twisted installs its SIGINT
+    handler only over Python's default one, so such a daemon or tool
+    ignored Ctrl-C and ``kill -INT``. Go's programs ask for SIGINT with
+    ``signal.Notify``, which takes it back from an inherited ignore: Go
+    nsqd, nsqlookupd, nsqadmin and the tools stop on it. Called before the
+    reactor installs its handlers; a handler someone installed on purpose
+    (a debugger's) is left alone.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -19,6 +19,7 @@ import sys
 
 from nsqtw.log import Logger
 from nsqtw.net.busypoll import busy_poll_of
+from nsqtw.net.exit import interrupt_stops
 
 __all__ = ["install", "install_for_daemon"]
 
@@ -33,7 +34,12 @@ def install() -> None:
 
 
 def install_for_daemon() -> bool:
-    """Install nsqtw's reactor unless a reactor is installed already; True if nsqtw's is the one in use."""
+    """Install nsqtw's reactor unless a reactor is installed already; True if nsqtw's is the one in use.
+
+    The reactor's SIGINT handler is installed only over Python's default:
+    an inherited ignore is taken back first (:func:`~nsqtw.net.exit.interrupt_stops`).
+    """
+    interrupt_stops()
     if "twisted.internet.reactor" not in sys.modules:
         try:
             install()

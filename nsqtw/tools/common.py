@@ -27,6 +27,7 @@ from zope.interface import implementer
 from nsqtw import __version__
 from nsqtw._go.flags import FlagSet, HelpRequested, OptionsError
 from nsqtw.client import Config, ConfigError
+from nsqtw.net.exit import interrupt_stops
 
 __all__ = ["GoLog", "StdinReader", "ToolError", "client_config", "connected_or_exit", "parse_flags", "require",
            "run_tool", "user_agent"]
@@ -157,6 +158,7 @@ def run_tool(main: Callable[[Any], Coroutine[Any, Any, int | None]], verbose: bo
         d.addBoth(stop)
 
     reactor.callWhenRunning(start)
+    interrupt_stops()  # Ctrl-C stops a tool started with SIGINT ignored, as Go's tools
     reactor.run()
     return status[0]
 

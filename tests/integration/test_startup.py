@@ -464,3 +464,58 @@ def test_workers_log_to_the_daemons_log_file(mode, tmp_path) -> None:
             proc.terminate()
             out, err = proc.communicate(timeout=30)
             assert "TCP: new client" not in err, err  # in the file, not on the terminal
+
+
+def _ignoring_interrupt() -> None:
+    """What a script's background job (``nsqd &``, ``nohup``) starts with: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+INTERRUPTED = {
+    "nsqd": (["nsqtw", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"],
+             ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"], "TCP: listening on"),
+    "nsqlookupd": (["nsqtw-lookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"],
+                   ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"], "TCP: listening on"),
+    "nsqadmin": (["nsqtw-admin", "--http-address=127.0.0.1:0", "--nsqd-http-address=127.0.0.1:1"],
+                 ["--http-address=127.0.0.1:0", "--nsqd-http-address=127.0.0.1:1"], "HTTP: listening on"),
+    "nsq_to_file": (["to-file", "--topic=t", "--nsqd-tcp-address=127.0.0.1:1", "--output-dir=out"],
+                    ["--topic=t", "--nsqd-tcp-address=127.0.0.1:1", "--output-dir=out"], "nsqd"),
+}
+
+
+@pytest.mark.parametrize("program", sorted(INTERRUPTED))
+def test_interrupt_stops_a_program_started_with_it_ignored(program, tmp_path) -> None:
+    """Started with SIGINT ignored (a script's background job), Ctrl-C still stops it, as it stops
+    Go's program (``signal.Notify`` takes an inherited ignore back), side by side where Go's is
+    here: each daemon exits 0, the tool ends. Twisted alone installs its handler only over Python's
+    default, so nsqtw's ignored SIGINT until it took it back."""
+    ours, go_args, ready = INTERRUPTED[program]
+    commands = {"nsqtw": [sys.executable, "-m", "nsqtw.tools.cli", *ours] if program == "nsq_to_file"
+                else [sys.executable, "-c", TWISTD, "--pidfile=", "-n", *ours]}
+    go = os.path.join(ANCHOR, program)
+    if os.path.exists(go):
+        commands["go"] = [go, *go_args]
+    for who, command in commands.items():
+        folder = tmp_path / who
+        folder.mkdir()
+        if program == "nsqd":
+            command = [*command, f"--data-path={folder}"]
+        proc = subprocess.Popen(command, cwd=str(folder), env=env_with(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=_ignoring_interrupt)
+        try:
+            assert proc.stdout is not None
+            seen = ""
+            deadline = time.monotonic() + 30
+            while ready not in seen and time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                seen += line
+            assert ready in seen, (who, seen)
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (who, proc.returncode, seen + rest)

@@ -54,7 +54,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # the client library speaks the wire protocol; it knows nothing of the daemons' insides
     "client": BASE + ("nsqtw._go", "nsqtw.net", "nsqtw.protocol.wire", "nsqtw.protocol.compress"),
     "spark": BASE + ("nsqtw.core.message", "nsqtw.protocol.wire"),
-    "tools": BASE + ("nsqtw._go", "nsqtw.protocol.wire", "nsqtw.client", "nsqtw.storage.executor"),
+    "tools": BASE + ("nsqtw._go", "nsqtw.protocol.wire", "nsqtw.client", "nsqtw.storage.executor", "nsqtw.net.exit"),
 }
 
 #: the most lines (``wc -l``) a module under nsqtw/ may have; a longer one is split by concept
