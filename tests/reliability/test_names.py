@@ -83,9 +83,12 @@ def test_bad_names_refused_over_http_before_any_file(daemon_and_tree) -> None:
     assert_no_traceback(d)
 
 
-def test_dot_names_stay_inside_the_data_path(daemon_and_tree) -> None:
-    """``.`` and ``..`` are valid nsqd names: they work, and their files are inside the data path."""
-    d, tree = daemon_and_tree
+def test_dot_names_stay_inside_the_data_path(tmp_path, daemon_factory) -> None:
+    """``.`` and ``..`` are valid nsqd names: they work, and their files are inside the data path.
+
+    Through the disk queues (``--mem-queue-size=0``): a queue whose messages never reached the
+    disk writes no file at the stop, so in memory there would be nothing to look at."""
+    d, tree = daemon_factory("--mem-queue-size=0", data_path=str(tmp_path / "data")), str(tmp_path)
     before = files_under(tree)
     for topic, channel in [("..", ".."), (".", "."), ("...", "..")]:
         c = subscribe(d.tcp_address, topic, channel, rdy=1)
