@@ -45,7 +45,8 @@ from nsqtw.workers.remote import RemoteNode
 
 #: how long a stopping worker waits for its clients' connections to close
 CLOSE_WAIT = 5.0
-#: a test hook: a worker waits, before it serves, until this file exists (tests/integration)
+#: a test hook: a worker waits, before it serves, until this file exists (tests/integration);
+#: ``{index}`` in it is the worker's index, so a test can let workers start one by one
 HOLD_ENV = "NSQTW_TEST_HOLD_WORKERS"
 
 #: the reactor this process inherited from the core, kept referenced so nothing closes its
@@ -193,7 +194,7 @@ def _serve(options: Any, tls: Any, index: int, fds: list[int]) -> None:
         nsqtw_log.relay_to_core(r, fds[2], log_observers(globalLogPublisher))
     else:
         nsqtw_log.log_to_stderr(r)
-    hold = os.environ.get(HOLD_ENV)
+    hold = os.environ.get(HOLD_ENV, "").replace("{index}", str(index))
     while hold and not os.path.exists(hold):
         time.sleep(0.01)
     node = RemoteNode(options, r, index)

@@ -9,8 +9,10 @@ TCP connections one by one, restarted when they die, stopped before the core flu
   the same errors), and accepts on it itself, only while some worker is
   ready: each connection goes, as a descriptor over that worker's hand-off
   socket (``SCM_RIGHTS``), to the ready worker holding the fewest (ties
-  in turn); the core closes its copy. Until a worker is ready, connections
-  wait in the kernel's backlog.
+  in turn); the core closes its copy. At the start connections wait in the
+  kernel's backlog until every worker is ready (``HTTP_HOLD`` at most), so
+  the first clients are spread over all of them, not all given to the
+  first worker ready; after that, while at least one worker is ready.
 - ``serving`` fires once every worker said READY: only then does ``/ping``
   answer OK and the service manager hear ``READY=1``.
 - Until then the HTTP and HTTPS listeners (gated by ``http_gate``) are
@@ -158,7 +160,8 @@ class WorkerPool(Service):
         self._reading = False
         self._turn = 0
         #: fires once every worker is ready, ``HTTP_HOLD`` seconds after the start at the latest,
-        #: or at the stop: the HTTP(S) listeners read their connections only from then on
+        #: or at the stop: the HTTP(S) listeners read their connections only from then on, and the
+        #: core accepts TCP connections only from then on too
         self.http_gate: Deferred[None] = Deferred()
         self._hold_timer: Any = None
 
@@ -168,6 +171,7 @@ class WorkerPool(Service):
         self._hold_timer = None
         if not self.http_gate.called:
             self.http_gate.callback(None)
+        self._read_if_ready()
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()  # type: ignore[no-untyped-call]
@@ -249,7 +253,9 @@ class WorkerPool(Service):
         """Accept while some worker is ready; leave connections in the backlog otherwise."""
         if self._acceptor is None:
             return
-        want = bool(self.running) and any(w.peer.ready for w in self.workers.values())
+        # at the start, not before every worker is ready (or the hold is over): the first worker
+        # ready would take every connection waiting in the backlog (64 of 64 were seen)
+        want = bool(self.running) and self.http_gate.called and any(w.peer.ready for w in self.workers.values())
         if want and not self._reading:
             self.reactor.addReader(self._acceptor)
         elif not want and self._reading:

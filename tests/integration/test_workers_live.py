@@ -323,6 +323,28 @@ def test_connections_spread_evenly_over_the_workers_idle_and_busy(daemon_factory
             c.close()
 
 
+def test_connections_made_while_workers_start_are_spread_over_all(daemon_factory, tmp_path) -> None:
+    """Clients that connect while the workers start wait in the backlog until every worker is ready,
+    then are spread over all of them: the first worker ready does not take them all."""
+    d = daemon_factory("--workers=4", env={"NSQTW_TEST_HOLD_WORKERS": str(tmp_path / "release-{index}")})
+    workers = wait_for(lambda: (w := children(d.pid)) and len(w) == 4 and w, what="four workers")
+    (tmp_path / "release-0").touch()
+    time.sleep(1.0)  # worker 0 serves; the others are held
+    clients = [Client(d.tcp_address) for _ in range(64)]
+    for c in clients:
+        c.send(b"NOP\n")
+    time.sleep(0.5)
+    assert sum(held(pid, client_sockets(d.tcp[1])) for pid in workers) == 0, "accepted before all were ready"
+    for index in (1, 2, 3):
+        (tmp_path / f"release-{index}").touch()
+    try:
+        each = per_worker(d, workers, 64)
+        assert all(10 <= n <= 22 for n in each), each
+    finally:
+        for c in clients:
+            c.close()
+
+
 def _raw_get(address: str, path: str) -> socket.socket:
     """A GET sent on a fresh connection; the answer is left to read."""
     host, port = address.rsplit(":", 1)
