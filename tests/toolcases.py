@@ -392,9 +392,10 @@ def to_nsq_json_filter(env: Env) -> dict[str, Any]:
                 "--whitelist-json-field=a", "--whitelist-json-field=c", "--require-json-field=b",
                 "--require-json-value=x")
 
-    def settled() -> bool:
+    def settled() -> bool:  # every message through the channel: just made, it is empty before the topic's copy
         c = channel(src.http_address, "tn_j", "nsq_to_nsq")
-        return bool(c) and c["depth"] == 0 and c["in_flight_count"] == 0
+        return (bool(c) and c["message_count"] == len(JSON_MESSAGES) and c["depth"] == 0
+                and c["in_flight_count"] == 0)
     try:
         wait_for(settled, what="source drained")
         rc = tool.terminate()
@@ -413,9 +414,9 @@ def to_nsq_round_robin(env: Env) -> dict[str, Any]:
                 f"--destination-nsqd-tcp-address={d1.tcp_address}",
                 f"--destination-nsqd-tcp-address={d2.tcp_address}", "--mode=round-robin")
 
-    def settled() -> bool:
+    def settled() -> bool:  # every message through the channel: just made, it is empty before the topic's copy
         c = channel(src.http_address, "tn_rr", "nsq_to_nsq")
-        return bool(c) and c["depth"] == 0 and c["in_flight_count"] == 0
+        return bool(c) and c["message_count"] == 4 and c["depth"] == 0 and c["in_flight_count"] == 0
     try:
         wait_for(settled, what="source drained")
         rc = tool.terminate()
