@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import random
 import re
 import signal
 import socket
@@ -95,6 +96,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel picks a connection's source port from."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
+
+
+def page_ports(wanted: Iterable[int]) -> dict[int, int]:
+    """A free port for each of ``wanted``, distinct, chosen below the ephemeral range.
+
+    A port found free and closed again waits for the block that binds it;
+    from the ephemeral range, it could meanwhile become the source port of
+    a connection the page's own daemons make (a node to its lookupds), and
+    the daemon that then binds it fails. Where the range leaves no room
+    below it, ports come from the kernel as :func:`free_port`'s do.
+    """
+    wanted = list(wanted)
+    low, _ = _ephemeral_ports()
+    if low < 10000:
+        return {p: free_port() for p in wanted}
+    candidates = list(range(10000, min(low, 32000)))
+    random.shuffle(candidates)
+    chosen: list[int] = []
+    for port in candidates:
+        if len(chosen) == len(wanted):
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    return dict(zip(wanted, chosen, strict=True))
+
+
 def _logical_lines(text: str) -> list[str]:
     """Lines with their backslash continuations joined (kept as written, newlines included)."""
     out: list[str] = []
@@ -141,7 +179,7 @@ def with_defaults(line: str) -> str:
 class Ports:
     """The page's free port for each port the docs name."""
 
-    mapping: dict[int, int] = field(default_factory=lambda: {p: free_port() for p in DOC_PORTS})
+    mapping: dict[int, int] = field(default_factory=lambda: page_ports(DOC_PORTS))
 
     def apply(self, text: str) -> str:
         return _LOCAL_PORT.sub(lambda m: str(self.mapping.get(int(m.group(1)), m.group(1))), text)
