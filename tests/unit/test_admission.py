@@ -24,9 +24,8 @@ from nsqtw.http.base import APIError
 from nsqtw.nsqd.http import HTTPAPI, PUBLISH_ROOM_WAIT
 from nsqtw.protocol.wire import encode_command
 from nsqtw.workers import link
-from nsqtw.workers.link import Reader
 from nsqtw.workers.peer import WorkerPeer
-from tests.helpers import connect, make_nsqd, take_frames
+from tests.helpers import connect, link_records, make_nsqd, take_frames
 
 
 class Script:
@@ -215,16 +214,7 @@ def test_http_refusals_are_503_exiting() -> None:
 
 def acks(transport: StringTransport) -> list[tuple[int, int, str]]:
     """The ACK records the core wrote: (seq, status, text)."""
-    data = transport.value()
-    transport.clear()
-    out = []
-    at = 0
-    while at < len(data):
-        r = Reader(data, at + 5, at + 4 + int.from_bytes(data[at:at + 4], "big"))
-        if data[at + 4] == link.ACK:
-            out.append((r.u32(), r.u8(), r.text()))
-        at = r.end
-    return out
+    return [(seq, status, why) for kind, (seq, status, why) in link_records(transport) if kind == link.ACK]
 
 
 def test_a_worker_link_acks_each_outcome() -> None:

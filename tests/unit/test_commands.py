@@ -24,9 +24,8 @@ from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Message
 from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError, NSQError
 from nsqtw.workers import link
-from nsqtw.workers.link import Reader
 from nsqtw.workers.peer import WorkerPeer
-from tests.helpers import connect, make_nsqd, take_frames
+from tests.helpers import connect, link_records, make_nsqd, take_frames
 
 UNKNOWN = b"0123456789abcdef"
 
@@ -278,16 +277,7 @@ def test_v2_answers_ack_failures_non_fatally() -> None:
 
 def records(transport: StringTransport) -> list[tuple[int, list[Any]]]:
     """The records the core wrote: (kind, fields)."""
-    data = transport.value()
-    transport.clear()
-    out = []
-    at = 0
-    while at < len(data):
-        r = Reader(data, at + 5, at + 4 + int.from_bytes(data[at:at + 4], "big"))
-        kind = data[at + 4]
-        out.append((kind, link.KINDS[kind].decode(r)))
-        at = r.end
-    return out
+    return link_records(transport)
 
 
 def linked(**options: Any) -> tuple[NSQD, Any, WorkerPeer, StringTransport]:

@@ -22,7 +22,7 @@ from nsqtw.workers import link
 from nsqtw.workers.link import Link, Reader
 from nsqtw.workers.peer import GRANTED_TOPICS, WorkerPeer
 from nsqtw.workers.remote import RemoteNode
-from tests.helpers import body, decode_message_frame, make_nsqd, take_frames
+from tests.helpers import body, decode_message_frame, link_records, make_nsqd, take_frames
 
 
 def in_flight(j: Joined) -> int:
@@ -519,15 +519,8 @@ def test_records_for_an_unknown_connection_are_counted_and_logged_by_the_core() 
     # both publishes queued and answered; the SUB refused
     assert [m.body for m in j.nsqd.topics["t"].memory] == [b"x", b"y"]
     j.clock.advance(0)  # the turn's records leave
-    acks = []
-    data = j.core_side.value()
-    j.core_side.clear()  # (answers the worker never asked for)
-    at = 0
-    while at < len(data):
-        size = int.from_bytes(data[at:at + 4], "big")
-        if data[at + 4] == link.ACK:
-            acks.append(link.KINDS[link.ACK].decode(Reader(data, at + 5, at + 4 + size)))
-        at += 4 + size
+    # (answers the worker never asked for)
+    acks = [fields for kind, fields in link_records(j.core_side) if kind == link.ACK]
     assert acks == [[1000, link.ACK_FAILED, "unknown connection"], [1001, link.ACK_OK, ""],
                     [1002, link.ACK_OK, ""]]
     # the link goes on: the known client's next publish is answered
