@@ -50,3 +50,11 @@ class NotInFlightError(Exception):
 
     def __init__(self, text: str = "ID not in flight") -> None:
         super().__init__(text)
+
+
+class ReplicaError(Exception):
+    """``--replicas=2``: no replica acknowledged a publish within ``--replica-wait``.
+
+    Not the publisher's fault and not the node's end: the publish is refused
+    with a non-fatal ``E_PUB_FAILED`` (the message stays queued on this node).
+    """

@@ -278,6 +278,33 @@ class IChannelOwner(Interface):
         """An ephemeral channel lost its last client: the topic deletes it."""
 
 
+class IReplication(Interface):
+    """What the core tells replication (``--replicas=2``; ``NSQD.replication`` is None without)."""
+
+    def published(topic: str, values: Any, bodies: list[bytes], timestamp: int, delay: float) -> Any:
+        """Messages just queued on a topic that is not ``#ephemeral`` (their ID values, bodies,
+        timestamp in ns and DPUB delay): a Deferred that fires once a peer holds their copy, or
+        fails with ``nsqtw.errors.ReplicaError`` after ``--replica-wait``."""
+
+    def finished(topic: str, channel: str, ids: list[bytes]) -> None:
+        """Messages finished on a channel (FIN)."""
+
+    def channel_emptied(topic: str, channel: str | None) -> None:
+        """A channel (or, with None, the topic) was emptied."""
+
+    def info() -> dict[str, Any]:
+        """``GET /replication``'s answer."""
+
+    def accept(transport: Any) -> Any:
+        """The protocol of a replication link upgraded from an HTTP request on ``transport``."""
+
+    def topic_stats(topic: str) -> dict[str, Any]:
+        """``/stats``'s ``replica`` of a topic."""
+
+    def node_stats() -> dict[str, Any]:
+        """``/stats``'s node-level replication fields."""
+
+
 class IConsumer(Interface):
     """What a channel needs from a subscribed client to deliver messages."""
 

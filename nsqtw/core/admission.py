@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from nsqtw.errors import BackendError, ExitingError
+from nsqtw.errors import BackendError, ExitingError, ReplicaError
 
 __all__ = ["PUBLISHED", "Failed", "Outcome", "Published", "Publisher", "WaitForRoom", "Written",
            "admit", "settled"]
@@ -74,10 +74,13 @@ class WaitForRoom:
 class Failed:
     """Refused: ``why`` is the text nsqd puts after ``PUB failed`` (``exiting``, a backend's error)."""
 
-    __slots__ = ("why",)
+    __slots__ = ("why", "fatal")
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, fatal: bool = True) -> None:
         self.why = why
+        #: nsqd closes the connection after a failed publish; a refusal for want of a replica
+        #: (``--replicas=2``) is not the connection's end: the publisher may retry on it
+        self.fatal = fatal
 
     def __repr__(self) -> str:
         return f"Failed({self.why!r})"
@@ -113,5 +116,7 @@ def settled(result: object) -> Literal[Published.PUBLISHED] | Failed:
     """What the result of a :class:`Written`'s or :class:`WaitForRoom`'s Deferred means:
     :data:`PUBLISHED` (or room: ask again), or a :class:`Failed` saying why."""
     if isinstance(result, Failure):
+        if result.check(ReplicaError):
+            return Failed("no replica", fatal=False)
         return Failed(result.getErrorMessage())
     return PUBLISHED

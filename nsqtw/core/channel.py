@@ -14,7 +14,15 @@ from nsqtw.core.message import Message, copy_messages, decode_messages, end_flig
 from nsqtw.core.pqueue import TimeoutQueue
 from nsqtw.core.pump import Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
-from nsqtw.interfaces import IBackendQueue, IChannelDelivery, IChannelOwner, IConsumer, IDeliveryMode, Position
+from nsqtw.interfaces import (
+    IBackendQueue,
+    IChannelDelivery,
+    IChannelOwner,
+    IConsumer,
+    IDeliveryMode,
+    IReplication,
+    Position,
+)
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.observe.quantile import Quantile
@@ -75,6 +83,8 @@ class Channel:
         self.finish_count = 0
         #: end-to-end latency of finished messages (--e2e-processing-latency-percentile)
         self.e2e: Quantile | None = None
+        #: ``--replicas=2``: told of each run of FINs (set by NSQD.make_channel), None without
+        self.replication: IReplication | None = None
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
@@ -454,7 +464,11 @@ class Channel:
                 e2e.insert(now, timestamp)
         self.finish_count += done
         bad = {i for i, _ in failed}
-        self.delivery.finished([i for i in msg_ids if i not in bad] if bad else msg_ids)
+        finished = [i for i in msg_ids if i not in bad] if bad else msg_ids
+        self.delivery.finished(finished)
+        replication = self.replication
+        if replication is not None and done:
+            replication.finished(self.topic_name, self.name, finished)
         self._pump.wake()
         return failed
 

@@ -18,7 +18,7 @@ from nsqtw.core.topic import Topic
 from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN, UnwrittenBytes
 from nsqtw.errors import ExitingError
 from nsqtw.heap import thaw
-from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, ITopicOwner
+from nsqtw.interfaces import IAuthorizer, IBackendQueue, IDeliveryMode, IReplication, ITopicOwner
 from nsqtw.log import Logger, set_level
 from nsqtw.names import backend_name, is_ephemeral
 from nsqtw.observe.quantile import Quantile
@@ -94,6 +94,8 @@ class NSQD:
         self.tls: Any = None
         #: the IAuthorizer asked about AUTH secrets (``--auth-http-address``), None without
         self.auth: IAuthorizer | None = None
+        #: ``--replicas=2``: told of every publish and FIN (nsqtw.replica), None without
+        self.replication: IReplication | None = None
 
     # -- health -----------------------------------------------------------
 
@@ -247,6 +249,8 @@ class NSQD:
         backend = self.make_backend(bname, ephemeral)
         channel = Channel(topic, name, backend, self.clock, o.mem_queue_size,
                           o.max_msg_timeout, o.max_channel_consumers, self.mode)
+        if not ephemeral:
+            channel.replication = self.replication
         percentiles = o.e2e_processing_latency_percentile
         if percentiles:
             channel.e2e = Quantile(o.e2e_processing_latency_window_time, percentiles,
@@ -322,8 +326,9 @@ class NSQD:
         everything else that waits for a disk.
         """
         topic = self.topics.get(topic_name)
-        if self.exiting or topic is None or not topic.takes_promises() or self.unwritten.over():
-            return 0
+        if (self.exiting or topic is None or not topic.takes_promises() or self.unwritten.over()
+                or (self.replication is not None and not topic.ephemeral)):
+            return 0  # (a replicated publish is answered once its copy is acked: never unasked)
         self.unwritten.add(nbytes)
         return nbytes
 
@@ -358,7 +363,16 @@ class NSQD:
         now_ns = int(self.clock.seconds() * 1e9)
         # PUB, DPUB, an MPUB of one: one value, without the range
         values = (self.guid.new_value(),) if len(bodies) == 1 else self.guid.new_values(len(bodies))
-        return topic.publish(values, bodies, now_ns, defer)
+        written = topic.publish(values, bodies, now_ns, defer)
+        replication = self.replication
+        if replication is None or topic.ephemeral:
+            return written
+        # --replicas=2: answered once queued here (and written, when the mode waits for that)
+        # and held by a peer; the copy travels while this node writes its own
+        copied: Deferred[None] = replication.published(topic.name, values, bodies, now_ns, defer)
+        if written is None:
+            return copied
+        return both(written, copied)
 
     # -- shutdown ---------------------------------------------------------
 
@@ -375,6 +389,12 @@ class NSQD:
         for client in list(self.clients.values()):
             client.close()
         return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)
+
+
+def both(first: Deferred[None], second: Deferred[None]) -> Deferred[None]:
+    """Fires once both have fired; fails with the first failure."""
+    out: Deferred[None] = DeferredList([first, second], fireOnOneErrback=True, consumeErrors=True)  # type: ignore[assignment]
+    return out.addCallbacks(lambda _: None, lambda f: f.value.subFailure)
 
 
 class SlicedPublish:

@@ -92,6 +92,8 @@ class GoHTTPChannel(HTTPChannel):
     _direct_buffer = b""
     _direct_call: Any = None
     _closing_call: Any = None
+    #: the protocol this connection was switched to by an ``Upgrade`` (:meth:`_upgrade`), else None
+    _upgraded: Any = None
     callLater: Any  # set by HTTPFactory.buildProtocol
 
     def cut_off(self) -> None:
@@ -105,6 +107,9 @@ class GoHTTPChannel(HTTPChannel):
         self.transport.pauseProducing()  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:
+        if self._upgraded is not None:
+            self._upgraded.dataReceived(data)
+            return
         if self._cut_off:
             return
         # the answers made while this input is handled (twisted.web writes a response's
@@ -146,6 +151,8 @@ class GoHTTPChannel(HTTPChannel):
                     self._direct_buffer = rest  # the rest of a head still to come
                     return
                 break
+            if pos == 0 and self._upgrade(buf[:end + 4], buf[end + 4:]):
+                return
             if answered == DIRECT_PER_TURN:
                 self._direct_buffer = buf[pos:]
                 self._direct_later()
@@ -159,6 +166,35 @@ class GoHTTPChannel(HTTPChannel):
         if pos < size:
             self._pristine = False
             super().dataReceived(buf[pos:])  # type: ignore[no-untyped-call]
+
+    def _upgrade(self, head: bytes, rest: bytes) -> bool:
+        """Switch the connection to the protocol the API gives for this request's ``Upgrade``.
+
+        The API's ``upgrade(head)`` (``IHTTPAPI.upgrade``, when it has one)
+        returns None to let twisted.web answer the request as any other, or
+        a callable that makes the new protocol on this transport once the
+        ``101 Switching Protocols`` is written. From then on every byte read
+        goes to that protocol, and this channel's timeout and producer are
+        out of its way.
+        """
+        api = getattr(getattr(self, "factory", None), "api", None)
+        upgrade = getattr(api, "upgrade", None)
+        if upgrade is None or b"\r\nupgrade:" not in head.lower():
+            return False
+        make = upgrade(head)
+        if make is None:
+            return False
+        self._pristine = False
+        self.setTimeout(None)  # type: ignore[no-untyped-call]
+        transport: Any = self.transport
+        token = head.lower().split(b"\r\nupgrade:", 1)[1].split(b"\r\n", 1)[0].strip()
+        transport.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "
+                        + token + b"\r\n\r\n")
+        transport.unregisterProducer()
+        self._upgraded = make(transport)
+        if rest:
+            self._upgraded.dataReceived(rest)
+        return True
 
     def _direct_later(self) -> None:
         """Read nothing more until the next reactor turn, then go on with the buffered requests."""
@@ -216,6 +252,8 @@ class GoHTTPChannel(HTTPChannel):
             self._closing_call.cancel()
         if self._direct_call is not None and self._direct_call.active():
             self._direct_call.cancel()
+        if self._upgraded is not None:
+            self._upgraded.connectionLost(reason)
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
 
     def lineReceived(self, line: bytes) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Generator
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.python.failure import Failure
 
 from nsqtw import NSQD_VERSION
 from nsqtw._go.flags import TLS_REQUIRED
@@ -26,7 +27,7 @@ from nsqtw._go.json import go_loads
 from nsqtw._go.strconv import parse_int
 from nsqtw.core.admission import PUBLISHED, WaitForRoom, Written, admit
 from nsqtw.core.nsqd import NSQD
-from nsqtw.errors import BackendError, ExitingError
+from nsqtw.errors import BackendError, ExitingError, ReplicaError
 from nsqtw.http.base import APIError, GoHTTPAPI, Marshal, RawJSON, route, sniff
 from nsqtw.http.metrics import MetricsPage
 from nsqtw.http.origin import origin_of
@@ -91,6 +92,14 @@ def _exiting(_: object) -> str:
     raise APIError(503, "EXITING")
 
 
+def _refused(failure: Failure) -> str:
+    """A publish that was queued but not answered OK: 503 ``NO_REPLICA`` when no replica acked
+    it within ``--replica-wait`` (``--replicas=2``), else nsqd's 503 ``EXITING``."""
+    if failure.check(ReplicaError):
+        raise APIError(503, "NO_REPLICA")
+    raise APIError(503, "EXITING")
+
+
 class HTTPAPI(GoHTTPAPI):
     """nsqd's HTTP API over one :class:`~nsqtw.core.nsqd.NSQD`."""
 
@@ -109,6 +118,27 @@ class HTTPAPI(GoHTTPAPI):
         self.tls_required = getattr(options, "tls_required", 0) == TLS_REQUIRED
         # nsqtw: requests that change state are refused from web pages of other origins
         self.browser_origins = frozenset(origin_of(o) for o in getattr(options, "http_allow_origin", ()))
+        if nsqd.replication is not None:
+            # --replicas=2 only: without, GET /replication is any unknown path's 404, as in Go
+            self.direct_routes = {**HTTPAPI.direct_routes, b"/replication": "replication"}
+
+    # -- replication (nsqtw only, --replicas=2) ------------------------------------------
+
+    def replication(self, request: Any) -> bytes:
+        """``GET /replication``: this node replicates; its version and incarnation (peers read it)."""
+        assert self.nsqd.replication is not None
+        self._log_request(request, 200)
+        return self._v1(request, 200, Marshal(self.nsqd.replication.info()))
+
+    def upgrade(self, head: bytes) -> Any:
+        """The link's upgrade (``GET /replication/link``, ``Upgrade: nsqtw-replication/1``):
+        a maker of the link protocol for the transport, or None (answered as any request)."""
+        replication = self.nsqd.replication
+        if replication is None or not head.startswith(b"GET /replication/link HTTP/1.1\r\n"):
+            return None
+        if b"\r\nupgrade: nsqtw-replication/1\r\n" not in head.lower():
+            return None
+        return replication.accept
 
     def https_port(self) -> int:
         return int(self.nsqd.https_port)
@@ -188,7 +218,7 @@ class HTTPAPI(GoHTTPAPI):
         if outcome is PUBLISHED:
             return "OK"
         if isinstance(outcome, Written):
-            return outcome.deferred.addCallbacks(lambda _: "OK", _exiting)
+            return outcome.deferred.addCallbacks(lambda _: "OK", _refused)
         if isinstance(outcome, WaitForRoom):
             return self._publish_when_room(outcome.room, name, bodies, defer, waited)
         raise APIError(503, "EXITING")  # nsqd answers any failure to queue so
@@ -387,6 +417,8 @@ class HTTPAPI(GoHTTPAPI):
         except (OSError, BackendError):
             self.log.failure("CHANNEL({topic}:{channel}): empty failed", topic=topic.name, channel=name)
             raise APIError(500, "INTERNAL_ERROR") from None
+        if self.nsqd.replication is not None:
+            self.nsqd.replication.channel_emptied(topic.name, name)
 
     @route("/channel/delete", ("POST",))
     def channel_delete(self, request: Any) -> Any:

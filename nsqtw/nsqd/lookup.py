@@ -124,6 +124,10 @@ class LookupPeerProtocol(Protocol):
         if not info.get("broadcast_address"):
             self.log.error("LOOKUPD({peer}): no broadcast address", peer=address)
         self.ready = True
+        port = info.get("http_port")
+        if isinstance(port, int) and port > 0:
+            host = address.rsplit(":", 1)[0]
+            self.peer.http_address = f"{host}:{port}"
         self.peer.connected(self)
 
     def heartbeat(self) -> None:
@@ -193,6 +197,8 @@ class LookupPeer:
         self.lookup = lookup
         self.address = address
         self.connection: LookupPeerProtocol | None = None
+        #: the lookupd's HTTP address, from its IDENTIFY answer (``--replicas=2`` reads its /nodes)
+        self.http_address: str | None = None
         # imported here: ClientService brings automat, which a node without nsqlookupd never needs
         from twisted.application.internet import ClientService, backoffPolicy
 
@@ -274,6 +280,10 @@ class Lookup(Service):
         self.log.info("LOOKUP: closing")
         peers, self.peers = list(self.peers.values()), {}
         return DeferredList([p.stop() for p in peers], consumeErrors=True)
+
+    def lookupd_http_addresses(self) -> list[str]:
+        """The HTTP addresses of the lookupds this node registers with, as their IDENTIFY answers gave."""
+        return [p.http_address for p in self.peers.values() if p.http_address]
 
     def config_changed(self, name: str) -> None:
         if name == "nsqlookupd_tcp_addresses":

@@ -150,6 +150,9 @@ class NSQDOptions:
     busy_poll: float = DEFAULT_BUSY_POLL
     workers: int = 0  # AUTO_WORKERS: chosen from the CPUs (auto_workers)
     http_allow_origin: tuple[str, ...] = ()
+    replicas: int = 1
+    replica_timeout: float = 10.0
+    replica_wait: float = 5.0
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -527,6 +530,28 @@ FLAGS: tuple[Flag, ...] = (
         _A,
         toml_key="http_allow_origins",
     ),
+    _flag(
+        "replicas",
+        "int",
+        "nsqtw only: 2 answers a publish only once another nsqtw node with --replicas=2, found"
+        " through nsqlookupd, holds a copy, and that node delivers the copies if this one is lost;"
+        " 1 (the default) replicates nothing (see docs/cluster.md).",
+        _A,
+    ),
+    _flag(
+        "replica-timeout",
+        "duration",
+        "nsqtw only, with --replicas=2: a node silent this long (and its /ping failing) is lost: its"
+        " replica delivers its copies (a third of it: a silent replica is replaced).",
+        _A,
+    ),
+    _flag(
+        "replica-wait",
+        "duration",
+        "nsqtw only, with --replicas=2: how long a publish waits for a replica's acknowledgement"
+        " before it is refused (E_PUB_FAILED, HTTP 503 NO_REPLICA); the message stays queued here.",
+        _A,
+    ),
 )
 
 #: the longest ``--busy-poll`` accepted: a spin is CPU spent for latency, worth it only when short
@@ -570,7 +595,8 @@ def with_workers_resolved(opts: NSQDOptions, cpus: int) -> NSQDOptions:
 
 #: flags nsqtw adds to nsqd's
 NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
-                         "busy-poll", "workers", "http-allow-origin"})
+                         "busy-poll", "workers", "http-allow-origin", "replicas", "replica-timeout",
+                         "replica-wait"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -590,6 +616,12 @@ def _validate(opts: NSQDOptions) -> None:
     for origin in opts.http_allow_origin:
         if not is_origin(origin):
             raise OptionsError(f"--http-allow-origin must be an origin, as scheme://host[:port], got {_quote(origin)}")
+    if opts.replicas not in (1, 2):
+        raise OptionsError(f"--replicas must be 1 or 2, got {opts.replicas}")
+    if opts.replica_timeout < 1.0:
+        raise OptionsError(f"--replica-timeout must be at least 1s, got {format_duration(opts.replica_timeout)}")
+    if opts.replica_wait <= 0:
+        raise OptionsError(f"--replica-wait must be more than 0, got {format_duration(opts.replica_wait)}")
     if not 0 <= opts.busy_poll <= MAX_BUSY_POLL:
         raise OptionsError(f"--busy-poll must be in [0,10ms], got {format_duration(opts.busy_poll)}")
     if opts.max_unwritten_bytes < opts.max_msg_size:

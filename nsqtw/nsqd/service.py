@@ -200,8 +200,14 @@ class NSQDService(MultiService):
         if options.statsd_address:
             StatsdService(self.nsqd, reactor).setServiceParent(self)  # type: ignore[no-untyped-call]
         # after the listeners: it announces their ports, and stops first
-        Lookup(self.nsqd, reactor,  # type: ignore[no-untyped-call]
-               lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT)).setServiceParent(self)
+        lookup = Lookup(self.nsqd, reactor, lambda address: client_endpoint(reactor, address, CONNECT_TIMEOUT))
+        lookup.setServiceParent(self)  # type: ignore[no-untyped-call]
+        if options.replicas > 1:
+            # after lookup: it finds its peers through it, and stops first
+            from nsqtw.replica.service import ReplicationService
+
+            ReplicationService(self.nsqd, reactor, options, lookup.lookupd_http_addresses,  # type: ignore[no-untyped-call]
+                               self.data_path).setServiceParent(self)
 
     def _http_site(self) -> Factory[Any]:
         """The HTTP listener's factory, made at its first connection."""

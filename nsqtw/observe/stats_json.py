@@ -183,6 +183,7 @@ def stats_json_steps(nsqd: Any, topic: str | None = None, channel: str | None = 
     topic = topic or ""
     now = nsqd.clock.seconds()
     body = _Body()
+    replication = getattr(nsqd, "replication", None)
     topics = producers = None
     chosen = chosen_topics(nsqd, topic)
     if chosen is not None:
@@ -211,14 +212,20 @@ def stats_json_steps(nsqd: Any, topic: str | None = None, channel: str | None = 
                 yield None
             if nsqd.topics.get(t.name) is not t:
                 continue
-            texts += ("]", _TOPIC.tail(*_topic_figures(t, now)))
+            tail = _TOPIC.tail(*_topic_figures(t, now))
+            if replication is not None and not t.ephemeral:  # --replicas=2: where its copies are
+                tail = f'{tail[:-1]},"replica":{go_dumps(replication.topic_stats(t.name))}}}'
+            texts += ("]", tail)
             body.write(texts)
             comma = ","
         if include_clients:
             chosen_producers = yield from producer_clients(nsqd)
             if chosen_producers:
                 producers = "".join((yield from _clients(chosen_producers, topic)))
-    head = go_dumps(node_stats(nsqd, topics, None if producers is None else _MARK + 1, include_mem))
+    node = node_stats(nsqd, topics, None if producers is None else _MARK + 1, include_mem)
+    if replication is not None:
+        node.update(replication.node_stats())
+    head = go_dumps(node)
     if topics is None:
         return head.encode("utf-8")
     # '"topics":MARK' cannot be inside a JSON string (its quotes would be escaped there)

@@ -628,6 +628,8 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
 def _publish_failed(cmd: bytes, failed: Failed) -> NSQError:
     """nsqd's answer to a publish the node refused: fatal ``E_PUB_FAILED PUB failed <why>``."""
     c = cmd.decode()
+    if not failed.fatal:
+        return nonfatal(f"E_{c}_FAILED", f"{c} failed {failed.why}")
     return fatal(f"E_{c}_FAILED", f"{c} failed {failed.why}")
 
 

@@ -47,8 +47,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "lookupd": BASE + ("nsqtw._go", "nsqtw.http", "nsqtw.net", "nsqtw.protocol.wire"),
     # a worker process serves V2 connections; the core's side of its link runs their commands
     "workers": BASE + ("nsqtw.core", "nsqtw.net", "nsqtw.protocol"),
+    # replication (--replicas=2) copies the message core's messages; the node reaches it through
+    # nsqtw.interfaces.IReplication
+    "replica": BASE + ("nsqtw.core", "nsqtw.net"),
     "nsqd": BASE + ("nsqtw._go", "nsqtw.core", "nsqtw.storage", "nsqtw.observe", "nsqtw.net", "nsqtw.http",
-                    "nsqtw.protocol", "nsqtw.lookupd", "nsqtw.workers"),
+                    "nsqtw.protocol", "nsqtw.lookupd", "nsqtw.workers", "nsqtw.replica"),
     # nsqadmin talks to the cluster over HTTP only: nothing of nsqd, nsqlookupd or the message core
     "admin": BASE + ("nsqtw._go", "nsqtw.http", "nsqtw.net", "nsqtw.protocol.auth"),
     # the client library speaks the wire protocol; it knows nothing of the daemons' insides

@@ -126,8 +126,10 @@ class DefaultsTests(SynchronousTestCase):
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
                           "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers",
-                          "http_allow_origin"})
+                          "http_allow_origin", "replicas", "replica_timeout", "replica_wait"})
         self.assertIs(NSQDOptions().durable_delivery, False)
+        self.assertEqual(NSQDOptions().replicas, 1)  # docs/cluster.md, "Replication"
+        self.assertEqual((NSQDOptions().replica_timeout, NSQDOptions().replica_wait), (10.0, 5.0))
         self.assertEqual(NSQDOptions().http_allow_origin, ())  # docs/http-api.md, "Requests from web pages"
         self.assertEqual(NSQDOptions().workers, 0)  # chosen from the CPUs (docs/configuration.md)
         self.assertEqual(NSQDOptions().busy_poll, 200e-6)  # docs/performance.md, "Busy polling"
@@ -174,7 +176,8 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(len(names), len(GO_FLAG_NAMES))
         self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
                                                "metrics-per-client", "busy-poll", "workers",
-                                               "http-allow-origin"})
+                                               "http-allow-origin", "replicas", "replica-timeout",
+                                               "replica-wait"})
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""

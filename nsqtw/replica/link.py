@@ -1,0 +1,199 @@
+"""One replication link: records both ways over a connection to the replica's HTTP port.
+
+The owner connects to its replica's HTTP port and asks
+``GET /replication/link`` with ``Upgrade: nsqtw-replication/1``; once the
+replica answers ``101 Switching Protocols`` the connection carries records
+(:mod:`nsqtw.replica.records`) both ways. The HTTP port, not a port of its
+own: nothing more to configure or open, and with ``--workers`` the HTTP
+listener is in the core with the topics.
+
+A turn's records leave in one gathered write; a side that sent nothing for
+:data:`BEAT_INTERVAL` sends a ``BEAT``, so silence means trouble.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from typing import Protocol as TypingProtocol
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+
+from nsqtw.log import Logger
+from nsqtw.replica.records import Kind, frame, split_records
+
+__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "upgrade_request"]
+
+#: seconds without a record sent before a BEAT goes
+BEAT_INTERVAL: Final = 1.0
+#: the ``Upgrade`` token of the link
+UPGRADE: Final = b"nsqtw-replication/1"
+#: the most bytes of the replica's HTTP answer the owner reads before the records
+_MAX_HEAD: Final = 8192
+
+
+class LinkHandler(TypingProtocol):
+    """What a side does with its link's records."""
+
+    def link_up(self, link: Link) -> None: ...
+
+    def link_record(self, link: Link, kind: int, payload: bytes) -> None: ...
+
+    def link_read(self, link: Link) -> None: ...
+
+    def link_lost(self, link: Link, reason: str) -> None: ...
+
+
+def upgrade_request(host: str) -> bytes:
+    return (b"GET /replication/link HTTP/1.1\r\nHost: " + host.encode() +
+            b"\r\nConnection: Upgrade\r\nUpgrade: " + UPGRADE + b"\r\n\r\n")
+
+
+class Link(Protocol):
+    """Records in and out; numbered per direction (the first is 1)."""
+
+    log = Logger()
+
+    def __init__(self, handler: LinkHandler, clock: IReactorTime) -> None:
+        self.handler = handler
+        self.clock = clock
+        #: records sent and taken in so far (an ACK names ``received``)
+        self.sent = 0
+        self.received = 0
+        #: when the last record arrived, and when the last one left (reactor seconds)
+        self.last_heard = clock.seconds()
+        self._last_sent = self.last_heard
+        self._out: list[bytes] = []
+        self._flush_call: IDelayedCall | None = None
+        self._beat_call: IDelayedCall | None = None
+        self._buffer = b""
+        self.connected_up = False
+        self.closed = False
+        #: the peer's HELLO, once it came
+        self.hello: dict[str, Any] | None = None
+
+    # -- up and down ------------------------------------------------------------------------
+
+    def records_begin(self) -> None:
+        """The connection carries records from now on."""
+        self.connected_up = True
+        self.last_heard = self._last_sent = self.clock.seconds()
+        self._beat_call = self.clock.callLater(BEAT_INTERVAL, self._beat)
+        self.handler.link_up(self)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self.closed = True
+        for call in (self._flush_call, self._beat_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._flush_call = self._beat_call = None
+        self.handler.link_lost(self, reason.getErrorMessage())
+
+    def close_now(self) -> None:
+        """Write what is queued, then close."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush()
+        if self.transport is not None and not self.closed:
+            self.transport.loseConnection()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    # -- out --------------------------------------------------------------------------------
+
+    def send(self, record: bytes) -> int:
+        """Queue one encoded record for this turn's write; its number."""
+        self._out.append(record)
+        self.sent += 1
+        if self._flush_call is None:
+            self._flush_call = self.clock.callLater(0, self._flush)
+        return self.sent
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        out, self._out = self._out, []
+        if out and not self.closed and self.transport is not None:
+            self.transport.writeSequence(out)
+            self._last_sent = self.clock.seconds()
+
+    def _beat(self) -> None:
+        self._beat_call = self.clock.callLater(BEAT_INTERVAL, self._beat)
+        if self.clock.seconds() - self._last_sent >= BEAT_INTERVAL and not self._out:
+            self.send(frame(Kind.BEAT))
+
+    # -- in ---------------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.connected_up:
+            return
+        buf = self._buffer + data if self._buffer else data
+        try:
+            records, self._buffer = split_records(buf)
+        except ValueError as e:
+            self.log.error("REPLICATION: bad record from {peer} - {error}", peer=self.peer_text(), error=e)
+            self.abort()
+            return
+        if not records:
+            return
+        self.last_heard = self.clock.seconds()
+        for kind, payload in records:
+            self.received += 1
+            if kind != Kind.BEAT:
+                try:
+                    self.handler.link_record(self, kind, payload)
+                except ValueError as e:
+                    self.log.error("REPLICATION: bad record from {peer} - {error}",
+                                   peer=self.peer_text(), error=e)
+                    self.abort()
+                    return
+        self.handler.link_read(self)
+
+    def peer_text(self) -> str:
+        peer = self.transport.getPeer() if self.transport is not None else None
+        host = getattr(peer, "host", "?")
+        port = getattr(peer, "port", "?")
+        return f"{host}:{port}"
+
+
+class OwnerLink(Link):
+    """The owner's end: asks for the upgrade, then carries records."""
+
+    def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str) -> None:
+        super().__init__(handler, clock)
+        self.host = host
+        self._head = b""
+
+    def connectionMade(self) -> None:
+        self.transport.write(upgrade_request(self.host))  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.connected_up:
+            super().dataReceived(data)
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > _MAX_HEAD:
+                self.abort()
+            return
+        head, rest = self._head[:end], self._head[end + 4:]
+        self._head = b""
+        if not head.startswith(b"HTTP/1.1 101 "):
+            self.log.warn("REPLICATION({peer}): link refused - {answer}", peer=self.host,
+                          answer=head.split(b"\r\n", 1)[0].decode("utf-8", "replace"))
+            self.abort()
+            return
+        self.records_begin()
+        if rest:
+            super().dataReceived(rest)
+
+
+def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any) -> Link:
+    """The replica's end of a link whose upgrade its HTTP channel just answered."""
+    link = Link(handler, clock)
+    link.makeConnection(transport)  # type: ignore[no-untyped-call]
+    link.records_begin()
+    return link

@@ -1,0 +1,290 @@
+"""The owner's side: each publish's copy sent to the topic's replica, its OK held until acked.
+
+One :class:`PeerLink` per replica node, carrying every topic this node
+placed there. A publish's ``PUB`` record is kept (:class:`Pending`) until
+the replica's ``ACK`` covers it; its publisher's Deferred fires then. A
+link lost or silent for a third of ``--replica-timeout`` is dropped, its
+replica set aside, its topics placed anew and its unacked records sent to
+the new replica, so a publish waiting on a lost replica is answered by the
+next one. A publish not acked within ``--replica-wait`` is refused
+(:class:`~nsqtw.errors.ReplicaError`); its message stays queued here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ClientFactory
+
+from nsqtw.errors import ReplicaError
+from nsqtw.log import Logger
+from nsqtw.replica.choice import Candidate, Choice
+from nsqtw.replica.link import Link, OwnerLink
+from nsqtw.replica.records import Kind, decode_ack, decode_json, encode_fin, encode_json, encode_pub, frame
+
+__all__ = ["OwnerSide", "Pending", "PeerLink"]
+
+
+class Pending:
+    """A record kept until its replica acks it, with the publishers waiting on it."""
+
+    __slots__ = ("topic", "record", "waiters", "since", "number")
+
+    def __init__(self, topic: str, record: bytes, since: float) -> None:
+        self.topic = topic
+        self.record = record
+        self.waiters: list[Deferred[None]] = []
+        self.since = since
+        #: its number on the link it was sent on (0: not sent yet)
+        self.number = 0
+
+
+class PeerLink:
+    """This node's link to one replica node."""
+
+    log = Logger()
+
+    def __init__(self, side: OwnerSide, candidate: Candidate) -> None:
+        self.side = side
+        self.candidate = candidate
+        self.link: Link | None = None
+        self.topics: set[str] = set()
+        #: records sent or waiting to be sent, oldest first, until acked
+        self.pending: deque[Pending] = deque()
+        self.acked = 0
+        self.dropped = False
+        self.up_since: float | None = None
+
+    def connect(self) -> None:
+        side = self.side
+        peer = self
+
+        class _Factory(ClientFactory):
+            noisy = False
+
+            def buildProtocol(self, addr: Any) -> OwnerLink:
+                return OwnerLink(peer, side.clock, peer.candidate.address)
+
+            def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+                peer.link_lost(None, reason.getErrorMessage())
+
+        side.reactor.connectTCP(self.candidate.host, self.candidate.http_port, _Factory(),
+                                timeout=side.timeout / 3)
+
+    # -- LinkHandler --------------------------------------------------------------------------
+
+    def link_up(self, link: Link) -> None:
+        if self.dropped:
+            link.abort()
+            return
+        self.link = link
+        self.up_since = self.side.clock.seconds()
+        link.send(encode_json(Kind.HELLO, self.side.hello()))
+        self.log.info("REPLICATION({peer}): link up, copies of {topics} go there",
+                      peer=self.candidate.address, topics=sorted(self.topics))
+        for topic in sorted(self.topics):
+            self.side.announce_topic(self, topic)
+        for p in self.pending:
+            p.number = link.send(p.record)
+
+    def link_record(self, link: Link, kind: int, payload: bytes) -> None:
+        if kind == Kind.ACK:
+            self._acked(decode_ack(payload))
+        elif kind == Kind.HELLO:
+            link.hello = decode_json(payload)
+
+    def link_read(self, link: Link) -> None:
+        pass
+
+    def link_lost(self, link: Link | None, reason: str) -> None:
+        if link is not None and link is not self.link:
+            return
+        self.link = None
+        if not self.dropped:
+            self.log.warn("REPLICATION({peer}): link lost - {reason}", peer=self.candidate.address, reason=reason)
+            self.side.peer_lost(self)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def send(self, pending: Pending) -> None:
+        self.pending.append(pending)
+        if self.link is not None:
+            pending.number = self.link.send(pending.record)
+
+    def send_now(self, record: bytes) -> None:
+        """A record nobody waits on (FIN, CHANNEL...): sent if the link is up, else dropped
+        (a new link announces the topic's channels again)."""
+        if self.link is not None:
+            self.link.send(record)
+
+    def _acked(self, number: int) -> None:
+        self.acked = number
+        pending = self.pending
+        while pending and 0 < pending[0].number <= number:
+            p = pending.popleft()
+            for d in p.waiters:
+                if not d.called:
+                    d.callback(None)
+
+    def lag(self, now: float) -> float:
+        """Seconds the oldest unacked record has waited (0 when none)."""
+        return now - self.pending[0].since if self.pending else 0.0
+
+    def drop(self) -> None:
+        self.dropped = True
+        if self.link is not None:
+            self.link.abort()
+
+    def say_bye(self) -> None:
+        """A graceful stop: BYE, written now, then the link closes (its replica keeps the copies
+        for this node's return on its disk)."""
+        self.dropped = True
+        link = self.link
+        if link is not None:
+            link.send(frame(Kind.BYE))
+            link.close_now()
+
+
+class OwnerSide:
+    """Every topic of this node placed on a replica, and the links to them."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, choice: Choice, own_address: Callable[[], str],
+                 hello: Callable[[], dict[str, Any]], channels_of: Callable[[str], list[tuple[str, bool]]],
+                 timeout: float, wait: float) -> None:
+        self.reactor = reactor
+        self.clock = reactor
+        self.choice = choice
+        self.own_address = own_address
+        self.hello = hello
+        self.channels_of = channels_of
+        self.timeout = timeout
+        self.wait = wait
+        self.peers: dict[str, PeerLink] = {}
+        self.placed: dict[str, PeerLink] = {}
+        #: records of topics no replica could be chosen for, failed at their wait's end
+        self.unplaced: deque[Pending] = deque()
+        self.refused = 0
+        self.unreplicated = 0
+
+    # -- placing topics -------------------------------------------------------------------------
+
+    def peer_for(self, topic: str) -> PeerLink | None:
+        peer = self.placed.get(topic)
+        if peer is not None:
+            return peer
+        candidate = self.choice.best(self.own_address(), topic)
+        if candidate is None:
+            return None
+        peer = self.peers.get(candidate.address)
+        if peer is None:
+            peer = self.peers[candidate.address] = PeerLink(self, candidate)
+            peer.connect()
+        peer.topics.add(topic)
+        self.placed[topic] = peer
+        if peer.link is not None:
+            self.announce_topic(peer, topic)
+        return peer
+
+    def announce_topic(self, peer: PeerLink, topic: str) -> None:
+        """Tell a replica the topic's channels (a new link, or a topic newly placed there)."""
+        for channel, _ in self.channels_of(topic):
+            peer.send_now(encode_json(Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": False}))
+
+    def peer_lost(self, peer: PeerLink) -> None:
+        """A replica's link failed: set it aside, place its topics anew, resend its unacked records."""
+        if self.peers.get(peer.candidate.address) is peer:
+            del self.peers[peer.candidate.address]
+        peer.drop()
+        self.choice.set_aside(peer.candidate.address, self.timeout)
+        for topic in peer.topics:
+            if self.placed.get(topic) is peer:
+                del self.placed[topic]
+        for p in peer.pending:
+            p.number = 0
+            self._place(p)
+        peer.pending.clear()
+
+    def candidates_changed(self) -> None:
+        """New candidates: records no replica could take yet are placed now."""
+        waiting, self.unplaced = self.unplaced, deque()
+        for p in waiting:
+            self._place(p)
+
+    # -- the core's calls (IReplication) ----------------------------------------------------------
+
+    def published(self, topic: str, values: Sequence[int], bodies: list[bytes], timestamp: int,
+                  delay: float) -> Deferred[None]:
+        p = Pending(topic, encode_pub(topic, values, bodies, timestamp, delay), self.clock.seconds())
+        d: Deferred[None] = Deferred()
+        p.waiters.append(d)
+        self._place(p)
+        return d
+
+    def _place(self, p: Pending) -> None:
+        peer = self.peer_for(p.topic)
+        if peer is None:
+            self.unplaced.append(p)
+        else:
+            peer.send(p)
+
+    def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
+        peer = self.placed.get(topic)
+        if peer is not None:
+            peer.send_now(encode_fin(topic, channel, ids))
+
+    def send_json(self, topic: str, kind: Kind, value: dict[str, Any]) -> None:
+        peer = self.placed.get(topic)
+        if peer is not None:
+            peer.send_now(encode_json(kind, value))
+
+    def topic_gone(self, topic: str) -> None:
+        self.send_json(topic, Kind.TOPIC_GONE, {"topic": topic})
+        peer = self.placed.pop(topic, None)
+        if peer is not None:
+            peer.topics.discard(topic)
+
+    # -- every tick: waits and silences -----------------------------------------------------------
+
+    def tick(self) -> None:
+        now = self.clock.seconds()
+        oldest = now - self.wait
+        for peer in list(self.peers.values()):
+            link = peer.link
+            silent = link is not None and now - link.last_heard >= self.timeout / 3
+            lagging = peer.pending and peer.pending[0].number and now - peer.pending[0].since >= self.timeout / 3
+            if silent or lagging:
+                self.log.warn("REPLICATION({peer}): {why}, choosing another replica", peer=peer.candidate.address,
+                              why="silent" if silent else "not acking")
+                self.peer_lost(peer)
+            elif (link is None and peer.up_since is None and peer.pending
+                  and now - peer.pending[0].since >= self.timeout / 3):
+                self.peer_lost(peer)  # never connected
+            for p in peer.pending:
+                if p.since > oldest:
+                    break
+                self._refuse(p)
+        while self.unplaced and self.unplaced[0].since <= oldest:
+            p = self.unplaced.popleft()
+            self._refuse(p)
+            self.unreplicated += 1  # no replica took it: it stays on this node alone
+
+    def _refuse(self, p: Pending) -> None:
+        for d in p.waiters:
+            if not d.called:
+                self.refused += 1
+                d.errback(ReplicaError("no replica acknowledged it"))
+        p.waiters = []
+
+    def stop(self) -> None:
+        for peer in list(self.peers.values()):
+            peer.say_bye()
+        for p in self.unplaced:
+            self._refuse(p)
+        for peer in self.peers.values():
+            for p in peer.pending:
+                self._refuse(p)

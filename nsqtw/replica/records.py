@@ -1,0 +1,156 @@
+"""The replication link's records, their kinds and encodings in one table.
+
+A record on the wire is a 4-byte big-endian length (of what follows), a
+kind byte, then its payload. Control records carry a small JSON object;
+the two that carry messages or IDs (``PUB``, ``FIN``) are packed binary,
+as they are most of the link's bytes. Records are numbered implicitly per
+direction (the first one a side sends is 1): an ``ACK`` names the highest
+number its sender has taken in.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Final
+
+__all__ = ["Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub", "encode_ack",
+           "encode_fin", "encode_json", "encode_pub", "frame", "split_records"]
+
+_LEN: Final = struct.Struct(">I")
+_U16: Final = struct.Struct(">H")
+_ACK: Final = struct.Struct(">Q")
+#: per message of a PUB: ID value, timestamp (ns), DPUB delay (ms), body length
+_MSG: Final = struct.Struct(">QqII")
+#: the largest record either side accepts (a PUB of a 5 MB MPUB and its headers fits)
+MAX_RECORD: Final = 64 * 1024 * 1024
+
+
+class Kind(IntEnum):
+    """Every record kind, with who sends it."""
+
+    HELLO = 1         # both: {"node", "incarnation", "http_port", "version"}
+    PUB = 2           # owner: topic and messages (:func:`encode_pub`)
+    FIN = 3           # owner: topic, channel, IDs finished there (:func:`encode_fin`)
+    CHANNEL = 4       # owner: {"topic", "channel", "backlog"}: made; owes the topic's backlog or not
+    CHANNEL_GONE = 5  # owner: {"topic", "channel"}
+    EMPTY = 6         # owner: {"topic", "channel"}: every message so far done there (channel None: the topic)
+    TOPIC_GONE = 7    # owner: {"topic"}
+    ACK = 8           # replica: the highest record number taken in (:func:`encode_ack`)
+    BEAT = 9          # both: nothing; sent after a second without another record
+    BYE = 10          # owner: nothing; it stops gracefully (its queues go to its disk)
+
+
+#: the kinds whose payload is a JSON object
+JSON_KINDS: Final = frozenset({Kind.HELLO, Kind.CHANNEL, Kind.CHANNEL_GONE, Kind.EMPTY, Kind.TOPIC_GONE})
+
+
+def frame(kind: Kind, payload: bytes = b"") -> bytes:
+    """One record as it goes on the wire."""
+    return _LEN.pack(len(payload) + 1) + bytes((kind,)) + payload
+
+
+def split_records(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """The whole records at the start of ``buf`` as (kind, payload), and the bytes left over.
+    ValueError for a record longer than :data:`MAX_RECORD` or of length 0."""
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    size = len(buf)
+    while size - pos >= 4:
+        (n,) = _LEN.unpack_from(buf, pos)
+        if n == 0 or n > MAX_RECORD:
+            raise ValueError(f"record of {n} bytes")
+        if size - pos - 4 < n:
+            break
+        out.append((buf[pos + 4], buf[pos + 5:pos + 4 + n]))
+        pos += 4 + n
+    return out, buf[pos:]
+
+
+def encode_json(kind: Kind, value: dict[str, Any]) -> bytes:
+    return frame(kind, json.dumps(value, separators=(",", ":")).encode())
+
+
+def decode_json(payload: bytes) -> dict[str, Any]:
+    value = json.loads(payload)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def encode_ack(number: int) -> bytes:
+    return frame(Kind.ACK, _ACK.pack(number))
+
+
+def decode_ack(payload: bytes) -> int:
+    (number,) = _ACK.unpack(payload)
+    return int(number)
+
+
+def _name(value: str) -> bytes:
+    raw = value.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def _read_name(payload: bytes, pos: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(payload, pos)
+    pos += 2
+    if pos + n > len(payload):
+        raise ValueError("name past the record's end")
+    return payload[pos:pos + n].decode(), pos + n
+
+
+@dataclass(frozen=True, slots=True)
+class PubMessage:
+    """One message of a PUB record: its ID (16 hex digits), timestamp (ns), delay (ms), body."""
+
+    id: bytes
+    timestamp: int
+    delay_ms: int
+    body: bytes
+
+
+def encode_pub(topic: str, values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
+               delay: float) -> bytes:
+    """A PUB record of freshly published messages (their ID values, as the topic got them)."""
+    delay_ms = int(delay * 1000)
+    parts = [_name(topic), _LEN.pack(len(bodies))]
+    for value, body in zip(values, bodies, strict=True):
+        parts.append(_MSG.pack(value, timestamp, delay_ms, len(body)))
+        parts.append(body)
+    return frame(Kind.PUB, b"".join(parts))
+
+
+def decode_pub(payload: bytes) -> tuple[str, list[PubMessage]]:
+    topic, pos = _read_name(payload, 0)
+    (count,) = _LEN.unpack_from(payload, pos)
+    pos += 4
+    out: list[PubMessage] = []
+    size = len(payload)
+    for _ in range(count):
+        value, timestamp, delay_ms, n = _MSG.unpack_from(payload, pos)
+        pos += _MSG.size
+        if pos + n > size:
+            raise ValueError("body past the record's end")
+        out.append(PubMessage(b"%016x" % value, timestamp, delay_ms, payload[pos:pos + n]))
+        pos += n
+    if pos != size:
+        raise ValueError("bytes after the last message")
+    return topic, out
+
+
+def encode_fin(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:
+    """A FIN record: 16-byte IDs back to back."""
+    return frame(Kind.FIN, _name(topic) + _name(channel) + b"".join(ids))
+
+
+def decode_fin(payload: bytes) -> tuple[str, str, list[bytes]]:
+    topic, pos = _read_name(payload, 0)
+    channel, pos = _read_name(payload, pos)
+    rest = payload[pos:]
+    if len(rest) % 16:
+        raise ValueError("FIN IDs not a multiple of 16 bytes")
+    return topic, channel, [rest[i:i + 16] for i in range(0, len(rest), 16)]

@@ -1,0 +1,364 @@
+"""``--replicas=2`` as one service: the owner's side, the replica's side, and what ties them to the node.
+
+Installed only with ``--replicas=2``: with the default the node has no
+replication object and every byte it sends is Go nsqd's. The core calls
+it through :class:`~nsqtw.interfaces.IReplication` (``NSQD.replication``):
+on each publish of a topic that is not ``#ephemeral`` and on each FIN; it
+listens to the registry for channels and topics coming and going; the HTTP
+API asks it for ``GET /replication`` and the link's upgrade.
+
+The replica's side takes links from owners (:meth:`ReplicationService.accept`),
+holds their copies (:class:`~nsqtw.replica.standby.Standby`), makes the
+owner's topic and channels here as real ones (so lookupd lists this node
+as their producer before it is ever needed), and takes over an owner whose
+link has been down or silent for ``--replica-timeout`` and whose ``/ping``
+fails too, or at once when the owner comes back with another incarnation
+(its data directory is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any, Final
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.task import LoopingCall
+from zope.interface import implementer
+
+from nsqtw import NSQD_VERSION
+from nsqtw.interfaces import IReplication
+from nsqtw.log import Logger
+from nsqtw.names import is_ephemeral
+from nsqtw.replica.choice import Choice, http_get
+from nsqtw.replica.link import Link, accepted_link
+from nsqtw.replica.owner import OwnerSide
+from nsqtw.replica.records import Kind, decode_fin, decode_json, decode_pub, encode_ack, encode_json
+from nsqtw.replica.standby import Standby
+
+__all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]
+
+#: the file in the data directory naming this directory's incarnation (made with it)
+INCARNATION_FILE: Final = "nsqtw.incarnation"
+#: seconds between the checks of waits, silences and lost owners
+TICK: Final = 0.25
+#: version of the link's records
+VERSION: Final = 1
+
+
+def incarnation_of(data_path: str) -> str:
+    """The data directory's incarnation: 64 random bits made with it, so a node that comes back
+    without its data is told apart from one that comes back with it."""
+    path = os.path.join(data_path, INCARNATION_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            value = f.read().strip()
+        if len(value) == 16:
+            return value
+    except FileNotFoundError:
+        pass
+    value = secrets.token_hex(8)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(value + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return value
+
+
+class _OwnerState:
+    """What the replica knows of one owner: its link, incarnation and standbys."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.link: Link | None = None
+        self.incarnation = ""
+        self.host = ""
+        self.http_port = 0
+        self.standbys: dict[str, Standby] = {}
+        self.silent_since: float | None = None
+        self.probing = False
+        #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
+        self.started = 0.0
+        self.said_bye = False
+
+
+@implementer(IReplication)
+class ReplicationService(Service):
+    """The node's replication: see the module's docstring."""
+
+    log = Logger()
+
+    def __init__(self, nsqd: Any, reactor: Any, options: Any, lookupd_addresses: Callable[[], list[str]],
+                 data_path: str) -> None:
+        self.nsqd = nsqd
+        self.reactor = reactor
+        self.options = options
+        self.data_path = data_path
+        self.timeout = float(options.replica_timeout)
+        self.wait = float(options.replica_wait)
+        self.incarnation = ""
+        self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
+        self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
+                               self.timeout, self.wait)
+        self.choice.changed = self._candidates_changed
+        #: owner name -> what this node holds for it
+        self.owners: dict[str, _OwnerState] = {}
+        self.takeovers = 0
+        self._tick = LoopingCall(self.tick)
+        self._tick.clock = reactor
+        nsqd.replication = self
+        nsqd.listeners.append(self)
+
+    # -- service ----------------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]
+        self.incarnation = incarnation_of(self.data_path)
+        self.choice.own_incarnation = self.incarnation
+        self.log.info("REPLICATION: --replicas=2, incarnation {incarnation}: a publish is answered once a"
+                      " peer holds its copy", incarnation=self.incarnation)
+        self.choice.start()
+        self._tick.start(TICK, now=False)
+
+    def stopService(self) -> None:
+        super().stopService()  # type: ignore[no-untyped-call]
+        if self._tick.running:
+            self._tick.stop()
+        self.choice.stop()
+        self.owner.stop()
+        for state in self.owners.values():
+            if state.link is not None:
+                state.link.abort()
+
+    def own_address(self) -> str:
+        o = self.options
+        return f"{o.broadcast_address}:{o.broadcast_http_port or self.nsqd.http_port}"
+
+    def hello(self) -> dict[str, Any]:
+        return {"node": self.own_address(), "incarnation": self.incarnation,
+                "http_port": self.options.broadcast_http_port or self.nsqd.http_port,
+                "started": self.nsqd.start_time_precise, "durable": bool(self.options.durable_delivery),
+                "version": VERSION}
+
+    def info(self) -> dict[str, Any]:
+        """``GET /replication``."""
+        return {"version": VERSION, "nsqd_version": NSQD_VERSION, "node": self.own_address(),
+                "incarnation": self.incarnation, "replicas": 2}
+
+    def _channels_of(self, topic: str) -> list[tuple[str, bool]]:
+        t = self.nsqd.topics.get(topic)
+        if t is None:
+            return []
+        return [(name, False) for name in t.channels if not is_ephemeral(name)]
+
+    # -- IReplication: the core's calls -------------------------------------------------------------
+
+    def published(self, topic: str, values: Any, bodies: list[bytes], timestamp: int,
+                  delay: float) -> Deferred[None]:
+        return self.owner.published(topic, values, bodies, timestamp, delay)
+
+    def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
+        if not is_ephemeral(channel):
+            self.owner.finished(topic, channel, ids)
+
+    # -- the registry (IRegistryListener) -----------------------------------------------------------
+
+    def topic_created(self, topic: Any) -> None:
+        if not topic.ephemeral:
+            self.owner.peer_for(topic.name)
+
+    def _candidates_changed(self) -> None:
+        """Topics no replica could be chosen for are placed now, then their waiting records."""
+        for name, topic in list(self.nsqd.topics.items()):
+            if not topic.ephemeral:
+                self.owner.peer_for(name)
+        self.owner.candidates_changed()
+
+    def topic_deleted(self, topic: Any) -> None:
+        if not topic.ephemeral:
+            self.owner.topic_gone(topic.name)
+
+    def channel_created(self, topic: Any, channel: Any) -> None:
+        if topic.ephemeral or channel.ephemeral:
+            return
+        backlog = bool(topic.depth()) or not topic.channels or len(topic.channels) == 1
+        self.owner.send_json(topic.name, Kind.CHANNEL, {"topic": topic.name, "channel": channel.name,
+                                                         "backlog": backlog})
+
+    def channel_deleted(self, topic: Any, channel: Any) -> None:
+        if not (topic.ephemeral or channel.ephemeral):
+            self.owner.send_json(topic.name, Kind.CHANNEL_GONE, {"topic": topic.name, "channel": channel.name})
+
+    def channel_emptied(self, topic: str, channel: str | None) -> None:
+        self.owner.send_json(topic, Kind.EMPTY, {"topic": topic, "channel": channel})
+
+    # -- the replica's side ---------------------------------------------------------------------------
+
+    def accept(self, transport: Any) -> Link:
+        """An owner's link, upgraded from an HTTP request to this node."""
+        return accepted_link(self, self.reactor, transport)
+
+    def link_up(self, link: Link) -> None:
+        link.send(encode_json(Kind.HELLO, self.hello()))
+
+    def link_record(self, link: Link, kind: int, payload: bytes) -> None:
+        if kind == Kind.HELLO:
+            self._hello(link, decode_json(payload))
+            return
+        state = self._state_of(link)
+        if state is None:
+            raise ValueError(f"record {kind} before HELLO")
+        if kind == Kind.PUB:
+            topic, messages = decode_pub(payload)
+            self._standby(state, topic).add(messages)
+        elif kind == Kind.FIN:
+            topic, channel, ids = decode_fin(payload)
+            standby = state.standbys.get(topic)
+            if standby is not None:
+                standby.finish(channel, ids)
+        elif kind == Kind.CHANNEL:
+            value = decode_json(payload)
+            topic, channel = str(value["topic"]), str(value["channel"])
+            self._standby(state, topic).channel(channel, bool(value.get("backlog")))
+            self.nsqd.get_topic(topic).get_channel(channel)
+        elif kind == Kind.CHANNEL_GONE:
+            value = decode_json(payload)
+            standby = state.standbys.get(str(value["topic"]))
+            if standby is not None:
+                standby.channel_gone(str(value["channel"]))
+        elif kind == Kind.EMPTY:
+            value = decode_json(payload)
+            standby = state.standbys.get(str(value["topic"]))
+            if standby is not None:
+                emptied = value.get("channel")
+                standby.empty(None if emptied is None else str(emptied))
+        elif kind == Kind.TOPIC_GONE:
+            value = decode_json(payload)
+            state.standbys.pop(str(value["topic"]), None)
+        elif kind == Kind.BYE:
+            state.said_bye = True
+
+    def link_read(self, link: Link) -> None:
+        link.send(encode_ack(link.received))
+
+    def link_lost(self, link: Link, reason: str) -> None:
+        state = self._state_of(link)
+        if state is not None and state.link is link:
+            state.link = None
+            if state.standbys:
+                self.log.warn("REPLICATION({owner}): owner's link lost - {reason}; taking over its"
+                              " {count} topic(s) if it stays away {timeout}s", owner=state.name,
+                              reason=reason, count=len(state.standbys), timeout=self.timeout)
+
+    def _state_of(self, link: Link) -> _OwnerState | None:
+        hello = link.hello
+        return None if hello is None else self.owners.get(str(hello["node"]))
+
+    def _hello(self, link: Link, hello: dict[str, Any]) -> None:
+        name = str(hello["node"])
+        incarnation = str(hello["incarnation"])
+        if incarnation == self.incarnation:
+            raise ValueError("a link from this node itself")
+        link.hello = hello
+        state = self.owners.get(name)
+        if state is None:
+            state = self.owners[name] = _OwnerState(name)
+        elif state.incarnation and state.incarnation != incarnation and state.standbys:
+            self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
+                          " taking over", owner=name, old=state.incarnation, new=incarnation)
+            self._take_over(state)
+        elif (state.standbys and state.started and float(hello.get("started") or 0) != state.started
+              and not state.said_bye and not hello.get("durable")):
+            # killed, and back on its disk: what it held only in memory is gone there, and the
+            # copies here cannot tell which; delivered from here (duplicates, never a loss)
+            self.log.warn("REPLICATION({owner}): restarted after a crash without --durable-delivery:"
+                          " taking over the copies held for it", owner=name)
+            self._take_over(state)
+        if state.link is not None and state.link is not link:
+            state.link.abort()
+        state.link = link
+        state.incarnation = incarnation
+        peer = link.transport.getPeer() if link.transport is not None else None
+        state.host = str(getattr(peer, "host", ""))
+        state.http_port = int(hello.get("http_port") or 0)
+        state.silent_since = None
+        state.started = float(hello.get("started") or 0)
+        state.said_bye = False
+
+    def _standby(self, state: _OwnerState, topic: str) -> Standby:
+        standby = state.standbys.get(topic)
+        if standby is None or standby.taken_over:
+            standby = state.standbys[topic] = Standby(state.name, topic)
+            self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
+        return standby
+
+    # -- every tick: the owner's waits; lost owners --------------------------------------------------
+
+    def tick(self) -> None:
+        self.owner.tick()
+        now = self.reactor.seconds()
+        for state in list(self.owners.values()):
+            if not state.standbys or state.probing:
+                continue
+            link = state.link
+            if link is not None and now - link.last_heard < self.timeout:
+                state.silent_since = None
+                continue
+            if state.silent_since is None:
+                state.silent_since = now if link is None else link.last_heard
+            if now - state.silent_since >= self.timeout:
+                state.probing = True
+                ensureDeferred(self._probe(state))
+
+    async def _probe(self, state: _OwnerState) -> None:
+        """The owner's link is silent for the timeout: one /ping decides (a broken link alone is
+        not a lost node)."""
+        try:
+            try:
+                code, _ = await http_get(self.reactor, f"http://{state.host}:{state.http_port}/ping", 1.0)
+                alive = code == 200
+            except Exception:  # noqa: BLE001 - no answer: lost
+                alive = False
+            if alive:
+                state.silent_since = self.reactor.seconds()
+                return
+            self.log.warn("REPLICATION({owner}): silent for {timeout}s and /ping fails: taking over",
+                          owner=state.name, timeout=self.timeout)
+            if state.link is not None:
+                state.link.abort()
+            self._take_over(state)
+        finally:
+            state.probing = False
+
+    def _take_over(self, state: _OwnerState) -> None:
+        standbys, state.standbys = state.standbys, {}
+        for standby in standbys.values():
+            self.takeovers += 1
+            standby.take_over(self.nsqd).addCallbacks(self._took_over, lambda f: None, (standby,))
+
+    def _took_over(self, count: int, standby: Standby) -> None:
+        self.log.info("REPLICATION({owner}): took over {topic}: {count} messages handed to its channels here",
+                      owner=standby.owner, topic=standby.topic, count=count)
+
+    # -- shown -------------------------------------------------------------------------------------
+
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        """``/stats``'s per topic ``replica``."""
+        peer = self.owner.placed.get(topic)
+        if peer is None:
+            return {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0}
+        now = self.reactor.seconds()
+        unacked = sum(1 for p in peer.pending if p.topic == topic)
+        return {"peer": peer.candidate.address, "state": "in_sync" if peer.link is not None else "connecting",
+                "unacked": unacked, "lag_ms": int(peer.lag(now) * 1000)}
+
+    def node_stats(self) -> dict[str, Any]:
+        standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.bytes,
+                    "taken_over": s.taken_over}
+                   for state in self.owners.values() for s in state.standbys.values()]
+        return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
+                "takeovers": self.takeovers, "standby": standby}
