@@ -55,6 +55,9 @@ def families(snap: Mapping[str, Any]) -> Iterator[Metric]:
         found = chain(found, client_families(topics, snap.get("producers") or []))
     # a family without series (no topic yet, no client) is left out rather than written empty
     yield from (f for f in found if f.samples)
+    replication = (snap.get("nsqtw") or {}).get("replication")
+    if replication is not None:
+        yield from replication_families(replication)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -223,3 +226,38 @@ def client_families(topics: Sequence[Mapping[str, Any]],
             published.add_metric([pub["topic"], str(p["client_id"]), p["hostname"], p["remote_address"]],
                                  float(pub["count"]))
     yield from (ready, in_flight, messages, finished, requeued, published)
+
+
+# -- replication (--replicas=2) --------------------------------------------------
+
+def replication_families(replication: Mapping[str, Any]) -> Iterator[Metric]:
+    """``--replicas=2``: what the node refused or took over, each topic's replica, the copies it holds."""
+    node = replication["node"]
+    for name, doc, key in (
+        ("nsqtw_replica_refused", "Publishes refused because no replica acknowledged their copy in time.",
+         "replica_refused"),
+        ("nsqtw_replica_unreplicated", "Publishes no replica could be chosen for: held by this node alone.",
+         "unreplicated"),
+        ("nsqtw_replica_takeovers", "Topics of lost nodes whose copies this node delivered.", "takeovers"),
+    ):
+        counter = _counter(name, doc)
+        counter.add_metric([], float(node.get(key, 0)))
+        yield counter
+    in_sync = _gauge("nsqtw_topic_replica_in_sync", "1 while the topic's replica is connected and acking.",
+                     ("topic", "peer"))
+    unacked = _gauge("nsqtw_topic_replica_unacked", "Publishes of the topic its replica has not acked yet.",
+                     _TOPIC)
+    lag = _gauge("nsqtw_topic_replica_lag_seconds", "Age of the topic's oldest publish its replica has not acked.",
+                 _TOPIC)
+    for topic, r in sorted(replication["topics"].items()):
+        in_sync.add_metric([topic, r["peer"] or ""], 1.0 if r["state"] == "in_sync" else 0.0)
+        unacked.add_metric([topic], float(r["unacked"]))
+        lag.add_metric([topic], float(r["lag_ms"]) / 1000)
+    messages = _gauge("nsqtw_standby_messages", "Copies this node holds for another node's topic.",
+                      ("owner", "topic"))
+    nbytes = _gauge("nsqtw_standby_bytes", "Body bytes of the copies this node holds for another node's topic.",
+                    ("owner", "topic"))
+    for s in node.get("standby", ()):
+        messages.add_metric([s["owner"], s["topic"]], float(s["messages"]))
+        nbytes.add_metric([s["owner"], s["topic"]], float(s["bytes"]))
+    yield from (f for f in (in_sync, unacked, lag, messages, nbytes) if f.samples)

@@ -314,6 +314,13 @@ def snapshot_steps(nsqd: Any, topic: str | None = None, channel: str | None = No
             "start_time": float(getattr(nsqd, "start_time_precise", nsqd.start_time)),
             "now": now,
         }
+        replication = getattr(nsqd, "replication", None)
+        if replication is not None:  # --replicas=2
+            out["nsqtw"]["replication"] = {
+                "node": replication.node_stats(),
+                "topics": {t["topic_name"]: replication.topic_stats(t["topic_name"]) for t in topics or ()
+                           if t["topic_name"] in nsqd.topics and not nsqd.topics[t["topic_name"]].ephemeral},
+            }
     return out
 
 

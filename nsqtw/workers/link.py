@@ -58,7 +58,7 @@ GRANT = 25
 REVOKE = 26
 
 #: an ACK's status: done; failed (the text says why); past --max-channel-consumers
-ACK_OK, ACK_FAILED, ACK_TOO_MANY = 0, 1, 2
+ACK_OK, ACK_FAILED, ACK_TOO_MANY, ACK_NO_REPLICA = 0, 1, 2, 3  # (the last: --replicas=2's non-fatal refusal)
 
 #: whether Twisted's write buffers are as :mod:`nsqtw.net.twisted_privates` expects (else every
 #: write takes Twisted's path)

@@ -328,7 +328,8 @@ class WorkerPeer:
     def _answer(self, result: object, seq: int) -> None:
         written = settled(result)
         if isinstance(written, Failed):
-            self.send(link.encode(link.ACK, seq, link.ACK_FAILED, written.why))
+            status = link.ACK_FAILED if written.fatal else link.ACK_NO_REPLICA
+            self.send(link.encode(link.ACK, seq, status, written.why))
         else:
             self.send(link.encode(link.ACK, seq, link.ACK_OK, ""))
 

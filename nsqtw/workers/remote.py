@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
-from nsqtw.errors import ExitingError
+from nsqtw.errors import ExitingError, ReplicaError
 from nsqtw.log import Logger
 from nsqtw.protocol.node import Subscription
 from nsqtw.protocol.v2 import V2Protocol
@@ -215,6 +215,8 @@ class RemoteNode:
             d.callback(result)
         elif status == link.ACK_TOO_MANY:
             d.errback(ValueError())
+        elif status == link.ACK_NO_REPLICA:
+            d.errback(ReplicaError(why))
         else:
             d.errback(PublishFailed(why))
 
