@@ -207,7 +207,7 @@ class NSQDService(MultiService):
             from nsqtw.replica.service import ReplicationService
 
             ReplicationService(self.nsqd, reactor, options, lookup.lookupd_http_addresses,  # type: ignore[no-untyped-call]
-                               self.data_path).setServiceParent(self)
+                               self.data_path, lambda: self._lane("replica-standby")).setServiceParent(self)
 
     def _http_site(self) -> Factory[Any]:
         """The HTTP listener's factory, made at its first connection."""

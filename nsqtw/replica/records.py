@@ -17,14 +17,18 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Final
 
-__all__ = ["Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub", "encode_ack",
-           "encode_fin", "encode_json", "encode_pub", "frame", "split_records"]
+__all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub",
+           "encode_ack", "encode_fin", "encode_json", "encode_pub", "frame", "read_messages", "split_pub",
+           "split_records"]
 
 _LEN: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
 _ACK: Final = struct.Struct(">Q")
 #: per message of a PUB: ID value, timestamp (ns), DPUB delay (ms), body length
 _MSG: Final = struct.Struct(">QqII")
+_MSG_TIMES: Final = struct.Struct(">qI")
+#: bytes before each body in a PUB record (and a standby's log)
+MESSAGE_HEADER: Final = _MSG.size
 #: the largest record either side accepts (a PUB of a 5 MB MPUB and its headers fits)
 MAX_RECORD: Final = 64 * 1024 * 1024
 
@@ -125,21 +129,57 @@ def encode_pub(topic: str, values: Sequence[int], bodies: Sequence[bytes], times
 
 
 def decode_pub(payload: bytes) -> tuple[str, list[PubMessage]]:
+    """A PUB record's topic and messages."""
+    topic, data, values, sizes = split_pub(payload)
+    out: list[PubMessage] = []
+    pos = 0
+    for value, n in zip(values, sizes, strict=True):
+        timestamp, delay_ms = _MSG_TIMES.unpack_from(data, pos + 8)
+        pos += _MSG.size
+        out.append(PubMessage(b"%016x" % value, timestamp, delay_ms, data[pos:pos + n]))
+        pos += n
+    return topic, out
+
+
+def split_pub(payload: bytes) -> tuple[str, bytes, list[int], list[int]]:
+    """A PUB record's topic; its messages as they are in the record (a standby writes them to
+    its log so, :func:`read_messages` reads them back); each message's ID value and body size.
+    ValueError when a body runs past the record or bytes are left over."""
     topic, pos = _read_name(payload, 0)
     (count,) = _LEN.unpack_from(payload, pos)
     pos += 4
-    out: list[PubMessage] = []
+    start = pos
     size = len(payload)
+    values: list[int] = []
+    sizes: list[int] = []
     for _ in range(count):
-        value, timestamp, delay_ms, n = _MSG.unpack_from(payload, pos)
-        pos += _MSG.size
-        if pos + n > size:
+        if pos + _MSG.size > size:
+            raise ValueError("message header past the record's end")
+        value, _, _, n = _MSG.unpack_from(payload, pos)
+        pos += _MSG.size + n
+        if pos > size:
             raise ValueError("body past the record's end")
-        out.append(PubMessage(b"%016x" % value, timestamp, delay_ms, payload[pos:pos + n]))
-        pos += n
+        values.append(value)
+        sizes.append(n)
     if pos != size:
         raise ValueError("bytes after the last message")
-    return topic, out
+    return topic, payload[start:], values, sizes
+
+
+def read_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """Messages back to back as a PUB record holds them: (ID value, timestamp, delay ms, body)
+    each; a torn last one is left out."""
+    out: list[tuple[int, int, int, bytes]] = []
+    pos = 0
+    size = len(data)
+    while pos + _MSG.size <= size:
+        value, timestamp, delay_ms, n = _MSG.unpack_from(data, pos)
+        pos += _MSG.size
+        if pos + n > size:
+            break
+        out.append((value, timestamp, delay_ms, data[pos:pos + n]))
+        pos += n
+    return out
 
 
 def encode_fin(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:

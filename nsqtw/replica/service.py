@@ -24,19 +24,19 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.task import LoopingCall
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
-from nsqtw.interfaces import IReplication
+from nsqtw.interfaces import IDiskExecutor, IReplication
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.link import Link, accepted_link
 from nsqtw.replica.owner import OwnerSide
-from nsqtw.replica.records import Kind, decode_fin, decode_json, decode_pub, encode_ack, encode_json
-from nsqtw.replica.standby import Standby
+from nsqtw.replica.records import Kind, decode_fin, decode_json, encode_ack, encode_json, split_pub
+from nsqtw.replica.standby import STANDBY_SUFFIX, Standby, StandbyLog, log_prefix
 
 __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]
 
@@ -93,8 +93,16 @@ class ReplicationService(Service):
     log = Logger()
 
     def __init__(self, nsqd: Any, reactor: Any, options: Any, lookupd_addresses: Callable[[], list[str]],
-                 data_path: str) -> None:
+                 data_path: str, executor: Callable[[], IDiskExecutor]) -> None:
         self.nsqd = nsqd
+        #: the disk lane the standbys' logs are written on (asked for once the node's disk threads run)
+        self._executor = executor
+        self._lane: IDiskExecutor | None = None
+        self.durable = bool(options.durable_delivery)
+        #: per owner link: the ACK of its last read, once its records are written (--durable-delivery)
+        self._acking: dict[Link, Deferred[None]] = {}
+        #: the owners' links not read while the standbys' unwritten bytes are over the node's bound
+        self._paused: set[Link] = set()
         self.reactor = reactor
         self.options = options
         self.data_path = data_path
@@ -108,6 +116,8 @@ class ReplicationService(Service):
         #: owner name -> what this node holds for it
         self.owners: dict[str, _OwnerState] = {}
         self.takeovers = 0
+        #: this read's standby writes (--durable-delivery: its ACK waits for them)
+        self._writes: list[Deferred[None]] = []
         self._tick = LoopingCall(self.tick)
         self._tick.clock = reactor
         nsqd.replication = self
@@ -119,6 +129,13 @@ class ReplicationService(Service):
         super().startService()  # type: ignore[no-untyped-call]
         self.incarnation = incarnation_of(self.data_path)
         self.choice.own_incarnation = self.incarnation
+        left = [n for n in os.listdir(self.data_path) if STANDBY_SUFFIX + "." in n]
+        if left:
+            # copies held for other nodes before this process: their owners re-send nothing, so they
+            # are of no use (docs/cluster.md, "What replication does not do yet")
+            self.log.info("REPLICATION: removing {count} standby segment(s) of a previous run", count=len(left))
+            for name in left:
+                os.unlink(os.path.join(self.data_path, name))
         self.log.info("REPLICATION: --replicas=2, incarnation {incarnation}: a publish is answered once a"
                       " peer holds its copy", incarnation=self.incarnation)
         self.choice.start()
@@ -213,8 +230,13 @@ class ReplicationService(Service):
         if state is None:
             raise ValueError(f"record {kind} before HELLO")
         if kind == Kind.PUB:
-            topic, messages = decode_pub(payload)
-            self._standby(state, topic).add(messages)
+            topic, data, values, sizes = split_pub(payload)
+            written = self._standby(state, topic).add(data, values, sizes)
+            unwritten = self.nsqd.unwritten
+            unwritten.add(len(data))
+            written.addBoth(self._written, len(data))
+            if self.durable:
+                self._writes.append(written)
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
             standby = state.standbys.get(topic)
@@ -238,12 +260,58 @@ class ReplicationService(Service):
                 standby.empty(None if emptied is None else str(emptied))
         elif kind == Kind.TOPIC_GONE:
             value = decode_json(payload)
-            state.standbys.pop(str(value["topic"]), None)
+            gone = state.standbys.pop(str(value["topic"]), None)
+            if gone is not None:
+                gone.disk.remove()
         elif kind == Kind.BYE:
             state.said_bye = True
 
     def link_read(self, link: Link) -> None:
-        link.send(encode_ack(link.received))
+        """One ACK per read of a link: once its records are in this process, or, with
+        --durable-delivery, on this disk (after the ACKs before it)."""
+        number = link.received
+        writes, self._writes = self._writes, []
+        if not writes and link not in self._acking:
+            link.send(encode_ack(number))
+        else:
+            before = self._acking.get(link)
+            waits = writes if before is None else [before, *writes]
+            acked: Deferred[None] = DeferredList(waits, fireOnOneErrback=True, consumeErrors=True)  # type: ignore[assignment]
+            self._acking[link] = acked
+            acked.addCallbacks(self._ack, self._not_written, callbackArgs=(link, number, acked),
+                               errbackArgs=(link, acked))
+        transport: Any = link.transport
+        if self.nsqd.unwritten.over() and transport is not None:
+            # the disk is behind: read no more of any owner until it catches up (owners wait for
+            # ACKs, then choose another replica after a third of --replica-timeout)
+            transport.pauseProducing()
+            if not self._paused:
+                self.nsqd.unwritten.when_under().addBoth(self._resume)
+            self._paused.add(link)
+
+    def _ack(self, _: object, link: Link, number: int, acked: Deferred[None]) -> None:
+        if self._acking.get(link) is acked:
+            del self._acking[link]
+        if not link.closed:
+            link.send(encode_ack(number))
+
+    def _not_written(self, failure: Any, link: Link, acked: Deferred[None]) -> None:
+        if self._acking.get(link) is acked:
+            del self._acking[link]
+        self.log.error("REPLICATION: a standby could not be written - {error}; closing the link from {peer}",
+                       error=failure.getErrorMessage(), peer=link.peer_text())
+        link.abort()
+
+    def _written(self, result: object, nbytes: int) -> object:
+        self.nsqd.unwritten.remove(nbytes)
+        return result
+
+    def _resume(self, _: object) -> None:
+        paused, self._paused = self._paused, set()
+        for link in paused:
+            transport: Any = link.transport
+            if not link.closed and transport is not None:
+                transport.resumeProducing()
 
     def link_lost(self, link: Link, reason: str) -> None:
         state = self._state_of(link)
@@ -292,7 +360,10 @@ class ReplicationService(Service):
     def _standby(self, state: _OwnerState, topic: str) -> Standby:
         standby = state.standbys.get(topic)
         if standby is None or standby.taken_over:
-            standby = state.standbys[topic] = Standby(state.name, topic)
+            if self._lane is None:
+                self._lane = self._executor()
+            log = StandbyLog(self.data_path, log_prefix(state.name, topic), self._lane, self.durable)
+            standby = state.standbys[topic] = Standby(state.name, topic, log)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby
 
@@ -302,6 +373,8 @@ class ReplicationService(Service):
         self.owner.tick()
         now = self.reactor.seconds()
         for state in list(self.owners.values()):
+            for standby in state.standbys.values():
+                standby.maintain()
             if not state.standbys or state.probing:
                 continue
             link = state.link
@@ -357,8 +430,8 @@ class ReplicationService(Service):
                 "unacked": unacked, "lag_ms": int(peer.lag(now) * 1000)}
 
     def node_stats(self) -> dict[str, Any]:
-        standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.bytes,
-                    "taken_over": s.taken_over}
+        standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.live_bytes,
+                    "disk_bytes": s.disk.bytes(), "taken_over": s.taken_over}
                    for state in self.owners.values() for s in state.standbys.values()]
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "standby": standby}

@@ -1,153 +1,312 @@
 """The replica's side: the copies it holds for each owner's topic, and the takeover.
 
-A :class:`Standby` holds one owner's one topic: every message copied and
-not yet finished on all of the owner's channels, in arrival order, and per
-channel which it finished. A message goes once every channel that owes it
+A :class:`Standby` holds one owner's one topic. The messages themselves go
+to a log on this node's disk (:class:`StandbyLog`), written as the ``PUB``
+record carried them; memory keeps per message only its ID value (8 bytes),
+body size (4) and a byte per channel of the owner saying it finished there,
+in arrival order. A message is done once every channel that owes it
 finished it; a channel owes the messages that arrived after it was made
 (and, when the owner said its topic had a backlog then, those before too).
-So a standby holds what the owner has not finished: a long-running pair
-keeps no growing copy.
+The finished prefix is cut from memory, and a log segment whose messages
+are all done is deleted: a standby holds what its owner has not finished.
 
-At the takeover each message is handed, with its ID, timestamp and body,
-into every local channel of that name that owes it (to the local topic when
-the owner had no channel), a slice per reactor turn.
+At the takeover the log is read back, a segment at a time on the disk
+lane, and each message still owed is handed, with its ID, timestamp and
+body, into every local channel of that name that owes it (to the local
+topic when the owner had no channel), a slice per reactor turn.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from array import array
+from bisect import bisect_left
 from collections.abc import Generator
 from typing import Any, Final
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.python.failure import Failure
 
 from nsqtw.core.message import Message
+from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
-from nsqtw.replica.records import PubMessage
+from nsqtw.replica.records import read_messages
 
-__all__ = ["Standby", "TAKEOVER_SLICE"]
+__all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Standby", "StandbyLog", "log_prefix"]
 
 #: messages handed in per reactor turn at a takeover
 TAKEOVER_SLICE: Final = 4096
+#: a standby's log starts a new segment past this size (a done segment is deleted whole)
+SEGMENT_BYTES: Final = 16 * 1024 * 1024
+#: what a standby log's segment file names end with (Go nsqd reads none of them)
+STANDBY_SUFFIX: Final = ".nsqtw.standby"
+#: the finished prefix is cut from memory once it is this long and a quarter of what is held
+_CUT_MIN: Final = 4096
+
+
+def log_prefix(owner: str, topic: str) -> str:
+    """A standby's segment files start with this: the owner (``host:port``, made file-safe) and topic."""
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', owner)}~{topic}{STANDBY_SUFFIX}"
+
+
+def _append(path: str, data: bytes, fsync: bool) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class StandbyLog:
+    """One standby's messages on disk: segments appended on the disk lane, deleted once done."""
+
+    def __init__(self, directory: str, prefix: str, executor: IDiskExecutor, durable: bool) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self.executor = executor
+        self.durable = durable
+        #: [segment number, first arrival in it, bytes]
+        self.segments: list[list[int]] = []
+        self._next = 0
+
+    def path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{self.prefix}.{number:06d}.dat")
+
+    def append(self, data: bytes, first_arrival: int) -> Deferred[None]:
+        """Write messages that start at arrival ``first_arrival``; fires once written (and, durable,
+        fsynced)."""
+        segments = self.segments
+        if not segments or segments[-1][2] >= SEGMENT_BYTES:
+            segments.append([self._next, first_arrival, 0])
+            self._next += 1
+        segments[-1][2] += len(data)
+        return self.executor.submit(_append, self.path(segments[-1][0]), data, self.durable)
+
+    def drop_before(self, arrival: int) -> None:
+        """Delete the segments whose every message arrived before ``arrival`` (all done)."""
+        segments = self.segments
+        n = 0
+        while n + 1 < len(segments) and segments[n + 1][1] <= arrival:
+            n += 1
+        if n:
+            gone = [self.path(s[0]) for s in segments[:n]]
+            del segments[:n]
+            self.executor.submit(_remove, gone)
+
+    def read(self, index: int) -> Deferred[tuple[int, bytes]]:
+        """Segment ``index`` (of :attr:`segments`): its first arrival and its bytes."""
+        number, first, _ = self.segments[index]
+        return self.executor.submit(_read, self.path(number)).addCallback(lambda data: (first, data))
+
+    def remove(self) -> Deferred[None]:
+        paths = [self.path(s[0]) for s in self.segments]
+        self.segments = []
+        return self.executor.submit(_remove, paths) if paths else succeed(None)
+
+    def bytes(self) -> int:
+        return sum(s[2] for s in self.segments)
 
 
 class _Debt:
-    """One of the owner's channels: from which arrival on it owes messages, and what it finished."""
+    """One of the owner's channels: from which arrival on it owes messages, and, per message
+    held (parallel to the standby's arrays), whether it finished it."""
 
     __slots__ = ("start", "finished")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, held: int) -> None:
         self.start = start
-        self.finished: set[bytes] = set()
+        self.finished = bytearray(held)
 
 
 class Standby:
-    """One owner's topic, held in this process until the owner finishes it or is lost."""
+    """One owner's topic: what this node holds of it until the owner finishes it or is lost."""
 
     log = Logger()
 
-    def __init__(self, owner: str, topic: str) -> None:
+    def __init__(self, owner: str, topic: str, log: StandbyLog) -> None:
         self.owner = owner
         self.topic = topic
-        #: ID -> (arrival number, message), in arrival order
-        self.messages: dict[bytes, tuple[int, PubMessage]] = {}
+        self.disk = log
+        #: per message held, in arrival order from arrival number ``base``: ID value, body size, done
+        self.values = array("Q")
+        self.sizes = array("I")
+        self.done = bytearray()
+        self.base = 0
         self.channels: dict[str, _Debt] = {}
-        self.arrivals = 0
-        self.bytes = 0
+        #: messages held that are not done, and their body bytes
+        self.live = 0
+        self.live_bytes = 0
         self.taken_over = False
 
-    def add(self, messages: list[PubMessage]) -> None:
-        held = self.messages
-        for m in messages:
-            self.arrivals += 1
-            held[m.id] = (self.arrivals, m)
-            self.bytes += len(m.body)
+    @property
+    def arrivals(self) -> int:
+        """Arrival number the next message gets."""
+        return self.base + len(self.values)
+
+    def add(self, data: bytes, values: list[int], sizes: list[int]) -> Deferred[None]:
+        """Messages of a PUB record (``data``: as the record holds them): held from now; fires
+        once they are on disk."""
+        written = self.disk.append(data, self.arrivals)
+        n = len(values)
+        self.values.extend(values)
+        self.sizes.extend(sizes)
+        zeros = bytes(n)
+        self.done.extend(zeros)
+        for d in self.channels.values():
+            d.finished.extend(zeros)
+        self.live += n
+        self.live_bytes += sum(sizes)
+        return written
 
     def channel(self, name: str, backlog: bool) -> None:
         if name not in self.channels:
-            self.channels[name] = _Debt(0 if backlog else self.arrivals + 1)
+            self.channels[name] = _Debt(self.base if backlog else self.arrivals, len(self.values))
 
     def channel_gone(self, name: str) -> None:
         if self.channels.pop(name, None) is not None:
-            self._sweep(list(self.messages))
-
-    def finish(self, channel: str, ids: list[bytes]) -> None:
-        debt = self.channels.get(channel)
-        if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
-            debt = self.channels[channel] = _Debt(0)
-        held = self.messages
-        finished = debt.finished
-        for i in ids:
-            if i in held:
-                finished.add(i)
-        self._sweep(ids)
+            self._recount()
 
     def empty(self, channel: str | None) -> None:
         """The owner emptied a channel: every message so far is done there. (A topic's empty
         drops only what no channel was given yet, which the standby cannot tell: kept.)"""
-        if channel is None:
-            return
-        debt = self.channels.get(channel)
+        debt = None if channel is None else self.channels.get(channel)
         if debt is not None:
-            debt.start = self.arrivals + 1
-            debt.finished.clear()
-            self._sweep(list(self.messages))
+            debt.start = self.arrivals
+            debt.finished = bytearray(len(self.values))
+            self._recount()
 
-    def _owed_by(self, mid: bytes, arrival: int) -> list[str]:
-        return [name for name, d in self.channels.items() if d.start <= arrival and mid not in d.finished]
+    def finish(self, channel: str, ids: list[bytes]) -> None:
+        debt = self.channels.get(channel)
+        if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
+            debt = self.channels[channel] = _Debt(self.base, len(self.values))
+        values = self.values
+        held = len(values)
+        for mid in ids:
+            try:
+                value = int(mid, 16)
+            except ValueError:
+                continue
+            i = bisect_left(values, value)
+            if i < held and values[i] == value and not self.done[i]:
+                debt.finished[i] = 1
+                if not self._owed(i):
+                    self._mark_done(i)
 
-    def _sweep(self, ids: list[bytes]) -> None:
-        held = self.messages
-        if not self.channels:
-            return
-        for i in ids:
-            entry = held.get(i)
-            if entry is not None and not self._owed_by(i, entry[0]):
-                del held[i]
-                self.bytes -= len(entry[1].body)
-                for d in self.channels.values():
-                    d.finished.discard(i)
+    def _owed(self, i: int) -> bool:
+        arrival = self.base + i
+        channels = self.channels
+        if not channels:
+            return True  # no channel yet: the first one made will owe it
+        return any(d.start <= arrival and not d.finished[i] for d in channels.values())
+
+    def _owing(self, i: int) -> list[str]:
+        arrival = self.base + i
+        return [name for name, d in self.channels.items() if d.start <= arrival and not d.finished[i]]
+
+    def _mark_done(self, i: int) -> None:
+        self.done[i] = 1
+        self.live -= 1
+        self.live_bytes -= self.sizes[i]
+
+    def _recount(self) -> None:
+        for i in range(len(self.values)):
+            if not self.done[i] and not self._owed(i):
+                self._mark_done(i)
+
+    def maintain(self) -> None:
+        """Cut the done prefix from memory once it is long enough; delete done log segments."""
+        k = self.done.find(0)
+        if k < 0:
+            k = len(self.done)
+        if k >= _CUT_MIN and 4 * k >= len(self.done):
+            del self.values[:k]
+            del self.sizes[:k]
+            del self.done[:k]
+            for d in self.channels.values():
+                del d.finished[:k]
+            self.base += k
+            k = 0
+        self.disk.drop_before(self.base + k)
 
     def __len__(self) -> int:
-        return len(self.messages)
+        return self.live
 
     # -- the takeover ------------------------------------------------------------------------------
 
     def take_over(self, nsqd: Any) -> Deferred[int]:
-        """Hand every message still owed into this node's own topic and channels; fires with
-        how many messages were handed in."""
+        """Hand every message still owed into this node's own topic and channels, reading the log
+        a segment at a time; fires with how many messages were handed in."""
         self.taken_over = True
         done: Deferred[int] = Deferred()
-        steps = self._hand_in(nsqd)
+        topic = nsqd.get_topic(self.topic)
+        state = {"count": 0, "segment": 0}
 
-        def turn() -> None:
-            try:
-                for _ in range(TAKEOVER_SLICE):
-                    next(steps)
-            except StopIteration as stop:
-                done.callback(stop.value)
+        def next_segment(_: object = None) -> None:
+            if state["segment"] >= len(self.disk.segments) or not self.live:
+                # the log goes once what was handed in is written where it went (with
+                # --durable-delivery: fsynced), so no crash between finds the copies nowhere
+                queues = [topic.backend, *(c.backend for c in topic.channels.values())]
+                DeferredList([q.written() for q in queues], consumeErrors=True).addBoth(
+                    lambda _: self.disk.remove()).addBoth(lambda _: done.callback(state["count"]))
                 return
-            except Exception:  # noqa: BLE001 - the node closing: what was handed in stays
-                self.log.failure("REPLICATION({owner}): takeover of {topic} failed", owner=self.owner,
-                                 topic=self.topic)
-                done.errback()
-                return
-            nsqd.clock.callLater(0, turn)
+            d = self.disk.read(state["segment"])
+            state["segment"] += 1
+            d.addCallback(hand_in).addErrback(failed)
 
-        turn()
+        def hand_in(read: tuple[int, bytes]) -> None:
+            first, data = read
+            steps = self._hand_in(topic, first, data)
+
+            def turn() -> None:
+                try:
+                    for _ in range(TAKEOVER_SLICE):
+                        state["count"] += next(steps)
+                except StopIteration:
+                    next_segment()
+                    return
+                except Exception:  # noqa: BLE001 - the node closing: what was handed in stays
+                    failed(None)
+                    return
+                nsqd.clock.callLater(0, turn)
+
+            turn()
+
+        def failed(f: Failure | None) -> None:
+            self.log.failure("REPLICATION({owner}): takeover of {topic} failed", f,
+                             owner=self.owner, topic=self.topic)
+            done.errback(RuntimeError("takeover failed"))
+
+        next_segment()
         return done
 
-    def _hand_in(self, nsqd: Any) -> Generator[None, None, int]:
-        topic = nsqd.get_topic(self.topic)
-        count = 0
-        items = list(self.messages.values())
-        self.messages.clear()
-        for arrival, m in items:
+    def _hand_in(self, topic: Any, first: int, data: bytes) -> Generator[int, None, None]:
+        """One segment's messages: each one still owed goes into the channels owing it."""
+        arrival = first
+        for value, timestamp, _delay, body in read_messages(data):
+            i = arrival - self.base
+            arrival += 1
+            if i < 0 or i >= len(self.values) or self.done[i] or self.values[i] != value:
+                yield 0
+                continue
             if self.channels:
-                for name in self._owed_by(m.id, arrival):
-                    topic.get_channel(name).put_many([Message(m.id + m.body, m.timestamp)])
+                message_data = b"%016x%b" % (value, body)
+                for name in self._owing(i):
+                    topic.get_channel(name).put_many([Message(message_data, timestamp)])
             else:
-                topic.publish([int(m.id, 16)], [m.body], m.timestamp, 0.0)
-            count += 1
-            self.bytes -= len(m.body)
-            yield None
-        return count
+                topic.publish([value], [body], timestamp, 0.0)
+            self._mark_done(i)
+            yield 1
