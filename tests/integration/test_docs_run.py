@@ -166,6 +166,13 @@ PLAN: dict[str, list[Block]] = {
         Block("benchmarks/soak.py --minutes 5 --disk-faults", timeout=300,
               shorten=(("--minutes 5", "--minutes 0.25"),)),
     ],
+    "docs/replication.md": [
+        Block("--replicas=2 &"),
+        Block("/channel/create?topic=orders&channel=billing", expect=("OKOK", "'state': 'in_sync'")),
+        Block("kill -9 %2", expect=("order 1\norder 2\n",)),
+        Block("benchmarks/replicas_compare.py", timeout=600, expect=("| measure |",),
+              shorten=(("--runs=2 --runfor=10s", "--runs=1 --runfor=1s"),)),
+    ],
     "docs/quickstart.md": [
         Block("twistd -n nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path=nsq-data"),
         *(Block(says, elsewhere=QUICKSTART) for says in (
