@@ -13,6 +13,7 @@ A turn's records leave in one gathered write; a side that sent nothing for
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Final
 from typing import Protocol as TypingProtocol
 
@@ -144,7 +145,7 @@ class Link(Protocol):
             if kind != Kind.BEAT:
                 try:
                     self.handler.link_record(self, kind, payload)
-                except ValueError as e:
+                except (ValueError, KeyError, TypeError, struct.error) as e:  # a record cut short or malformed
                     self.log.error("REPLICATION: bad record from {peer} - {error}",
                                    peer=self.peer_text(), error=e)
                     self.abort()

@@ -116,6 +116,8 @@ class ReplicationService(Service):
         #: owner name -> what this node holds for it
         self.owners: dict[str, _OwnerState] = {}
         self.takeovers = 0
+        #: standby logs made by this process (each log's files are named with its number)
+        self._logs = 0
         #: this read's standby writes (--durable-delivery: its ACK waits for them)
         self._writes: list[Deferred[None]] = []
         self._tick = LoopingCall(self.tick)
@@ -362,7 +364,10 @@ class ReplicationService(Service):
         if standby is None or standby.taken_over:
             if self._lane is None:
                 self._lane = self._executor()
-            log = StandbyLog(self.data_path, log_prefix(state.name, topic), self._lane, self.durable)
+            # a log of its own: one being taken over (and removed after) may still have this name's files
+            self._logs += 1
+            log = StandbyLog(self.data_path, f"{log_prefix(state.name, topic)}.{self._logs}", self._lane,
+                             self.durable)
             standby = state.standbys[topic] = Standby(state.name, topic, log)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby

@@ -302,11 +302,14 @@ class Standby:
             if i < 0 or i >= len(self.values) or self.done[i] or self.values[i] != value:
                 yield 0
                 continue
+            handed = 1
             if self.channels:
                 message_data = b"%016x%b" % (value, body)
-                for name in self._owing(i):
+                owing = self._owing(i)
+                for name in owing:
                     topic.get_channel(name).put_many([Message(message_data, timestamp)])
+                handed = 1 if owing else 0  # (arrived before every channel that exists: nobody's)
             else:
                 topic.publish([value], [body], timestamp, 0.0)
             self._mark_done(i)
-            yield 1
+            yield handed
