@@ -292,8 +292,8 @@ class IReplication(Interface):
     def channel_emptied(topic: str, channel: str | None) -> None:
         """A channel (or, with None, the topic) was emptied."""
 
-    def info() -> dict[str, Any]:
-        """``GET /replication``'s answer."""
+    def info(replica: str | None = None) -> dict[str, Any]:
+        """``GET /replication``'s answer (with ``replica``: the topics placed on that node too)."""
 
     def accept(transport: Any) -> Any:
         """The protocol of a replication link upgraded from an HTTP request on ``transport``."""

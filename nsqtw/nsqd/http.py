@@ -125,10 +125,13 @@ class HTTPAPI(GoHTTPAPI):
     # -- replication (nsqtw only, --replicas=2) ------------------------------------------
 
     def replication(self, request: Any) -> bytes:
-        """``GET /replication``: this node replicates; its version and incarnation (peers read it)."""
+        """``GET /replication``: this node replicates; its version and incarnation (peers read it);
+        with ``?replica=ADDRESS``, also the topics whose copies it sends that node."""
         assert self.nsqd.replication is not None
         self._log_request(request, 200)
-        return self._v1(request, 200, Marshal(self.nsqd.replication.info()))
+        args = getattr(request, "args", None) or {}  # (a direct request has none: the plain path)
+        replica = args.get(b"replica", [b""])[0].decode("utf-8", "replace")
+        return self._v1(request, 200, Marshal(self.nsqd.replication.info(replica or None)))
 
     def upgrade(self, head: bytes) -> Any:
         """The link's upgrade (``GET /replication/link``, ``Upgrade: nsqtw-replication/1``):

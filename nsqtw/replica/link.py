@@ -8,7 +8,8 @@ own: nothing more to configure or open, and with ``--workers`` the HTTP
 listener is in the core with the topics.
 
 A turn's records leave in one gathered write; a side that sent nothing for
-:data:`BEAT_INTERVAL` sends a ``BEAT``, so silence means trouble.
+:data:`BEAT_INTERVAL` (less with a short ``--replica-timeout``: a tenth of it) sends a
+``BEAT``, so silence means trouble.
 """
 
 from __future__ import annotations
@@ -24,10 +25,16 @@ from twisted.python.failure import Failure
 from nsqtw.log import Logger
 from nsqtw.replica.records import Kind, frame, split_records
 
-__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "upgrade_request"]
+__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "upgrade_request"]
 
-#: seconds without a record sent before a BEAT goes
+#: seconds without a record sent before a BEAT goes (at most: :func:`beat_interval`)
 BEAT_INTERVAL: Final = 1.0
+
+
+def beat_interval(timeout: float) -> float:
+    """The BEAT interval for ``--replica-timeout``: a third of the timeout, the silence that replaces
+    a replica, is always three beats or more."""
+    return min(BEAT_INTERVAL, timeout / 10)
 #: the ``Upgrade`` token of the link
 UPGRADE: Final = b"nsqtw-replication/1"
 #: the most bytes of the replica's HTTP answer the owner reads before the records
@@ -56,9 +63,10 @@ class Link(Protocol):
 
     log = Logger()
 
-    def __init__(self, handler: LinkHandler, clock: IReactorTime) -> None:
+    def __init__(self, handler: LinkHandler, clock: IReactorTime, beat: float = BEAT_INTERVAL) -> None:
         self.handler = handler
         self.clock = clock
+        self.beat = beat
         #: records sent and taken in so far (an ACK names ``received``)
         self.sent = 0
         self.received = 0
@@ -80,7 +88,7 @@ class Link(Protocol):
         """The connection carries records from now on."""
         self.connected_up = True
         self.last_heard = self._last_sent = self.clock.seconds()
-        self._beat_call = self.clock.callLater(BEAT_INTERVAL, self._beat)
+        self._beat_call = self.clock.callLater(self.beat, self._beat)
         self.handler.link_up(self)
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
@@ -121,8 +129,8 @@ class Link(Protocol):
             self._last_sent = self.clock.seconds()
 
     def _beat(self) -> None:
-        self._beat_call = self.clock.callLater(BEAT_INTERVAL, self._beat)
-        if self.clock.seconds() - self._last_sent >= BEAT_INTERVAL and not self._out:
+        self._beat_call = self.clock.callLater(self.beat, self._beat)
+        if self.clock.seconds() - self._last_sent >= self.beat and not self._out:
             self.send(frame(Kind.BEAT))
 
     # -- in ---------------------------------------------------------------------------------
@@ -162,8 +170,8 @@ class Link(Protocol):
 class OwnerLink(Link):
     """The owner's end: asks for the upgrade, then carries records."""
 
-    def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str) -> None:
-        super().__init__(handler, clock)
+    def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str, beat: float = BEAT_INTERVAL) -> None:
+        super().__init__(handler, clock, beat)
         self.host = host
         self._head = b""
 
@@ -192,9 +200,9 @@ class OwnerLink(Link):
             super().dataReceived(rest)
 
 
-def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any) -> Link:
+def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any, beat: float = BEAT_INTERVAL) -> Link:
     """The replica's end of a link whose upgrade its HTTP channel just answered."""
-    link = Link(handler, clock)
+    link = Link(handler, clock, beat)
     link.makeConnection(transport)  # type: ignore[no-untyped-call]
     link.records_begin()
     return link

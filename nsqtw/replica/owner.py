@@ -16,14 +16,25 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import ClientFactory
 
 from nsqtw.errors import ReplicaError
 from nsqtw.log import Logger
 from nsqtw.replica.choice import Candidate, Choice
-from nsqtw.replica.link import Link, OwnerLink
-from nsqtw.replica.records import Kind, decode_ack, decode_json, encode_fin, encode_json, encode_pub, frame
+from nsqtw.replica.link import Link, OwnerLink, beat_interval
+from nsqtw.replica.records import (
+    Kind,
+    decode_ack,
+    decode_json,
+    encode_fin,
+    encode_json,
+    encode_snap,
+    frame,
+    frame_pub,
+    pub_messages,
+)
+from nsqtw.replica.standby import Standby
 
 __all__ = ["OwnerSide", "Pending", "PeerLink"]
 
@@ -57,6 +68,10 @@ class PeerLink:
         self.acked = 0
         self.dropped = False
         self.up_since: float | None = None
+        #: topics whose unfinished messages are being copied to this replica (SNAP records)
+        self.catching_up: set[str] = set()
+        #: (record number, fired once the replica acked it)
+        self._ack_waiters: list[tuple[int, Deferred[None]]] = []
 
     def connect(self) -> None:
         side = self.side
@@ -66,7 +81,7 @@ class PeerLink:
             noisy = False
 
             def buildProtocol(self, addr: Any) -> OwnerLink:
-                return OwnerLink(peer, side.clock, peer.candidate.address)
+                return OwnerLink(peer, side.clock, peer.candidate.address, beat_interval(side.timeout))
 
             def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
                 peer.link_lost(None, reason.getErrorMessage())
@@ -120,8 +135,26 @@ class PeerLink:
         if self.link is not None:
             self.link.send(record)
 
+    def when_acked(self, number: int) -> Deferred[None]:
+        """Fires once the replica acked record ``number`` (never, if the link is lost first)."""
+        d: Deferred[None] = Deferred()
+        if number <= self.acked:
+            d.callback(None)
+        else:
+            self._ack_waiters.append((number, d))
+        return d
+
+    def send_counted(self, record: bytes) -> int:
+        """A record nobody waits on, sent now; its number (0: the link is down)."""
+        return self.link.send(record) if self.link is not None else 0
+
     def _acked(self, number: int) -> None:
         self.acked = number
+        if self._ack_waiters:
+            due = [d for n, d in self._ack_waiters if n <= number]
+            self._ack_waiters = [(n, d) for n, d in self._ack_waiters if n > number]
+            for d in due:
+                d.callback(None)
         pending = self.pending
         while pending and 0 < pending[0].number <= number:
             p = pending.popleft()
@@ -155,7 +188,8 @@ class OwnerSide:
 
     def __init__(self, reactor: Any, choice: Choice, own_address: Callable[[], str],
                  hello: Callable[[], dict[str, Any]], channels_of: Callable[[str], list[tuple[str, bool]]],
-                 timeout: float, wait: float) -> None:
+                 timeout: float, wait: float, make_own: Callable[[str], Standby] | None = None,
+                 writing: Callable[[int, Deferred[None]], None] | None = None) -> None:
         self.reactor = reactor
         self.clock = reactor
         self.choice = choice
@@ -170,6 +204,11 @@ class OwnerSide:
         self.unplaced: deque[Pending] = deque()
         self.refused = 0
         self.unreplicated = 0
+        #: per topic, this node's own log of its unfinished messages (what a new replica is sent)
+        self.own: dict[str, Standby] = {}
+        self._make_own = make_own
+        #: told of each write to an own log (its bytes, and when it is written): the node's bound
+        self._writing = writing or (lambda n, d: None)
 
     # -- placing topics -------------------------------------------------------------------------
 
@@ -191,9 +230,41 @@ class OwnerSide:
         return peer
 
     def announce_topic(self, peer: PeerLink, topic: str) -> None:
-        """Tell a replica the topic's channels (a new link, or a topic newly placed there)."""
+        """Tell a replica the topic's channels (a new link, or a topic newly placed there), then
+        send it every unfinished message of the topic it may lack (SNAP records)."""
         for channel, _ in self.channels_of(topic):
             peer.send_now(encode_json(Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": False}))
+        own = self.own.get(topic)
+        if own is not None and len(own) and topic not in peer.catching_up:
+            peer.catching_up.add(topic)
+            d = ensureDeferred(self._snapshot(peer, topic, own))
+            d.addErrback(lambda f: self.log.failure("REPLICATION({peer}): copying {topic} failed", f,
+                                                    peer=peer.candidate.address, topic=topic))
+            d.addBoth(lambda _: peer.catching_up.discard(topic))
+
+    async def _snapshot(self, peer: PeerLink, topic: str, own: Standby) -> None:
+        """The topic's unfinished messages, from its own log, a segment at a time, each sent once
+        the replica acked the one before (so no more than a segment waits in memory)."""
+        until = own.arrivals
+        sent = 0
+        for number, first, _ in [list(seg) for seg in own.disk.segments]:
+            if first >= until:
+                break
+            try:
+                data = await own.disk.read_number(number)
+            except FileNotFoundError:
+                continue  # every message in it was done meanwhile
+            if peer.link is None or self.placed.get(topic) is not peer or self.own.get(topic) is not own:
+                return
+            last = 0
+            for owing, chunk in own.live_runs(data, first, until):
+                last = peer.send_counted(encode_snap(topic, owing, chunk))
+                sent += 1
+            if last:
+                await peer.when_acked(last)
+        if sent:
+            self.log.info("REPLICATION({peer}): {topic}'s unfinished messages copied", peer=peer.candidate.address,
+                          topic=topic)
 
     def peer_lost(self, peer: PeerLink) -> None:
         """A replica's link failed: set it aside, place its topics anew, resend its unacked records."""
@@ -217,9 +288,21 @@ class OwnerSide:
 
     # -- the core's calls (IReplication) ----------------------------------------------------------
 
+    def _own(self, topic: str) -> Standby | None:
+        own = self.own.get(topic)
+        if own is None and self._make_own is not None:
+            own = self.own[topic] = self._make_own(topic)
+            for channel, _ in self.channels_of(topic):
+                own.channel(channel, False)
+        return own
+
     def published(self, topic: str, values: Sequence[int], bodies: list[bytes], timestamp: int,
                   delay: float) -> Deferred[None]:
-        p = Pending(topic, encode_pub(topic, values, bodies, timestamp, delay), self.clock.seconds())
+        messages = pub_messages(values, bodies, timestamp, delay)
+        own = self._own(topic)
+        if own is not None:
+            self._writing(len(messages), own.add(messages, list(values), [len(b) for b in bodies]))
+        p = Pending(topic, frame_pub(topic, len(bodies), messages), self.clock.seconds())
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
         self._place(p)
@@ -233,6 +316,9 @@ class OwnerSide:
             peer.send(p)
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
+        own = self.own.get(topic)
+        if own is not None:
+            own.finish(channel, ids)
         peer = self.placed.get(topic)
         if peer is not None:
             peer.send_now(encode_fin(topic, channel, ids))
@@ -242,7 +328,28 @@ class OwnerSide:
         if peer is not None:
             peer.send_now(encode_json(kind, value))
 
+    def channel_made(self, topic: str, channel: str, backlog: bool) -> None:
+        own = self.own.get(topic)
+        if own is not None:
+            own.channel(channel, backlog)
+        self.send_json(topic, Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": backlog})
+
+    def channel_gone(self, topic: str, channel: str) -> None:
+        own = self.own.get(topic)
+        if own is not None:
+            own.channel_gone(channel)
+        self.send_json(topic, Kind.CHANNEL_GONE, {"topic": topic, "channel": channel})
+
+    def emptied(self, topic: str, channel: str | None) -> None:
+        own = self.own.get(topic)
+        if own is not None:
+            own.empty(channel)
+        self.send_json(topic, Kind.EMPTY, {"topic": topic, "channel": channel})
+
     def topic_gone(self, topic: str) -> None:
+        own = self.own.pop(topic, None)
+        if own is not None:
+            own.disk.remove()
         self.send_json(topic, Kind.TOPIC_GONE, {"topic": topic})
         peer = self.placed.pop(topic, None)
         if peer is not None:
@@ -251,6 +358,10 @@ class OwnerSide:
     # -- every tick: waits and silences -----------------------------------------------------------
 
     def tick(self) -> None:
+        for topic, own in self.own.items():
+            own.maintain()
+            if topic not in self.placed and self.choice.candidates:
+                self.peer_for(topic)  # its replica was lost: the next one gets its copies
         now = self.clock.seconds()
         oldest = now - self.wait
         for peer in list(self.peers.values()):

@@ -18,8 +18,8 @@ from enum import IntEnum
 from typing import Any, Final
 
 __all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub",
-           "encode_ack", "encode_fin", "encode_json", "encode_pub", "frame", "read_messages", "split_pub",
-           "split_records"]
+           "decode_snap", "encode_ack", "encode_fin", "encode_json", "encode_pub", "encode_snap", "frame",
+           "frame_pub", "pub_messages", "read_messages", "split_pub", "split_records"]
 
 _LEN: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
@@ -46,6 +46,7 @@ class Kind(IntEnum):
     ACK = 8           # replica: the highest record number taken in (:func:`encode_ack`)
     BEAT = 9          # both: nothing; sent after a second without another record
     BYE = 10          # owner: nothing; it stops gracefully (its queues go to its disk)
+    SNAP = 11         # owner: topic, the channels owing them, unfinished messages a new replica lacks
 
 
 #: the kinds whose payload is a JSON object
@@ -120,12 +121,7 @@ class PubMessage:
 def encode_pub(topic: str, values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
                delay: float) -> bytes:
     """A PUB record of freshly published messages (their ID values, as the topic got them)."""
-    delay_ms = int(delay * 1000)
-    parts = [_name(topic), _LEN.pack(len(bodies))]
-    for value, body in zip(values, bodies, strict=True):
-        parts.append(_MSG.pack(value, timestamp, delay_ms, len(body)))
-        parts.append(body)
-    return frame(Kind.PUB, b"".join(parts))
+    return frame_pub(topic, len(bodies), pub_messages(values, bodies, timestamp, delay))
 
 
 def decode_pub(payload: bytes) -> tuple[str, list[PubMessage]]:
@@ -180,6 +176,52 @@ def read_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
         out.append((value, timestamp, delay_ms, data[pos:pos + n]))
         pos += n
     return out
+
+
+def pub_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float) -> bytes:
+    """Messages back to back as a PUB record (and a standby's log) holds them."""
+    delay_ms = int(delay * 1000)
+    parts: list[bytes] = []
+    for value, body in zip(values, bodies, strict=True):
+        parts.append(_MSG.pack(value, timestamp, delay_ms, len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def frame_pub(topic: str, count: int, messages: bytes) -> bytes:
+    """A PUB record of ``count`` messages made by :func:`pub_messages`."""
+    return frame(Kind.PUB, _name(topic) + _LEN.pack(count) + messages)
+
+
+def encode_snap(topic: str, owing: Sequence[str], messages: bytes) -> bytes:
+    """A SNAP record: messages a new replica lacks, each owed by exactly the channels ``owing``."""
+    names = b"".join(_name(c) for c in owing)
+    return frame(Kind.SNAP, _name(topic) + _U16.pack(len(owing)) + names + messages)
+
+
+def decode_snap(payload: bytes) -> tuple[str, list[str], bytes, list[int], list[int]]:
+    """A SNAP record's topic, owing channels, messages, their ID values and body sizes."""
+    topic, pos = _read_name(payload, 0)
+    (n,) = _U16.unpack_from(payload, pos)
+    pos += 2
+    owing = []
+    for _ in range(n):
+        name, pos = _read_name(payload, pos)
+        owing.append(name)
+    data = payload[pos:]
+    values: list[int] = []
+    sizes: list[int] = []
+    at = 0
+    while at < len(data):
+        if at + _MSG.size > len(data):
+            raise ValueError("message header past the record's end")
+        value, _, _, size = _MSG.unpack_from(data, at)
+        at += _MSG.size + size
+        if at > len(data):
+            raise ValueError("body past the record's end")
+        values.append(value)
+        sizes.append(size)
+    return topic, owing, data, values, sizes
 
 
 def encode_fin(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:

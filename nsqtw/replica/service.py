@@ -18,10 +18,12 @@ fails too, or at once when the owner comes back with another incarnation
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Callable
 from typing import Any, Final
+from urllib.parse import urlencode
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
@@ -33,9 +35,18 @@ from nsqtw.interfaces import IDiskExecutor, IReplication
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.replica.choice import Choice, http_get
-from nsqtw.replica.link import Link, accepted_link
+from nsqtw.replica.link import Link, accepted_link, beat_interval
 from nsqtw.replica.owner import OwnerSide
-from nsqtw.replica.records import Kind, decode_fin, decode_json, encode_ack, encode_json, split_pub
+from nsqtw.replica.records import (
+    MESSAGE_HEADER,
+    Kind,
+    decode_fin,
+    decode_json,
+    decode_snap,
+    encode_ack,
+    encode_json,
+    split_pub,
+)
 from nsqtw.replica.standby import STANDBY_SUFFIX, Standby, StandbyLog, log_prefix
 
 __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]
@@ -79,6 +90,8 @@ class _OwnerState:
         self.host = ""
         self.http_port = 0
         self.standbys: dict[str, Standby] = {}
+        #: per topic, the standbys SNAP records filled (messages of before this node was its replica)
+        self.parts: dict[str, list[Standby]] = {}
         self.silent_since: float | None = None
         self.probing = False
         #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
@@ -111,7 +124,7 @@ class ReplicationService(Service):
         self.incarnation = ""
         self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
         self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
-                               self.timeout, self.wait)
+                               self.timeout, self.wait, self._own_log, self._writing)
         self.choice.changed = self._candidates_changed
         #: owner name -> what this node holds for it
         self.owners: dict[str, _OwnerState] = {}
@@ -163,10 +176,14 @@ class ReplicationService(Service):
                 "started": self.nsqd.start_time_precise, "durable": bool(self.options.durable_delivery),
                 "version": VERSION}
 
-    def info(self) -> dict[str, Any]:
-        """``GET /replication``."""
-        return {"version": VERSION, "nsqd_version": NSQD_VERSION, "node": self.own_address(),
-                "incarnation": self.incarnation, "replicas": 2}
+    def info(self, replica: str | None = None) -> dict[str, Any]:
+        """``GET /replication``; with ``replica``, also the topics whose copies go to that node (a
+        replica that lost its link asks, and lets go of the others)."""
+        out: dict[str, Any] = {"version": VERSION, "nsqd_version": NSQD_VERSION, "node": self.own_address(),
+                               "incarnation": self.incarnation, "replicas": 2}
+        if replica is not None:
+            out["topics"] = sorted(t for t, p in self.owner.placed.items() if p.candidate.address == replica)
+        return out
 
     def _channels_of(self, topic: str) -> list[tuple[str, bool]]:
         t = self.nsqd.topics.get(topic)
@@ -204,22 +221,22 @@ class ReplicationService(Service):
     def channel_created(self, topic: Any, channel: Any) -> None:
         if topic.ephemeral or channel.ephemeral:
             return
+        # the topic's messages not yet handed out go to the new channel too: it owes them
         backlog = bool(topic.depth()) or not topic.channels or len(topic.channels) == 1
-        self.owner.send_json(topic.name, Kind.CHANNEL, {"topic": topic.name, "channel": channel.name,
-                                                         "backlog": backlog})
+        self.owner.channel_made(topic.name, channel.name, backlog)
 
     def channel_deleted(self, topic: Any, channel: Any) -> None:
         if not (topic.ephemeral or channel.ephemeral):
-            self.owner.send_json(topic.name, Kind.CHANNEL_GONE, {"topic": topic.name, "channel": channel.name})
+            self.owner.channel_gone(topic.name, channel.name)
 
     def channel_emptied(self, topic: str, channel: str | None) -> None:
-        self.owner.send_json(topic, Kind.EMPTY, {"topic": topic, "channel": channel})
+        self.owner.emptied(topic, channel)
 
     # -- the replica's side ---------------------------------------------------------------------------
 
     def accept(self, transport: Any) -> Link:
         """An owner's link, upgraded from an HTTP request to this node."""
-        return accepted_link(self, self.reactor, transport)
+        return accepted_link(self, self.reactor, transport, beat_interval(self.timeout))
 
     def link_up(self, link: Link) -> None:
         link.send(encode_json(Kind.HELLO, self.hello()))
@@ -233,40 +250,72 @@ class ReplicationService(Service):
             raise ValueError(f"record {kind} before HELLO")
         if kind == Kind.PUB:
             topic, data, values, sizes = split_pub(payload)
-            written = self._standby(state, topic).add(data, values, sizes)
-            unwritten = self.nsqd.unwritten
-            unwritten.add(len(data))
-            written.addBoth(self._written, len(data))
-            if self.durable:
-                self._writes.append(written)
+            self._keep(self._standby(state, topic).add(data, values, sizes), len(data))
+        elif kind == Kind.SNAP:
+            topic, owing, data, values, sizes = decode_snap(payload)
+            self._snap(state, topic, owing, data, values, sizes)
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
-            standby = state.standbys.get(topic)
-            if standby is not None:
+            for standby in self._held(state, topic):
                 standby.finish(channel, ids)
         elif kind == Kind.CHANNEL:
             value = decode_json(payload)
             topic, channel = str(value["topic"]), str(value["channel"])
-            self._standby(state, topic).channel(channel, bool(value.get("backlog")))
+            self._standby(state, topic)
+            for standby in self._held(state, topic):
+                standby.channel(channel, bool(value.get("backlog")))
             self.nsqd.get_topic(topic).get_channel(channel)
         elif kind == Kind.CHANNEL_GONE:
             value = decode_json(payload)
-            standby = state.standbys.get(str(value["topic"]))
-            if standby is not None:
+            for standby in self._held(state, str(value["topic"])):
                 standby.channel_gone(str(value["channel"]))
         elif kind == Kind.EMPTY:
             value = decode_json(payload)
-            standby = state.standbys.get(str(value["topic"]))
-            if standby is not None:
-                emptied = value.get("channel")
+            emptied = value.get("channel")
+            for standby in self._held(state, str(value["topic"])):
                 standby.empty(None if emptied is None else str(emptied))
         elif kind == Kind.TOPIC_GONE:
             value = decode_json(payload)
-            gone = state.standbys.pop(str(value["topic"]), None)
-            if gone is not None:
-                gone.disk.remove()
+            topic = str(value["topic"])
+            for standby in self._held(state, topic):
+                standby.disk.remove()
+            state.standbys.pop(topic, None)
+            state.parts.pop(topic, None)
         elif kind == Kind.BYE:
             state.said_bye = True
+
+    def _keep(self, written: Deferred[None], nbytes: int) -> None:
+        """A standby's write: counted in the node's unwritten bytes; with --durable-delivery this
+        read's ACK waits for it."""
+        self.nsqd.unwritten.add(nbytes)
+        written.addBoth(self._written, nbytes)
+        if self.durable:
+            self._writes.append(written)
+
+    def _snap(self, state: _OwnerState, topic: str, owing: list[str], data: bytes, values: list[int],
+              sizes: list[int]) -> None:
+        """Messages of the owner's topic from before this node held its copies: those not held yet go
+        to a standby of their own (its IDs stay in order), owed by the channels the owner named."""
+        held = self._held(state, topic)
+        fresh = [i for i, v in enumerate(values) if not any(s.holds(v) for s in held)]
+        if not fresh:
+            return
+        if len(fresh) < len(values):
+            offsets = []
+            pos = 0
+            for n in sizes:
+                offsets.append(pos)
+                pos += MESSAGE_HEADER + n
+            data = b"".join(data[offsets[i]:offsets[i] + MESSAGE_HEADER + sizes[i]] for i in fresh)
+            values = [values[i] for i in fresh]
+            sizes = [sizes[i] for i in fresh]
+        self._standby(state, topic)  # the topic and its producer registration
+        parts = state.parts.setdefault(topic, [])
+        if not parts or parts[-1].arrivals and parts[-1].values and parts[-1].values[-1] >= values[0]:
+            parts.append(self._new_standby(state.name, topic))
+            for name in self._held(state, topic)[0].channels:
+                parts[-1].channel(name, False)
+        self._keep(parts[-1].add_snapshot(data, values, sizes, owing), len(data))
 
     def link_read(self, link: Link) -> None:
         """One ACK per read of a link: once its records are in this process, or, with
@@ -359,18 +408,36 @@ class ReplicationService(Service):
         state.started = float(hello.get("started") or 0)
         state.said_bye = False
 
+    def _new_standby(self, owner: str, topic: str) -> Standby:
+        if self._lane is None:
+            self._lane = self._executor()
+        # a log of its own: one being taken over (and removed after) may still have this name's files
+        self._logs += 1
+        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._lane, self.durable)
+        return Standby(owner, topic, log)
+
+    def _own_log(self, topic: str) -> Standby:
+        """This node's own log of a topic's unfinished messages (a new replica is sent them)."""
+        return self._new_standby("self", topic)
+
+    def _writing(self, nbytes: int, written: Deferred[None]) -> None:
+        """Bytes on their way to a log on this disk count in the node's unwritten bytes."""
+        self.nsqd.unwritten.add(nbytes)
+        written.addBoth(self._written, nbytes)
+        written.addErrback(lambda f: self.log.error("REPLICATION: a log write failed - {error}",
+                                                    error=f.getErrorMessage()))
+
     def _standby(self, state: _OwnerState, topic: str) -> Standby:
         standby = state.standbys.get(topic)
         if standby is None or standby.taken_over:
-            if self._lane is None:
-                self._lane = self._executor()
-            # a log of its own: one being taken over (and removed after) may still have this name's files
-            self._logs += 1
-            log = StandbyLog(self.data_path, f"{log_prefix(state.name, topic)}.{self._logs}", self._lane,
-                             self.durable)
-            standby = state.standbys[topic] = Standby(state.name, topic, log)
+            standby = state.standbys[topic] = self._new_standby(state.name, topic)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby
+
+    def _held(self, state: _OwnerState, topic: str) -> list[Standby]:
+        """Every standby of the owner's topic: the one its PUBs go to, and those SNAPs made."""
+        main = state.standbys.get(topic)
+        return ([main] if main is not None else []) + state.parts.get(topic, [])
 
     # -- every tick: the owner's waits; lost owners --------------------------------------------------
 
@@ -380,6 +447,15 @@ class ReplicationService(Service):
         for state in list(self.owners.values()):
             for standby in state.standbys.values():
                 standby.maintain()
+            for topic, parts in list(state.parts.items()):
+                for part in parts:
+                    part.maintain()
+                left = [p for p in parts if len(p) or p.disk.segments]
+                if len(left) < len(parts):
+                    for gone in parts:
+                        if gone not in left:
+                            gone.disk.remove()
+                    state.parts[topic] = left
             if not state.standbys or state.probing:
                 continue
             link = state.link
@@ -403,6 +479,7 @@ class ReplicationService(Service):
                 alive = False
             if alive:
                 state.silent_since = self.reactor.seconds()
+                await self._still_wanted(state)
                 return
             self.log.warn("REPLICATION({owner}): silent for {timeout}s and /ping fails: taking over",
                           owner=state.name, timeout=self.timeout)
@@ -412,9 +489,31 @@ class ReplicationService(Service):
         finally:
             state.probing = False
 
+    async def _still_wanted(self, state: _OwnerState) -> None:
+        """The owner is alive but has not linked here for ``T``: it chose another replica (this one
+        was slow, or a split healed). Its topics placed elsewhere now are let go of, so a later loss
+        of the owner is not delivered twice."""
+        url = (f"http://{state.host}:{state.http_port}/replication?"
+               f"{urlencode({'replica': self.own_address()})}")
+        try:
+            code, body = await http_get(self.reactor, url, 1.0)
+            wanted = set(json.loads(body)["topics"]) if code == 200 else None
+        except Exception:  # noqa: BLE001 - no answer: ask again after the next timeout
+            return
+        if wanted is None or state.link is not None:
+            return
+        for topic in [t for t in {*state.standbys, *state.parts} if t not in wanted]:
+            self.log.info("REPLICATION({owner}): its copies of {topic} are held elsewhere now: letting go",
+                          owner=state.name, topic=topic)
+            for standby in self._held(state, topic):
+                standby.disk.remove()
+            state.standbys.pop(topic, None)
+            state.parts.pop(topic, None)
+
     def _take_over(self, state: _OwnerState) -> None:
-        standbys, state.standbys = state.standbys, {}
-        for standby in standbys.values():
+        standbys = [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]
+        state.standbys, state.parts = {}, {}
+        for standby in standbys:
             self.takeovers += 1
             standby.take_over(self.nsqd).addCallbacks(self._took_over, lambda f: None, (standby,))
 
@@ -431,12 +530,14 @@ class ReplicationService(Service):
             return {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0}
         now = self.reactor.seconds()
         unacked = sum(1 for p in peer.pending if p.topic == topic)
-        return {"peer": peer.candidate.address, "state": "in_sync" if peer.link is not None else "connecting",
+        state = "connecting" if peer.link is None else "catching_up" if topic in peer.catching_up else "in_sync"
+        return {"peer": peer.candidate.address, "state": state,
                 "unacked": unacked, "lag_ms": int(peer.lag(now) * 1000)}
 
     def node_stats(self) -> dict[str, Any]:
         standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.live_bytes,
                     "disk_bytes": s.disk.bytes(), "taken_over": s.taken_over}
-                   for state in self.owners.values() for s in state.standbys.values()]
+                   for state in self.owners.values()
+                   for s in [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]]
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "standby": standby}

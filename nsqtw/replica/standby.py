@@ -31,7 +31,7 @@ from twisted.python.failure import Failure
 from nsqtw.core.message import Message
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
-from nsqtw.replica.records import read_messages
+from nsqtw.replica.records import MESSAGE_HEADER, read_messages
 
 __all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Standby", "StandbyLog", "log_prefix"]
 
@@ -107,6 +107,10 @@ class StandbyLog:
             del segments[:n]
             self.executor.submit(_remove, gone)
 
+    def read_number(self, number: int) -> Deferred[bytes]:
+        """The bytes of segment ``number`` (FileNotFoundError once it was deleted)."""
+        return self.executor.submit(_read, self.path(number))
+
     def read(self, index: int) -> Deferred[tuple[int, bytes]]:
         """Segment ``index`` (of :attr:`segments`): its first arrival and its bytes."""
         number, first, _ = self.segments[index]
@@ -171,6 +175,57 @@ class Standby:
         self.live += n
         self.live_bytes += sum(sizes)
         return written
+
+    def add_snapshot(self, data: bytes, values: list[int], sizes: list[int], owing: list[str]) -> Deferred[None]:
+        """Messages a ``SNAP`` record carried: held from now, owed by exactly the channels ``owing``."""
+        first = len(self.values)
+        written = self.add(data, values, sizes)
+        n = len(self.values) - first
+        for name in owing:
+            if name not in self.channels:
+                self.channels[name] = _Debt(self.base + first, len(self.values))
+        for name, d in self.channels.items():
+            if name not in owing:
+                d.finished[first:] = b"\x01" * n
+        for i in range(first, len(self.values)):
+            if not self._owed(i):
+                self._mark_done(i)
+        return written
+
+    def holds(self, value: int) -> bool:
+        """Whether the message of ID value ``value`` is held and not done."""
+        values = self.values
+        i = bisect_left(values, value)
+        return i < len(values) and values[i] == value and not self.done[i]
+
+    def live_runs(self, data: bytes, first: int, until: int) -> list[tuple[list[str], bytes]]:
+        """Of a log segment's bytes (its first message arrival ``first``): the messages not done
+        that arrived before ``until``, as runs of (the channels owing them, their bytes), in order."""
+        runs: list[tuple[list[str], bytes]] = []
+        owing_now: list[str] | None = None
+        start = end = 0
+        arrival = first
+        pos = 0
+        size = len(data)
+        while pos + MESSAGE_HEADER <= size and arrival < until:
+            body = int.from_bytes(data[pos + MESSAGE_HEADER - 4:pos + MESSAGE_HEADER], "big")
+            nxt = pos + MESSAGE_HEADER + body
+            i = arrival - self.base
+            arrival += 1
+            if nxt > size:
+                break
+            live = 0 <= i < len(self.values) and not self.done[i]
+            owing = self._owing(i) if live and self.channels else []
+            if live and owing_now is not None and owing == owing_now and start <= end == pos:
+                end = nxt
+            else:
+                if owing_now is not None and end > start:
+                    runs.append((owing_now, data[start:end]))
+                owing_now, start, end = (owing, pos, nxt) if live else (None, nxt, nxt)
+            pos = nxt
+        if owing_now is not None and end > start:
+            runs.append((owing_now, data[start:end]))
+        return runs
 
     def channel(self, name: str, backlog: bool) -> None:
         if name not in self.channels:

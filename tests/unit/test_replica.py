@@ -916,7 +916,7 @@ class FakeReplication:
     def channel_emptied(self, topic: str, channel: str | None) -> None:
         self.emptied.append((topic, channel))
 
-    def info(self) -> dict[str, Any]:
+    def info(self, replica: str | None = None) -> dict[str, Any]:
         return {"version": 1, "node": "127.0.0.1:4151", "incarnation": "0123456789abcdef", "replicas": 2}
 
     def accept(self, transport: Any) -> Any:
