@@ -5,6 +5,12 @@ thread on a big cluster's answers. Field names and order are those of
 nsqadmin v1.3.0's ``clusterinfo`` types; whatever a node leaves out (an
 older nsqd) reads as Go's zero value.
 
+nsqtw's addition: a node run with ``--replicas=2`` tells, per topic, where the
+topic's copies are (``replica``) and, for itself, what it holds for others
+(``standby``) and its counters; those become new keys (``replica`` on a node's
+topic entry, :func:`node_replication` for the node answer) only where a node
+reports them, so answers over Go nsqd or ``--replicas=1`` are Go's.
+
 One deliberate difference: Go's topic answer reuses the first answering
 node's channel entry as the cluster total, so that node's own row shows the
 totals and the total's ``nodes`` leaves that node out (which node depends on
@@ -21,7 +27,9 @@ __all__ = [
     "channel_entry",
     "client_entry",
     "counter_stats",
+    "node_replication",
     "node_topic_entry",
+    "replica_entry",
     "sort_by_host",
     "sum_channel",
     "sum_topic",
@@ -174,11 +182,11 @@ def channel_entry(node: str, hostname: str, topic: str, raw: Mapping[str, Any],
 
 
 def node_topic_entry(node: str, hostname: str, raw: Mapping[str, Any], now: float) -> dict[str, Any]:
-    """One node's topic with its channels."""
+    """One node's topic with its channels (and, from a ``--replicas=2`` node, its ``replica``)."""
     depth, backend = _int(raw, "depth"), _int(raw, "backend_depth")
     name = _str(raw, "topic_name")
     channels = _list(raw, "channels")
-    return {
+    entry: dict[str, Any] = {
         "node": node,
         "hostname": hostname,
         "topic_name": name,
@@ -192,6 +200,42 @@ def node_topic_entry(node: str, hostname: str, raw: Mapping[str, Any], now: floa
         "paused": _bool(raw, "paused"),
         "e2e_processing_latency": e2e_node(raw.get("e2e_processing_latency")),
     }
+    if isinstance(raw.get("replica"), dict):
+        entry["replica"] = replica_entry(raw["replica"])
+    return entry
+
+
+# --- replication (nsqtw's --replicas=2; Go nsqd and --replicas=1 report none of it) -------------
+
+#: the states a topic's replica can be in (anything else a node says reads as "none")
+REPLICA_STATES = ("in_sync", "connecting", "none")
+
+_NODE_REPLICATION = ("replica_refused", "unreplicated", "takeovers", "standby")
+
+
+def replica_entry(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A topic's ``replica`` as a node reports it: the peer holding its copies (``host:http_port``
+    or None), its state, the publishes it has not acknowledged and the oldest one's lag."""
+    peer = raw.get("peer")
+    state = raw.get("state")
+    return {"peer": peer if isinstance(peer, str) and peer else None,
+            "state": state if state in REPLICA_STATES else "none",
+            "unacked": _int(raw, "unacked"), "lag_ms": _int(raw, "lag_ms")}
+
+
+def node_replication(raw: Any) -> dict[str, Any] | None:
+    """A ``--replicas=2`` node's own replication: its counters and what it holds for other nodes
+    (``standby``: owner, topic, messages, bytes, disk bytes, taken over), or None when the node's
+    ``/stats`` has none of it (Go nsqd, ``--replicas=1``)."""
+    if not isinstance(raw, dict) or not any(k in raw for k in _NODE_REPLICATION):
+        return None
+    standby = [{"owner": _str(s, "owner"), "topic": _str(s, "topic"), "messages": _int(s, "messages"),
+                "bytes": _int(s, "bytes"), "disk_bytes": _int(s, "disk_bytes"),
+                "taken_over": _bool(s, "taken_over")}
+               for s in _list(raw, "standby") or ()]
+    return {"replica_refused": _int(raw, "replica_refused"), "unreplicated": _int(raw, "unreplicated"),
+            "takeovers": _int(raw, "takeovers"),
+            "standby": sorted(standby, key=lambda s: (s["owner"], s["topic"]))}
 
 
 # --- cluster totals -----------------------------------------------------------------

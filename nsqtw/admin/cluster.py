@@ -26,7 +26,7 @@ from urllib.parse import quote_plus
 
 from twisted.internet.defer import ensureDeferred, gatherResults
 
-from nsqtw.admin.aggregate import node_topic_entry, sort_by_host
+from nsqtw.admin.aggregate import node_replication, node_topic_entry, sort_by_host
 from nsqtw.admin.client import AdminHTTPClient, UpstreamError
 from nsqtw.net.listen import join_host_port
 
@@ -263,9 +263,13 @@ class ClusterInfo:
         return await self.nsqd_topics(nsqds)
 
     async def nsqd_stats(self, producers: Sequence[dict[str, Any]], topic: str = "",
-                         channel: str = "", include_clients: bool = True
+                         channel: str = "", include_clients: bool = True,
+                         replication: dict[str, dict[str, Any]] | None = None
                          ) -> tuple[list[dict[str, Any]], Errors]:
-        """Every producer's topics (only ``topic``'s when given) as per-node entries."""
+        """Every producer's topics (only ``topic``'s when given) as per-node entries.
+
+        With ``replication``, each node that reports its own replication (``--replicas=2``)
+        gets it there under its address (:func:`~nsqtw.admin.aggregate.node_replication`)."""
         query = "format=json"
         if topic:
             query += f"&topic={quote_plus(topic)}"
@@ -282,6 +286,10 @@ class ClusterInfo:
         now = self.clock.seconds()
         entries = []
         for p, data, e in results:
+            if replication is not None and e is None:
+                replicated = node_replication(data)
+                if replicated is not None:
+                    replication[producer_http_address(p)] = replicated
             raw_topics = data.get("topics") if e is None and isinstance(data, dict) else None
             for raw in raw_topics or ():
                 if not isinstance(raw, dict) or (topic and raw.get("topic_name") != topic):

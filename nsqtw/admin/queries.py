@@ -110,19 +110,23 @@ class AdminQueries(AdminBase):
         found = [p for p in producers if producer_http_address(p) == node]
         if not found:
             raise APIError(404, "NODE_NOT_FOUND")
+        replication: dict[str, dict[str, Any]] = {}
         try:
-            entries, _ = await self.cluster.nsqd_stats(found[:1])
+            entries, _ = await self.cluster.nsqd_stats(found[:1], replication=replication)
         except QueryFailed as e:
             self.log.error("failed to get nsqd stats - {error}", error=str(e))
             raise APIError(502, f"UPSTREAM_ERROR: {e}") from None
         total_clients = sum(len(c["clients"] or ()) for t in entries for c in t["channels"] or ())
-        return await self._encode({
+        answer: dict[str, Any] = {
             "node": node,
             "topics": entries or None,
             "total_messages": sum(t["message_count"] for t in entries),
             "total_clients": total_clients,
-            "message": warn_message(messages),
-        })
+        }
+        if node in replication:  # nsqtw: only from a node run with --replicas=2
+            answer["replication"] = replication[node]
+        answer["message"] = warn_message(messages)
+        return await self._encode(answer)
 
     @admin_route(ADMIN_APP, "/api/counter", ("GET",))
     def counter(self, request: Any) -> Any:

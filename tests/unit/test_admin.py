@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 import tempfile
 
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw._go.flags import OptionsError
-from nsqtw.admin.aggregate import counter_stats, node_topic_entry, sum_channel, sum_topic
+from nsqtw.admin.aggregate import (
+    counter_stats,
+    node_replication,
+    node_topic_entry,
+    sum_channel,
+    sum_topic,
+)
+from nsqtw.admin.cluster import ClusterInfo
 from nsqtw.admin.history import MAX_SERIES, History
 from nsqtw.admin.options import defaults, normalize_base_path, parse_args
 from nsqtw.admin.routes import decode_struct, match_route
@@ -130,6 +138,74 @@ class AggregateTests(SynchronousTestCase):
         stats = counter_stats(entries)
         self.assertEqual(list(stats), ["t:z:a:1", "t:z:b:1"])
         self.assertEqual(stats["t:z:a:1"]["message_count"], 3)
+
+
+class ReplicationTests(SynchronousTestCase):
+    """--replicas=2 nodes' additions to /stats become new keys, only where a node reports them."""
+
+    def test_topic_entry_keeps_gos_keys_without_replica(self) -> None:
+        """A node without replication (Go nsqd, --replicas=1): no new key, in the topic answer neither."""
+        entry = _node("a:1", "h", _raw_topic(2, []))
+        self.assertNotIn("replica", entry)
+        self.assertNotIn("replica", sum_topic("t", [entry])["nodes"][0])
+
+    def test_topic_entry_carries_the_replica(self) -> None:
+        """The topic's replica comes after Go's keys, on the node's entry and in the topic answer's nodes."""
+        replica = {"peer": "127.0.0.1:4351", "state": "in_sync", "unacked": 2, "lag_ms": 15}
+        a = _node("a:1", "h", _raw_topic(2, [], replica=replica))
+        b = _node("b:1", "h", _raw_topic(2, []))
+        self.assertEqual(list(a)[-1], "replica")
+        self.assertEqual(a["replica"], replica)
+        total = sum_topic("t", [b, a])
+        self.assertEqual([n.get("replica") for n in total["nodes"]], [replica, None])
+        self.assertNotIn("replica", total)
+        self.assertEqual(_node("a:1", "h", _raw_topic(2, [], replica={
+            "peer": None, "state": "none", "unacked": 0, "lag_ms": 0}))["replica"]["peer"], None)  # type: ignore[index]
+
+    def test_odd_replica_values_read_as_zero_values(self) -> None:
+        """A node's data is not trusted: unknown states read 'none', non-numbers 0, a non-string peer None."""
+        entry = _node("a:1", "h", _raw_topic(0, [], replica={
+            "peer": ["<b>"], "state": "<script>", "unacked": "9", "lag_ms": True}))
+        self.assertEqual(entry["replica"], {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0})
+        self.assertNotIn("replica", _node("a:1", "h", _raw_topic(0, [], replica="in_sync")))
+
+    def test_node_replication(self) -> None:
+        """The node's counters and standbys (sorted by owner and topic); None without any of them."""
+        raw = {"version": "1.3.0", "topics": [], "replica_refused": 1, "unreplicated": 2, "takeovers": 3,
+               "standby": [{"owner": "b:1", "topic": "t", "messages": 4, "bytes": 40, "disk_bytes": 64,
+                            "taken_over": False},
+                           {"owner": "a:1", "topic": "u", "messages": "x", "taken_over": 1}, "junk"]}
+        self.assertEqual(node_replication(raw), {
+            "replica_refused": 1, "unreplicated": 2, "takeovers": 3,
+            "standby": [{"owner": "a:1", "topic": "u", "messages": 0, "bytes": 0, "disk_bytes": 0,
+                         "taken_over": False},
+                        {"owner": "b:1", "topic": "t", "messages": 4, "bytes": 40, "disk_bytes": 64,
+                         "taken_over": False}]})
+        self.assertEqual(node_replication({"takeovers": 0}),
+                         {"replica_refused": 0, "unreplicated": 0, "takeovers": 0, "standby": []})
+        self.assertIsNone(node_replication({"version": "1.3.0", "topics": [], "health": "OK"}))
+        self.assertIsNone(node_replication(None))
+
+    def test_nsqd_stats_collects_replicating_nodes_only(self) -> None:
+        """ClusterInfo.nsqd_stats hands each replicating node's own replication back by its address."""
+        class Client:
+            async def get_json(self, url: str, headers: object = None) -> object:
+                return answers[url]
+
+        replica = {"peer": "127.0.0.1:2", "state": "connecting", "unacked": 1, "lag_ms": 5}
+        answers = {
+            "http://127.0.0.1:1/stats?format=json": {"topics": [_raw_topic(1, [], replica=replica)],
+                                                     "replica_refused": 0, "unreplicated": 0,
+                                                     "takeovers": 0, "standby": []},
+            "http://127.0.0.1:2/stats?format=json": {"topics": [_raw_topic(1, [])]}}
+        producers = [{"broadcast_address": "127.0.0.1", "http_port": port, "hostname": "h"} for port in (1, 2)]
+        cluster = ClusterInfo(Client(), Clock())  # type: ignore[arg-type]
+        replication: dict[str, dict[str, object]] = {}
+        entries, errors = self.successResultOf(ensureDeferred(
+            cluster.nsqd_stats(producers, replication=replication)))
+        self.assertEqual(errors, [])
+        self.assertEqual(list(replication), ["127.0.0.1:1"])
+        self.assertEqual([e.get("replica") for e in entries], [replica, None])
 
 
 class HistoryTests(SynchronousTestCase):

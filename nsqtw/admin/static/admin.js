@@ -317,6 +317,63 @@
     }).join("");
   }
 
+  // --- replication (nodes run with --replicas=2; Go nsqd and --replicas=1 report none of it) ------------
+
+  // milliseconds as a lag: 0ms, 850ms, 12.3s
+  function lag(ms) {
+    const n = Math.max(0, Math.floor(ms || 0));
+    return n < 1000 ? `${n}ms` : `${(n / 1000).toFixed(1)}s`;
+  }
+
+  // where a node's copies of a topic are: "peer · in sync" and how far behind the peer is, or
+  // "under-replicated" (red) with why: its replica is still connecting, or there is none
+  function replicaText(r) {
+    const peer = r.peer ? `<span data-field="replica_peer">${link(`/nodes/${enc(r.peer)}`, r.peer)}</span> · ` : "";
+    if (r.state === "in_sync") {
+      return peer + `<span data-field="replica_state" class="in-sync">in sync</span> ` +
+        `<small data-field="replica_lag">lag ${lag(r.lag_ms)}${r.unacked ? `, ${num(r.unacked)} unacked` : ""}</small>`;
+    }
+    const why = r.state === "connecting" ? "connecting" : "no replica";
+    return peer + `<span data-field="replica_state" class="under-replicated" ` +
+      `title="a publish to this topic here is not copied to another node (${esc(why)})">under-replicated</span> ` +
+      `<small data-field="replica_why">${esc(why)}${r.unacked ? `, ${num(r.unacked)} unacked` : ""}</small>`;
+  }
+
+  function replicaCell(r) {
+    return `<td data-field="replica">${r ? replicaText(r) : ""}</td>`;
+  }
+
+  // the Total row's: how many of the nodes that replicate the topic are under-replicated
+  function replicaTotal(nodes) {
+    const shown = nodes.filter((n) => n.replica);
+    const under = shown.filter((n) => n.replica.state !== "in_sync").length;
+    return `<td data-field="replica">` + (under ?
+      `<span class="under-replicated">${num(under)} of ${num(shown.length)} under-replicated</span>` :
+      `<span class="in-sync">all in sync</span>`) + `</td>`;
+  }
+
+  // a node's own replication: its counters, and the standbys it holds for other nodes (owner and topic
+  // linked when the owner is a node the cluster knows: a lost one's page is gone)
+  function replicationSection(r, known) {
+    const rows = (r.standby || []).map((s) =>
+      `<tr data-standby="${esc(s.owner)}/${esc(s.topic)}">` +
+      `<td data-field="owner">${known.has(s.owner) ? link(`/nodes/${enc(s.owner)}`, s.owner) : esc(s.owner)}</td>` +
+      `<td data-field="topic">${known.has(s.owner) ? link(`/topics/${enc(s.topic)}`, s.topic) : esc(s.topic)}</td>` +
+      `<td data-field="messages">${num(s.messages)}</td><td data-field="bytes">${num(s.bytes)}</td>` +
+      `<td data-field="disk_bytes">${num(s.disk_bytes)}</td>` +
+      `<td data-field="taken_over">${s.taken_over ? '<span class="badge">taken over</span>' : "no"}</td></tr>`).join("");
+    return `<h2>Replication</h2><section class="totals" id="replication">` +
+      `<div title="publishes refused because no replica acknowledged their copy in time">` +
+      `<b data-field="replica_refused">${num(r.replica_refused)}</b> refused for want of a replica</div>` +
+      `<div title="publishes held by this node alone: no replica could be chosen for them">` +
+      `<b data-field="unreplicated">${num(r.unreplicated)}</b> unreplicated</div>` +
+      `<div title="topics of lost nodes whose copies this node delivered">` +
+      `<b data-field="takeovers">${num(r.takeovers)}</b> takeovers</div></section>` +
+      `<h3>Standbys: copies held for other nodes</h3><table id="standbys"><thead><tr><th>Owner</th><th class="name">Topic</th>` +
+      `<th>Messages</th><th>Bytes</th><th>Disk Bytes</th><th>Taken Over</th></tr></thead>` +
+      `<tbody>${rows || '<tr><td class="empty" colspan="6">none</td></tr>'}</tbody></table>`;
+  }
+
   // the sum of the channels' depths: what waits in a topic's channels
   function backlog(channels) {
     return (channels || []).reduce((sum, c) => sum + (c.depth || 0), 0);
@@ -373,15 +430,17 @@
     document.title = `${topic} - nsqtw-admin`;
     const qs = quantiles(data.nodes || []), cqs = quantiles(data.channels || []);
     const tombstones = S.is_admin && S.nsqlookupd && S.nsqlookupd.length;
+    // the Replica column only when a node of the topic runs with --replicas=2
+    const replicas = (data.nodes || []).some((n) => n.replica);
     const nodes = (data.nodes || []).map((n) =>
       `<tr data-node="${esc(n.node)}"><td data-field="node">` +
       `${link(`/nodes/${enc(n.node)}`, nodeHost(n.hostname, n.node))} ${badge(n.paused, "paused")}</td>` +
-      topicCells(n, (n.channels || []).length) + e2eCells(n, qs) +
+      topicCells(n, (n.channels || []).length) + e2eCells(n, qs) + (replicas ? replicaCell(n.replica) : "") +
       (tombstones ? `<td><button class="small" data-tombstone="${esc(n.node)}" data-topic="${esc(topic)}">` +
         `Tombstone</button></td>` : "<td></td>") +
       `</tr>`).join("");
     const total = `<tr class="total" data-total><td>Total:</td>` + topicCells(data, (data.channels || []).length) +
-      e2eCells(data, qs) + `<td></td></tr>`;
+      e2eCells(data, qs) + (replicas ? replicaTotal(data.nodes) : "") + `<td></td></tr>`;
     const channels = (data.channels || []).slice().sort((a, b) => a.channel_name < b.channel_name ? -1 : 1)
       .map((c) =>
         `<tr data-channel="${esc(c.channel_name)}"><td>${link(`/topics/${enc(topic)}/${enc(c.channel_name)}`, c.channel_name)}` +
@@ -403,7 +462,7 @@
       (await charts(topic, "")) +
       graphite(`nonNegativeDerivative(sumSeries(${statsdKey("counter", `topic.${topic}.message_count`)}))`) +
       `<h2>Topic message queue</h2><table id="nodes"><thead>${e2eGroup(qs, 5)}` +
-      `<tr><th>NSQd Host</th>${TOPIC_HEAD}${e2eHead(qs)}<th></th>` +
+      `<tr><th>NSQd Host</th>${TOPIC_HEAD}${e2eHead(qs)}${replicas ? '<th class="replica">Replica</th>' : ""}<th></th>` +
       `</tr></thead><tbody>${nodes}${total}</tbody></table>` +
       `<h2>Channel message queues</h2><table id="channels"><thead>${e2eGroup(cqs, 9)}` +
       `<tr><th>Channel</th>${CHANNEL_HEAD}${e2eHead(cqs)}` +
@@ -528,7 +587,8 @@
         `<tr class="topic"><td>${topicName(t.topic_name, tombstoned.has(t.topic_name))} ${badge(t.paused, "paused")}` +
         `${tombstoned.has(t.topic_name) ? '<span class="badge tombstoned">tombstoned</span>' : ""}</td>` +
         topicCells(t, channels.length) +
-        `<td colspan="6">${tombstones ? `<button class="small" data-tombstone="${esc(node)}" ` +
+        `<td colspan="6">${t.replica ? `<span data-field="replica">replica ${replicaText(t.replica)}</span> ` : ""}` +
+        `${tombstones ? `<button class="small" data-tombstone="${esc(node)}" ` +
           `data-topic="${esc(t.topic_name)}">Tombstone</button>` : ""}</td></tr>` +
         (channels.length ? "" : '<tr><td class="empty" colspan="11">no channels</td></tr>') +
         channels.map((c) =>
@@ -546,6 +606,8 @@
       `<section class="totals" id="totals"><div><b data-field="total_messages">${num(data.total_messages)}</b> messages</div>` +
       `<div><b data-field="total_clients">${num(data.total_clients)}</b> clients</div>` +
       `<div><b data-field="topics">${(data.topics || []).length}</b> topics</div></section>` +
+      (data.replication ? replicationSection(data.replication, new Set((producers.nodes || []).map(nodeAddress))) +
+        "<h2>Topics</h2>" : "") +
       `<table id="node-topics">${rows || '<tbody><tr><td class="empty">no topics</td></tr></tbody>'}</table>`;
     bindTombstones(main);
   }
