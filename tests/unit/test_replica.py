@@ -1563,3 +1563,49 @@ def test_a_workers_publisher_refused_for_want_of_a_replica_gets_ack_no_replica()
     clock.advance(0)
     acks = [fields for kind, fields in link_records(transport) if kind == wlink.ACK]
     assert acks == [[1, wlink.ACK_NO_REPLICA, "no replica"]]
+
+
+# -- /metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_families() -> None:
+    """A --replicas=2 node's scrape has the replication families from the same snapshot as /stats:
+    the node's counters, each topic's replica (in sync or not, by peer) and each standby; a node
+    without replication has none of them."""
+    from nsqtw.observe.families import families
+    from nsqtw.observe.stats import run_in_slices, snapshot_steps
+
+    def scrape(nsqd: NSQD) -> dict[str, list[tuple[dict[str, str], float]]]:
+        snap = run_in_slices(snapshot_steps(nsqd, include_clients=False, include_mem=False, extras=True),
+                             nsqd.clock)
+        got: list[Any] = []
+        snap.addCallback(got.append)
+        assert got, "the snapshot of a small node is taken at once"
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in families(got[0]):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return out
+
+    plain, _ = make_nsqd()
+    plain.get_topic("t")
+    assert not [name for name in scrape(plain) if "replica" in name or "standby" in name]
+
+    nsqd, _ = make_nsqd()
+    fake = FakeReplication()
+    fake.node_stats = lambda: {"replica_refused": 3, "unreplicated": 1, "takeovers": 2,  # type: ignore[method-assign]
+                               "standby": [{"owner": "10.0.0.9:4151", "topic": "u", "messages": 7, "bytes": 70,
+                                            "disk_bytes": 182, "taken_over": False}]}
+    nsqd.replication = fake
+    nsqd.get_topic("t")
+    nsqd.get_topic("x#ephemeral")
+    got = scrape(nsqd)
+    assert got["nsqtw_replica_refused_total"] == [({}, 3.0)]
+    assert got["nsqtw_replica_unreplicated_total"] == [({}, 1.0)]
+    assert got["nsqtw_replica_takeovers_total"] == [({}, 2.0)]
+    # an ephemeral topic is never replicated: no series for it
+    assert got["nsqtw_topic_replica_in_sync"] == [({"topic": "t", "peer": "10.0.0.2:4151"}, 1.0)]
+    assert got["nsqtw_topic_replica_unacked"] == [({"topic": "t"}, 0.0)]
+    assert got["nsqtw_topic_replica_lag_seconds"] == [({"topic": "t"}, 0.0)]
+    assert got["nsqtw_standby_messages"] == [({"owner": "10.0.0.9:4151", "topic": "u"}, 7.0)]
+    assert got["nsqtw_standby_bytes"] == [({"owner": "10.0.0.9:4151", "topic": "u"}, 70.0)]
