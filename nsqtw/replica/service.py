@@ -413,7 +413,8 @@ class ReplicationService(Service):
             self._lane = self._executor()
         # a log of its own: one being taken over (and removed after) may still have this name's files
         self._logs += 1
-        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._lane, self.durable)
+        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._lane, self.durable,
+                         self.reactor)
         return Standby(owner, topic, log)
 
     def _own_log(self, topic: str) -> Standby:

@@ -1494,6 +1494,7 @@ def test_owners_are_not_read_while_the_standbys_writes_are_past_the_bound(tmp_pa
     link, transport = node.accept()
     link.dataReceived(hello() + channel_record("t", "c") + encode_pub("t", [1], [b"x" * 200], NOW_NS, 0.0))
     assert node.nsqd.unwritten.over() and transport.producerState == "paused"
+    node.reactor.advance(0)  # the turn's appends go to the lane as one job
     lane.run()
     assert not node.nsqd.unwritten.over() and node.nsqd.unwritten.total == 0
     assert transport.producerState == "producing"
@@ -1609,3 +1610,27 @@ def test_metrics_families() -> None:
     assert got["nsqtw_topic_replica_lag_seconds"] == [({"topic": "t"}, 0.0)]
     assert got["nsqtw_standby_messages"] == [({"owner": "10.0.0.9:4151", "topic": "u"}, 7.0)]
     assert got["nsqtw_standby_bytes"] == [({"owner": "10.0.0.9:4151", "topic": "u"}, 70.0)]
+
+
+def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) -> None:
+    """With a clock, a log's appends of one reactor turn go to the disk lane as one job at the turn's
+    end (no thread hop per publish); a read asked in the same turn first sends them, so it finds
+    every message appended before it."""
+    jobs: list[str] = []
+
+    class Counting(SynchronousDiskExecutor):
+        def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
+            jobs.append(fn.__name__)
+            return super().submit(fn, *args)
+
+    clock = Clock()
+    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock)
+    written = [log.append(b"a" * 10, 0), log.append(b"b" * 10, 1)]
+    assert jobs == [] and not any(d.called for d in written)
+    clock.advance(0)
+    assert jobs == ["_append_all"] and all(d.called for d in written)
+    log.append(b"c" * 10, 2)
+    got: list[bytes] = []
+    log.read_number(0).addCallback(got.append)
+    assert jobs == ["_append_all", "_append_all", "_read"]
+    assert got == [b"a" * 10 + b"b" * 10 + b"c" * 10]
