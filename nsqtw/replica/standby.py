@@ -40,6 +40,10 @@ __all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Standby", "Stan
 TAKEOVER_SLICE: Final = 4096
 #: a standby's log starts a new segment past this size (a done segment is deleted whole)
 SEGMENT_BYTES: Final = 16 * 1024 * 1024
+#: without --durable-delivery, a log's appends are written together this long after the first...
+FLUSH_DELAY: Final = 0.1
+#: ... or once this many bytes wait
+FLUSH_BYTES: Final = 1024 * 1024
 #: what a standby log's segment file names end with (Go nsqd reads none of them)
 STANDBY_SUFFIX: Final = ".nsqtw.standby"
 #: the finished prefix is cut from memory once it is this long and a quarter of what is held
@@ -83,9 +87,11 @@ def _remove(paths: list[str]) -> None:
 class StandbyLog:
     """One standby's messages on disk: segments appended on the disk lane, deleted once done.
 
-    With a ``clock``, what a reactor turn appends goes to the lane as one job at its end (a
-    replicated publish costs no thread hop of its own); anything else asked of the lane (a read,
-    a removal) first sends what is waiting, so the lane keeps the order it was asked in.
+    With a ``clock``, appends go to the lane together, as one job: at the end of the reactor turn
+    with ``durable`` (a group commit), else :data:`FLUSH_DELAY` after the first or once
+    :data:`FLUSH_BYTES` wait (a replicated publish costs no thread hop of its own); anything else
+    asked of the lane (a read, a removal) first sends what is waiting, so the lane keeps the order
+    it was asked in.
     """
 
     def __init__(self, directory: str, prefix: str, executor: IDiskExecutor, durable: bool,
@@ -101,6 +107,7 @@ class StandbyLog:
         #: appends of this turn: (path, data), and who waits for them
         self._waiting: list[tuple[str, bytes]] = []
         self._waiters: list[Deferred[None]] = []
+        self._buffered = 0
         self._flush_call: IDelayedCall | None = None
 
     def path(self, number: int) -> str:
@@ -118,10 +125,15 @@ class StandbyLog:
         if self.clock is None:
             return self.executor.submit(_append_all, [(path, data)], self.durable)
         self._waiting.append((path, data))
+        self._buffered += len(data)
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
-        if self._flush_call is None:
-            self._flush_call = self.clock.callLater(0, self._flush)
+        if self._buffered >= FLUSH_BYTES:
+            self._flush_now()
+        elif self._flush_call is None:
+            # durable: at the turn's end (its ACK waits for the fsync); else gathered a while, as
+            # nothing waits for the write but the node's bound of unwritten bytes
+            self._flush_call = self.clock.callLater(0 if self.durable else FLUSH_DELAY, self._flush)
         return d
 
     def _flush(self) -> None:
@@ -130,6 +142,7 @@ class StandbyLog:
             return
         waiting, self._waiting = self._waiting, []
         waiters, self._waiters = self._waiters, []
+        self._buffered = 0
 
         def done(result: object) -> None:
             for d in waiters:

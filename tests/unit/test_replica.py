@@ -48,7 +48,7 @@ from nsqtw.replica.records import (
     split_records,
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
-from nsqtw.replica.standby import TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
+from nsqtw.replica.standby import FLUSH_DELAY, TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, make_options, one_turn, take_frames
 
@@ -1251,6 +1251,7 @@ def test_the_replica_holds_copies_and_acks_each_read(tmp_path: Any) -> None:
     [shown] = stats["standby"]
     assert shown == {"owner": OWNER, "topic": "t", "messages": 1, "bytes": 1, "disk_bytes": standby.disk.bytes(),
                      "taken_over": False}
+    node.reactor.advance(FLUSH_DELAY)  # without --durable-delivery, appends are written together after it
     assert shown["disk_bytes"] > 0 and any(p.name.endswith(".dat") for p in node.path.iterdir())
     link.dataReceived(encode_json(Kind.TOPIC_GONE, {"topic": "t"}))
     assert node.service.owners[OWNER].standbys == {}
@@ -1484,7 +1485,9 @@ def test_without_durable_delivery_the_ack_does_not_wait_for_the_write(tmp_path: 
     transport.clear()
     link.dataReceived(hello() + channel_record("t", "c") + encode_pub("t", [1], [b"a"], NOW_NS, 0.0))
     node.reactor.advance(0)
-    assert acks_of(transport) == [3] and lane.jobs
+    assert acks_of(transport) == [3] and not lane.jobs  # acked before the write is even asked for
+    node.reactor.advance(FLUSH_DELAY)
+    assert lane.jobs
     node.service.stopService()
 
 
@@ -1494,7 +1497,7 @@ def test_owners_are_not_read_while_the_standbys_writes_are_past_the_bound(tmp_pa
     link, transport = node.accept()
     link.dataReceived(hello() + channel_record("t", "c") + encode_pub("t", [1], [b"x" * 200], NOW_NS, 0.0))
     assert node.nsqd.unwritten.over() and transport.producerState == "paused"
-    node.reactor.advance(0)  # the turn's appends go to the lane as one job
+    node.reactor.advance(FLUSH_DELAY)  # the appends go to the lane as one job
     lane.run()
     assert not node.nsqd.unwritten.over() and node.nsqd.unwritten.total == 0
     assert transport.producerState == "producing"
@@ -1537,6 +1540,7 @@ def test_a_topic_handed_back_during_a_takeover_keeps_its_new_copies(tmp_path: An
     assert held(new) == [mid(10**6)]
     for _ in range(5):
         node.reactor.advance(0)  # the old takeover ends
+    node.reactor.advance(FLUSH_DELAY)
     assert len(local_ids(node)) == n
     assert all(os.path.exists(new.disk.path(s[0])) for s in new.disk.segments), "the new copy's log was deleted"
     third, _ = node.accept()
@@ -1613,9 +1617,9 @@ def test_metrics_families() -> None:
 
 
 def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) -> None:
-    """With a clock, a log's appends of one reactor turn go to the disk lane as one job at the turn's
-    end (no thread hop per publish); a read asked in the same turn first sends them, so it finds
-    every message appended before it."""
+    """With a clock, a log's appends go to the disk lane as one job, FLUSH_DELAY after the first
+    (no thread hop per publish); a read asked meanwhile first sends them, so it finds every message
+    appended before it."""
     jobs: list[str] = []
 
     class Counting(SynchronousDiskExecutor):
@@ -1627,7 +1631,7 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
     log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock)
     written = [log.append(b"a" * 10, 0), log.append(b"b" * 10, 1)]
     assert jobs == [] and not any(d.called for d in written)
-    clock.advance(0)
+    clock.advance(FLUSH_DELAY)
     assert jobs == ["_append_all"] and all(d.called for d in written)
     log.append(b"c" * 10, 2)
     got: list[bytes] = []
