@@ -1,0 +1,494 @@
+"""``--replicas=2`` on real processes: nsqtw-lookupd and nsqtw nodes on loopback, port 0, kill -9.
+
+What is checked (docs/architecture.md, "Replication (`--replicas=2`): the design"):
+
+- ``--replicas=1`` (the default) adds no route: ``GET /replication`` is a 404.
+- A machine lost (kill -9, its data directory deleted) loses no acknowledged,
+  unfinished message: the replica takes over after ``--replica-timeout`` and a
+  consumer that finds producers through lookupd receives them all, with at most
+  the pre-kill consumer's in-flight messages twice.
+- With no peer, a publish is refused after ``--replica-wait`` (HTTP non-200,
+  ``E_PUB_FAILED`` / ``E_MPUB_FAILED`` on TCP, non-fatal) and counted.
+- An owner killed and restarted at once on its disk (within the timeout) is
+  not taken over, and publishing to it works again.
+
+The consumer through lookupd is the :mod:`nsqtw.client` Consumer in a process
+of its own (like ``nsqtw.tools.chaos_consumer``), writing one line per message
+it is handed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests import helpers
+from tests.daemon import ROOT, Daemon, LookupdDaemon, Started
+from tests.rawclient import FRAME_ERROR, FRAME_MESSAGE, OK, Client, Msg
+
+TOPIC = "t"
+CHANNEL = "c"
+#: how long a replica may take to be chosen and in step: nodes read lookupd's /nodes every 15 s
+CHOSEN_WITHIN = 60.0
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+
+
+def http(address: str, method: str, path: str, body: bytes | None = None,
+         timeout: float = 30.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://{address}{path}", data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post(address: str, path: str, body: bytes | None = None) -> None:
+    code, answer = http(address, "POST", path, body)
+    assert code == 200, (path, code, answer)
+
+
+def stats(node: Daemon) -> dict[str, Any]:
+    code, body = http(node.http_address, "GET", "/stats?format=json", timeout=10.0)
+    assert code == 200, (code, body)
+    return dict(json.loads(body))
+
+
+def topic_stats(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
+    for t in stats(node).get("topics", []):
+        if t["topic_name"] == topic:
+            return dict(t)
+    return None
+
+
+def replica_of(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
+    """The topic's ``replica`` object in the node's /stats (None while the topic or field is missing)."""
+    t = topic_stats(node, topic)
+    return None if t is None else t.get("replica")
+
+
+def in_sync(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
+    r = replica_of(node, topic)
+    return r if r is not None and r.get("state") == "in_sync" and r.get("peer") else None
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    return helpers.wait_for(check, timeout, what)
+
+
+def log_tail(*daemons: Daemon, chars: int = 3000) -> str:
+    return "\n".join(f"--- {d.plugin} {d.http_address} ---\n{d.read_output()[-chars:]}" for d in daemons)
+
+
+# -- daemons ----------------------------------------------------------------------------------------
+
+
+class Cluster:
+    """nsqtw-lookupd and nsqtw nodes, each in its own folder under the test's tmp_path."""
+
+    def __init__(self, root: str) -> None:
+        self.started = Started(root)
+        self.lookupd: LookupdDaemon | None = None
+        self.count = 0
+
+    def start_lookupd(self) -> LookupdDaemon:
+        self.lookupd = LookupdDaemon(self.started.folder("lookupd"), "--broadcast-address=127.0.0.1")
+        self.started.start(self.lookupd)
+        return self.lookupd
+
+    def node(self, *args: str) -> Daemon:
+        assert self.lookupd is not None
+        self.count += 1
+        d = Daemon(self.started.folder(f"node{self.count}"), "--broadcast-address=127.0.0.1",
+                   f"--lookupd-tcp-address={self.lookupd.tcp_address}", *args)
+        self.started.daemons.append(d)
+        return d.start(timeout=40)
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[Cluster]:
+    c = Cluster(str(tmp_path))
+    try:
+        yield c
+    finally:
+        c.started.stop_all()
+
+
+def nodes_registered(lookupd: Daemon, *nodes: Daemon) -> bool:
+    _, body = http(lookupd.http_address, "GET", "/nodes", timeout=10.0)
+    have = {p["http_port"] for p in json.loads(body).get("producers", [])}
+    return {n.http[1] for n in nodes} <= have
+
+
+# -- the consumer through lookupd, a process of its own ----------------------------------------------
+
+CONSUMER = r"""
+import sys
+from twisted.internet import reactor
+from twisted.internet.task import LoopingCall
+from nsqtw.client import Config, Consumer
+
+lookupd, topic, channel, path, max_in_flight, poll = sys.argv[1:]
+out = open(path, "ab")
+
+
+def handle(msg):
+    out.write(msg.body + b" " + msg.id + b" " + msg.nsqd_address.encode() + b"\n")
+
+
+config = Config(max_in_flight=int(max_in_flight), lookupd_poll_interval=float(poll),
+                lookupd_poll_jitter=0.1, max_attempts=0, rdy_redistribute_interval=1.0)
+consumer = Consumer(topic, channel, handle, config, lookupd_http_addresses=[lookupd])
+LoopingCall(out.flush).start(0.05)
+reactor.addSystemEventTrigger("after", "shutdown", out.close)
+consumer.start()
+reactor.run()
+"""
+
+
+class LookupdConsumer:
+    """``nsqtw.client.Consumer`` given only lookupd's HTTP address; ``bodies()`` is what it was handed."""
+
+    def __init__(self, folder: str, lookupd: Daemon, max_in_flight: int = 100, poll: float = 0.5) -> None:
+        self.path = os.path.join(folder, "consumed")
+        self.log_path = os.path.join(folder, "consumer.log")
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", CONSUMER, lookupd.http_address, TOPIC, CHANNEL, self.path,
+                 str(max_in_flight), str(poll)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=folder)
+
+    def records(self) -> list[tuple[bytes, bytes, bytes]]:
+        """(body, message ID, node) per message handed to the handler so far (whole lines only)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        lines = data.split(b"\n")[:-1]
+        return [tuple(line.split(b" ", 2)) for line in lines]  # type: ignore[misc]
+
+    def bodies(self) -> list[bytes]:
+        return [r[0] for r in self.records()]
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read()[-3000:].decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[LookupdConsumer]]:
+    started: list[LookupdConsumer] = []
+    try:
+        yield started
+    finally:
+        for c in started:
+            c.stop()
+
+
+# -- the tests --------------------------------------------------------------------------------------
+
+
+def test_replicas_1_has_no_replication_route(tmp_path) -> None:
+    """With the default ``--replicas=1`` the route does not exist: 404 like any unknown path."""
+    started = Started(str(tmp_path))
+    try:
+        node = started.start(Daemon(started.folder("node")))
+        code, body = http(node.http_address, "GET", "/replication")
+        assert code == 404, (code, body)
+        code, _ = http(node.http_address, "GET", "/ping")
+        assert code == 200
+    finally:
+        started.stop_all()
+
+
+PRE_KILL_MAX_IN_FLIGHT = 100
+PUBLISHED = 2000
+FINISHED_BEFORE_KILL = 700
+
+
+def test_machine_lost_loses_nothing(cluster: Cluster, consumers: list[LookupdConsumer], tmp_path) -> None:
+    """Owner A killed -9 and its disk deleted: every message not finished on A reaches a consumer
+    through lookupd from the replica, duplicates within the pre-kill consumer's in-flight count."""
+    lookupd = cluster.start_lookupd()
+    flags = ("--replicas=2", "--replica-timeout=3s")
+    a, b, c = (cluster.node(*flags) for _ in range(3))
+    wait_for("all three nodes in lookupd's /nodes", lambda: nodes_registered(lookupd, a, b, c), 30)
+
+    # each node advertises replication
+    for n in (a, b, c):
+        code, body = http(n.http_address, "GET", "/replication")
+        assert code == 200, (code, body)
+        info = json.loads(body)
+        assert "version" in info and "incarnation" in info, info
+
+    post(a.http_address, f"/topic/create?topic={TOPIC}")
+    post(a.http_address, f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
+    replica = wait_for("a replica of t in step on A (/stats replica.state in_sync)",
+                       lambda: in_sync(a), CHOSEN_WITHIN)
+
+    bodies = [b"body-%05d" % i for i in range(PUBLISHED)]
+    for i in range(0, PUBLISHED, 200):
+        code, answer = http(a.http_address, "POST", f"/mpub?topic={TOPIC}", b"\n".join(bodies[i:i + 200]))
+        assert (code, answer) == (200, b"OK"), (i, code, answer, log_tail(a, b, c))
+
+    # the pre-kill consumer, straight on A: FIN 700, hold whatever else it was sent, then leave
+    pre: list[bytes] = []
+    finned: set[bytes] = set()
+    sub = Client(a.tcp_address, timeout=30.0)
+    sub.sub(TOPIC, CHANNEL, PRE_KILL_MAX_IN_FLIGHT)
+    while len(finned) < FINISHED_BEFORE_KILL:
+        m = sub.message(30.0)
+        pre.append(m.body)
+        sub.fin(m)
+        finned.add(m.body)
+    sub.cmd("RDY", 0)
+    try:  # what was already on its way is received, not finished
+        while True:
+            f = sub.read(1.0)
+            assert f[0] == FRAME_MESSAGE, f
+            pre.append(Msg(f[1]).body)
+    except TimeoutError:
+        pass
+    held = len(set(pre) - finned)
+    assert held <= PRE_KILL_MAX_IN_FLIGHT, held
+    sub.close()
+
+    # the FINs reach the replica over the link (the design allows those of "the last few
+    # milliseconds" to be lost with the owner): let it settle, then lose the machine
+    wait_for("A's replica link has nothing unacked",
+             lambda: (replica_of(a) or {}).get("unacked", 1) == 0, 20)
+    time.sleep(2.0)
+    peer = replica_of(a)
+    a.kill()
+    killed = time.monotonic()
+    shutil.rmtree(a.data_path)
+
+    # consumers find the replica through lookupd (it registered the topic as a producer)
+    folder = tmp_path / "consumer"
+    folder.mkdir()
+    consumer = LookupdConsumer(str(folder), lookupd, max_in_flight=100, poll=0.5)
+    consumers.append(consumer)
+    expected = set(bodies) - finned
+    began = time.monotonic()
+    deadline = began + 30.0
+    first_seen: float | None = None
+    while time.monotonic() < deadline:
+        got = consumer.bodies()
+        if first_seen is None and got:
+            first_seen = time.monotonic()
+        if expected <= set(got):
+            break
+        time.sleep(0.1)
+    took, since_kill = time.monotonic() - began, time.monotonic() - killed
+    got = consumer.bodies()
+    missing = expected - set(got)
+    takeovers = {n.http_address: stats(n).get("takeovers") for n in (b, c)}
+    standby = {n.http_address: stats(n).get("standby") for n in (b, c)}
+    assert not missing, (
+        f"{len(missing)} of {len(expected)} unfinished messages never came within 30 s "
+        f"(e.g. {sorted(missing)[:5]}); the consumer got {len(got)}, {len(set(got))} distinct; "
+        f"A's replica was {peer} (first in_sync {replica}); takeovers {takeovers}; standby {standby}\n"
+        f"consumer log:\n{consumer.log()}\n{log_tail(b, c)}")
+
+    time.sleep(2.0)  # late copies count as duplicates too
+    got = consumer.bodies()
+    assert set(got) <= set(bodies), sorted(set(got) - set(bodies))[:5]
+    counts = Counter(pre + got)
+    duplicated = {body for body, n in counts.items() if n > 1}
+    extra_copies = sum(n - 1 for n in counts.values())
+    finished_again = len(finned & set(got))
+    print(f"all {len(expected)} unfinished messages came in {took:.1f} s ({since_kill:.1f} s after the kill, "
+          f"the first {(first_seen or began) - killed:.1f} s after); "
+          f"{len(duplicated)} bodies "
+          f"received more than once ({extra_copies} extra copies, {finished_again} finished before the kill, "
+          f"{held} held by the pre-kill consumer)")
+    assert len(duplicated) <= PRE_KILL_MAX_IN_FLIGHT, (len(duplicated), extra_copies, finished_again, held)
+    assert any(isinstance(n, int) and n >= 1 for n in takeovers.values()), takeovers
+    # not before --replica-timeout (3 s) of silence: the link broke at the kill (1 s of margin for the
+    # time a.kill() took to return and for this loop's polling)
+    first = (first_seen or time.monotonic()) - killed
+    assert first >= 2.0, f"the first message came {first:.1f} s after the kill, before --replica-timeout=3s"
+
+
+def test_no_peer_refuses_after_replica_wait(cluster: Cluster) -> None:
+    """One node with ``--replicas=2`` and no peer: publishes are refused after ``--replica-wait``
+    (HTTP non-200; TCP E_PUB_FAILED / E_MPUB_FAILED, the connection kept), and counted."""
+    lookupd = cluster.start_lookupd()
+    node = cluster.node("--replicas=2", "--replica-wait=1s")
+    wait_for("the node in lookupd's /nodes", lambda: nodes_registered(lookupd, node), 30)
+
+    began = time.monotonic()
+    code, answer = http(node.http_address, "POST", f"/pub?topic={TOPIC}", b"hello")
+    took = time.monotonic() - began
+    assert code != 200, (code, answer)
+    assert 0.5 <= took <= 10.0, (took, code, answer)
+
+    c = Client(node.tcp_address, timeout=30.0)
+    began = time.monotonic()
+    c.cmd("PUB", TOPIC, body=b"hello")
+    ftype, data = c.read(30.0)
+    took = time.monotonic() - began
+    assert ftype == FRAME_ERROR and data.startswith(b"E_PUB_FAILED"), (ftype, data)
+    assert 0.5 <= took <= 10.0, took
+    # non-fatal: the connection still answers
+    c.mpub(TOPIC, [b"one", b"two"])
+    ftype, data = c.read(30.0)
+    assert ftype == FRAME_ERROR and data.startswith(b"E_MPUB_FAILED"), (ftype, data)
+    c.cmd("NOP")
+    # an #ephemeral topic is never replicated: published at once
+    c.cmd("PUB", "e#ephemeral", body=b"hello")
+    assert c.read(10.0) == OK
+    assert c.is_open(0.5)
+    c.close()
+
+    refused = stats(node).get("replica_refused")
+    assert isinstance(refused, int) and refused >= 1, refused
+    code, body = http(node.http_address, "GET", "/ping")
+    assert (code, body) == (200, b"OK"), (code, body)
+    assert node.proc is not None and node.proc.poll() is None
+
+
+def consume_through_lookupd(tmp_path, consumers: list[LookupdConsumer], lookupd: Daemon, name: str,
+                           until: Callable[[list[bytes]], bool], timeout: float) -> LookupdConsumer:
+    """Start a lookupd consumer in ``tmp_path/name`` and wait (at most ``timeout``) for ``until(bodies)``."""
+    folder = tmp_path / name
+    folder.mkdir()
+    consumer = LookupdConsumer(str(folder), lookupd, max_in_flight=100, poll=0.5)
+    consumers.append(consumer)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not until(consumer.bodies()):
+        time.sleep(0.2)
+    return consumer
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
+def test_owner_quick_restart_keeps_copies(cluster: Cluster, consumers: list[LookupdConsumer], tmp_path,
+                                          durable: bool) -> None:
+    """The owner killed -9 and started again at once on its disk and ports (within
+    ``--replica-timeout``): publishing to it works again once a replica is in step, and nothing
+    acknowledged is lost. With ``--durable-delivery`` the owner still has every message, so the
+    replica does not take over; without it, what the owner held in memory is gone, and the
+    replica may deliver its copies (duplicates, never a loss)."""
+    lookupd = cluster.start_lookupd()
+    flags = ("--replicas=2", "--replica-timeout=10s", *(("--durable-delivery",) if durable else ()))
+    a, b = cluster.node(*flags), cluster.node(*flags)
+    wait_for("both nodes in lookupd's /nodes", lambda: nodes_registered(lookupd, a, b), 30)
+    post(a.http_address, f"/topic/create?topic={TOPIC}")
+    post(a.http_address, f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
+    wait_for("a replica of t in step on A", lambda: in_sync(a), CHOSEN_WITHIN)
+    before = [b"before-%03d" % i for i in range(100)]
+    code, answer = http(a.http_address, "POST", f"/mpub?topic={TOPIC}", b"\n".join(before))
+    assert (code, answer) == (200, b"OK"), (code, answer)
+    wait_for("B holds a standby of A's t",
+             lambda: any(s.get("topic") == TOPIC for s in stats(b).get("standby") or []), 20)
+
+    killed = time.monotonic()
+    a.kill()
+    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
+
+    # publishing works again once the replica is in step
+    after: list[bytes] = []
+
+    def published() -> bool:
+        body = b"after-%03d" % len(after)
+        code, _ = http(a.http_address, "POST", f"/pub?topic={TOPIC}", body)
+        if code == 200:
+            after.append(body)
+        return code == 200 and in_sync(a) is not None
+
+    wait_for("a publish to the restarted A answered 200 with its replica in_sync", published, 40)
+    if durable:  # past the replica timeout (and its /ping probe) since the kill: still no takeover on B
+        while time.monotonic() < killed + 10.0 + 5.0:
+            s = stats(b)
+            assert s.get("takeovers") == 0, (s.get("takeovers"), s.get("standby"), log_tail(a, b))
+            time.sleep(0.5)
+        s = stats(b)
+        assert s.get("takeovers") == 0, (s.get("takeovers"), s.get("standby"))
+        assert not any(x.get("taken_over") for x in s.get("standby") or []), s.get("standby")
+    code, answer = http(a.http_address, "POST", f"/pub?topic={TOPIC}", b"last")
+    assert (code, answer) == (200, b"OK"), (code, answer)
+    after.append(b"last")
+
+    expected = set(before) | set(after)
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: expected <= set(got), 30)
+    got = consumer.bodies()
+    assert expected <= set(got), (
+        f"lost {sorted(expected - set(got))[:5]} ({len(expected - set(got))} of {len(expected)}); "
+        f"B's takeovers {stats(b).get('takeovers')}\n{log_tail(a, b)}")
+    if durable:
+        time.sleep(1.0)
+        extra = Counter(consumer.bodies())
+        assert not [body for body, n in extra.items() if n > 1], "no takeover, so no message twice"
+
+
+def test_replica_lost_then_owner_lost_loses_nothing(cluster: Cluster, consumers: list[LookupdConsumer],
+                                                    tmp_path) -> None:
+    """The replica is lost (kill -9, disk deleted): the owner places its copies on the third node,
+    backlog included (the design's SNAP), before it says in_sync again; then the owner is lost too,
+    and every acknowledged, unfinished message still reaches a consumer through lookupd."""
+    lookupd = cluster.start_lookupd()
+    flags = ("--replicas=2", "--replica-timeout=6s")
+    a, b, c = (cluster.node(*flags) for _ in range(3))
+    wait_for("all three nodes in lookupd's /nodes", lambda: nodes_registered(lookupd, a, b, c), 30)
+    post(a.http_address, f"/topic/create?topic={TOPIC}")
+    post(a.http_address, f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
+    first = wait_for("a replica of t in step on A", lambda: in_sync(a), CHOSEN_WITHIN)
+    by_address = {n.http_address: n for n in (b, c)}
+    assert first["peer"] in by_address, (first, list(by_address))
+    replica = by_address[first["peer"]]
+    third = b if replica is c else c
+
+    early = [b"early-%04d" % i for i in range(500)]
+    code, answer = http(a.http_address, "POST", f"/mpub?topic={TOPIC}", b"\n".join(early))
+    assert (code, answer) == (200, b"OK"), (code, answer)
+
+    replica.kill()
+    shutil.rmtree(replica.data_path)
+    # a publish finds the replica gone and is placed on the third node (within --replica-wait)
+    late = [b"late-%04d" % i for i in range(500)]
+    code, answer = http(a.http_address, "POST", f"/mpub?topic={TOPIC}", b"\n".join(late))
+    if code != 200:  # refused while the loss was being noticed: once more
+        code, answer = http(a.http_address, "POST", f"/mpub?topic={TOPIC}", b"\n".join(late))
+    assert (code, answer) == (200, b"OK"), (code, answer, log_tail(a, third))
+    second = wait_for("t in step again on A, on the third node",
+                      lambda: (r := in_sync(a)) is not None and r["peer"] == third.http_address and r, 30)
+    print(f"replica {first['peer']} lost; now {second}; standby on the third node "
+          f"{stats(third).get('standby')}")
+
+    a.kill()
+    shutil.rmtree(a.data_path)
+    expected = set(early) | set(late)
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: expected <= set(got), 40)
+    got = set(consumer.bodies())
+    missing = expected - got
+    assert not missing, (
+        f"lost {len(missing)} of {len(expected)}: {len(set(early) - got)} published before the replica was "
+        f"lost, {len(set(late) - got)} after; the third node's takeovers {stats(third).get('takeovers')}, "
+        f"standby {stats(third).get('standby')}\n{log_tail(third)}")
