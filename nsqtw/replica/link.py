@@ -99,11 +99,15 @@ class Link(Protocol):
         self._flush_call = self._beat_call = None
         self.handler.link_lost(self, reason.getErrorMessage())
 
-    def close_now(self) -> None:
-        """Write what is queued, then close."""
+    def flush_now(self) -> None:
+        """Write what is queued now."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush()
+
+    def close_now(self) -> None:
+        """Write what is queued, then close."""
+        self.flush_now()
         if self.transport is not None and not self.closed:
             self.transport.loseConnection()
 
@@ -159,6 +163,8 @@ class Link(Protocol):
                     self.abort()
                     return
         self.handler.link_read(self)
+        if self._out:  # (the replica's ACK) now, not a reactor turn later: it is what an OK waits for
+            self.flush_now()
 
     def peer_text(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
