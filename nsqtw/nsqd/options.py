@@ -535,7 +535,7 @@ FLAGS: tuple[Flag, ...] = (
         "int",
         "nsqtw only: 2 answers a publish only once another nsqtw node with --replicas=2, found"
         " through nsqlookupd, holds a copy, and that node delivers the copies if this one is lost;"
-        " 1 (the default) replicates nothing (see docs/cluster.md).",
+        " 1 (the default) replicates nothing (see docs/replication.md).",
         _A,
     ),
     _flag(
