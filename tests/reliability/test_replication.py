@@ -231,11 +231,15 @@ PUBLISHED = 2000
 FINISHED_BEFORE_KILL = 700
 
 
-def test_machine_lost_loses_nothing(cluster: Cluster, consumers: list[LookupdConsumer], tmp_path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_machine_lost_loses_nothing(cluster: Cluster, consumers: list[LookupdConsumer], tmp_path,
+                                    workers: int) -> None:
     """Owner A killed -9 and its disk deleted: every message not finished on A reaches a consumer
-    through lookupd from the replica, duplicates within the pre-kill consumer's in-flight count."""
+    through lookupd from the replica, duplicates within the pre-kill consumer's in-flight count.
+    Again with every node a core and two workers (clients served by the workers, the copies and
+    the takeover by the core)."""
     lookupd = cluster.start_lookupd()
-    flags = ("--replicas=2", "--replica-timeout=3s")
+    flags = ("--replicas=2", "--replica-timeout=3s", f"--workers={workers}")
     a, b, c = (cluster.node(*flags) for _ in range(3))
     wait_for("all three nodes in lookupd's /nodes", lambda: nodes_registered(lookupd, a, b, c), 30)
 
