@@ -208,7 +208,7 @@ def node_topic_entry(node: str, hostname: str, raw: Mapping[str, Any], now: floa
 # --- replication (nsqtw's --replicas=2; Go nsqd and --replicas=1 report none of it) -------------
 
 #: the states a topic's replica can be in (anything else a node says reads as "none")
-REPLICA_STATES = ("in_sync", "connecting", "none")
+REPLICA_STATES = ("in_sync", "catching_up", "connecting", "none")
 
 _NODE_REPLICATION = ("replica_refused", "unreplicated", "takeovers", "standby")
 

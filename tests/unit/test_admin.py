@@ -162,6 +162,14 @@ class ReplicationTests(SynchronousTestCase):
         self.assertEqual(_node("a:1", "h", _raw_topic(2, [], replica={
             "peer": None, "state": "none", "unacked": 0, "lag_ms": 0}))["replica"]["peer"], None)  # type: ignore[index]
 
+    def test_every_state_a_node_reports_is_kept(self) -> None:
+        """Each replica state nsqtw's /stats gives is the admin's too (catching_up: a new replica is
+        being sent the topic's unfinished messages), not read as 'none'."""
+        for state in ("in_sync", "catching_up", "connecting", "none"):
+            entry = _node("a:1", "h", _raw_topic(0, [], replica={
+                "peer": "127.0.0.1:4351", "state": state, "unacked": 0, "lag_ms": 0}))
+            self.assertEqual(entry["replica"]["state"], state)  # type: ignore[index]
+
     def test_odd_replica_values_read_as_zero_values(self) -> None:
         """A node's data is not trusted: unknown states read 'none', non-numbers 0, a non-string peer None."""
         entry = _node("a:1", "h", _raw_topic(0, [], replica={

@@ -326,14 +326,15 @@
   }
 
   // where a node's copies of a topic are: "peer · in sync" and how far behind the peer is, or
-  // "under-replicated" (red) with why: its replica is still connecting, or there is none
+  // "under-replicated" (red) with why: its replica is still connecting or being sent the topic's
+  // unfinished messages, or there is none
   function replicaText(r) {
     const peer = r.peer ? `<span data-field="replica_peer">${link(`/nodes/${enc(r.peer)}`, r.peer)}</span> · ` : "";
     if (r.state === "in_sync") {
       return peer + `<span data-field="replica_state" class="in-sync">in sync</span> ` +
         `<small data-field="replica_lag">lag ${lag(r.lag_ms)}${r.unacked ? `, ${num(r.unacked)} unacked` : ""}</small>`;
     }
-    const why = r.state === "connecting" ? "connecting" : "no replica";
+    const why = r.state === "connecting" ? "connecting" : r.state === "catching_up" ? "catching up" : "no replica";
     return peer + `<span data-field="replica_state" class="under-replicated" ` +
       `title="a publish to this topic here is not copied to another node (${esc(why)})">under-replicated</span> ` +
       `<small data-field="replica_why">${esc(why)}${r.unacked ? `, ${num(r.unacked)} unacked` : ""}</small>`;
