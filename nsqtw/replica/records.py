@@ -26,7 +26,6 @@ _U16: Final = struct.Struct(">H")
 _ACK: Final = struct.Struct(">Q")
 #: per message of a PUB: ID value, timestamp (ns), DPUB delay (ms), body length
 _MSG: Final = struct.Struct(">QqII")
-_MSG_TIMES: Final = struct.Struct(">qI")
 #: bytes before each body in a PUB record (and a standby's log)
 MESSAGE_HEADER: Final = _MSG.size
 #: the largest record either side accepts (a PUB of a 5 MB MPUB and its headers fits)
@@ -126,15 +125,9 @@ def encode_pub(topic: str, values: Sequence[int], bodies: Sequence[bytes], times
 
 def decode_pub(payload: bytes) -> tuple[str, list[PubMessage]]:
     """A PUB record's topic and messages."""
-    topic, data, values, sizes = split_pub(payload)
-    out: list[PubMessage] = []
-    pos = 0
-    for value, n in zip(values, sizes, strict=True):
-        timestamp, delay_ms = _MSG_TIMES.unpack_from(data, pos + 8)
-        pos += _MSG.size
-        out.append(PubMessage(b"%016x" % value, timestamp, delay_ms, data[pos:pos + n]))
-        pos += n
-    return topic, out
+    topic, data, _, _ = split_pub(payload)
+    return topic, [PubMessage(b"%016x" % value, timestamp, delay_ms, body)
+                   for value, timestamp, delay_ms, body in read_messages(data)]
 
 
 def split_pub(payload: bytes) -> tuple[str, bytes, list[int], list[int]]:
@@ -143,23 +136,30 @@ def split_pub(payload: bytes) -> tuple[str, bytes, list[int], list[int]]:
     ValueError when a body runs past the record or bytes are left over."""
     topic, pos = _read_name(payload, 0)
     (count,) = _LEN.unpack_from(payload, pos)
-    pos += 4
-    start = pos
-    size = len(payload)
+    data = payload[pos + 4:]
+    values, sizes = _index(data)
+    if len(values) != count:
+        raise ValueError(f"{len(values)} messages in a record of {count}")
+    return topic, data, values, sizes
+
+
+def _index(data: bytes) -> tuple[list[int], list[int]]:
+    """Each message's ID value and body size, of messages back to back as a PUB or SNAP record
+    holds them; ValueError for one cut short."""
     values: list[int] = []
     sizes: list[int] = []
-    for _ in range(count):
+    pos = 0
+    size = len(data)
+    while pos < size:
         if pos + _MSG.size > size:
             raise ValueError("message header past the record's end")
-        value, _, _, n = _MSG.unpack_from(payload, pos)
+        value, _, _, n = _MSG.unpack_from(data, pos)
         pos += _MSG.size + n
         if pos > size:
             raise ValueError("body past the record's end")
         values.append(value)
         sizes.append(n)
-    if pos != size:
-        raise ValueError("bytes after the last message")
-    return topic, payload[start:], values, sizes
+    return values, sizes
 
 
 def read_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
@@ -209,18 +209,7 @@ def decode_snap(payload: bytes) -> tuple[str, list[str], bytes, list[int], list[
         name, pos = _read_name(payload, pos)
         owing.append(name)
     data = payload[pos:]
-    values: list[int] = []
-    sizes: list[int] = []
-    at = 0
-    while at < len(data):
-        if at + _MSG.size > len(data):
-            raise ValueError("message header past the record's end")
-        value, _, _, size = _MSG.unpack_from(data, at)
-        at += _MSG.size + size
-        if at > len(data):
-            raise ValueError("body past the record's end")
-        values.append(value)
-        sizes.append(size)
+    values, sizes = _index(data)
     return topic, owing, data, values, sizes
 
 
