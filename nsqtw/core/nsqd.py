@@ -372,7 +372,7 @@ class NSQD:
         copied: Deferred[None] = replication.published(topic.name, values, bodies, now_ns, defer)
         if written is None:
             return copied
-        return both(written, copied)
+        return all_of([written, copied])
 
     # -- shutdown ---------------------------------------------------------
 
@@ -391,9 +391,10 @@ class NSQD:
         return DeferredList([t.close() for t in list(self.topics.values())], consumeErrors=True)
 
 
-def both(first: Deferred[None], second: Deferred[None]) -> Deferred[None]:
-    """Fires once both have fired; fails with the first failure."""
-    out: Deferred[None] = DeferredList([first, second], fireOnOneErrback=True, consumeErrors=True)  # type: ignore[assignment]
+def all_of(waits: list[Deferred[None]]) -> Deferred[None]:
+    """Fires with None once every one of ``waits`` has fired; fails at once with the first failure
+    (itself, not DeferredList's FirstError wrapping it)."""
+    out: Deferred[None] = DeferredList(waits, fireOnOneErrback=True, consumeErrors=True)  # type: ignore[assignment]
     return out.addCallbacks(lambda _: None, lambda f: f.value.subFailure)
 
 
@@ -458,6 +459,4 @@ class SlicedPublish:
         if not self._written:
             self.done.callback(None)
             return
-        all_written = DeferredList(self._written, fireOnOneErrback=True, consumeErrors=True)
-        all_written.addCallbacks(lambda _: self.done.callback(None),
-                                 lambda f: self.done.errback(f.value.subFailure))
+        all_of(self._written).addCallbacks(self.done.callback, self.done.errback)

@@ -26,11 +26,13 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nsqtw import NSQD_VERSION
+from nsqtw.core.nsqd import all_of
 from nsqtw.interfaces import IDiskExecutor, IReplication
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
@@ -286,11 +288,12 @@ class ReplicationService(Service):
 
     def _keep(self, written: Deferred[None], nbytes: int) -> None:
         """A standby's write: counted in the node's unwritten bytes; with --durable-delivery this
-        read's ACK waits for it."""
-        self.nsqd.unwritten.add(nbytes)
-        written.addBoth(self._written, nbytes)
+        read's ACK waits for it (a failure closes the link: :meth:`_not_written`)."""
+        self._count(written, nbytes)
         if self.durable:
             self._writes.append(written)
+        else:
+            written.addErrback(self._write_failed)
 
     def _snap(self, state: _OwnerState, topic: str, owing: list[str], data: bytes, values: list[int],
               sizes: list[int]) -> None:
@@ -327,7 +330,7 @@ class ReplicationService(Service):
         else:
             before = self._acking.get(link)
             waits = writes if before is None else [before, *writes]
-            acked: Deferred[None] = DeferredList(waits, fireOnOneErrback=True, consumeErrors=True)  # type: ignore[assignment]
+            acked = all_of(waits)
             self._acking[link] = acked
             acked.addCallbacks(self._ack, self._not_written, callbackArgs=(link, number, acked),
                                errbackArgs=(link, acked))
@@ -422,11 +425,16 @@ class ReplicationService(Service):
         return self._new_standby("self", topic)
 
     def _writing(self, nbytes: int, written: Deferred[None]) -> None:
-        """Bytes on their way to a log on this disk count in the node's unwritten bytes."""
+        """A write to this node's own log: counted in the node's unwritten bytes."""
+        self._count(written, nbytes).addErrback(self._write_failed)
+
+    def _count(self, written: Deferred[None], nbytes: int) -> Deferred[None]:
+        """Bytes on their way to a log on this disk count in the node's unwritten bytes until written."""
         self.nsqd.unwritten.add(nbytes)
-        written.addBoth(self._written, nbytes)
-        written.addErrback(lambda f: self.log.error("REPLICATION: a log write failed - {error}",
-                                                    error=f.getErrorMessage()))
+        return written.addBoth(self._written, nbytes)
+
+    def _write_failed(self, failure: Failure) -> None:
+        self.log.error("REPLICATION: a log write failed - {error}", error=failure.getErrorMessage())
 
     def _standby(self, state: _OwnerState, topic: str) -> Standby:
         standby = state.standbys.get(topic)

@@ -22,7 +22,7 @@ from twisted.test import iosim
 
 from nsqtw.core.admission import PUBLISHED, Failed, settled
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
-from nsqtw.core.nsqd import NSQD, both
+from nsqtw.core.nsqd import NSQD, all_of
 from nsqtw.errors import ReplicaError
 from nsqtw.http.base import APIError
 from nsqtw.nsqd.http import HTTPAPI
@@ -986,16 +986,16 @@ def test_ephemeral_topics_are_not_replicated() -> None:
     assert fake.copies == []
 
 
-def test_both_waits_for_both_and_fails_with_the_first_failure() -> None:
+def test_all_of_waits_for_both_and_fails_with_the_first_failure() -> None:
     first: Deferred[None] = Deferred()
     second: Deferred[None] = Deferred()
-    d = both(first, second)
+    d = all_of([first, second])
     second.callback(None)
     assert not d.called
     first.callback(None)
     assert d.called and d.result is None
     first, second = Deferred(), Deferred()
-    d = both(first, second)
+    d = all_of([first, second])
     second.errback(ReplicaError("none"))
     failures: list[Failure] = []
     d.addErrback(failures.append)
