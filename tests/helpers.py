@@ -10,10 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from zope.interface import implementer
 
 from nsqtw.core.nsqd import NSQD
+from nsqtw.interfaces import IDiskExecutor
 from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.options import defaults as lookupd_defaults
 from nsqtw.nsqd.options import defaults
@@ -123,3 +126,29 @@ def link_records(transport: StringTransport) -> list[tuple[int, list[Any]]]:
         out.append((kind, KINDS[kind].decode(r)))
         at = r.end
     return out
+
+
+@implementer(IDiskExecutor)
+class ManualExecutor:
+    """A disk lane whose jobs wait, in order, until the test runs them (a disk thread busy elsewhere)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.jobs.append((d, fn, args))
+        return d
+
+    def run(self) -> None:
+        while self.jobs:
+            d, fn, args = self.jobs.pop(0)
+            try:
+                result = fn(*args)
+            except Exception:  # noqa: BLE001 - handed to the Deferred, as the real lane does
+                d.errback()
+            else:
+                d.callback(result)
+
+    def stop(self) -> None:
+        pass

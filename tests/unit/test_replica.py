@@ -50,7 +50,16 @@ from nsqtw.replica.records import (
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
 from nsqtw.replica.standby import FLUSH_DELAY, TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
 from nsqtw.storage.executor import SynchronousDiskExecutor
-from tests.helpers import EPOCH, connect, decode_message_frame, make_nsqd, make_options, one_turn, take_frames
+from tests.helpers import (
+    EPOCH,
+    ManualExecutor,
+    connect,
+    decode_message_frame,
+    make_nsqd,
+    make_options,
+    one_turn,
+    take_frames,
+)
 
 NOW_NS = int(EPOCH * 1e9)
 SWITCHED = (b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: nsqtw-replication/1\r\n\r\n")
@@ -1427,31 +1436,6 @@ def test_choice_and_service_wire_up(tmp_path: Any) -> None:
 
 
 # -- the replica's disk: ACKs after the write (--durable-delivery), links paused past the bound -----------
-
-
-class ManualExecutor:
-    """A disk lane whose jobs run, in order, only when the test says so."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Deferred[Any], Any, tuple[Any, ...]]] = []
-
-    def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
-        d: Deferred[Any] = Deferred()
-        self.jobs.append((d, fn, args))
-        return d
-
-    def run(self) -> None:
-        while self.jobs:
-            d, fn, args = self.jobs.pop(0)
-            try:
-                result = fn(*args)
-            except Exception:  # noqa: BLE001 - handed to the Deferred, as the real lane does
-                d.errback()
-            else:
-                d.callback(result)
-
-    def stop(self) -> None:
-        pass
 
 
 def acks_of(transport: StringTransport) -> list[int]:

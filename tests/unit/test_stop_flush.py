@@ -17,48 +17,21 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from nsqtw.errors import BackendError
-from nsqtw.interfaces import IDiskExecutor
 from nsqtw.nsqd.service import unflushed
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import DiskPool, SynchronousDiskExecutor
 from nsqtw.storage.groupsync import GroupSync, load_syncfs
-from tests.helpers import make_nsqd
+from tests.helpers import ManualExecutor, make_nsqd
 from tests.unit.test_disk_pool import ThreadCalls
 from tests.unit.test_diskqueue import DiskQueueTestBase, rec
-
-
-@implementer(IDiskExecutor)
-class ManualExecutor:
-    """Jobs wait until the test runs them (a disk thread that is busy elsewhere)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]] = []
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        d: Deferred[Any] = Deferred()
-        self.jobs.append((d, fn, args))
-        return d
-
-    def run(self) -> None:
-        while self.jobs:
-            d, fn, args = self.jobs.pop(0)
-            try:
-                d.callback(fn(*args))
-            except Exception as e:
-                d.errback(e)
-
-    def stop(self) -> None:
-        pass
 
 
 class SyncCalls:
