@@ -170,16 +170,17 @@ class GoHTTPChannel(HTTPChannel):
     def _upgrade(self, head: bytes, rest: bytes) -> bool:
         """Switch the connection to the protocol the API gives for this request's ``Upgrade``.
 
-        The API's ``upgrade(head)`` (``IHTTPAPI.upgrade``, when it has one)
-        returns None to let twisted.web answer the request as any other, or
-        a callable that makes the new protocol on this transport once the
-        ``101 Switching Protocols`` is written. From then on every byte read
-        goes to that protocol, and this channel's timeout and producer are
-        out of its way.
+        The API's ``upgrade(head)``, when it has one (nsqd's only with
+        ``--replicas=2``: an API without one costs a request nothing here),
+        returns None to let twisted.web answer the request as any other, or,
+        for a request it checked asks for its ``Upgrade``, a callable that
+        makes the new protocol on this transport once the ``101 Switching
+        Protocols`` is written. From then on every byte read goes to that
+        protocol, and this channel's timeout and producer are out of its way.
         """
         api = getattr(getattr(self, "factory", None), "api", None)
         upgrade = getattr(api, "upgrade", None)
-        if upgrade is None or b"\r\nupgrade:" not in head.lower():
+        if upgrade is None:
             return False
         make = upgrade(head)
         if make is None:

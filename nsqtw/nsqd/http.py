@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -119,8 +119,10 @@ class HTTPAPI(GoHTTPAPI):
         # nsqtw: requests that change state are refused from web pages of other origins
         self.browser_origins = frozenset(origin_of(o) for o in getattr(options, "http_allow_origin", ()))
         if nsqd.replication is not None:
-            # --replicas=2 only: without, GET /replication is any unknown path's 404, as in Go
+            # --replicas=2 only: without, GET /replication is any unknown path's 404, as in Go, and
+            # the HTTP channel asks nothing of a request's head
             self.direct_routes = {**HTTPAPI.direct_routes, b"/replication": "replication"}
+            self.upgrade = self._replication_link
 
     # -- replication (nsqtw only, --replicas=2) ------------------------------------------
 
@@ -133,7 +135,10 @@ class HTTPAPI(GoHTTPAPI):
         replica = args.get(b"replica", [b""])[0].decode("utf-8", "replace")
         return self._v1(request, 200, Marshal(self.nsqd.replication.info(replica or None)))
 
-    def upgrade(self, head: bytes) -> Any:
+    #: the HTTP channel's ``Upgrade`` hook (:meth:`_replication_link` with ``--replicas=2``), else None
+    upgrade: Callable[[bytes], Any] | None = None
+
+    def _replication_link(self, head: bytes) -> Any:
         """The link's upgrade (``GET /replication/link``, ``Upgrade: nsqtw-replication/1``):
         a maker of the link protocol for the transport, or None (answered as any request)."""
         replication = self.nsqd.replication
