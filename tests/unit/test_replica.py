@@ -1622,3 +1622,43 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
     log.read_number(0).addCallback(got.append)
     assert jobs == ["_append_all", "_append_all", "_read"]
     assert got == [b"a" * 10 + b"b" * 10 + b"c" * 10]
+
+
+def test_a_replica_cut_off_from_a_live_owner_lets_go_of_topics_placed_elsewhere(tmp_path: Any,
+                                                                              monkeypatch: Any) -> None:
+    """The owner's link is gone for the timeout but its /ping answers: it chose another replica for
+    some topics (this one was slow). The replica asks which it still holds for it and drops the
+    others' copies, so a later loss of the owner is not delivered twice; the rest it keeps."""
+    asked: list[str] = []
+
+    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        asked.append(url)
+        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": ["t"]}).encode())
+
+    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    node = Node(tmp_path, timeout=9.0)
+    link, _ = node.accept()
+    link.dataReceived(hello() + channel_record("t", "c") + channel_record("u", "c")
+                      + encode_pub("t", [1], [b"a"], NOW_NS, 0.0) + encode_pub("u", [2], [b"b"], NOW_NS, 0.0))
+    dropped = node.service.owners[OWNER].standbys["u"]
+    link.connectionLost(Failure(ConnectionError("reset")))
+    node.reactor.pump([0.25] * 40)
+    assert "http://10.0.0.1:4151/replication?replica=10.0.0.2%3A4151" in asked
+    assert set(node.service.owners[OWNER].standbys) == {"t"} and dropped.disk.segments == []
+    assert node.service.takeovers == 0
+    node.service.stopService()
+
+
+def test_replication_info_names_the_topics_placed_on_a_replica(tmp_path: Any) -> None:
+    """GET /replication?replica=ADDRESS's answer: the topics whose copies go to that node, and only those."""
+    from nsqtw.replica.owner import PeerLink
+
+    node = Node(tmp_path)
+    side = node.service.owner
+    there = PeerLink(side, Candidate("10.0.0.3:4151", "10.0.0.3", 4151, "cccccccccccccccc"))
+    elsewhere = PeerLink(side, Candidate("10.0.0.4:4151", "10.0.0.4", 4151, "dddddddddddddddd"))
+    side.placed.update({"b": there, "a": there, "c": elsewhere})
+    assert node.service.info("10.0.0.3:4151")["topics"] == ["a", "b"]
+    assert node.service.info("10.0.0.9:4151")["topics"] == []
+    assert "topics" not in node.service.info()
+    node.service.stopService()
