@@ -15,13 +15,16 @@ faults on a schedule drawn from ``--seed``, one at a time:
   the run; root only) filled to the last byte, then freed;
 - ``spark`` (with ``--spark``): kill -9 of a Spark streaming query's
   spark-submit process group (:mod:`nsqtw.tools.chaos_spark`), submitted
-  again from its checkpoint after a moment.
+  again from its checkpoint after a moment;
+- ``lose`` (only when ``--faults`` names it): the machine lost, kill -9 of a
+  node and its data directory deleted; after a moment a new, empty node
+  starts on its addresses and is given the topic and channels again.
 
 Then it clears the faults, stops publishing, waits until every node's channel
 is empty and the consumer has nothing more, and reports: messages
 acknowledged (a publish answered ``OK``), delivered, **lost** (acknowledged
-and never delivered), delivered again (the same message, its node and id,
-more than once), published twice (a retry taken by two nodes), delivered
+and never delivered), delivered again (the same message, its body and id,
+more than once, from its node or from the replica that took it over), published twice (a retry taken by two nodes), delivered
 without an acknowledgement (the publisher gave up on an answer that never
 came, but the node had taken the message), publish retries, and the longest
 time an acknowledged message waited between its ``OK`` and its first
@@ -64,12 +67,17 @@ from nsqtw.tools.chaos_spark import DEFAULT_APP, SparkQuery, read_sink
 from nsqtw.tools.chaos_spark import drain as spark_drain
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
 
-__all__ = ["FAULTS", "Fault", "Ledger", "Outcome", "main", "render", "run_chaos", "schedule"]
+__all__ = ["DEFAULT_FAULTS", "FAULTS", "Fault", "Ledger", "Outcome", "main", "render", "run_chaos", "schedule"]
 
-#: the faults a schedule draws from, by name (``disk`` where a tmpfs can be mounted, ``spark`` with a query)
-FAULTS = ("kill", "stop", "lookupd", "disk", "spark")
-#: how long a fault lasts (seconds, drawn uniformly): a node down, paused, lookupd down, a disk full
-HOLD = {"kill": (0.5, 3.0), "stop": (1.0, 5.0), "lookupd": (0.5, 3.0), "disk": (1.0, 5.0), "spark": (0.5, 2.0)}
+#: the faults a schedule may draw from, by name (``disk`` where a tmpfs can be mounted, ``spark`` with a query)
+FAULTS = ("kill", "stop", "lookupd", "disk", "spark", "lose")
+#: those drawn when ``--faults`` is not given: ``lose`` destroys data by design, so it is asked for by name
+#: (and the default schedule of a seed stays what it was)
+DEFAULT_FAULTS = ("kill", "stop", "lookupd", "disk", "spark")
+#: how long a fault lasts (seconds, drawn uniformly): a node down, paused, lookupd down, a disk full, a
+#: machine gone before its empty replacement starts
+HOLD = {"kill": (0.5, 3.0), "stop": (1.0, 5.0), "lookupd": (0.5, 3.0), "disk": (1.0, 5.0), "spark": (0.5, 2.0),
+        "lose": (0.5, 3.0)}
 #: a publisher waits this long for an answer before it tries the next node
 ANSWER_TIMEOUT = 2.0
 
@@ -220,7 +228,7 @@ class Outcome:
     acknowledged: int = 0
     delivered: int = 0
     lost: int = 0
-    #: deliveries of a message beyond its first (the same node and id again)
+    #: deliveries of a message beyond its first (its body and id again, from its node or its replica)
     extra_copies: int = 0
     #: bodies the cluster took as two messages or more (a publisher's retry after a lost answer)
     republished: int = 0
@@ -242,12 +250,21 @@ class Outcome:
 
 
 def _copies(seen: Iterator[tuple[int, str]]) -> tuple[int, int, int]:
-    """Bodies seen, extra copies of one NSQ message (its node and id), bodies taken as several messages."""
-    copies: Counter[str] = Counter()
+    """Bodies seen, extra copies of one NSQ message, bodies taken as several messages.
+
+    ``seen`` names each delivery's message ``NODE/ID``. One message is one
+    body and one id, whichever node delivered it: a replica that takes over
+    delivers its owner's messages under their ids, so a copy the owner had
+    handed out before it was lost comes again from another node, and is a
+    redelivery, not a second publish. (Ids of different nodes may repeat,
+    Go's where nodes share a ``--node-id``; with the body they tell messages apart.)
+    """
+    copies: Counter[tuple[int, str]] = Counter()
     messages: dict[int, set[str]] = {}
     for seq, message in seen:
-        copies[message] += 1
-        messages.setdefault(seq, set()).add(message)
+        ident = message.rpartition("/")[2]
+        copies[seq, ident] += 1
+        messages.setdefault(seq, set()).add(ident)
     return len(messages), sum(n - 1 for n in copies.values()), sum(1 for m in messages.values() if len(m) > 1)
 
 
@@ -263,7 +280,8 @@ def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, floa
     """Fill ``outcome``'s counts from what was acknowledged and what the consumer recorded.
 
     A body can reach the consumer twice in two ways: the same NSQ message
-    delivered again (a redelivery: its node and id repeat), or the body
+    delivered again (a redelivery: its id repeats, from its node or, after a
+    takeover, from the replica that held its copy), or the body
     published twice, when a publisher retried on another node after an
     answer that never came (two messages). They are counted apart.
     """
@@ -316,7 +334,7 @@ def _workdir(keep: str) -> Iterator[str]:
 
 
 def run_chaos(daemon: str, nsqd: list[str], lookupd: list[str], flags: list[str], *, nodes: int = 3,
-              duration: float = 60.0, every: float = 5.0, seed: int = 1, kinds: Sequence[str] = FAULTS,
+              duration: float = 60.0, every: float = 5.0, seed: int = 1, kinds: Sequence[str] = DEFAULT_FAULTS,
               publishers: int = 3, rate: float = 300.0, batch: int = 1, size: int = 64, disk_mb: int = 64,
               drain_timeout: float = 120.0, keep: str = "", spark_app: str = "", log: Any = None) -> Outcome:
     """One run: start the cluster, publish and consume through the schedule's faults, drain, count."""
@@ -445,7 +463,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--duration", default="60s", help="how long publishers run and faults come (Go duration)")
     parser.add_argument("--fault-every", default="5s", help="about this long between faults (±50%%)")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
+                        help=f"comma-separated, of {', '.join(FAULTS)} (lose only when named)")
     parser.add_argument("--seed", default="1", help="one seed, or several comma-separated (one run each)")
     parser.add_argument("--publishers", type=int, default=3)
     parser.add_argument("--rate", type=float, default=300.0, help="messages/s, all publishers together")

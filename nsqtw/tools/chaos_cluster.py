@@ -3,7 +3,8 @@
 Every process listens on loopback addresses chosen once (:func:`free_ports`),
 so a node restarted after a kill -9 is where its clients and nsqlookupd
 expect it. Each node's data directory is a tmpfs of its own where the runner
-may mount one (root), which the ``disk`` fault fills to the last byte.
+may mount one (root), which the ``disk`` fault fills to the last byte and the
+``lose`` fault empties (the machine lost: a new empty node takes its place).
 Messages carry their sequence number (:func:`body_for`), which is all the
 runner needs to count what was lost or delivered twice.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,6 +194,15 @@ class Disk:
         except FileNotFoundError:
             pass
 
+    def wipe(self) -> None:
+        """Delete everything in the data directory (the directory, or its tmpfs, stays)."""
+        for name in os.listdir(self.path):
+            path = os.path.join(self.path, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+
     def unmount(self) -> None:
         if self.mounted and os.path.ismount(self.path):
             subprocess.run(["umount", self.path], capture_output=True)
@@ -232,11 +243,15 @@ class Cluster:
         self.lookupd.start()
         for node in self.nodes:
             node.start()
-            paths = [f"/topic/create?topic={TOPIC}"]
-            paths += [f"/channel/create?topic={TOPIC}&channel={c}" for c in self.channels]
-            for path in paths:
-                req = urllib.request.Request(f"http://127.0.0.1:{node.http}{path}", method="POST", data=b"")
-                urllib.request.urlopen(req, timeout=5.0).close()
+            self._provision(node)
+
+    def _provision(self, node: Daemon) -> None:
+        """Create the topic and its channels on ``node``, as an operator's provisioning does for a new node."""
+        paths = [f"/topic/create?topic={TOPIC}"]
+        paths += [f"/channel/create?topic={TOPIC}&channel={c}" for c in self.channels]
+        for path in paths:
+            req = urllib.request.Request(f"http://127.0.0.1:{node.http}{path}", method="POST", data=b"")
+            urllib.request.urlopen(req, timeout=5.0).close()
 
     def inject(self, fault: Fault) -> None:
         """Apply ``fault``, hold it, then undo it."""
@@ -245,6 +260,13 @@ class Cluster:
             node.kill()
             time.sleep(fault.hold)
             node.start()
+        elif fault.kind == "lose":
+            # the machine is lost: the process killed and its disk gone; a new empty node takes its place
+            node.kill()
+            self.disks[fault.node].wipe()
+            time.sleep(fault.hold)
+            node.start()
+            self._provision(node)
         elif fault.kind == "stop":
             node.signal(signal.SIGSTOP)
             time.sleep(fault.hold)

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from nsqtw.tools import chaos_spark
-from nsqtw.tools.chaos import FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
+from nsqtw.tools.chaos import DEFAULT_FAULTS, FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
 from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, free_ports, seq_of
 from nsqtw.tools.chaos_spark import drain, last_batch
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
@@ -98,16 +98,19 @@ def test_the_tally_counts_lost_redelivered_republished_and_unacknowledged() -> N
     ledger.take(2)  # 5, 6 published, never acknowledged
     ledger.retry("timeout")
     delivered = [(0, 100.5, "a/01"), (1, 100.2, "a/02"), (1, 103.0, "a/02"), (1, 104.0, "a/02"),
-                 (4, 100.1, "a/03"), (4, 100.3, "b/01"), (6, 101.0, "b/02")]
+                 (4, 100.1, "a/03"), (4, 100.3, "b/07"), (6, 101.0, "b/02")]
     out = tally(Outcome("x", "", 1, 1.0, {}), ledger, iter(delivered))
     assert (out.published, out.acknowledged, out.delivered) == (7, 5, 4)
     assert (out.lost, out.lost_examples) == (2, [2, 3])
     assert out.extra_copies == 2  # message a/02 twice more
     assert out.republished == 1  # body 4 taken by two nodes
+    # a replica that took over delivers its owner's message under the owner's id: a redelivery
+    taken_over = tally(Outcome("x", "", 1, 1.0, {}), ledger, iter([(0, 100.5, "a/01"), (0, 108.0, "c/01")]))
+    assert (taken_over.extra_copies, taken_over.republished) == (1, 0)
     assert out.unacknowledged_delivered == 1
     assert out.max_wait == 0.5
     assert (out.retries, out.retry_reasons) == (1, {"timeout": 1})
-    tally_sink(out, ledger, [(0, "a/01"), (1, "a/02"), (1, "a/02"), (4, "a/03"), (4, "b/01"), (3, "c/09")])
+    tally_sink(out, ledger, [(0, "a/01"), (1, "a/02"), (1, "a/02"), (4, "a/03"), (4, "b/07"), (3, "c/09")])
     assert (out.spark_rows, out.spark_lost, out.spark_extra_copies, out.spark_republished) == (6, 1, 1, 1)
     table = render([out])
     assert "| **lost** (acknowledged, never delivered) | 2 |" in table
@@ -132,6 +135,21 @@ def test_the_disk_fault_fills_its_own_tmpfs_and_nothing_else(tmp_path) -> None:
         assert not os.path.exists(disk.ballast)
     finally:
         disk.unmount()
+
+
+def test_the_lose_fault_empties_the_data_directory_and_is_drawn_only_when_asked_for(tmp_path) -> None:
+    """``lose`` deletes what the node wrote (files and folders) and keeps the directory itself (a tmpfs's
+    mount point); the default schedule never draws it, so a seed's faults stay what they were."""
+    data = tmp_path / "node"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "x.dat").write_bytes(b"x")
+    (data / "nsqd.dat").write_bytes(b"{}")
+    (data / "link").symlink_to(tmp_path)
+    Disk(str(data), 0).wipe()
+    assert data.is_dir() and list(data.iterdir()) == []
+    assert tmp_path.is_dir()  # the link was removed, not followed
+    assert "lose" in FAULTS and "lose" not in DEFAULT_FAULTS
+    assert {f.kind for f in schedule(7, 300.0, 4.0, DEFAULT_FAULTS, 3)} == set(DEFAULT_FAULTS)
 
 
 def test_the_sinks_last_batch_is_read_from_its_log_numbers_not_its_file_count(tmp_path) -> None:
@@ -215,3 +233,23 @@ def test_a_durable_cluster_under_chaos_loses_nothing_acknowledged(tmp_path, work
     # lost answer is two bodies taken twice)
     assert outcome.republished <= BATCH * outcome.retries, report
     assert not [p for p in outcome.problems if "disk fault skipped" not in p], report
+
+
+@pytest.mark.usefixtures("checkout_on_path")
+def test_a_replicated_cluster_loses_nothing_when_machines_are_lost(tmp_path) -> None:
+    """``--replicas=2``: four machines lost (kill -9, data directory deleted, an empty node started in its
+    place) among kills, pauses and lookupd restarts. Every acknowledged message is delivered, the lost
+    node's by the replica that held its copies; what comes again is bounded by what the consumer held
+    in flight at each kill or loss."""
+    lookupd = [Daemon.python, "-c", TWISTD, "--pidfile=", "-n", "nsqtw-lookupd"]
+    outcome = run_chaos("nsqtw", nsqtw_command(), lookupd, ["--durable-delivery", "--replicas=2"],
+                        nodes=3, duration=35.0, every=3.0, seed=4, kinds=("lose", "kill", "stop", "lookupd"),
+                        publishers=3, rate=300.0, batch=BATCH, drain_timeout=90.0, keep=str(tmp_path))
+    report = render([outcome])
+    assert outcome.faults.get("lose", 0) >= 3, report
+    assert outcome.drained, report
+    assert outcome.lost == 0, report
+    assert outcome.acknowledged >= 3000, report
+    assert outcome.extra_copies <= 200 * (outcome.faults.get("kill", 0) + outcome.faults["lose"]), report
+    assert outcome.republished <= BATCH * outcome.retries, report
+    assert not outcome.problems, report
