@@ -24,12 +24,13 @@ Then it clears the faults, stops publishing, waits until every node's channel
 is empty and the consumer has nothing more, and reports: messages
 acknowledged (a publish answered ``OK``), delivered, **lost** (acknowledged
 and never delivered), delivered again (the same message, its body and id,
-more than once, from its node or from the replica that took it over), published twice (a retry taken by two nodes), delivered
-without an acknowledgement (the publisher gave up on an answer that never
-came, but the node had taken the message), publish retries, and the longest
-time an acknowledged message waited between its ``OK`` and its first
-delivery. With ``--spark``, the same for the query's Parquet sink, read as
-Spark reads it after the query has taken everything and stopped cleanly.
+more than once, from its node or from the replica that took it over),
+published twice (a retry taken by two nodes), delivered without an
+acknowledgement (the publisher gave up on an answer that never came, but the
+node had taken the message), publish retries, and the longest time an
+acknowledged message waited between its ``OK`` and its first delivery.
+With ``--spark``, the same for the query's Parquet sink, read as Spark
+reads it after the query has taken everything and stopped cleanly.
 
 ``--go-nsqd=PATH`` runs the same schedule, seed and load against Go's nsqd
 and the nsqlookupd next to it, after nsqtw's run, and prints both side by

@@ -18,7 +18,18 @@ import urllib.request
 import pytest
 
 from nsqtw.tools import chaos_spark
-from nsqtw.tools.chaos import DEFAULT_FAULTS, FAULTS, Ledger, Outcome, Publisher, render, run_chaos, schedule, tally, tally_sink
+from nsqtw.tools.chaos import (
+    DEFAULT_FAULTS,
+    FAULTS,
+    Ledger,
+    Outcome,
+    Publisher,
+    render,
+    run_chaos,
+    schedule,
+    tally,
+    tally_sink,
+)
 from nsqtw.tools.chaos_cluster import TOPIC, Disk, body_for, free_ports, seq_of
 from nsqtw.tools.chaos_spark import drain, last_batch
 from nsqtw.tools.daemons import TWISTD, nsqtw_command
