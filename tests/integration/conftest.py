@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,15 @@ def lookupd_factory(tmp_path) -> Iterator:
     yield start
     for d in started:
         d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for a module's page tests (its console kept for ``get_log``); skips
+    where chromium is missing (:mod:`tests.integration.browser`)."""
+    from tests.integration.browser import ARTIFACTS, open_chromium
+
+    driver = open_chromium(console=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -36,19 +35,8 @@ import pytest
 
 from tests.admin_reference import get_json, http
 from tests.daemon import ROOT, AdminDaemon, Daemon, LookupdDaemon
+from tests.integration.browser import ARTIFACTS, By, WebDriverWait, click_confirmed, open_page, wait_until
 from tests.rawclient import Client, pub
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:  # pragma: no cover - CI installs both
-    pytest.skip("needs Debian's chromium and chromium-driver: apt-get install -y chromium chromium-driver",
-                allow_module_level=True)
-
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-ARTIFACTS = Path(os.environ.get("NSQTW_ARTIFACTS", os.path.join(ROOT, "tests", "artifacts"))) / "admin"
 
 
 class Cluster:
@@ -70,21 +58,6 @@ def _channel(stats: Any, topic: str, channel: str) -> dict[str, Any]:
                 if c["channel_name"] == channel:
                     return dict(c)
     raise KeyError(f"{topic}/{channel}")
-
-
-def _wait(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as e:  # noqa: BLE001 - the page or a node is still getting there
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
 
 
 def _all_finished(node: str, topic: str, channel: str, count: int) -> bool:
@@ -123,7 +96,7 @@ def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[
         reader.sub("metrics", "agg", rdy=10)
         for m in reader.messages(10, timeout=10):
             reader.fin(m)
-        _wait(lambda n=address: _all_finished(n, "metrics", "agg", 10), what="metrics finished")
+        wait_until(lambda n=address: _all_finished(n, "metrics", "agg", 10), what="metrics finished")
         reader.close()
     consumer = Client(a[0])
     consumer.identify(client_id="browser-test", hostname="tester", user_agent="browser-test/1.0",
@@ -138,14 +111,14 @@ def populate(lookupd_http: str, a: tuple[str, str], b: tuple[str, str]) -> list[
     worker.cmd("RDY", 0)
     worker.send(b"REQ " + taken[0].id + b" 0\n")
     worker.send(b"REQ " + taken[1].id + b" 600000\n")
-    _wait(lambda: get_json(f"http://{lookupd_http}/lookup?topic=logs")["producers"]
-          and len(get_json(f"http://{lookupd_http}/lookup?topic=orders")["producers"]) == 2
-          and "audit" in get_json(f"http://{lookupd_http}/channels?topic=orders")["channels"],
-          what="lookupd registrations")
+    wait_until(lambda: get_json(f"http://{lookupd_http}/lookup?topic=logs")["producers"]
+               and len(get_json(f"http://{lookupd_http}/lookup?topic=orders")["producers"]) == 2
+               and "audit" in get_json(f"http://{lookupd_http}/channels?topic=orders")["channels"],
+               what="lookupd registrations")
     http("POST", f"http://{lookupd_http}/topic/tombstone?topic=logs&node=127.0.0.1:{b[1].rsplit(':', 1)[1]}")
     # the third message times out after the worker's 1s msg_timeout
-    _wait(lambda: _channel(get_json(f"http://{b[1]}/stats?format=json"), "orders", "billing")["timeout_count"] == 1,
-          what="the timed-out message")
+    wait_until(lambda: _channel(get_json(f"http://{b[1]}/stats?format=json"), "orders", "billing")
+               ["timeout_count"] == 1, what="the timed-out message")
     return [consumer, worker]
 
 
@@ -189,36 +162,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         daemons.stop()
 
 
-def open_chromium(*args: str, console: bool = False) -> Any:
-    """Headless Chromium under selenium, with ``args`` besides the usual ones; ``console``:
-    the page's console messages kept for ``driver.get_log("browser")``. The caller quits it."""
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM or ""
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions", *args):
-        options.add_argument(arg)
-    if console:
-        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    return driver
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    driver = open_chromium()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()
-
-
 def _open(driver: Any, c: Cluster, path: str) -> None:
-    driver.get(c.url(path))
-    WebDriverWait(driver, 20).until(
-        lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))
+    open_page(driver, c.url(path))
 
 
 def _text(driver: Any, css: str) -> str:
@@ -259,16 +204,16 @@ def test_topics_page_lists_topics_and_charts_the_cluster(browser: Any, cluster: 
     """/topics lists every topic and charts the cluster's rate, topic depth and channel backlog, each named."""
     _traffic(cluster, 4.0)
     _open(browser, cluster, "/topics")
-    _wait(lambda: (_open(browser, cluster, "/topics"),
-                   browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="rate"] polyline'))[1],
-          what="the rate chart")
+    wait_until(lambda: (_open(browser, cluster, "/topics"),
+                        browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="rate"] polyline'))[1],
+               what="the rate chart")
     assert _text(browser, '#topics tr[data-topic="orders"] a') == "orders"
     depth, backlog = _depths(cluster)
     assert backlog > depth  # the two are told apart: each chart shows its own
-    _wait(lambda: (_open(browser, cluster, "/topics"),
-                   (_number(browser, '[data-field="depth-last"]'),
-                    _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
-          what="the depth and backlog charts")
+    wait_until(lambda: (_open(browser, cluster, "/topics"),
+                        (_number(browser, '[data-field="depth-last"]'),
+                         _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
+               what="the depth and backlog charts")
     assert (_chart_title(browser, "rate"), _chart_title(browser, "depth"), _chart_title(browser, "backlog")) == \
         ("topic message rate", "topic depth", "channel backlog")
     assert "not yet copied to channels" in _text(browser, '#charts [data-chart="depth"] .about')
@@ -318,10 +263,10 @@ def test_topic_page_matches_every_node_stats(browser: Any, cluster: Cluster) -> 
     assert _number(browser, '#totals [data-field="backlog"]') == backlog
     assert "topic depth" in _text(browser, "#totals") and "channel backlog" in _text(browser, "#totals")
     # the charts say which depth they draw, and draw the numbers the headline shows
-    _wait(lambda: (_open(browser, cluster, "/topics/orders"),
-                   (_number(browser, '[data-field="depth-last"]'),
-                    _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
-          what="the topic's charts")
+    wait_until(lambda: (_open(browser, cluster, "/topics/orders"),
+                        (_number(browser, '[data-field="depth-last"]'),
+                         _number(browser, '[data-field="backlog-last"]')) == (depth, backlog))[1],
+               what="the topic's charts")
     assert (_chart_title(browser, "depth"), _chart_title(browser, "backlog")) == ("topic depth", "channel backlog")
     _shot(browser, "topic")
 
@@ -368,9 +313,9 @@ def test_channel_page_shows_every_client(browser: Any, cluster: Cluster) -> None
     assert _text(browser, f'{row} td[data-field="node"]') == cluster.b.http_address
     assert _number(browser, f'{row} td[data-field="requeue_count"]') == worker["requeue_count"] == 2
     assert _text(browser, '#charts [data-chart="depth"] .chart-title') == "channel depth"
-    _wait(lambda: (_open(browser, cluster, "/topics/orders/billing"),
-                   browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="in_flight"] polyline'))[1],
-          what="the channel's history chart")
+    wait_until(lambda: (_open(browser, cluster, "/topics/orders/billing"),
+                        browser.find_elements(By.CSS_SELECTOR, '#charts [data-chart="in_flight"] polyline'))[1],
+               what="the channel's history chart")
     _shot(browser, "channel")
 
 
@@ -444,7 +389,7 @@ def test_lookup_and_counter_pages(browser: Any, cluster: Cluster) -> None:
     assert _number(browser, '#counter') == total
     pub(cluster.a.tcp_address, "orders", b"more")
     # A's orders has one channel (billing): one more message there; the page updates itself
-    _wait(lambda: _number(browser, '#counter') == total + 1, what="the live counter")
+    wait_until(lambda: _number(browser, '#counter') == total + 1, what="the live counter")
     _shot(browser, "counter")
 
 
@@ -459,12 +404,6 @@ def test_unknown_topic_shows_a_404_page(browser: Any, cluster: Cluster) -> None:
     assert "Node 127.0.0.1:1 not found" in _text(browser, "#not-found")
 
 
-def _click_confirmed(driver: Any, action: str) -> None:
-    driver.find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]').click()
-    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "confirm-ok"))
-    driver.find_element(By.ID, "confirm-ok").click()
-
-
 def test_pause_and_empty_change_the_nodes(browser: Any, cluster: Cluster) -> None:
     """Pause then Empty on the channel page, each confirmed, pause and empty billing on both nodes."""
     _open(browser, cluster, "/topics/orders/billing")
@@ -472,18 +411,18 @@ def test_pause_and_empty_change_the_nodes(browser: Any, cluster: Cluster) -> Non
     _shot(browser, "confirm")
     browser.find_element(By.ID, "confirm-cancel").click()
     assert not _channel(cluster.stats(cluster.a), "orders", "billing")["paused"]  # cancel did nothing
-    _click_confirmed(browser, "pause")
+    click_confirmed(browser, "pause")
     for node in (cluster.a, cluster.b):
-        _wait(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["paused"], what="paused")
-    _wait(lambda: browser.find_elements(By.CSS_SELECTOR, 'button[data-action="unpause"]'), what="Unpause button")
+        wait_until(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["paused"], what="paused")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, 'button[data-action="unpause"]'), what="Unpause button")
     assert _channel(cluster.stats(cluster.b), "orders", "billing")["depth"] > 0
-    _click_confirmed(browser, "empty")
+    click_confirmed(browser, "empty")
     for node in (cluster.a, cluster.b):
-        _wait(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["depth"] == 0, what="emptied")
-    _wait(lambda: _number(browser, '#totals [data-field="depth"]') == 0, what="the page to show depth 0")
-    _click_confirmed(browser, "unpause")
+        wait_until(lambda n=node: _channel(cluster.stats(n), "orders", "billing")["depth"] == 0, what="emptied")
+    wait_until(lambda: _number(browser, '#totals [data-field="depth"]') == 0, what="the page to show depth 0")
+    click_confirmed(browser, "unpause")
     for node in (cluster.a, cluster.b):
-        _wait(lambda n=node: not _channel(cluster.stats(n), "orders", "billing")["paused"], what="unpaused")
+        wait_until(lambda n=node: not _channel(cluster.stats(n), "orders", "billing")["paused"], what="unpaused")
 
 
 def test_a_hung_node_leaves_the_page_rendering_with_its_error(browser: Any, cluster: Cluster) -> None:
@@ -491,7 +430,7 @@ def test_a_hung_node_leaves_the_page_rendering_with_its_error(browser: Any, clus
     os.kill(cluster.b.pid, signal.SIGSTOP)
     try:
         _open(browser, cluster, "/topics/orders")
-        _wait(lambda: cluster.b.http_address in _text(browser, "#warning"), what="the warning")
+        wait_until(lambda: cluster.b.http_address in _text(browser, "#warning"), what="the warning")
         assert "Client.Timeout exceeded" in _text(browser, "#warning")
         assert browser.find_elements(By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.a.http_address}"]')
         _shot(browser, "node-down")
@@ -679,7 +618,7 @@ def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide)
     WebDriverWait(browser, 20).until(lambda d: "Clients" in d.find_element(By.TAG_NAME, "body").text)
     found = re.search(r"([\d,]+) Messages\s+([\d,]+) Clients", browser.find_element(By.TAG_NAME, "body").text)
     assert found, browser.find_element(By.TAG_NAME, "body").text
-    _open_url(browser, f"{ours}/nodes/{b}")
+    open_page(browser, f"{ours}/nodes/{b}")
     assert (_number(browser, '#totals [data-field="total_messages"]'),
             _number(browser, '#totals [data-field="total_clients"]')) == \
         tuple(int(g.replace(",", "")) for g in found.groups())
@@ -689,7 +628,7 @@ def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide)
     go_inactive = {e.text.strip() for e in browser.find_elements(By.CSS_SELECTOR, "li a[href^='/topics/']")
                    if "/" not in e.get_attribute("pathname")[len("/topics/"):]}
     assert go_inactive == {"logs"}
-    _open_url(browser, f"{ours}/lookup")
+    open_page(browser, f"{ours}/lookup")
     assert {e.get_attribute("data-topic") for e in browser.find_elements(By.CSS_SELECTOR, "#inactive tr[data-topic]")} \
         == go_inactive
     # the counter: Go's flip digits, ours one number
@@ -697,10 +636,7 @@ def test_pages_show_what_go_nsqadmin_shows(browser: Any, go_cluster: SideBySide)
     WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".numbers .number .top"))
     go_count = int("".join(e.get_attribute("textContent") for e in
                            browser.find_elements(By.CSS_SELECTOR, ".numbers .number .top")))
-    _open_url(browser, f"{ours}/counter")
+    open_page(browser, f"{ours}/counter")
     assert _number(browser, "#counter") == go_count > 0
 
 
-def _open_url(driver: Any, url: str) -> None:
-    driver.get(url)
-    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))

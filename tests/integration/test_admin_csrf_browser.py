@@ -27,7 +27,7 @@ import pytest
 
 from tests.admin_reference import free_port, get_json, http
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
-from tests.integration.test_admin_browser import _click_confirmed, _open, _wait, browser  # noqa: F401
+from tests.integration.browser import click_confirmed, open_page, wait_until
 from tests.integration.test_admin_trust import GO_BIN
 from tests.rawclient import pub
 
@@ -106,9 +106,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                  f"--lookupd-http-address={lookupd.http_address}"],
                 cwd=started.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             go_admin = f"127.0.0.1:{port}"
-            _wait(lambda: http("GET", f"http://{go_admin}/ping")[0] == 200, what="Go nsqadmin")
-        _wait(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic=control")["producers"]) == 1,
-              what="lookupd registrations")
+            wait_until(lambda: http("GET", f"http://{go_admin}/ping")[0] == 200, what="Go nsqadmin")
+        wait_until(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic=control")["producers"]) == 1,
+                   what="lookupd registrations")
         yield Setup(node, admin, go_admin, server.server_address[1])
     finally:
         server.shutdown()
@@ -122,9 +122,9 @@ def _attack(driver: Any, site: str, page: str, admin: str, topic: str) -> None:
     """Load the other site's page and wait until its request has gone (and was answered)."""
     driver.get(f"http://{site}/{page}?admin={admin}&topic={topic}&channel=billing")
     if page == "form":
-        _wait(lambda: driver.current_url.startswith(f"http://{admin}/"), what="the form's POST")
+        wait_until(lambda: driver.current_url.startswith(f"http://{admin}/"), what="the form's POST")
     else:
-        _wait(lambda: driver.title == "sent", what="the no-cors fetch")
+        wait_until(lambda: driver.title == "sent", what="the no-cors fetch")
 
 
 @pytest.mark.parametrize("site", ["localhost", "127.0.0.1"], ids=["cross-site", "same-site"])
@@ -133,19 +133,19 @@ def test_a_cross_site_form_cannot_pause_a_topic(browser: Any, setup: Setup, site
     admin = setup.admin.http_address
     _attack(browser, f"{site}:{setup.site_port}", "form", admin, "orders")
     assert "CROSS_ORIGIN_REQUEST" in browser.page_source
-    _wait(lambda: "refused POST /api/topics/orders as cross-site" in setup.admin.read_output(),
-          what="the admin's log line")
+    wait_until(lambda: "refused POST /api/topics/orders as cross-site" in setup.admin.read_output(),
+               what="the admin's log line")
     assert setup.topic_paused("orders") is False
 
 
 def test_a_no_cors_fetch_cannot_empty_a_channel(browser: Any, setup: Setup) -> None:  # noqa: F811
     """fetch(mode: 'no-cors') of an empty from another site: the channel keeps its messages."""
     pub(setup.node.tcp_address, "orders", b"keep", b"these")
-    _wait(lambda: setup.channel("orders")["depth"] >= 2, what="messages")
+    wait_until(lambda: setup.channel("orders")["depth"] >= 2, what="messages")
     before = setup.channel("orders")["depth"]
     _attack(browser, f"localhost:{setup.site_port}", "fetch", setup.admin.http_address, "orders")
-    _wait(lambda: "refused POST /api/topics/orders/billing as cross-site" in setup.admin.read_output(),
-          what="the admin's log line")
+    wait_until(lambda: "refused POST /api/topics/orders/billing as cross-site" in setup.admin.read_output(),
+               what="the admin's log line")
     assert setup.channel("orders")["depth"] == before
 
 
@@ -154,19 +154,19 @@ def test_the_same_pages_do_attack_go_nsqadmin(browser: Any, setup: Setup) -> Non
     if setup.go_admin is None:
         pytest.skip("Go nsqadmin v1.3.0 (../shared/anchor/bin) is not on this machine")
     pub(setup.node.tcp_address, "control", b"lost", b"too")
-    _wait(lambda: setup.channel("control")["depth"] >= 2, what="messages")
+    wait_until(lambda: setup.channel("control")["depth"] >= 2, what="messages")
     _attack(browser, f"localhost:{setup.site_port}", "form", setup.go_admin, "control")
-    _wait(lambda: setup.topic_paused("control"), what="Go nsqadmin to pause the topic")
+    wait_until(lambda: setup.topic_paused("control"), what="Go nsqadmin to pause the topic")
     _attack(browser, f"localhost:{setup.site_port}", "fetch", setup.go_admin, "control")
-    _wait(lambda: setup.channel("control")["depth"] == 0, what="Go nsqadmin to empty the channel")
+    wait_until(lambda: setup.channel("control")["depth"] == 0, what="Go nsqadmin to empty the channel")
 
 
 def test_the_admins_own_page_still_pauses(browser: Any, setup: Setup) -> None:  # noqa: F811
     """The admin's own topic page: Pause (confirmed) pauses the topic on the node, Unpause undoes it."""
     http("POST", f"http://{setup.node.http_address}/topic/unpause?topic=orders")
-    _open(browser, setup, "/topics/orders")
-    _click_confirmed(browser, "pause")
-    _wait(lambda: setup.topic_paused("orders"), what="the page's pause")
-    _open(browser, setup, "/topics/orders")
-    _click_confirmed(browser, "unpause")
-    _wait(lambda: not setup.topic_paused("orders"), what="the page's unpause")
+    open_page(browser, setup.url("/topics/orders"))
+    click_confirmed(browser, "pause")
+    wait_until(lambda: setup.topic_paused("orders"), what="the page's pause")
+    open_page(browser, setup.url("/topics/orders"))
+    click_confirmed(browser, "unpause")
+    wait_until(lambda: not setup.topic_paused("orders"), what="the page's unpause")

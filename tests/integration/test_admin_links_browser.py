@@ -31,8 +31,8 @@ from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
 from tests.integration.test_admin_trust import _ipv6_loopback
 from tests.rawclient import Client, pub
 
-# skipped as that module is where Debian's chromium and its driver are missing
-from tests.integration.test_admin_browser import By, WebDriverWait, open_chromium  # isort: skip
+# skipped where Debian's chromium and its driver are missing
+from tests.integration.browser import By, WebDriverWait  # isort: skip
 
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 
@@ -106,13 +106,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for client in c.clients if c else ():
             client.close()
         started.stop_all()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    driver = open_chromium(console=True)
-    yield driver
-    driver.quit()
 
 
 #: every same-origin link of the page: [href as written, the absolute URL]

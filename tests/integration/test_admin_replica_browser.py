@@ -28,9 +28,8 @@ import pytest
 from tests.admin_reference import get_json, http
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
 
-# skipped as that module is where Debian's chromium and its driver are missing
-from tests.integration.test_admin_browser import (  # isort: skip
-    ARTIFACTS, By, WebDriverWait, _wait, open_chromium)
+# skipped where Debian's chromium and its driver are missing
+from tests.integration.browser import ARTIFACTS, By, open_page, wait_until  # isort: skip
 
 TOPIC = "orders"
 MESSAGES = 3
@@ -69,8 +68,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c = started.start(Daemon(folder("c"), *common, "--node-id=3"))
         admin = started.start(AdminDaemon(folder("admin"), f"--lookupd-http-address={lookupd.http_address}",
                                           "--history-interval=0", "--http-client-request-timeout=2s"))
-        _wait(lambda: len(get_json(f"http://{lookupd.http_address}/nodes")["producers"]) == 3,
-              what="three nodes on the lookupd")
+        wait_until(lambda: len(get_json(f"http://{lookupd.http_address}/nodes")["producers"]) == 3,
+                   what="three nodes on the lookupd")
         for node in (a, c):
             for path in (f"topic/create?topic={TOPIC}", f"channel/create?topic={TOPIC}&channel=billing"):
                 assert http("POST", f"http://{node.http_address}/{path}")[0] == 200, path
@@ -79,27 +78,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             status, _, body = http("POST", f"http://{a.http_address}/pub?topic={TOPIC}", b"order %d" % i)
             assert status == 200, body
         http("POST", f"http://{c.http_address}/pub?topic={TOPIC}", b"order c")
-        _wait(lambda: (_replica(a) or {}).get("state") == "in_sync", what="A's replica in sync")
-        _wait(lambda: [s["messages"] for s in _standbys(b) or () if s["topic"] == TOPIC] == [MESSAGES],
-              what="B's standby for A")
-        _wait(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic={TOPIC}")["producers"]) >= 2,
-              what="the topic's producers on the lookupd")
+        wait_until(lambda: (_replica(a) or {}).get("state") == "in_sync", what="A's replica in sync")
+        wait_until(lambda: [s["messages"] for s in _standbys(b) or () if s["topic"] == TOPIC] == [MESSAGES],
+                   what="B's standby for A")
+        wait_until(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic={TOPIC}")["producers"]) >= 2,
+                   what="the topic's producers on the lookupd")
         yield Cluster(lookupd, a, b, c, admin)
     finally:
         started.stop_all()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    driver = open_chromium()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()
-
-
 def _open(driver: Any, c: Cluster, path: str) -> None:
-    driver.get(c.url(path))
-    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "main").get_attribute("data-loaded"))
+    open_page(driver, c.url(path))
     assert not driver.find_elements(By.CSS_SELECTOR, "#error"), driver.find_element(By.ID, "main").text
 
 
@@ -154,14 +144,14 @@ def test_node_page_lists_standbys(browser: Any, cluster: Cluster) -> None:
 def test_a_lost_replica_shows_under_replicated_in_red(browser: Any, cluster: Cluster) -> None:
     """B killed: A's topic is no longer in sync, and its row says ``under-replicated`` in red."""
     cluster.b.kill()
-    _wait(lambda: (_replica(cluster.a) or {}).get("state") != "in_sync", what="A's replica lost")
+    wait_until(lambda: (_replica(cluster.a) or {}).get("state") != "in_sync", what="A's replica lost")
 
     def shown() -> bool:
         _open(browser, cluster, f"/topics/{TOPIC}")
         return "under-replicated" in _text(
             browser, f'#nodes tr[data-node="{cluster.a.http_address}"] td[data-field="replica"]')
 
-    _wait(shown, what="under-replicated on the topic page")
+    wait_until(shown, what="under-replicated on the topic page")
     state = browser.find_element(
         By.CSS_SELECTOR, f'#nodes tr[data-node="{cluster.a.http_address}"] [data-field="replica_state"]')
     assert state.value_of_css_property("color") == "rgba(155, 28, 28, 1)"

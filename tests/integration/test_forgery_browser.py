@@ -40,7 +40,7 @@ import pytest
 
 from tests.admin_reference import free_port, get_json, http
 from tests.daemon import AdminDaemon, Daemon, LookupdDaemon, Started
-from tests.integration.test_admin_browser import By, WebDriverWait, _click_confirmed, _wait, open_chromium
+from tests.integration.browser import By, WebDriverWait, click_confirmed, open_chromium, wait_until
 from tests.integration.test_admin_trust import GO_BIN
 
 #: the name a rebound page has, and a name given to nsqtw-admin with --allow-host; both map to loopback
@@ -126,7 +126,7 @@ class Side:
     def log(self, daemon: Daemon | None, text: str) -> None:
         """Wait for ``text`` in the log of ``daemon`` (nsqtw's), which says it refused."""
         assert daemon is not None
-        _wait(lambda: text in daemon.read_output(), what=f"{text!r} in the log")
+        wait_until(lambda: text in daemon.read_output(), what=f"{text!r} in the log")
 
 
 class Setup:
@@ -156,12 +156,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 [os.path.join(GO_BIN, "nsqd"), f"--tcp-address=127.0.0.1:{free_port()}",
                  f"--http-address=127.0.0.1:{http_port}", f"--data-path={data}", "--broadcast-address=127.0.0.1"],
                 cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            _wait(lambda: http("GET", f"http://127.0.0.1:{http_port}/ping")[0] == 200, what="Go nsqd")
+            wait_until(lambda: http("GET", f"http://127.0.0.1:{http_port}/ping")[0] == 200, what="Go nsqd")
             procs.append(subprocess.Popen(
                 [os.path.join(GO_BIN, "nsqadmin"), f"--http-address=127.0.0.1:{admin_port}",
                  f"--nsqd-http-address=127.0.0.1:{http_port}"],
                 cwd=started.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            _wait(lambda: http("GET", f"http://127.0.0.1:{admin_port}/ping")[0] == 200, what="Go nsqadmin")
+            wait_until(lambda: http("GET", f"http://127.0.0.1:{admin_port}/ping")[0] == 200, what="Go nsqadmin")
             go = Side("go", f"127.0.0.1:{http_port}", admin_port)
         yield Setup(nsqtw, go, server.server_address[1])
     finally:
@@ -194,9 +194,9 @@ def _attack(driver: Any, site: str, page: str, url: str) -> None:
     """Load the other site's page and wait until its request has gone (and was answered)."""
     driver.get(f"http://{site}/{page}?url={quote(url, safe='')}")
     if page == "form":
-        _wait(lambda: driver.current_url.startswith(url.split("?")[0]), what="the form's POST")
+        wait_until(lambda: driver.current_url.startswith(url.split("?")[0]), what="the form's POST")
     else:
-        _wait(lambda: driver.title == "sent", what="the no-cors fetch")
+        wait_until(lambda: driver.title == "sent", what="the no-cors fetch")
 
 
 @pytest.mark.parametrize("site", ["localhost", "127.0.0.1"], ids=["cross-site", "same-site"])
@@ -206,7 +206,7 @@ def test_another_sites_form_publishes_only_through_go(browser: Any, setup: Setup
     side.topic(topic)
     _attack(browser, f"{site}:{setup.site_port}", "form", f"http://{side.nsqd_http}/pub?topic={topic}")
     if side.name == "go":
-        _wait(lambda: side.depth(topic) == 1, what="Go nsqd to publish the form's body")
+        wait_until(lambda: side.depth(topic) == 1, what="Go nsqd to publish the form's body")
         assert "OK" in browser.page_source
         return
     assert "CROSS_ORIGIN_REQUEST" in browser.page_source
@@ -225,8 +225,8 @@ def test_a_no_cors_fetch_empties_and_deletes_only_through_go(browser: Any, setup
     _attack(browser, site, "fetch", f"http://{side.nsqd_http}/channel/empty?topic={kept}&channel=c")
     _attack(browser, site, "fetch", f"http://{side.nsqd_http}/topic/delete?topic={doomed}")
     if side.name == "go":
-        _wait(lambda: side.depth(kept) == 0, what="Go nsqd to empty the channel")
-        _wait(lambda: side.stats(doomed) is None, what="Go nsqd to delete the topic")
+        wait_until(lambda: side.depth(kept) == 0, what="Go nsqd to empty the channel")
+        wait_until(lambda: side.stats(doomed) is None, what="Go nsqd to delete the topic")
         return
     side.log(side.node, f"refused POST /topic/delete?topic={doomed} from a web page")
     assert side.depth(kept) == 2
@@ -259,21 +259,21 @@ def test_a_rebound_page_acts_only_through_go_nsqadmin(browser: Any, setup: Setup
     topic = "rebound_admin"
     side.topic(topic)
     if side.admin is not None:  # nsqtw-admin learns of the topic through the lookupd
-        _wait(lambda: get_json(f"http://127.0.0.1:{side.admin_port}/api/topics")["topics"].count(topic),
-              what="the admin to see the topic")
+        wait_until(lambda: get_json(f"http://127.0.0.1:{side.admin_port}/api/topics")["topics"].count(topic),
+                   what="the admin to see the topic")
     browser.get(f"http://{EVIL}:{side.admin_port}/ping")
     answer = browser.execute_async_script(SAME_ORIGIN_POST, f"/api/topics/{topic}",
                                           json.dumps({"action": "pause"}), True)
     if side.name == "go":
         assert answer[0] == 200, answer
-        _wait(lambda: _paused(side, topic), what="Go nsqadmin to pause the topic")
+        wait_until(lambda: _paused(side, topic), what="Go nsqadmin to pause the topic")
         return
     assert answer == [403, '{"message":"HOST_NOT_ALLOWED"}']
     side.log(side.admin, f"refused POST /api/topics/{topic}: Host {EVIL}:{side.admin_port} is not a name")
     # the admin's own page, loaded by that name, shows the refusal when its Pause is clicked
     _open_url(browser, f"http://{EVIL}:{side.admin_port}/topics/{topic}")
-    _click_confirmed(browser, "pause")
-    _wait(lambda: "HOST_NOT_ALLOWED" in browser.find_element(By.ID, "flash").text, what="the page's flash")
+    click_confirmed(browser, "pause")
+    wait_until(lambda: "HOST_NOT_ALLOWED" in browser.find_element(By.ID, "flash").text, what="the page's flash")
     assert not _paused(side, topic)
 
 
@@ -298,13 +298,13 @@ def test_the_admins_own_page_acts_through_every_address(browser: Any, setup: Set
     side = setup.nsqtw
     topic = "own_page"
     side.topic(topic)
-    _wait(lambda: get_json(f"http://127.0.0.1:{side.admin_port}/api/topics")["topics"].count(topic),
-          what="the admin to see the topic")
+    wait_until(lambda: get_json(f"http://127.0.0.1:{side.admin_port}/api/topics")["topics"].count(topic),
+               what="the admin to see the topic")
     for host in ("127.0.0.1", "localhost", "[::1]", *_local_hostname(), ALLOWED):
         _open_url(browser, f"http://{host}:{side.admin_port}/topics/{topic}")
-        _click_confirmed(browser, "pause")
-        _wait(lambda: _paused(side, topic), what=f"the page's pause through {host}")
-        _wait(lambda: browser.find_elements(By.CSS_SELECTOR, 'button[data-action="unpause"]'),
-              what="the Unpause button")
-        _click_confirmed(browser, "unpause")
-        _wait(lambda: not _paused(side, topic), what=f"the page's unpause through {host}")
+        click_confirmed(browser, "pause")
+        wait_until(lambda: _paused(side, topic), what=f"the page's pause through {host}")
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, 'button[data-action="unpause"]'),
+                   what="the Unpause button")
+        click_confirmed(browser, "unpause")
+        wait_until(lambda: not _paused(side, topic), what=f"the page's unpause through {host}")
