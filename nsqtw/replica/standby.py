@@ -22,7 +22,7 @@ import os
 import re
 from array import array
 from bisect import bisect_left
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -390,7 +390,7 @@ class Standby:
 
         def hand_in(read: tuple[int, bytes]) -> None:
             first, data = read
-            steps = self._hand_in(topic, first, data)
+            steps = self._hand_in(topic, first, data, nsqd.guid.new_value)
 
             def turn() -> None:
                 try:
@@ -414,8 +414,16 @@ class Standby:
         next_segment()
         return done
 
-    def _hand_in(self, topic: Any, first: int, data: bytes) -> Generator[int, None, None]:
-        """One segment's messages: each one still owed goes into the channels owing it."""
+    def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int]) -> Generator[int, None, None]:
+        """One segment's messages: each one still owed goes into the channels owing it.
+
+        Each gets a new ID (``new_id``: this node's generator), the same in
+        every channel, as a message published here would. The owner's ID
+        cannot be kept: IDs are unique per node only, and two nodes with the
+        same ``--node-id`` (every node of one host, by default) make the same
+        ones, so a kept ID could meet one of this node's own messages in a
+        channel, where the copy would be dropped as a duplicate in flight.
+        """
         arrival = first
         for value, timestamp, _delay, body in read_messages(data):
             i = arrival - self.base
@@ -425,12 +433,13 @@ class Standby:
                 continue
             handed = 1
             if self.channels:
-                message_data = b"%016x%b" % (value, body)
                 owing = self._owing(i)
-                for name in owing:
-                    topic.get_channel(name).put_many([Message(message_data, timestamp)])
+                if owing:
+                    message_data = b"%016x%b" % (new_id(), body)
+                    for name in owing:
+                        topic.get_channel(name).put_many([Message(message_data, timestamp)])
                 handed = 1 if owing else 0  # (arrived before every channel that exists: nobody's)
             else:
-                topic.publish([value], [body], timestamp, 0.0)
+                topic.publish([new_id()], [body], timestamp, 0.0)
             self._mark_done(i)
             yield handed

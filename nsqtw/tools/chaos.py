@@ -23,12 +23,13 @@ faults on a schedule drawn from ``--seed``, one at a time:
 Then it clears the faults, stops publishing, waits until every node's channel
 is empty and the consumer has nothing more, and reports: messages
 acknowledged (a publish answered ``OK``), delivered, **lost** (acknowledged
-and never delivered), delivered again (the same message, its body and id,
-more than once, from its node or from the replica that took it over),
-published twice (a retry taken by two nodes), delivered without an
-acknowledgement (the publisher gave up on an answer that never came, but the
-node had taken the message), publish retries, and the longest time an
-acknowledged message waited between its ``OK`` and its first delivery.
+and never delivered), delivered again (the same message, its node and id,
+more than once), published twice (a retry taken by two nodes, or a copy a
+replica took over of a message the lost node had delivered), delivered
+without an acknowledgement (the publisher gave up on an answer that never
+came, but the node had taken the message), publish retries, and the longest
+time an acknowledged message waited between its ``OK`` and its first
+delivery.
 With ``--spark``, the same for the query's Parquet sink, read as Spark
 reads it after the query has taken everything and stopped cleanly.
 
@@ -229,9 +230,10 @@ class Outcome:
     acknowledged: int = 0
     delivered: int = 0
     lost: int = 0
-    #: deliveries of a message beyond its first (its body and id again, from its node or its replica)
+    #: deliveries of a message beyond its first (the same node and id again)
     extra_copies: int = 0
-    #: bodies the cluster took as two messages or more (a publisher's retry after a lost answer)
+    #: bodies the cluster took as two messages or more (a publisher's retry after a lost answer, or a
+    #: replica's copy, with an ID of its own, of a message the lost node had delivered)
     republished: int = 0
     unacknowledged_delivered: int = 0
     retries: int = 0
@@ -251,21 +253,12 @@ class Outcome:
 
 
 def _copies(seen: Iterator[tuple[int, str]]) -> tuple[int, int, int]:
-    """Bodies seen, extra copies of one NSQ message, bodies taken as several messages.
-
-    ``seen`` names each delivery's message ``NODE/ID``. One message is one
-    body and one id, whichever node delivered it: a replica that takes over
-    delivers its owner's messages under their ids, so a copy the owner had
-    handed out before it was lost comes again from another node, and is a
-    redelivery, not a second publish. (Ids of different nodes may repeat,
-    Go's where nodes share a ``--node-id``; with the body they tell messages apart.)
-    """
-    copies: Counter[tuple[int, str]] = Counter()
+    """Bodies seen, extra copies of one NSQ message (its node and id), bodies taken as several messages."""
+    copies: Counter[str] = Counter()
     messages: dict[int, set[str]] = {}
     for seq, message in seen:
-        ident = message.rpartition("/")[2]
-        copies[seq, ident] += 1
-        messages.setdefault(seq, set()).add(ident)
+        copies[message] += 1
+        messages.setdefault(seq, set()).add(message)
     return len(messages), sum(n - 1 for n in copies.values()), sum(1 for m in messages.values() if len(m) > 1)
 
 
@@ -281,10 +274,11 @@ def tally(outcome: Outcome, ledger: Ledger, deliveries: Iterator[tuple[int, floa
     """Fill ``outcome``'s counts from what was acknowledged and what the consumer recorded.
 
     A body can reach the consumer twice in two ways: the same NSQ message
-    delivered again (a redelivery: its id repeats, from its node or, after a
-    takeover, from the replica that held its copy), or the body
+    delivered again (a redelivery: its node and id repeat), or the body
     published twice, when a publisher retried on another node after an
-    answer that never came (two messages). They are counted apart.
+    answer that never came, or when a replica took over (with IDs of its
+    own) messages its lost node had already delivered (two messages). They
+    are counted apart.
     """
     first: dict[int, float] = {}
     seen: list[tuple[int, str]] = []

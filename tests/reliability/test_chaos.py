@@ -109,19 +109,16 @@ def test_the_tally_counts_lost_redelivered_republished_and_unacknowledged() -> N
     ledger.take(2)  # 5, 6 published, never acknowledged
     ledger.retry("timeout")
     delivered = [(0, 100.5, "a/01"), (1, 100.2, "a/02"), (1, 103.0, "a/02"), (1, 104.0, "a/02"),
-                 (4, 100.1, "a/03"), (4, 100.3, "b/07"), (6, 101.0, "b/02")]
+                 (4, 100.1, "a/03"), (4, 100.3, "b/01"), (6, 101.0, "b/02")]
     out = tally(Outcome("x", "", 1, 1.0, {}), ledger, iter(delivered))
     assert (out.published, out.acknowledged, out.delivered) == (7, 5, 4)
     assert (out.lost, out.lost_examples) == (2, [2, 3])
     assert out.extra_copies == 2  # message a/02 twice more
     assert out.republished == 1  # body 4 taken by two nodes
-    # a replica that took over delivers its owner's message under the owner's id: a redelivery
-    taken_over = tally(Outcome("x", "", 1, 1.0, {}), ledger, iter([(0, 100.5, "a/01"), (0, 108.0, "c/01")]))
-    assert (taken_over.extra_copies, taken_over.republished) == (1, 0)
     assert out.unacknowledged_delivered == 1
     assert out.max_wait == 0.5
     assert (out.retries, out.retry_reasons) == (1, {"timeout": 1})
-    tally_sink(out, ledger, [(0, "a/01"), (1, "a/02"), (1, "a/02"), (4, "a/03"), (4, "b/07"), (3, "c/09")])
+    tally_sink(out, ledger, [(0, "a/01"), (1, "a/02"), (1, "a/02"), (4, "a/03"), (4, "b/01"), (3, "c/09")])
     assert (out.spark_rows, out.spark_lost, out.spark_extra_copies, out.spark_republished) == (6, 1, 1, 1)
     table = render([out])
     assert "| **lost** (acknowledged, never delivered) | 2 |" in table
@@ -261,6 +258,8 @@ def test_a_replicated_cluster_loses_nothing_when_machines_are_lost(tmp_path) -> 
     assert outcome.drained, report
     assert outcome.lost == 0, report
     assert outcome.acknowledged >= 3000, report
-    assert outcome.extra_copies <= 200 * (outcome.faults.get("kill", 0) + outcome.faults["lose"]), report
-    assert outcome.republished <= BATCH * outcome.retries, report
+    assert outcome.extra_copies <= 200 * outcome.faults.get("kill", 0), report
+    # a replica hands its copies in with IDs of its own: what the lost node had delivered (at most the
+    # consumer's max_in_flight, 200) comes again as another message of the same body
+    assert outcome.republished <= BATCH * outcome.retries + 200 * outcome.faults["lose"], report
     assert not outcome.problems, report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import pytest
@@ -713,9 +714,11 @@ def test_without_channels_everything_is_kept(tmp_path: Any) -> None:
 
 
 def owed(nsqd: NSQD, topic: str) -> dict[str, list[bytes]]:
-    """Each local channel's queued message IDs."""
+    """Each local channel's queued messages, as the owner's IDs they were copies of (``mid(n)``, read
+    from their bodies ``m<n>...``: a taken-over message has a new ID of this node's)."""
     t = nsqd.topics[topic]
-    return {name: [m.id for m in ch.memory] for name, ch in t.channels.items()}
+    return {name: [mid(int(re.match(rb"m(\d+)", m.body).group(1))) for m in ch.memory]  # type: ignore[union-attr]
+            for name, ch in t.channels.items()}
 
 
 def take(s: Standby, nsqd: NSQD, clock: Clock) -> int:
@@ -778,6 +781,9 @@ def test_empty_marks_a_channel_done_with_everything_so_far(tmp_path: Any) -> Non
     nsqd, clock = make_nsqd()
     take(s, nsqd, clock)
     assert owed(nsqd, "t") == {"a": [mid(3)], "b": [mid(3)]}
+    # one message, so one new ID in both channels (this node's, not the owner's)
+    (a,), (b,) = (nsqd.topics["t"].channels[c].memory for c in "ab")
+    assert a.id == b.id != mid(3)
 
 
 def test_channel_gone_drops_what_only_it_owed(tmp_path: Any) -> None:
@@ -820,9 +826,13 @@ def test_take_over_hands_each_owed_message_into_exactly_the_owing_channels(tmp_p
     assert take(s, nsqd, clock) == 4  # 1, 2 (a); 3 (b); 4 (a)
     assert owed(nsqd, "t") == {"local": [], "a": [mid(1), mid(2), mid(4)], "b": [mid(3)]}
     t = nsqd.topics["t"]
-    got = {m.id: m for m in t.channels["a"].memory}
-    assert (got[mid(2)].body, got[mid(2)].timestamp, got[mid(2)].attempts) == (b"m2", NOW_NS + 2, 0)
-    assert got[mid(4)].timestamp == NOW_NS + 3
+    got = {m.body: m for m in t.channels["a"].memory}
+    assert (got[b"m2"].timestamp, got[b"m2"].attempts) == (NOW_NS + 2, 0)
+    assert got[b"m4"].timestamp == NOW_NS + 3
+    # new IDs of this node's, in order, none of them the owner's (IDs are unique per node only)
+    ids = [m.id for m in t.channels["a"].memory] + [m.id for m in t.channels["b"].memory]
+    assert len(set(ids)) == 4 and not set(ids) & {mid(n) for n in range(1, 5)}
+    assert ids[:3] == sorted(ids[:3])
     assert len(s) == 0 and s.live_bytes == 0 and s.taken_over
     assert list(tmp_path.iterdir()) == [] and s.disk.segments == []  # the log went once handed in
 
@@ -839,7 +849,9 @@ def test_take_over_without_channels_publishes_to_the_topic_a_slice_per_turn(tmp_
     assert topic.depth() == 2 * TAKEOVER_SLICE and not d.called
     one_turn(clock)
     assert topic.depth() == n and d.called and d.result == n
-    assert [m.id for m in topic.memory] == [mid(i) for i in range(1, n + 1)]
+    assert [m.body for m in topic.memory] == [b"x"] * n
+    ids = [m.id for m in topic.memory]
+    assert ids == sorted(set(ids)) and mid(1) not in ids  # new IDs of this node's, in order
     assert len(s) == 0 and s.live_bytes == 0
 
 
@@ -849,7 +861,7 @@ def test_take_over_reads_every_segment_and_skips_what_is_done(tmp_path: Any, mon
     s = make_standby(tmp_path)
     s.channel("c", True)
     for n in range(1, 7):
-        add(s, n, body=b"x" * 60)  # a segment each
+        add(s, n, body=b"m%d" % n + b"x" * 58)  # a segment each
     assert len(s.disk.segments) == 6 and len(list(tmp_path.iterdir())) == 6
     s.finish("c", [mid(1), mid(2), mid(4)])
     assert take(s, nsqd, clock) == 3
@@ -877,7 +889,7 @@ def test_maintain_cuts_a_long_done_prefix_from_memory(tmp_path: Any) -> None:
     s = make_standby(tmp_path)
     s.channel("c", True)
     n = 5000
-    add(s, *range(1, n + 1), body=b"")
+    add(s, *range(1, n + 1))
     s.finish("c", [mid(i) for i in range(1, 4500)])
     s.maintain()
     assert s.base == 4499 and len(s.values) == n - 4499 and held(s) == [mid(i) for i in range(4500, n + 1)]
@@ -888,16 +900,39 @@ def test_maintain_cuts_a_long_done_prefix_from_memory(tmp_path: Any) -> None:
     assert owed(nsqd, "t")["c"] == [mid(i) for i in range(4501, n + 1)]
 
 
+def test_a_taken_over_copy_never_meets_an_id_of_this_nodes_own(tmp_path: Any) -> None:
+    """Two nodes with the same ``--node-id`` (every node of one host by default) make the same IDs. A
+    copy handed in under its owner's ID would meet this node's own message of that ID in flight and be
+    dropped as a duplicate (a loss); with a new ID of this node's, the consumer gets both."""
+    nsqd, clock = make_nsqd()
+    topic = nsqd.get_topic("t")
+    topic.get_channel("a")
+    topic.publish([1], [b"own"], NOW_NS, 0.0)  # this node's message, whose ID is the owner's mid(1)
+    proto, transport = connect(nsqd, clock)
+    proto.dataReceived(b"SUB t a\nRDY 10\n")
+    clock.advance(0)
+    [own] = [decode_message_frame(p) for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+    assert own[2:] == (mid(1), b"own")  # in flight
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    add(s, 1)  # the owner's message of the same ID
+    assert take(s, nsqd, clock) == 1
+    clock.advance(0)
+    [copy] = [decode_message_frame(p) for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+    assert copy[3] == b"m1" and copy[2] != mid(1)
+    assert len(nsqd.topics["t"].channels["a"].in_flight.live) == 2
+
+
 def test_a_taken_over_dpub_is_ready_at_once(tmp_path: Any) -> None:
     """docs/replication.md, "What it does not do yet": a taken-over DPUB is ready at once (its delay,
-    carried in the PUB record, is not kept); its ID, timestamp and body are."""
+    carried in the PUB record, is not kept); its timestamp and body are."""
     nsqd, clock = make_nsqd()
     s = make_standby(tmp_path)
     s.channel("a", True)
     add(s, 1, delay=3600.0, timestamp=NOW_NS - 5)
     take(s, nsqd, clock)
     channel = nsqd.topics["t"].channels["a"]
-    assert [(m.id, m.body, m.timestamp) for m in channel.memory] == [(mid(1), b"m1", NOW_NS - 5)]
+    assert [(m.body, m.timestamp) for m in channel.memory] == [(b"m1", NOW_NS - 5)]
     assert len(channel.deferred) == 0
 
 
@@ -1286,8 +1321,9 @@ def held_for_owner(node: Node, started: float = 100.0) -> tuple[Link, StringTran
     return link, transport
 
 
-def local_ids(node: Node, topic: str = "t", channel: str = "c") -> list[bytes]:
-    return [m.id for m in node.nsqd.topics[topic].channels[channel].memory]
+def local_bodies(node: Node, topic: str = "t", channel: str = "c") -> list[bytes]:
+    """What the node's channel holds (a taken-over copy has a new ID of this node's: see its body)."""
+    return [m.body for m in node.nsqd.topics[topic].channels[channel].memory]
 
 
 def test_takeover_after_the_timeout_when_ping_fails(tmp_path: Any, monkeypatch: Any) -> None:
@@ -1297,11 +1333,11 @@ def test_takeover_after_the_timeout_when_ping_fails(tmp_path: Any, monkeypatch: 
     link, _ = held_for_owner(node)
     link.connectionLost(Failure(ConnectionError("reset")))
     node.reactor.pump([0.25] * 36)  # the first tick after the loss (0.25 s) starts the count: 9 s from then
-    assert pings.asked == [] and local_ids(node) == []
+    assert pings.asked == [] and local_bodies(node) == []
     node.reactor.advance(0.25)
     assert pings.asked == ["http://10.0.0.1:4151/ping"]
     node.reactor.advance(0)
-    assert local_ids(node) == [mid(1), mid(2)]
+    assert local_bodies(node) == [b"a", b"b"]
     assert node.service.takeovers == 1 and node.service.owners[OWNER].standbys == {}
     node.service.stopService()
 
@@ -1313,7 +1349,7 @@ def test_no_takeover_while_the_owner_answers_ping(tmp_path: Any, monkeypatch: An
     link, _ = held_for_owner(node)
     link.connectionLost(Failure(ConnectionError("reset")))
     node.reactor.pump([0.25] * 40)
-    assert pings.asked and node.service.takeovers == 0 and local_ids(node) == []
+    assert pings.asked and node.service.takeovers == 0 and local_bodies(node) == []
 
 
 def test_a_silent_link_counts_as_lost(tmp_path: Any, monkeypatch: Any) -> None:
@@ -1322,7 +1358,7 @@ def test_a_silent_link_counts_as_lost(tmp_path: Any, monkeypatch: Any) -> None:
     node = Node(tmp_path, timeout=9.0)
     held_for_owner(node)  # up, but the owner sends nothing more (the replica's beats go unanswered)
     node.reactor.pump([0.25] * 40)
-    assert node.service.takeovers == 1 and local_ids(node) == [mid(1), mid(2)]
+    assert node.service.takeovers == 1 and local_bodies(node) == [b"a", b"b"]
     node.service.stopService()
 
 
@@ -1333,7 +1369,7 @@ def test_takeover_at_once_when_the_owner_comes_back_without_its_data(tmp_path: A
     again, transport = node.accept()
     again.dataReceived(hello(incarnation="cccccccccccccccc", started=100.0))
     node.reactor.advance(0)
-    assert node.service.takeovers == 1 and local_ids(node) == [mid(1), mid(2)]
+    assert node.service.takeovers == 1 and local_bodies(node) == [b"a", b"b"]
     assert not transport.disconnecting and node.service.owners[OWNER].incarnation == "cccccccccccccccc"
     node.service.stopService()
 
@@ -1350,7 +1386,7 @@ def test_a_restart_without_bye_is_taken_over_unless_durable(tmp_path: Any, bye: 
     again.dataReceived(hello(started=200.0, durable=durable))
     node.reactor.advance(0)
     assert node.service.takeovers == int(taken)
-    assert local_ids(node) == ([mid(1), mid(2)] if taken else [])
+    assert local_bodies(node) == ([b"a", b"b"] if taken else [])
     node.service.stopService()
 
 
@@ -1412,7 +1448,8 @@ def test_an_owner_and_its_replica_end_to_end(tmp_path: Any, monkeypatch: Any) ->
     consumer, ctransport = connect(owner.nsqd, reactor)
     consumer.dataReceived(b"SUB t c\nRDY 1\n")
     reactor.advance(0)
-    [first] = [decode_message_frame(p)[2] for t, p in take_frames(ctransport) if t == FRAME_TYPE_MESSAGE]
+    [(first, first_body)] = [decode_message_frame(p)[2:] for t, p in take_frames(ctransport)
+                             if t == FRAME_TYPE_MESSAGE]
     assert first in ids
     consumer.dataReceived(b"FIN " + first + b"\n")
     pump.flush()
@@ -1423,7 +1460,7 @@ def test_an_owner_and_its_replica_end_to_end(tmp_path: Any, monkeypatch: Any) ->
         reactor.advance(0.25)
         replica.service.tick()
     assert replica.service.takeovers == 1
-    assert local_ids(replica) == [i for i in ids if i != first]
+    assert local_bodies(replica) == [b for b in (b"one", b"two") if b != first_body]
 
 
 def test_choice_and_service_wire_up(tmp_path: Any) -> None:
@@ -1525,13 +1562,13 @@ def test_a_topic_handed_back_during_a_takeover_keeps_its_new_copies(tmp_path: An
     for _ in range(5):
         node.reactor.advance(0)  # the old takeover ends
     node.reactor.advance(FLUSH_DELAY)
-    assert len(local_ids(node)) == n
+    assert len(local_bodies(node)) == n
     assert all(os.path.exists(new.disk.path(s[0])) for s in new.disk.segments), "the new copy's log was deleted"
     third, _ = node.accept()
     third.dataReceived(hello(incarnation="dddddddddddddddd"))  # lost again: the new copy is handed in
     for _ in range(5):
         node.reactor.advance(0)
-    assert local_ids(node)[n:] == [mid(10**6)]
+    assert local_bodies(node)[n:] == [b"new"]
     node.service.stopService()
 
 
