@@ -57,6 +57,8 @@ __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]
 INCARNATION_FILE: Final = "nsqtw.incarnation"
 #: seconds between the checks of waits, silences and lost owners
 TICK: Final = 0.25
+#: seconds between the questions to an owner whose link is down: which incarnation runs there now?
+ASK_EVERY: Final = 1.0
 #: version of the link's records
 VERSION: Final = 1
 
@@ -96,6 +98,10 @@ class _OwnerState:
         self.parts: dict[str, list[Standby]] = {}
         self.silent_since: float | None = None
         self.probing = False
+        #: while its link is down: when its /replication was last asked for its incarnation, and whether
+        #: an answer is awaited
+        self.asked = 0.0
+        self.asking = False
         #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
         self.started = 0.0
         self.said_bye = False
@@ -465,17 +471,41 @@ class ReplicationService(Service):
                         if gone not in left:
                             gone.disk.remove()
                     state.parts[topic] = left
-            if not state.standbys or state.probing:
+            if not (state.standbys or state.parts) or state.probing:
                 continue
             link = state.link
             if link is not None and now - link.last_heard < self.timeout:
                 state.silent_since = None
                 continue
+            if link is None and not state.asking and now - state.asked >= ASK_EVERY:
+                state.asking = True
+                state.asked = now
+                ensureDeferred(self._ask_incarnation(state))
             if state.silent_since is None:
                 state.silent_since = now if link is None else link.last_heard
             if now - state.silent_since >= self.timeout:
                 state.probing = True
                 ensureDeferred(self._probe(state))
+
+    async def _ask_incarnation(self, state: _OwnerState) -> None:
+        """The owner's link is down: which data directory does its address run on now? A node back
+        there with another incarnation lost its data (a machine replaced), and its copies are
+        delivered from here at once, as when its ``HELLO`` says so; it need not link here again
+        first (it may choose another replica), nor stay silent for ``--replica-timeout``. No answer,
+        or the same incarnation: nothing (a silence of ``T`` and the ``/ping`` still decide)."""
+        try:
+            code, body = await http_get(self.reactor, f"http://{state.host}:{state.http_port}/replication", 1.0)
+            incarnation = str(json.loads(body).get("incarnation") or "") if code == 200 else ""
+        except Exception:  # noqa: BLE001 - no answer (or not an nsqtw node's): the silence decides
+            incarnation = ""
+        finally:
+            state.asking = False
+        if (incarnation and state.incarnation and incarnation != state.incarnation and state.link is None
+                and (state.standbys or state.parts)):
+            self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
+                          " taking over", owner=state.name, old=state.incarnation, new=incarnation)
+            self._take_over(state)
+            state.incarnation = incarnation
 
     async def _probe(self, state: _OwnerState) -> None:
         """The owner's link is silent for the timeout: one /ping decides (a broken link alone is

@@ -1252,16 +1252,22 @@ def channel_record(topic: str, channel: str, backlog: bool = True) -> bytes:
 
 
 class Pings:
-    """``http_get`` as the replica's probe of a silent owner sees it."""
+    """``http_get`` as the replica sees a silent owner: its ``/ping`` (``asked``) and, while the link is
+    down, its ``/replication`` (``asked_incarnation``), whose answer names ``incarnation``."""
 
-    def __init__(self, alive: bool) -> None:
+    def __init__(self, alive: bool, incarnation: str = "aaaaaaaaaaaaaaaa") -> None:
         self.alive = alive
+        self.incarnation = incarnation
         self.asked: list[str] = []
+        self.asked_incarnation: list[str] = []
 
     async def __call__(self, reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        self.asked.append(url)
+        replication = url.endswith("/replication")
+        (self.asked_incarnation if replication else self.asked).append(url)
         if not self.alive:
             raise ConnectionRefusedError(url)
+        if replication:
+            return 200, json.dumps({"incarnation": self.incarnation, "replicas": 2}).encode()
         return 200, b"OK"
 
 
@@ -1339,6 +1345,31 @@ def test_takeover_after_the_timeout_when_ping_fails(tmp_path: Any, monkeypatch: 
     node.reactor.advance(0)
     assert local_bodies(node) == [b"a", b"b"]
     assert node.service.takeovers == 1 and node.service.owners[OWNER].standbys == {}
+    node.service.stopService()
+
+
+def test_an_owner_back_with_another_incarnation_is_taken_over_without_linking_here(tmp_path: Any,
+                                                                                  monkeypatch: Any) -> None:
+    """A machine replaced on the owner's address may choose another replica and never link here: while
+    the link is down the replica asks its ``/replication`` every second, and another incarnation there
+    means its data is gone: taken over at once, not after ``--replica-timeout``. Asking a node that is
+    down, or that runs on its old data, changes nothing."""
+    pings = Pings(alive=False)
+    monkeypatch.setattr("nsqtw.replica.service.http_get", pings)
+    node = Node(tmp_path, timeout=9.0)
+    link, _ = held_for_owner(node)
+    link.connectionLost(Failure(ConnectionError("reset")))
+    node.reactor.pump([0.25] * 8)
+    assert len(pings.asked_incarnation) == 2 and local_bodies(node) == []  # down: asked, no answer
+    pings.alive = True
+    node.reactor.pump([0.25] * 4)
+    assert len(pings.asked_incarnation) == 3 and local_bodies(node) == []  # back on its own data
+    pings.incarnation = "eeeeeeeeeeeeeeee"  # its machine replaced: a new data directory
+    node.reactor.pump([0.25] * 4)
+    node.reactor.advance(0)
+    assert pings.asked_incarnation[-1] == "http://10.0.0.1:4151/replication"
+    assert local_bodies(node) == [b"a", b"b"] and node.service.takeovers == 1
+    assert pings.asked == []  # long before the silence's /ping
     node.service.stopService()
 
 
