@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.protocol import ClientFactory
 
 from nsqtw.errors import ReplicaError
@@ -34,7 +34,7 @@ from nsqtw.replica.records import (
     frame_pub,
     pub_messages,
 )
-from nsqtw.replica.standby import Standby
+from nsqtw.replica.standby import Handed, Standby
 
 __all__ = ["OwnerSide", "Pending", "PeerLink"]
 
@@ -236,11 +236,47 @@ class OwnerSide:
             peer.send_now(encode_json(Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": False}))
         own = self.own.get(topic)
         if own is not None and len(own) and topic not in peer.catching_up:
-            peer.catching_up.add(topic)
-            d = ensureDeferred(self._snapshot(peer, topic, own))
-            d.addErrback(lambda f: self.log.failure("REPLICATION({peer}): copying {topic} failed", f,
-                                                    peer=peer.candidate.address, topic=topic))
-            d.addBoth(lambda _: peer.catching_up.discard(topic))
+            self._copy_log(peer, topic, own)
+
+    def _copy_log(self, peer: PeerLink, topic: str, own: Standby) -> None:
+        peer.catching_up.add(topic)
+        d = ensureDeferred(self._snapshot(peer, topic, own))
+        d.addErrback(lambda f: self.log.failure("REPLICATION({peer}): copying {topic} failed", f,
+                                                peer=peer.candidate.address, topic=topic))
+        d.addBoth(lambda _: peer.catching_up.discard(topic))
+
+    def taken_over(self, topic: str, handed: list[Handed]) -> Deferred[None] | None:
+        """Messages a takeover handed into this node's topic (``handed``, with IDs of this node's) go
+        into the topic's own log, owed by the channels they went to, so the copies that were on
+        the lost node are two again: its replica gets them once the takeover ends (:meth:`recopy`),
+        and any later replica with the rest of the log. Fires once they are written here."""
+        own = self._own(topic)
+        if own is None or not handed:
+            return None
+        written: list[Deferred[None]] = []
+        start = 0
+        while start < len(handed):
+            owing = handed[start][0]
+            end = start
+            while end < len(handed) and handed[end][0] == owing:
+                end += 1
+            run = handed[start:end]
+            data = b"".join(pub_messages([v], [body], ts, 0.0) for _, v, ts, body in run)
+            values, sizes = [v for _, v, _, _ in run], [len(body) for *_, body in run]
+            d = own.add_snapshot(data, values, sizes, list(owing)) if owing else own.add(data, values, sizes)
+            self._writing(len(data), d)
+            written.append(d)
+            start = end
+        return written[0] if len(written) == 1 else DeferredList(written, consumeErrors=True).addCallback(
+            lambda _: None)
+
+    def recopy(self, topic: str) -> None:
+        """Send the topic's replica its own log again (``SNAP``s; it skips what it holds): after a
+        takeover added messages to the log outside the publish path."""
+        peer = self.peer_for(topic)
+        own = self.own.get(topic)
+        if peer is not None and own is not None and len(own) and peer.link is not None:
+            self._copy_log(peer, topic, own)  # (a link not up yet sends the log when it comes up)
 
     async def _snapshot(self, peer: PeerLink, topic: str, own: Standby) -> None:
         """The topic's unfinished messages, from its own log, a segment at a time, each sent once

@@ -18,6 +18,7 @@ fails too, or at once when the owner comes back with another incarnation
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -554,11 +555,14 @@ class ReplicationService(Service):
         state.standbys, state.parts = {}, {}
         for standby in standbys:
             self.takeovers += 1
-            standby.take_over(self.nsqd).addCallbacks(self._took_over, lambda f: None, (standby,))
+            copy = None if is_ephemeral(standby.topic) else functools.partial(self.owner.taken_over, standby.topic)
+            standby.take_over(self.nsqd, copy).addCallbacks(self._took_over, lambda f: None, (standby,))
 
     def _took_over(self, count: int, standby: Standby) -> None:
         self.log.info("REPLICATION({owner}): took over {topic}: {count} messages handed to its channels here",
                       owner=standby.owner, topic=standby.topic, count=count)
+        if count and not is_ephemeral(standby.topic):
+            self.owner.recopy(standby.topic)  # two copies again: this node's replica gets them
 
     # -- shown -------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
 from nsqtw.replica.records import MESSAGE_HEADER, read_messages
 
-__all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Standby", "StandbyLog", "log_prefix"]
+__all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Handed", "Standby", "StandbyLog", "log_prefix"]
 
 #: messages handed in per reactor turn at a takeover
 TAKEOVER_SLICE: Final = 4096
@@ -48,6 +48,11 @@ FLUSH_BYTES: Final = 1024 * 1024
 STANDBY_SUFFIX: Final = ".nsqtw.standby"
 #: the finished prefix is cut from memory once it is this long and a quarter of what is held
 _CUT_MIN: Final = 4096
+
+
+#: a message a takeover handed in: the channels it went to (none: the topic), its new ID value, its
+#: timestamp and body
+Handed = tuple[tuple[str, ...], int, int, bytes]
 
 
 def log_prefix(owner: str, topic: str) -> str:
@@ -368,9 +373,11 @@ class Standby:
 
     # -- the takeover ------------------------------------------------------------------------------
 
-    def take_over(self, nsqd: Any) -> Deferred[int]:
+    def take_over(self, nsqd: Any, handed: Callable[[list[Handed]], object] | None = None) -> Deferred[int]:
         """Hand every message still owed into this node's own topic and channels, reading the log
-        a segment at a time; fires with how many messages were handed in."""
+        a segment at a time; fires with how many messages were handed in. ``handed`` is told what
+        each slice handed in (its owing channels, new ID value, timestamp and body), at the end of
+        the reactor turn that made the IDs."""
         self.taken_over = True
         done: Deferred[int] = Deferred()
         topic = nsqd.get_topic(self.topic)
@@ -390,12 +397,18 @@ class Standby:
 
         def hand_in(read: tuple[int, bytes]) -> None:
             first, data = read
-            steps = self._hand_in(topic, first, data, nsqd.guid.new_value)
+            out: list[Handed] = []
+            steps = self._hand_in(topic, first, data, nsqd.guid.new_value, out)
 
             def turn() -> None:
                 try:
-                    for _ in range(TAKEOVER_SLICE):
-                        state["count"] += next(steps)
+                    try:
+                        for _ in range(TAKEOVER_SLICE):
+                            state["count"] += next(steps)
+                    finally:
+                        if out and handed is not None:
+                            handed(out[:])
+                        out.clear()
                 except StopIteration:
                     next_segment()
                     return
@@ -414,7 +427,8 @@ class Standby:
         next_segment()
         return done
 
-    def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int]) -> Generator[int, None, None]:
+    def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int],
+                 out: list[Handed]) -> Generator[int, None, None]:
         """One segment's messages: each one still owed goes into the channels owing it.
 
         Each gets a new ID (``new_id``: this node's generator), the same in
@@ -435,11 +449,15 @@ class Standby:
             if self.channels:
                 owing = self._owing(i)
                 if owing:
-                    message_data = b"%016x%b" % (new_id(), body)
+                    value = new_id()
+                    message_data = b"%016x%b" % (value, body)
                     for name in owing:
                         topic.get_channel(name).put_many([Message(message_data, timestamp)])
+                    out.append((tuple(owing), value, timestamp, body))
                 handed = 1 if owing else 0  # (arrived before every channel that exists: nobody's)
             else:
-                topic.publish([new_id()], [body], timestamp, 0.0)
+                value = new_id()
+                topic.publish([value], [body], timestamp, 0.0)
+                out.append(((), value, timestamp, body))
             self._mark_done(i)
             yield handed

@@ -1445,6 +1445,51 @@ def test_topic_stats_say_where_a_topics_copies_are(tmp_path: Any) -> None:
 # -- an owner and a replica, joined through the replica's HTTP channel --------------------------------
 
 
+def test_what_a_replica_took_over_is_copied_to_its_own_replica(tmp_path: Any, monkeypatch: Any) -> None:
+    """After a takeover the lost node's messages are on one machine: the replica adds them to its own
+    log of the topic (new IDs, owed by the channels they went to) and sends them to its own replica,
+    so a second loss soon after does not lose them."""
+    monkeypatch.setattr("nsqtw.replica.service.http_get", Pings(alive=False))
+    reactor = MemoryReactorClock()
+    reactor.advance(EPOCH)
+    replica = Node(tmp_path, address="10.0.0.2", incarnation="bbbbbbbbbbbbbbbb", reactor=reactor)
+    third = Node(tmp_path, address="10.0.0.3", incarnation="cccccccccccccccc", reactor=reactor)
+    replica.service.choice.candidates = {"10.0.0.3:4151": candidate("10.0.0.3:4151", "cccccccccccccccc")}
+    link, _ = held_for_owner(replica)  # the owner's messages a, b on channel c; the topic placed on the third
+    [(host, port, factory, _, _)] = reactor.tcpClients
+    assert (host, port) == ("10.0.0.3", 4151)
+    client = factory.buildProtocol(None)
+    server = HTTPAPI(third.nsqd).site(reactor=reactor).buildProtocol(None)
+    pump = iosim.connect(server, iosim.FakeTransport(server, True, peerAddress=IPv4Address("TCP", "10.0.0.2", 5)),
+                         client, iosim.FakeTransport(client, False), clock=reactor)
+    pump.flush()
+    assert client.connected_up
+
+    link.connectionLost(Failure(ConnectionError("reset")))  # the owner is lost
+    for _ in range(48):
+        reactor.advance(0.25)
+        pump.flush()
+    assert replica.service.takeovers == 1 and local_bodies(replica) == [b"a", b"b"]
+    new_ids = [m.id for m in replica.nsqd.topics["t"].channels["c"].memory]
+    own = replica.service.owner.own["t"]
+    assert held(own) == new_ids and list(own.channels) == ["c"]
+    held_there = [s for state in third.service.owners.values()
+                  for s in [*state.standbys.values(), *(p for ps in state.parts.values() for p in ps)]]
+    assert sorted(i for s in held_there for i in held(s)) == sorted(new_ids)
+    # finished here, finished there: nothing left held for them
+    proto, transport = connect(replica.nsqd, reactor)
+    proto.dataReceived(b"SUB t c\nRDY 10\n")
+    reactor.advance(0)
+    got = [decode_message_frame(p)[2] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+    assert sorted(got) == sorted(new_ids)
+    proto.dataReceived(b"".join(b"FIN " + i + b"\n" for i in got))
+    reactor.advance(0)
+    pump.flush()
+    assert len(own) == 0 and all(len(s) == 0 for s in held_there)
+    replica.service.stopService()
+    third.service.stopService()
+
+
 def test_an_owner_and_its_replica_end_to_end(tmp_path: Any, monkeypatch: Any) -> None:
     """A publish on the owner is answered once the replica (reached by the HTTP upgrade) acks its copy;
     a FIN there drops it there; when the owner is lost the replica hands the rest to its channel."""
