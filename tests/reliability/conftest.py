@@ -11,6 +11,7 @@ import pytest
 
 from tests.daemon import Daemon
 from tests.integration.conftest import daemon_factory  # noqa: F401 - re-exported fixture
+from tests.reliability.cluster import Cluster, LookupdConsumer
 
 
 def rss_kib(daemon: Daemon) -> int:
@@ -99,3 +100,24 @@ def data_dir(tmp_path) -> Iterator[str]:
     path = tmp_path / "data"
     path.mkdir()
     yield str(path)
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """A ``--replicas=2`` cluster's lookupd and nodes (:class:`~tests.reliability.cluster.Cluster`), stopped after."""
+    c = Cluster(str(tmp_path))
+    try:
+        yield c
+    finally:
+        c.started.stop_all()
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[LookupdConsumer]]:
+    """Consumers through lookupd a test starts (append them), stopped after."""
+    started: list[LookupdConsumer] = []
+    try:
+        yield started
+    finally:
+        for c in started:
+            c.stop()

@@ -12,203 +12,38 @@ What is checked (docs/architecture.md, "Replication (`--replicas=2`): the design
 - An owner killed and restarted at once on its disk (within the timeout) is
   not taken over, and publishing to it works again.
 
-The consumer through lookupd is the :mod:`nsqtw.client` Consumer in a process
-of its own (like ``nsqtw.tools.chaos_consumer``), writing one line per message
-it is handed.
+The cluster, its probes and the consumer through lookupd (the :mod:`nsqtw.client` Consumer in a
+process of its own, like ``nsqtw.tools.chaos_consumer``, writing one line per message it is
+handed) are in :mod:`tests.reliability.cluster`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
-from tests import helpers
-from tests.daemon import ROOT, Daemon, LookupdDaemon, Started
+from tests.daemon import Daemon, Started
 from tests.rawclient import FRAME_ERROR, FRAME_MESSAGE, OK, Client, Msg
-
-TOPIC = "t"
-CHANNEL = "c"
-#: how long a replica may take to be chosen and in step: nodes read lookupd's /nodes every 15 s
-CHOSEN_WITHIN = 60.0
-
-
-# -- HTTP -------------------------------------------------------------------------------------------
-
-
-def http(address: str, method: str, path: str, body: bytes | None = None,
-         timeout: float = 30.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://{address}{path}", data=body, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def post(address: str, path: str, body: bytes | None = None) -> None:
-    code, answer = http(address, "POST", path, body)
-    assert code == 200, (path, code, answer)
-
-
-def stats(node: Daemon) -> dict[str, Any]:
-    code, body = http(node.http_address, "GET", "/stats?format=json", timeout=10.0)
-    assert code == 200, (code, body)
-    return dict(json.loads(body))
-
-
-def topic_stats(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
-    for t in stats(node).get("topics", []):
-        if t["topic_name"] == topic:
-            return dict(t)
-    return None
-
-
-def replica_of(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
-    """The topic's ``replica`` object in the node's /stats (None while the topic or field is missing)."""
-    t = topic_stats(node, topic)
-    return None if t is None else t.get("replica")
-
-
-def in_sync(node: Daemon, topic: str = TOPIC) -> dict[str, Any] | None:
-    r = replica_of(node, topic)
-    return r if r is not None and r.get("state") == "in_sync" and r.get("peer") else None
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    return helpers.wait_for(check, timeout, what)
-
-
-def log_tail(*daemons: Daemon, chars: int = 3000) -> str:
-    return "\n".join(f"--- {d.plugin} {d.http_address} ---\n{d.read_output()[-chars:]}" for d in daemons)
-
-
-# -- daemons ----------------------------------------------------------------------------------------
-
-
-class Cluster:
-    """nsqtw-lookupd and nsqtw nodes, each in its own folder under the test's tmp_path."""
-
-    def __init__(self, root: str) -> None:
-        self.started = Started(root)
-        self.lookupd: LookupdDaemon | None = None
-        self.count = 0
-
-    def start_lookupd(self) -> LookupdDaemon:
-        self.lookupd = LookupdDaemon(self.started.folder("lookupd"), "--broadcast-address=127.0.0.1")
-        self.started.start(self.lookupd)
-        return self.lookupd
-
-    def node(self, *args: str) -> Daemon:
-        assert self.lookupd is not None
-        self.count += 1
-        d = Daemon(self.started.folder(f"node{self.count}"), "--broadcast-address=127.0.0.1",
-                   f"--lookupd-tcp-address={self.lookupd.tcp_address}", *args)
-        self.started.daemons.append(d)
-        return d.start(timeout=40)
-
-
-@pytest.fixture
-def cluster(tmp_path) -> Iterator[Cluster]:
-    c = Cluster(str(tmp_path))
-    try:
-        yield c
-    finally:
-        c.started.stop_all()
-
-
-def nodes_registered(lookupd: Daemon, *nodes: Daemon) -> bool:
-    _, body = http(lookupd.http_address, "GET", "/nodes", timeout=10.0)
-    have = {p["http_port"] for p in json.loads(body).get("producers", [])}
-    return {n.http[1] for n in nodes} <= have
-
-
-# -- the consumer through lookupd, a process of its own ----------------------------------------------
-
-CONSUMER = r"""
-import sys
-from twisted.internet import reactor
-from twisted.internet.task import LoopingCall
-from nsqtw.client import Config, Consumer
-
-lookupd, topic, channel, path, max_in_flight, poll = sys.argv[1:]
-out = open(path, "ab")
-
-
-def handle(msg):
-    out.write(msg.body + b" " + msg.id + b" " + msg.nsqd_address.encode() + b"\n")
-
-
-config = Config(max_in_flight=int(max_in_flight), lookupd_poll_interval=float(poll),
-                lookupd_poll_jitter=0.1, max_attempts=0, rdy_redistribute_interval=1.0)
-consumer = Consumer(topic, channel, handle, config, lookupd_http_addresses=[lookupd])
-LoopingCall(out.flush).start(0.05)
-reactor.addSystemEventTrigger("after", "shutdown", out.close)
-consumer.start()
-reactor.run()
-"""
-
-
-class LookupdConsumer:
-    """``nsqtw.client.Consumer`` given only lookupd's HTTP address; ``bodies()`` is what it was handed."""
-
-    def __init__(self, folder: str, lookupd: Daemon, max_in_flight: int = 100, poll: float = 0.5) -> None:
-        self.path = os.path.join(folder, "consumed")
-        self.log_path = os.path.join(folder, "consumer.log")
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", CONSUMER, lookupd.http_address, TOPIC, CHANNEL, self.path,
-                 str(max_in_flight), str(poll)],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=folder)
-
-    def records(self) -> list[tuple[bytes, bytes, bytes]]:
-        """(body, message ID, node) per message handed to the handler so far (whole lines only)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        lines = data.split(b"\n")[:-1]
-        return [tuple(line.split(b" ", 2)) for line in lines]  # type: ignore[misc]
-
-    def bodies(self) -> list[bytes]:
-        return [r[0] for r in self.records()]
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read()[-3000:].decode("utf-8", "replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[LookupdConsumer]]:
-    started: list[LookupdConsumer] = []
-    try:
-        yield started
-    finally:
-        for c in started:
-            c.stop()
-
+from tests.reliability.cluster import (
+    CHANNEL,
+    CHOSEN_WITHIN,
+    TOPIC,
+    Cluster,
+    LookupdConsumer,
+    consume_through_lookupd,
+    http,
+    in_sync,
+    log_tail,
+    nodes_registered,
+    post,
+    replica_of,
+    stats,
+    wait_for,
+)
 
 # -- the tests --------------------------------------------------------------------------------------
 
@@ -375,19 +210,6 @@ def test_no_peer_refuses_after_replica_wait(cluster: Cluster) -> None:
     code, body = http(node.http_address, "GET", "/ping")
     assert (code, body) == (200, b"OK"), (code, body)
     assert node.proc is not None and node.proc.poll() is None
-
-
-def consume_through_lookupd(tmp_path, consumers: list[LookupdConsumer], lookupd: Daemon, name: str,
-                           until: Callable[[list[bytes]], bool], timeout: float) -> LookupdConsumer:
-    """Start a lookupd consumer in ``tmp_path/name`` and wait (at most ``timeout``) for ``until(bodies)``."""
-    folder = tmp_path / name
-    folder.mkdir()
-    consumer = LookupdConsumer(str(folder), lookupd, max_in_flight=100, poll=0.5)
-    consumers.append(consumer)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not until(consumer.bodies()):
-        time.sleep(0.2)
-    return consumer
 
 
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "memory"])
