@@ -42,15 +42,19 @@ __all__ = ["OwnerSide", "Pending", "PeerLink"]
 class Pending:
     """A record kept until its replica acks it, with the publishers waiting on it."""
 
-    __slots__ = ("topic", "record", "waiters", "since", "number")
+    __slots__ = ("topic", "record", "waiters", "since", "number", "sent")
 
     def __init__(self, topic: str, record: bytes, since: float) -> None:
         self.topic = topic
         self.record = record
         self.waiters: list[Deferred[None]] = []
+        #: when it was published (its publishers' --replica-wait counts from here)
         self.since = since
         #: its number on the link it was sent on (0: not sent yet)
         self.number = 0
+        #: when it was given to its replica now, or sent on that replica's link (a replica lost
+        #: before acking it hands it to the next one: that one's time to ack counts from here)
+        self.sent = since
 
 
 class PeerLink:
@@ -102,8 +106,10 @@ class PeerLink:
                       peer=self.candidate.address, topics=sorted(self.topics))
         for topic in sorted(self.topics):
             self.side.announce_topic(self, topic)
+        now = self.side.clock.seconds()
         for p in self.pending:
             p.number = link.send(p.record)
+            p.sent = now
 
     def link_record(self, link: Link, kind: int, payload: bytes) -> None:
         if kind == Kind.ACK:
@@ -126,6 +132,7 @@ class PeerLink:
 
     def send(self, pending: Pending) -> None:
         self.pending.append(pending)
+        pending.sent = self.side.clock.seconds()
         if self.link is not None:
             pending.number = self.link.send(pending.record)
 
@@ -403,13 +410,13 @@ class OwnerSide:
         for peer in list(self.peers.values()):
             link = peer.link
             silent = link is not None and now - link.last_heard >= self.timeout / 3
-            lagging = peer.pending and peer.pending[0].number and now - peer.pending[0].since >= self.timeout / 3
+            lagging = peer.pending and peer.pending[0].number and now - peer.pending[0].sent >= self.timeout / 3
             if silent or lagging:
                 self.log.warn("REPLICATION({peer}): {why}, choosing another replica", peer=peer.candidate.address,
                               why="silent" if silent else "not acking")
                 self.peer_lost(peer)
             elif (link is None and peer.up_since is None and peer.pending
-                  and now - peer.pending[0].since >= self.timeout / 3):
+                  and now - peer.pending[0].sent >= self.timeout / 3):
                 self.peer_lost(peer)  # never connected
             for p in peer.pending:
                 if p.since > oldest:

@@ -631,6 +631,40 @@ def test_a_lagging_replica_is_replaced_too() -> None:
     assert d.called and d.result is None
 
 
+def test_records_resent_to_the_next_replica_get_its_own_time_to_ack() -> None:
+    """A replica silent for a third of the timeout is replaced, and its unacked records go to the
+    next one: that one is judged by when it was sent them, not by how long they waited on the
+    silent one, so a healthy replica (and the other topics placed on it) is not dropped with it."""
+    o = Owner(timeout=9.0, wait=5.0)
+    topics = [f"t{i}" for i in range(20)]
+    t = topics[0]
+    u = next(x for x in topics if o.choice.best(OWN, x) != o.choice.best(OWN, t))
+    d = o.side.published(t, [1], [b"one"], NOW_NS, 0.0)
+    first, link1, _ = o.up()
+    o.side.published(u, [2], [b"two"], NOW_NS, 0.0)
+    second, link2, transport2 = o.up()
+    link2.dataReceived(encode_ack(2))  # u's publish acked
+    assert o.side.placed[u].candidate.address == second != first
+    transport2.clear()
+    for _ in range(3):  # the first replica is silent; the second one beats
+        o.reactor.advance(1.0)
+        link2.dataReceived(frame(Kind.BEAT))
+        o.side.tick()
+    assert first not in o.side.peers and second in o.side.peers
+    assert o.side.placed[t] is o.side.placed[u]
+    o.reactor.advance(0)
+    assert [k for k, _ in split_all(transport2.value()) if k != Kind.BEAT] == [Kind.PUB]  # t's, resent
+    o.reactor.advance(0.25)
+    o.side.tick()  # the record has waited 3.25 s since its publish, 0.25 s on this replica
+    assert second in o.side.peers and not transport2.disconnecting
+    link2.dataReceived(encode_ack(o.side.placed[t].pending[0].number))
+    assert d.called and d.result is None
+    o.reactor.advance(2.8)
+    link2.dataReceived(frame(Kind.BEAT))
+    o.side.tick()
+    assert o.side.placed[u].candidate.address == second and o.side.refused == 0
+
+
 def test_a_replica_that_cannot_be_reached_is_replaced() -> None:
     o = Owner()
     d = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
