@@ -76,7 +76,11 @@ class Link(Protocol):
         self._out: list[bytes] = []
         self._flush_call: IDelayedCall | None = None
         self._beat_call: IDelayedCall | None = None
-        self._buffer = b""
+        #: the bytes of a record not whole yet, as they came, and how many it needs in all (0: not
+        #: known yet); joined once there are enough, so a record of many reads is copied once
+        self._partial: list[bytes] = []
+        self._partial_size = 0
+        self._need = 0
         self.connected_up = False
         self.closed = False
         #: the peer's HELLO, once it came
@@ -142,13 +146,25 @@ class Link(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if not self.connected_up:
             return
-        buf = self._buffer + data if self._buffer else data
+        if self._partial:
+            self._partial.append(data)
+            self._partial_size += len(data)
+            if self._partial_size < self._need:
+                return
+            buf = b"".join(self._partial)
+            self._partial = []
+        else:
+            buf = data
         try:
-            records, self._buffer = split_records(buf)
+            records, rest = split_records(buf)
         except ValueError as e:
             self.log.error("REPLICATION: bad record from {peer} - {error}", peer=self.peer_text(), error=e)
             self.abort()
             return
+        if rest:
+            self._partial = [rest]
+            self._partial_size = len(rest)
+            self._need = 4 + int.from_bytes(rest[:4], "big") if len(rest) >= 4 else 0
         if not records:
             return
         self.last_heard = self.clock.seconds()

@@ -240,6 +240,38 @@ def test_records_in_are_numbered_beats_counted_but_not_handed_on() -> None:
     assert [k for k, _ in handler.records] == [Kind.ACK, Kind.HELLO]
 
 
+def test_records_cut_anywhere_arrive_whole_and_in_order() -> None:
+    link, _, handler, _ = up_link()
+    records = [encode_ack(1), encode_json(Kind.HELLO, {"node": "n"}), frame(Kind.BEAT), encode_fin("t", "c", [mid(7)])]
+    data = b"".join(records)
+    for i in range(len(data)):  # a byte a read: lengths cut too
+        link.dataReceived(data[i:i + 1])
+    assert link.received == 4 and handler.reads == 4  # one read per record made one whole
+    assert handler.records == [split_all(r)[0] for r in records if kinds(r) != [Kind.BEAT]]
+
+
+def test_a_record_of_many_reads_is_looked_at_once_it_is_whole(monkeypatch: Any) -> None:
+    """A SNAP record carries up to a log segment (16 MiB) in many reads: its bytes are kept as they
+    came and parsed once whole, not joined and parsed again at every read (which costs the square of
+    its size: a new replica catching up then acks so late that its owner drops it)."""
+    import nsqtw.replica.link as link_module
+
+    parsed: list[int] = []
+
+    def counting(buf: bytes) -> Any:
+        parsed.append(len(buf))
+        return split_records(buf)
+
+    monkeypatch.setattr(link_module, "split_records", counting)
+    link, _, handler, _ = up_link()
+    big = frame(Kind.PUB, b"m" * (1 << 20))
+    data = big + encode_ack(9)
+    for i in range(0, len(data), 1000):
+        link.dataReceived(data[i:i + 1000])
+    assert handler.records == [(Kind.PUB, b"m" * (1 << 20)), (Kind.ACK, encode_ack(9)[5:])]
+    assert sum(parsed) <= 2 * len(data), f"{sum(parsed)} bytes parsed for a record of {len(big)}"
+
+
 def test_a_link_ignores_input_before_its_records_begin() -> None:
     handler = Handler()
     link = Link(handler, Clock())
