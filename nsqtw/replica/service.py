@@ -518,7 +518,17 @@ class ReplicationService(Service):
             except Exception:  # noqa: BLE001 - no answer: lost
                 alive = False
             if alive:
-                state.silent_since = self.reactor.seconds()
+                now = state.silent_since = self.reactor.seconds()
+                link = state.link
+                if link is not None and now - link.last_heard >= self.timeout:
+                    # alive, yet nothing came on its link for T: that link is dead (the owner drops
+                    # a link silent for T/3, and beats every second) though nothing closed it, as
+                    # when the network between them drops packets. Closed here, so the owner is
+                    # asked below which topics it still holds here, as after a link that closed
+                    self.log.warn("REPLICATION({owner}): its link has been silent for {timeout}s though it"
+                                  " answers /ping: closing the link", owner=state.name, timeout=self.timeout)
+                    link.abort()
+                    state.link = None
                 await self._still_wanted(state)
                 return
             self.log.warn("REPLICATION({owner}): silent for {timeout}s and /ping fails: taking over",

@@ -1828,6 +1828,31 @@ def test_a_replica_cut_off_from_a_live_owner_lets_go_of_topics_placed_elsewhere(
     node.service.stopService()
 
 
+def test_a_silent_link_from_a_live_owner_is_closed_and_its_topics_placed_elsewhere_let_go(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """A network that drops packets between owner and replica closes nothing: the replica's end of
+    the link stays open, silent. Once it has been silent for the timeout and the owner answers its
+    /ping, the replica closes that link (the owner dropped it long ago) and asks which topics it
+    still holds for it, as when the link closed; it never takes over a live owner."""
+    asked: list[str] = []
+
+    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        asked.append(url)
+        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": []}).encode())
+
+    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    node = Node(tmp_path, timeout=9.0)
+    link, transport = node.accept()
+    link.dataReceived(hello() + channel_record("t", "c") + encode_pub("t", [1], [b"a"], NOW_NS, 0.0))
+    dropped = node.service.owners[OWNER].standbys["t"]
+    node.reactor.pump([0.25] * 40)  # 10 s: nothing comes, nothing is closed
+    assert transport.disconnecting
+    assert "http://10.0.0.1:4151/replication?replica=10.0.0.2%3A4151" in asked
+    assert node.service.owners[OWNER].standbys == {} and dropped.disk.segments == []
+    assert node.service.takeovers == 0
+    node.service.stopService()
+
+
 def test_replication_info_names_the_topics_placed_on_a_replica(tmp_path: Any) -> None:
     """GET /replication?replica=ADDRESS's answer: the topics whose copies go to that node, and only those."""
     from nsqtw.replica.owner import PeerLink
