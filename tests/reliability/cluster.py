@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,19 +96,64 @@ class Cluster:
         self.started.start(self.lookupd)
         return self.lookupd
 
-    def node(self, *args: str) -> Daemon:
+    def restart_lookupd(self) -> LookupdDaemon:
+        """lookupd started again on its ports after a kill: a new process, knowing no node until
+        they connect again (each retries with its backoff, at most 15 s apart)."""
+        assert self.lookupd is not None
+        lookupd = self.lookupd
+        lookupd.start(tcp=lookupd.tcp_address, http=lookupd.http_address)
+        return lookupd
+
+    def _daemon(self, *args: str) -> Daemon:
         assert self.lookupd is not None
         self.count += 1
         d = Daemon(self.started.folder(f"node{self.count}"), "--broadcast-address=127.0.0.1",
                    f"--lookupd-tcp-address={self.lookupd.tcp_address}", *args)
         self.started.daemons.append(d)
-        return d.start(timeout=40)
+        return d
+
+    def node(self, *args: str) -> Daemon:
+        return self._daemon(*args).start(timeout=40)
+
+    def nodes(self, *args_each: tuple[str, ...]) -> list[Daemon]:
+        """One node per tuple of arguments, started together: they register with lookupd within
+        moments of each other, so each usually finds all the others in the same read of lookupd's
+        /nodes instead of over its 15 s polls (see :func:`candidates_of`)."""
+        daemons = [self._daemon(*args) for args in args_each]
+        with ThreadPoolExecutor(len(daemons)) as pool:
+            return list(pool.map(lambda d: d.start(timeout=60), daemons))
+
+
+def address_of(node: Daemon) -> str:
+    """The node's name among replicas (and in lookupd): its broadcast address and HTTP port, which
+    ``--broadcast-http-port`` sets when given."""
+    port = node.http[1]
+    for arg in node.args:
+        if arg.startswith("--broadcast-http-port="):
+            port = int(arg.split("=", 1)[1])
+    return f"127.0.0.1:{port}"
+
+
+_CANDIDATES = re.compile(r"REPLICATION: candidates (\[[^\]]*\]|none)")
+
+
+def candidates_of(node: Daemon) -> set[str]:
+    """The peers the node's log last said it may place copies on (``REPLICATION: candidates [...]``)."""
+    found = _CANDIDATES.findall(node.read_output())
+    if not found or found[-1] == "none":
+        return set()
+    return set(re.findall(r"'([^']+)'", found[-1]))
+
+
+def knows(node: Daemon, *others: Daemon) -> bool:
+    """Whether ``node``'s candidates are exactly ``others`` (a topic made now is placed among them)."""
+    return candidates_of(node) == {address_of(o) for o in others}
 
 
 def nodes_registered(lookupd: Daemon, *nodes: Daemon) -> bool:
     _, body = http(lookupd.http_address, "GET", "/nodes", timeout=10.0)
     have = {p["http_port"] for p in json.loads(body).get("producers", [])}
-    return {n.http[1] for n in nodes} <= have
+    return {int(address_of(n).rsplit(":", 1)[1]) for n in nodes} <= have
 
 
 # -- the consumer through lookupd, a process of its own ----------------------------------------------
@@ -138,13 +185,14 @@ reactor.run()
 class LookupdConsumer:
     """``nsqtw.client.Consumer`` given only lookupd's HTTP address; ``bodies()`` is what it was handed."""
 
-    def __init__(self, folder: str, lookupd: Daemon, max_in_flight: int = 100, poll: float = 0.5) -> None:
+    def __init__(self, folder: str, lookupd: Daemon, max_in_flight: int = 100, poll: float = 0.5,
+                 topic: str = TOPIC, channel: str = CHANNEL) -> None:
         self.path = os.path.join(folder, "consumed")
         self.log_path = os.path.join(folder, "consumer.log")
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", CONSUMER, lookupd.http_address, TOPIC, CHANNEL, self.path,
+                [sys.executable, "-c", CONSUMER, lookupd.http_address, topic, channel, self.path,
                  str(max_in_flight), str(poll)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=folder)
 
@@ -176,11 +224,12 @@ class LookupdConsumer:
 
 
 def consume_through_lookupd(tmp_path: Path, consumers: list[LookupdConsumer], lookupd: Daemon, name: str,
-                           until: Callable[[list[bytes]], bool], timeout: float) -> LookupdConsumer:
+                           until: Callable[[list[bytes]], bool], timeout: float,
+                           topic: str = TOPIC, channel: str = CHANNEL) -> LookupdConsumer:
     """Start a lookupd consumer in ``tmp_path/name`` and wait (at most ``timeout``) for ``until(bodies)``."""
     folder = tmp_path / name
     folder.mkdir()
-    consumer = LookupdConsumer(str(folder), lookupd, max_in_flight=100, poll=0.5)
+    consumer = LookupdConsumer(str(folder), lookupd, max_in_flight=100, poll=0.5, topic=topic, channel=channel)
     consumers.append(consumer)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not until(consumer.bodies()):

@@ -6,6 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -103,7 +104,7 @@ def data_dir(tmp_path) -> Iterator[str]:
 
 
 @pytest.fixture
-def cluster(tmp_path) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A ``--replicas=2`` cluster's lookupd and nodes (:class:`~tests.reliability.cluster.Cluster`), stopped after."""
     c = Cluster(str(tmp_path))
     try:
