@@ -162,6 +162,8 @@ PLAN: dict[str, list[Block]] = {
         Block("attack_compare.py --only=slices", timeout=600, expect=("| attack |",)),
         Block("nsqtw-bench chaos", needs="java", timeout=900, shorten=(
             ("--duration=10m", "--duration=8s"), ("--seed=1,2,3,4,5", "--seed=1"))),
+        Block("--faults=kill,stop,lookupd,disk,lose", needs="java", timeout=900,
+              shorten=(("--duration=10m", "--duration=8s"),)),
         Block("benchmarks/soak.py --minutes 10", timeout=300, shorten=(("--minutes 10", "--minutes 0.25"),)),
         Block("benchmarks/soak.py --minutes 5 --disk-faults", timeout=300,
               shorten=(("--minutes 5", "--minutes 0.25"),)),
