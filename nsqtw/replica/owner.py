@@ -418,14 +418,19 @@ class OwnerSide:
             elif (link is None and peer.up_since is None and peer.pending
                   and now - peer.pending[0].sent >= self.timeout / 3):
                 self.peer_lost(peer)  # never connected
+            # (not in publish order: a lost replica's records were handed on behind newer ones)
             for p in peer.pending:
-                if p.since > oldest:
-                    break
-                self._refuse(p)
-        while self.unplaced and self.unplaced[0].since <= oldest:
-            p = self.unplaced.popleft()
-            self._refuse(p)
-            self.unreplicated += 1  # no replica took it: it stays on this node alone
+                if p.waiters and p.since <= oldest:
+                    self._refuse(p)
+        if self.unplaced and any(p.since <= oldest for p in self.unplaced):
+            waiting: deque[Pending] = deque()
+            for p in self.unplaced:
+                if p.since <= oldest:
+                    self._refuse(p)
+                    self.unreplicated += 1  # no replica took it: it stays on this node alone
+                else:
+                    waiting.append(p)
+            self.unplaced = waiting
 
     def _refuse(self, p: Pending) -> None:
         for d in p.waiters:

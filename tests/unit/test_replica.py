@@ -697,6 +697,52 @@ def test_records_resent_to_the_next_replica_get_its_own_time_to_ack() -> None:
     assert o.side.placed[u].candidate.address == second and o.side.refused == 0
 
 
+def test_a_record_handed_on_behind_newer_ones_is_refused_at_its_own_wait() -> None:
+    """A lost replica's records go to the next one behind the newer records already sent there; each
+    is still refused ``--replica-wait`` after its own publish, not once the newer ones ahead are due."""
+    o = Owner(timeout=9.0, wait=5.0)
+    topics = [f"t{i}" for i in range(20)]
+    t = topics[0]
+    u = next(x for x in topics if o.choice.best(OWN, x) != o.choice.best(OWN, t))
+    old = o.side.published(t, [1], [b"one"], NOW_NS, 0.0)
+    first, _, _ = o.up()
+    o.reactor.advance(2.0)
+    newer = o.side.published(u, [2], [b"two"], NOW_NS, 0.0)  # on the second replica, never acked
+    second, link2, _ = o.up()
+    assert o.side.placed[u].candidate.address == second != first
+    o.reactor.advance(1.0)
+    link2.dataReceived(frame(Kind.BEAT))
+    o.side.tick()  # the first replica silent for 3 s: its record goes behind u's on the second
+    assert [p.topic for p in o.side.peers[second].pending] == [u, t]
+    o.reactor.advance(2.0)  # 5 s since t's publish, 3 s since u's
+    link2.dataReceived(frame(Kind.BEAT))
+    o.side.tick()
+    assert old.called and not newer.called and o.side.refused == 1
+    old.addErrback(lambda f: f.trap(ReplicaError))
+    o.reactor.advance(2.0)
+    link2.dataReceived(frame(Kind.BEAT))
+    o.side.tick()
+    assert newer.called and o.side.refused == 2
+    newer.addErrback(lambda f: f.trap(ReplicaError))
+
+
+def test_unplaced_records_are_refused_each_at_its_own_wait() -> None:
+    """Records no replica could take are refused at their own wait's end, whatever their order."""
+    o = Owner(timeout=9.0, wait=5.0)
+    o.choice.candidates = {}
+    late = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    early = o.side.published("t", [2], [b"two"], NOW_NS, 0.0)
+    o.side.unplaced[1].since -= 3.0  # published 3 s before the one ahead of it
+    o.reactor.advance(2.0)
+    o.side.tick()
+    assert early.called and not late.called and o.side.unreplicated == 1
+    early.addErrback(lambda f: f.trap(ReplicaError))
+    o.reactor.advance(3.0)
+    o.side.tick()
+    assert late.called and o.side.unreplicated == 2 and not o.side.unplaced
+    late.addErrback(lambda f: f.trap(ReplicaError))
+
+
 def test_a_replica_that_cannot_be_reached_is_replaced() -> None:
     o = Owner()
     d = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
