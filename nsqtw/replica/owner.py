@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import ClientFactory
 
 from nsqtw.errors import ReplicaError
@@ -252,30 +254,20 @@ class OwnerSide:
                                                 peer=peer.candidate.address, topic=topic))
         d.addBoth(lambda _: peer.catching_up.discard(topic))
 
-    def taken_over(self, topic: str, handed: list[Handed]) -> Deferred[None] | None:
+    def taken_over(self, topic: str, handed: list[Handed]) -> None:
         """Messages a takeover handed into this node's topic (``handed``, with IDs of this node's) go
         into the topic's own log, owed by the channels they went to, so the copies that were on
         the lost node are two again: its replica gets them once the takeover ends (:meth:`recopy`),
-        and any later replica with the rest of the log. Fires once they are written here."""
+        and any later replica with the rest of the log."""
         own = self._own(topic)
-        if own is None or not handed:
-            return None
-        written: list[Deferred[None]] = []
-        start = 0
-        while start < len(handed):
-            owing = handed[start][0]
-            end = start
-            while end < len(handed) and handed[end][0] == owing:
-                end += 1
-            run = handed[start:end]
+        if own is None:
+            return
+        for owing, group in groupby(handed, key=itemgetter(0)):
+            run = list(group)
             data = b"".join(pub_messages([v], [body], ts, 0.0) for _, v, ts, body in run)
             values, sizes = [v for _, v, _, _ in run], [len(body) for *_, body in run]
-            d = own.add_snapshot(data, values, sizes, list(owing)) if owing else own.add(data, values, sizes)
-            self._writing(len(data), d)
-            written.append(d)
-            start = end
-        return written[0] if len(written) == 1 else DeferredList(written, consumeErrors=True).addCallback(
-            lambda _: None)
+            self._writing(len(data), own.add_snapshot(data, values, sizes, list(owing)) if owing
+                          else own.add(data, values, sizes))
 
     def recopy(self, topic: str) -> None:
         """Send the topic's replica its own log again (``SNAP``s; it skips what it holds): after a

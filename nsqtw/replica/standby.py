@@ -23,6 +23,8 @@ import re
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Generator
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -62,18 +64,12 @@ def log_prefix(owner: str, topic: str) -> str:
 
 def _append_all(writes: list[tuple[str, bytes]], fsync: bool) -> None:
     """Disk thread: append each run of data to its segment (in order; a run per segment opened once)."""
-    i = 0
-    while i < len(writes):
-        path = writes[i][0]
-        j = i
-        while j < len(writes) and writes[j][0] == path:
-            j += 1
+    for path, run in groupby(writes, key=itemgetter(0)):
         with open(path, "ab") as f:
-            f.write(b"".join(data for _, data in writes[i:j]))
+            f.write(b"".join(data for _, data in run))
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        i = j
 
 
 def _read(path: str) -> bytes:
@@ -373,7 +369,7 @@ class Standby:
 
     # -- the takeover ------------------------------------------------------------------------------
 
-    def take_over(self, nsqd: Any, handed: Callable[[list[Handed]], object] | None = None) -> Deferred[int]:
+    def take_over(self, nsqd: Any, handed: Callable[[list[Handed]], None] | None = None) -> Deferred[int]:
         """Hand every message still owed into this node's own topic and channels, reading the log
         a segment at a time; fires with how many messages were handed in. ``handed`` is told what
         each slice handed in (its owing channels, new ID value, timestamp and body), at the end of
