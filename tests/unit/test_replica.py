@@ -1332,6 +1332,7 @@ class Node:
             reactor = MemoryReactorClock()
             reactor.advance(EPOCH)
         self.reactor = reactor
+        self.address = address
         options = make_options(broadcast_address=address, replicas=2, replica_timeout=timeout,
                                replica_wait=wait, **more)
         self.nsqd = NSQD(options, self.reactor)
@@ -1557,6 +1558,19 @@ def test_topic_stats_say_where_a_topics_copies_are(tmp_path: Any) -> None:
 # -- an owner and a replica, joined through the replica's HTTP channel --------------------------------
 
 
+def joined(reactor: MemoryReactorClock, host: str, to: Node) -> tuple[Any, iosim.IOPump]:
+    """The one link a node at ``host`` is opening (``reactor.tcpClients``), to ``to``'s port 4151,
+    joined to ``to``'s HTTP API over iosim and pumped: the owner's side of the link, and the pump."""
+    [(to_host, port, factory, _, _)] = reactor.tcpClients
+    assert (to_host, port) == (to.address, 4151)
+    client = factory.buildProtocol(None)
+    server = HTTPAPI(to.nsqd).site(reactor=reactor).buildProtocol(None)
+    pump = iosim.connect(server, iosim.FakeTransport(server, True, peerAddress=IPv4Address("TCP", host, 5)),
+                         client, iosim.FakeTransport(client, False), clock=reactor)
+    pump.flush()
+    return client, pump
+
+
 def test_what_a_replica_took_over_is_copied_to_its_own_replica(tmp_path: Any, monkeypatch: Any) -> None:
     """After a takeover the lost node's messages are on one machine: the replica adds them to its own
     log of the topic (new IDs, owed by the channels they went to) and sends them to its own replica,
@@ -1568,13 +1582,7 @@ def test_what_a_replica_took_over_is_copied_to_its_own_replica(tmp_path: Any, mo
     third = Node(tmp_path, address="10.0.0.3", incarnation="cccccccccccccccc", reactor=reactor)
     replica.service.choice.candidates = {"10.0.0.3:4151": candidate("10.0.0.3:4151", "cccccccccccccccc")}
     link, _ = held_for_owner(replica)  # the owner's messages a, b on channel c; the topic placed on the third
-    [(host, port, factory, _, _)] = reactor.tcpClients
-    assert (host, port) == ("10.0.0.3", 4151)
-    client = factory.buildProtocol(None)
-    server = HTTPAPI(third.nsqd).site(reactor=reactor).buildProtocol(None)
-    pump = iosim.connect(server, iosim.FakeTransport(server, True, peerAddress=IPv4Address("TCP", "10.0.0.2", 5)),
-                         client, iosim.FakeTransport(client, False), clock=reactor)
-    pump.flush()
+    client, pump = joined(reactor, "10.0.0.2", third)
     assert client.connected_up
 
     link.connectionLost(Failure(ConnectionError("reset")))  # the owner is lost
@@ -1614,13 +1622,7 @@ def test_an_owner_and_its_replica_end_to_end(tmp_path: Any, monkeypatch: Any) ->
     owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
 
     owner.nsqd.get_topic("t").get_channel("c")  # placed: the owner connects
-    [(host, port, factory, _, _)] = reactor.tcpClients
-    assert (host, port) == ("10.0.0.2", 4151)
-    client = factory.buildProtocol(None)
-    server = HTTPAPI(replica.nsqd).site(reactor=reactor).buildProtocol(None)
-    pump = iosim.connect(server, iosim.FakeTransport(server, True, peerAddress=IPv4Address("TCP", "10.0.0.1", 5)),
-                         client, iosim.FakeTransport(client, False), clock=reactor)
-    pump.flush()
+    client, pump = joined(reactor, "10.0.0.1", replica)
     assert client.connected_up and client.hello is not None and client.hello["incarnation"] == "bbbbbbbbbbbbbbbb"
     assert "c" in replica.nsqd.topics["t"].channels
 
