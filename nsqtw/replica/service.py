@@ -397,9 +397,7 @@ class ReplicationService(Service):
         if state is None:
             state = self.owners[name] = _OwnerState(name)
         elif state.incarnation and state.incarnation != incarnation and state.standbys:
-            self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
-                          " taking over", owner=name, old=state.incarnation, new=incarnation)
-            self._take_over(state)
+            self._replaced(state, incarnation)
         elif (state.standbys and state.started and float(hello.get("started") or 0) != state.started
               and not state.said_bye and not hello.get("durable")):
             # killed, and back on its disk: what it held only in memory is gone there, and the
@@ -503,10 +501,15 @@ class ReplicationService(Service):
             state.asking = False
         if (incarnation and state.incarnation and incarnation != state.incarnation and state.link is None
                 and (state.standbys or state.parts)):
-            self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
-                          " taking over", owner=state.name, old=state.incarnation, new=incarnation)
-            self._take_over(state)
-            state.incarnation = incarnation
+            self._replaced(state, incarnation)
+
+    def _replaced(self, state: _OwnerState, incarnation: str) -> None:
+        """The owner's address runs another incarnation (its HELLO or its /replication says so): its
+        data directory is gone, so what is held for it is delivered from here now."""
+        self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
+                      " taking over", owner=state.name, old=state.incarnation, new=incarnation)
+        self._take_over(state)
+        state.incarnation = incarnation
 
     async def _probe(self, state: _OwnerState) -> None:
         """The owner's link is silent for the timeout: one /ping decides (a broken link alone is
