@@ -304,6 +304,10 @@ class IReplication(Interface):
     def node_stats() -> dict[str, Any]:
         """``/stats``'s node-level replication fields."""
 
+    def recover() -> Any:
+        """Before the node serves (its topics loaded): the replication logs a previous process left,
+        read back; a coroutine."""
+
 
 class IConsumer(Interface):
     """What a channel needs from a subscribed client to deliver messages."""

@@ -20,7 +20,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import ClientFactory
+from twisted.python.failure import Failure
 
+from nsqtw.core.nsqd import all_of
 from nsqtw.errors import ReplicaError
 from nsqtw.log import Logger
 from nsqtw.replica.choice import Candidate, Choice
@@ -216,6 +218,11 @@ class OwnerSide:
         #: per topic, this node's own log of its unfinished messages (what a new replica is sent)
         self.own: dict[str, Standby] = {}
         self._make_own = make_own
+        #: topics whose own log may lack unfinished messages (they were here before it, or a write
+        #: to it failed): their replica is never told to let go of what it holds (:meth:`_synced`)
+        self.incomplete: set[str] = set()
+        #: a publisher waits for the own log's write too (--durable-delivery: a restart replays it)
+        self.durable = False
         #: told of each write to an own log (its bytes, and when it is written): the node's bound
         self._writing = writing or (lambda n, d: None)
 
@@ -244,8 +251,19 @@ class OwnerSide:
         for channel, _ in self.channels_of(topic):
             peer.send_now(encode_json(Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": False}))
         own = self.own.get(topic)
-        if own is not None and len(own) and topic not in peer.catching_up:
+        if topic in peer.catching_up:
+            return
+        if own is not None and len(own):
             self._copy_log(peer, topic, own)
+        else:
+            self._synced(peer, topic)
+
+    def _synced(self, peer: PeerLink, topic: str) -> None:
+        """Every unfinished message of the topic went to the replica (``SNAP``s, or there were none):
+        what it held from before this link and was not named is finished here, unless the own log
+        is not the whole story (``complete``: :attr:`incomplete`). Without own logs, nothing is said."""
+        if self._make_own is not None:
+            peer.send_now(encode_json(Kind.SYNCED, {"topic": topic, "complete": topic not in self.incomplete}))
 
     def _copy_log(self, peer: PeerLink, topic: str, own: Standby) -> None:
         peer.catching_up.add(topic)
@@ -286,7 +304,7 @@ class OwnerSide:
             if first >= until:
                 break
             try:
-                data = await own.disk.read_number(number)
+                data = await own.disk.read_number(number, first)
             except FileNotFoundError:
                 continue  # every message in it was done meanwhile
             if peer.link is None or self.placed.get(topic) is not peer or self.own.get(topic) is not own:
@@ -297,6 +315,9 @@ class OwnerSide:
                 sent += 1
             if last:
                 await peer.when_acked(last)
+        if peer.link is None or self.placed.get(topic) is not peer or self.own.get(topic) is not own:
+            return
+        self._synced(peer, topic)
         if sent:
             self.log.info("REPLICATION({peer}): {topic}'s unfinished messages copied", peer=peer.candidate.address,
                           topic=topic)
@@ -335,13 +356,26 @@ class OwnerSide:
                   delay: float) -> Deferred[None]:
         messages = pub_messages(values, bodies, timestamp, delay)
         own = self._own(topic)
+        written = None
         if own is not None:
-            self._writing(len(messages), own.add(messages, list(values), [len(b) for b in bodies]))
+            written = own.add(messages, list(values), [len(b) for b in bodies])
+            written.addErrback(self._own_failed, topic)
+            self._writing(len(messages), written)
         p = Pending(topic, frame_pub(topic, len(bodies), messages), self.clock.seconds())
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
         self._place(p)
+        if self.durable and written is not None and not written.called:
+            # the OK also waits for the own log's fsync: a restart replays that log, and a replica
+            # told SYNCED lets go of what it does not name (usually written long before the ACK)
+            return all_of([d, written])
         return d
+
+    def _own_failed(self, failure: Failure, topic: str) -> None:
+        """The own log could not be written: it is not the whole story of the topic any more."""
+        self.incomplete.add(topic)
+        self.log.error("REPLICATION: {topic}'s own log could not be written - {error}", topic=topic,
+                       error=failure.getErrorMessage())
 
     def _place(self, p: Pending) -> None:
         peer = self.peer_for(p.topic)

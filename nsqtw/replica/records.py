@@ -46,10 +46,12 @@ class Kind(IntEnum):
     BEAT = 9          # both: nothing; sent after a second without another record
     BYE = 10          # owner: nothing; it stops gracefully (its queues go to its disk)
     SNAP = 11         # owner: topic, the channels owing them, unfinished messages a new replica lacks
+    SYNCED = 12       # owner: {"topic", "complete"}: every unfinished message of the topic went as a SNAP
 
 
 #: the kinds whose payload is a JSON object
-JSON_KINDS: Final = frozenset({Kind.HELLO, Kind.CHANNEL, Kind.CHANNEL_GONE, Kind.EMPTY, Kind.TOPIC_GONE})
+JSON_KINDS: Final = frozenset({Kind.HELLO, Kind.CHANNEL, Kind.CHANNEL_GONE, Kind.EMPTY, Kind.TOPIC_GONE,
+                               Kind.SYNCED})
 
 
 def frame(kind: Kind, payload: bytes = b"") -> bytes:

@@ -38,6 +38,7 @@ from nsqtw.interfaces import IDiskExecutor, IReplication
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.replica.choice import Choice, http_get
+from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accepted_link, beat_interval
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.records import (
@@ -134,6 +135,9 @@ class ReplicationService(Service):
         self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
         self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
                                self.timeout, self.wait, self._own_log, self._writing)
+        self.owner.durable = self.durable
+        #: standbys a start found taken over part way (taken over again once the node runs)
+        self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
         #: owner name -> what this node holds for it
         self.owners: dict[str, _OwnerState] = {}
@@ -149,21 +153,74 @@ class ReplicationService(Service):
 
     # -- service ----------------------------------------------------------------------------------
 
+    async def recover(self) -> None:
+        """Before the node serves: the logs a previous process left in the data directory, read on
+        the disk lane and replayed (:meth:`Standby.restore`). Standbys are held again for their
+        owners (whose silence, ``/ping`` and incarnation decide as before); a node's own logs come
+        back with ``--durable-delivery`` only (without it a crash loses what its queues held in
+        memory, and its replica takes over: a replayed own log would hold those again); a standby
+        whose takeover had begun is taken over again (:meth:`startService`). A replicated topic
+        here without its own log back is :attr:`OwnerSide.incomplete`."""
+        lane = self._executor_lane()
+        found: Found = await lane.submit(read_logs, self.data_path, STANDBY_SUFFIX)
+        strays = list(found.strays)
+        standbys = owns = messages = 0
+        for files in found.logs:
+            self._logs = max(self._logs, files.number)
+            entries = parse_entries(files.journal or b"")
+            meta = json.loads(entries[0][2]) if entries and entries[0][0] == Entry.META else None
+            names = [f"{files.prefix}.{n:06d}.{first}.dat" for n, first, *_ in files.segments]
+            if meta is None or (meta.get("role") == "own" and not self.durable):
+                strays += names + ([f"{files.prefix}.journal"] if files.journal is not None else [])
+                continue
+            owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])
+            log = StandbyLog(self.data_path, files.prefix, lane, self.durable, self.reactor, meta)
+            standby = Standby.restore(owner, topic, log, files)
+            messages += len(standby)
+            if role == "own":
+                owns += 1
+                old = self.owner.own.get(topic)
+                if old is not None:
+                    old.disk.remove()
+                self.owner.own[topic] = standby
+                continue
+            standbys += 1
+            state = self.owners.get(owner)
+            if state is None:
+                state = self.owners[owner] = _OwnerState(owner)
+                state.incarnation = str(meta.get("incarnation") or "")
+                state.host = str(meta.get("host") or "")
+                state.http_port = int(meta.get("http_port") or 0)
+                state.started = float(meta.get("started") or 0)
+            self.nsqd.get_topic(topic)  # a real topic here, as for a copy that came by link
+            if standby.taken_over:
+                self._retake.append(standby)
+            elif role == "main" and topic not in state.standbys:
+                state.standbys[topic] = standby
+            else:
+                state.parts.setdefault(topic, []).append(standby)
+        if strays:
+            await lane.submit(remove_files, self.data_path, strays)
+        self.owner.incomplete.update(name for name, t in self.nsqd.topics.items()
+                                     if not t.ephemeral and name not in self.owner.own)
+        if found.logs or strays:
+            self.log.info("REPLICATION: {standbys} standby log(s) and {owns} own log(s) of a previous run read back"
+                          " ({messages} unfinished messages); {strays} file(s) of none removed",
+                          standbys=standbys, owns=owns, messages=messages, strays=len(strays))
+
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
         self.incarnation = incarnation_of(self.data_path)
         self.choice.own_incarnation = self.incarnation
-        left = [n for n in os.listdir(self.data_path) if STANDBY_SUFFIX + "." in n]
-        if left:
-            # copies held for other nodes before this process: their owners re-send nothing, so they
-            # are of no use (docs/cluster.md, "What replication does not do yet")
-            self.log.info("REPLICATION: removing {count} standby segment(s) of a previous run", count=len(left))
-            for name in left:
-                os.unlink(os.path.join(self.data_path, name))
         self.log.info("REPLICATION: --replicas=2, incarnation {incarnation}: a publish is answered once a"
                       " peer holds its copy", incarnation=self.incarnation)
         self.choice.start()
         self._tick.start(TICK, now=False)
+        retake, self._retake = self._retake, []
+        for standby in retake:
+            self.log.warn("REPLICATION({owner}): the takeover of {topic} was cut short by a stop: taking it over"
+                          " again", owner=standby.owner, topic=standby.topic)
+            self._hand_in(standby)
 
     def stopService(self) -> None:
         super().stopService()  # type: ignore[no-untyped-call]
@@ -174,6 +231,10 @@ class ReplicationService(Service):
         for state in self.owners.values():
             if state.link is not None:
                 state.link.abort()
+            for standby in self._all_held(state):
+                standby.disk.flush()
+        for own in self.owner.own.values():
+            own.disk.flush()
 
     def own_address(self) -> str:
         o = self.options
@@ -290,6 +351,18 @@ class ReplicationService(Service):
                 standby.disk.remove()
             state.standbys.pop(topic, None)
             state.parts.pop(topic, None)
+        elif kind == Kind.SYNCED:
+            value = decode_json(payload)
+            topic = str(value["topic"])
+            gone = 0
+            for standby in self._held(state, topic):
+                if value.get("complete"):
+                    gone += standby.synced()
+                else:
+                    standby.confirmed = None
+            if gone:
+                self.log.info("REPLICATION({owner}): {count} message(s) of {topic} it finished while its link was"
+                              " down let go of", owner=state.name, count=gone, topic=topic)
         elif kind == Kind.BYE:
             state.said_bye = True
 
@@ -307,7 +380,7 @@ class ReplicationService(Service):
         """Messages of the owner's topic from before this node held its copies: those not held yet go
         to a standby of their own (its IDs stay in order), owed by the channels the owner named."""
         held = self._held(state, topic)
-        fresh = [i for i, v in enumerate(values) if not any(s.holds(v) for s in held)]
+        fresh = [i for i, v in enumerate(values) if not any(s.confirm(v, owing) for s in held)]
         if not fresh:
             return
         if len(fresh) < len(values):
@@ -322,7 +395,7 @@ class ReplicationService(Service):
         self._standby(state, topic)  # the topic and its producer registration
         parts = state.parts.setdefault(topic, [])
         if not parts or parts[-1].arrivals and parts[-1].values and parts[-1].values[-1] >= values[0]:
-            parts.append(self._new_standby(state.name, topic))
+            parts.append(self._new_standby(state.name, topic, "part", state))
             for name in self._held(state, topic)[0].channels:
                 parts[-1].channel(name, False)
         self._keep(parts[-1].add_snapshot(data, values, sizes, owing), len(data))
@@ -407,6 +480,8 @@ class ReplicationService(Service):
             self._take_over(state)
         if state.link is not None and state.link is not link:
             state.link.abort()
+        for standby in self._all_held(state):
+            standby.begin_sync()  # (FINs that went while it had no link here never came)
         state.link = link
         state.incarnation = incarnation
         peer = link.transport.getPeer() if link.transport is not None else None
@@ -416,18 +491,25 @@ class ReplicationService(Service):
         state.started = float(hello.get("started") or 0)
         state.said_bye = False
 
-    def _new_standby(self, owner: str, topic: str) -> Standby:
+    def _executor_lane(self) -> IDiskExecutor:
         if self._lane is None:
             self._lane = self._executor()
+        return self._lane
+
+    def _new_standby(self, owner: str, topic: str, role: str, state: _OwnerState | None = None) -> Standby:
         # a log of its own: one being taken over (and removed after) may still have this name's files
         self._logs += 1
-        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._lane, self.durable,
-                         self.reactor)
+        meta: dict[str, Any] = {"owner": owner, "topic": topic, "role": role}
+        if state is not None:
+            meta.update(incarnation=state.incarnation, host=state.host, http_port=state.http_port,
+                        started=state.started)
+        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._executor_lane(),
+                         self.durable, self.reactor, meta)
         return Standby(owner, topic, log)
 
     def _own_log(self, topic: str) -> Standby:
         """This node's own log of a topic's unfinished messages (a new replica is sent them)."""
-        return self._new_standby("self", topic)
+        return self._new_standby("self", topic, "own")
 
     def _writing(self, nbytes: int, written: Deferred[None]) -> None:
         """A write to this node's own log: counted in the node's unwritten bytes."""
@@ -444,7 +526,7 @@ class ReplicationService(Service):
     def _standby(self, state: _OwnerState, topic: str) -> Standby:
         standby = state.standbys.get(topic)
         if standby is None or standby.taken_over:
-            standby = state.standbys[topic] = self._new_standby(state.name, topic)
+            standby = state.standbys[topic] = self._new_standby(state.name, topic, "main", state)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby
 
@@ -452,6 +534,11 @@ class ReplicationService(Service):
         """Every standby of the owner's topic: the one its PUBs go to, and those SNAPs made."""
         main = state.standbys.get(topic)
         return ([main] if main is not None else []) + state.parts.get(topic, [])
+
+    @staticmethod
+    def _all_held(state: _OwnerState) -> list[Standby]:
+        """Every standby held for the owner, of every topic."""
+        return [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]
 
     # -- every tick: the owner's waits; lost owners --------------------------------------------------
 
@@ -564,12 +651,15 @@ class ReplicationService(Service):
             state.parts.pop(topic, None)
 
     def _take_over(self, state: _OwnerState) -> None:
-        standbys = [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]
+        standbys = self._all_held(state)
         state.standbys, state.parts = {}, {}
         for standby in standbys:
-            self.takeovers += 1
-            copy = None if is_ephemeral(standby.topic) else functools.partial(self.owner.taken_over, standby.topic)
-            standby.take_over(self.nsqd, copy).addCallbacks(self._took_over, lambda f: None, (standby,))
+            self._hand_in(standby)
+
+    def _hand_in(self, standby: Standby) -> None:
+        self.takeovers += 1
+        copy = None if is_ephemeral(standby.topic) else functools.partial(self.owner.taken_over, standby.topic)
+        standby.take_over(self.nsqd, copy).addCallbacks(self._took_over, lambda f: None, (standby,))
 
     def _took_over(self, count: int, standby: Standby) -> None:
         self.log.info("REPLICATION({owner}): took over {topic}: {count} messages handed to its channels here",
@@ -593,7 +683,6 @@ class ReplicationService(Service):
     def node_stats(self) -> dict[str, Any]:
         standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.live_bytes,
                     "disk_bytes": s.disk.bytes(), "taken_over": s.taken_over}
-                   for state in self.owners.values()
-                   for s in [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]]
+                   for state in self.owners.values() for s in self._all_held(state)]
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "standby": standby}

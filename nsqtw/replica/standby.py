@@ -18,6 +18,7 @@ topic when the owner had no channel), a slice per reactor turn.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from array import array
@@ -27,13 +28,24 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, Final
 
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
 from nsqtw.core.message import Message
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
+from nsqtw.replica.journal import (
+    JOURNAL_MIN,
+    Entry,
+    LogFiles,
+    decode_checkpoint,
+    encode_checkpoint,
+    encode_entry,
+    encode_json_entry,
+    parse_entries,
+    replace_journal,
+)
 from nsqtw.replica.records import MESSAGE_HEADER, read_messages
 
 __all__ = ["SEGMENT_BYTES", "STANDBY_SUFFIX", "TAKEOVER_SLICE", "Handed", "Standby", "StandbyLog", "log_prefix"]
@@ -62,12 +74,21 @@ def log_prefix(owner: str, topic: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]', '_', owner)}~{topic}{STANDBY_SUFFIX}"
 
 
-def _append_all(writes: list[tuple[str, bytes]], fsync: bool) -> None:
-    """Disk thread: append each run of data to its segment (in order; a run per segment opened once)."""
+def _append_all(writes: list[tuple[str, bytes]], fsync: bool, journal: str = "", notes: bytes = b"",
+                sync_notes: bool = False) -> None:
+    """Disk thread: append each run of data to its segment (in order; a run per segment opened once),
+    then the journal's entries of the same while (fsynced only when ``sync_notes``: see
+    :meth:`StandbyLog.note`)."""
     for path, run in groupby(writes, key=itemgetter(0)):
         with open(path, "ab") as f:
             f.write(b"".join(data for _, data in run))
             if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    if notes:
+        with open(journal, "ab") as f:
+            f.write(notes)
+            if sync_notes:
                 f.flush()
                 os.fsync(f.fileno())
 
@@ -86,17 +107,18 @@ def _remove(paths: list[str]) -> None:
 
 
 class StandbyLog:
-    """One standby's messages on disk: segments appended on the disk lane, deleted once done.
+    """One log's messages on disk: segments appended on the disk lane, deleted once done, and its
+    journal (:mod:`nsqtw.replica.journal`).
 
     With a ``clock``, appends go to the lane together, as one job: at the end of the reactor turn
     with ``durable`` (a group commit), else :data:`FLUSH_DELAY` after the first or once
     :data:`FLUSH_BYTES` wait (a replicated publish costs no thread hop of its own); anything else
     asked of the lane (a read, a removal) first sends what is waiting, so the lane keeps the order
-    it was asked in.
+    it was asked in. Journal entries alone wait :data:`FLUSH_DELAY`.
     """
 
     def __init__(self, directory: str, prefix: str, executor: IDiskExecutor, durable: bool,
-                 clock: IReactorTime | None = None) -> None:
+                 clock: IReactorTime | None = None, meta: dict[str, Any] | None = None) -> None:
         self.directory = directory
         self.prefix = prefix
         self.executor = executor
@@ -110,40 +132,94 @@ class StandbyLog:
         self._waiters: list[Deferred[None]] = []
         self._buffered = 0
         self._flush_call: IDelayedCall | None = None
+        self.journal_path = os.path.join(directory, f"{prefix}.journal")
+        #: the log's identity, the journal's first entry (kept for its rewrites)
+        self.meta = encode_json_entry(Entry.META, 0, meta or {})
+        #: journal entries not yet on the lane; whether one of them (or of a write not yet fsynced)
+        #: is one a replay cannot do without (all but FINs), and the journal's size
+        self._notes: list[bytes] = [self.meta]
+        self._structural = True
+        self.journal_bytes = 0
+        #: off while a start replays the log (its entries are on disk already)
+        self.recording = True
+        #: the next append starts a new segment (a start found the last one maybe torn)
+        self._sealed = False
 
-    def path(self, number: int) -> str:
-        return os.path.join(self.directory, f"{self.prefix}.{number:06d}.dat")
+    def path(self, number: int, first: int) -> str:
+        return os.path.join(self.directory, f"{self.prefix}.{number:06d}.{first}.dat")
 
     def append(self, data: bytes, first_arrival: int) -> Deferred[None]:
         """Write messages that start at arrival ``first_arrival``; fires once written (and, durable,
         fsynced)."""
         segments = self.segments
-        if not segments or segments[-1][2] >= SEGMENT_BYTES:
+        if not segments or segments[-1][2] >= SEGMENT_BYTES or self._sealed:
             segments.append([self._next, first_arrival, 0])
             self._next += 1
+            self._sealed = False
         segments[-1][2] += len(data)
-        path = self.path(segments[-1][0])
+        path = self.path(segments[-1][0], segments[-1][1])
         if self.clock is None:
-            return self.executor.submit(_append_all, [(path, data)], self.durable)
+            notes, sync = self._take_notes()
+            return self.executor.submit(_append_all, [(path, data)], self.durable, self.journal_path, notes, sync)
         self._waiting.append((path, data))
         self._buffered += len(data)
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
         if self._buffered >= FLUSH_BYTES:
             self._flush_now()
-        elif self._flush_call is None:
+        else:
             # durable: at the turn's end (its ACK waits for the fsync); else gathered a while, as
             # nothing waits for the write but the node's bound of unwritten bytes
-            self._flush_call = self.clock.callLater(0 if self.durable else FLUSH_DELAY, self._flush)
+            self._flush_within(0 if self.durable else FLUSH_DELAY)
         return d
+
+    def note(self, entry: bytes, structural: bool = True) -> None:
+        """A journal entry, written with the next appends or :data:`FLUSH_DELAY` from now.
+
+        Only ``--durable-delivery`` fsyncs the journal, and only with segment data (the copies an
+        ACK waits for) and a ``structural`` entry since its last fsync: a replay needs those (the
+        log's identity, its channels, what a SNAP brought) to deliver what the segments hold to
+        every channel owing it. A FIN lost in a crash only makes a takeover deliver a finished
+        message again, so FINs alone never cost an fsync."""
+        if not self.recording:
+            return
+        self._notes.append(entry)
+        self._structural = self._structural or structural
+        if self.clock is None:
+            notes, _ = self._take_notes(False)
+            self.executor.submit(_append_all, [], False, self.journal_path, notes, False)
+        else:
+            self._flush_within(FLUSH_DELAY)
+
+    def _flush_within(self, delay: float) -> None:
+        assert self.clock is not None
+        call = self._flush_call
+        if call is None:
+            self._flush_call = self.clock.callLater(delay, self._flush)
+        elif call.getTime() > self.clock.seconds() + delay:
+            call.reset(delay)
+
+    def _take_notes(self, with_data: bool = True) -> tuple[bytes, bool]:
+        """The entries waiting, and whether to fsync them (with segment data: see :meth:`note`)."""
+        notes = b"".join(self._notes)
+        self._notes = []
+        self.journal_bytes += len(notes)
+        sync = with_data and self.durable and self._structural
+        if sync:
+            self._structural = False
+        return notes, sync
 
     def _flush(self) -> None:
         self._flush_call = None
         if not self._waiting:
+            if self._notes:
+                notes, _ = self._take_notes(False)
+                self.executor.submit(_append_all, [], False, self.journal_path, notes, False)
             return
         waiting, self._waiting = self._waiting, []
         waiters, self._waiters = self._waiters, []
         self._buffered = 0
+        notes, sync = self._take_notes()
 
         def done(result: object) -> None:
             for d in waiters:
@@ -152,7 +228,7 @@ class StandbyLog:
                 else:
                     d.callback(None)
 
-        self.executor.submit(_append_all, waiting, self.durable).addBoth(done)
+        self.executor.submit(_append_all, waiting, self.durable, self.journal_path, notes, sync).addBoth(done)
 
     def _flush_now(self) -> None:
         if self._flush_call is not None and self._flush_call.active():
@@ -167,26 +243,41 @@ class StandbyLog:
         while n + 1 < len(segments) and segments[n + 1][1] <= arrival:
             n += 1
         if n:
-            gone = [self.path(s[0]) for s in segments[:n]]
+            gone = [self.path(s[0], s[1]) for s in segments[:n]]
             del segments[:n]
             self.executor.submit(_remove, gone)
 
-    def read_number(self, number: int) -> Deferred[bytes]:
+    def read_number(self, number: int, first: int) -> Deferred[bytes]:
         """The bytes of segment ``number`` (FileNotFoundError once it was deleted)."""
         self._flush_now()
-        return self.executor.submit(_read, self.path(number))
+        return self.executor.submit(_read, self.path(number, first))
 
     def read(self, index: int) -> Deferred[tuple[int, bytes]]:
         """Segment ``index`` (of :attr:`segments`): its first arrival and its bytes."""
         self._flush_now()
         number, first, _ = self.segments[index]
-        return self.executor.submit(_read, self.path(number)).addCallback(lambda data: (first, data))
+        return self.executor.submit(_read, self.path(number, first)).addCallback(lambda data: (first, data))
+
+    def rewrite(self, checkpoint: bytes) -> None:
+        """The journal replaced by its identity and one checkpoint of the state (after the appends
+        already asked for: the lane keeps the order)."""
+        self._flush_now()
+        data = self.meta + checkpoint
+        self._notes = []
+        self._structural = False
+        self.journal_bytes = len(data)
+        self.executor.submit(replace_journal, self.journal_path, data, self.durable)
+
+    def flush(self) -> None:
+        """Everything waiting to the lane now (the node stops)."""
+        self._flush_now()
 
     def remove(self) -> Deferred[None]:
         self._flush_now()
-        paths = [self.path(s[0]) for s in self.segments]
+        paths = [self.path(s[0], s[1]) for s in self.segments] + [self.journal_path]
         self.segments = []
-        return self.executor.submit(_remove, paths) if paths else succeed(None)
+        self.recording = False
+        return self.executor.submit(_remove, paths)
 
     def bytes(self) -> int:
         return sum(s[2] for s in self.segments)
@@ -222,6 +313,10 @@ class Standby:
         self.live = 0
         self.live_bytes = 0
         self.taken_over = False
+        #: while the owner's SNAPs after a new link come in: per message held before it
+        #: (arrivals below ``mark``), whether a SNAP named it (:meth:`begin_sync`)
+        self.confirmed: bytearray | None = None
+        self.mark = 0
 
     @property
     def arrivals(self) -> int:
@@ -232,6 +327,10 @@ class Standby:
         """Messages of a PUB record (``data``: as the record holds them): held from now; fires
         once they are on disk."""
         written = self.disk.append(data, self.arrivals)
+        self._hold(values, sizes)
+        return written
+
+    def _hold(self, values: Any, sizes: Any) -> None:
         n = len(values)
         self.values.extend(values)
         self.sizes.extend(sizes)
@@ -241,12 +340,17 @@ class Standby:
             d.finished.extend(zeros)
         self.live += n
         self.live_bytes += sum(sizes)
-        return written
 
     def add_snapshot(self, data: bytes, values: list[int], sizes: list[int], owing: list[str]) -> Deferred[None]:
         """Messages a ``SNAP`` record carried: held from now, owed by exactly the channels ``owing``."""
+        self.disk.note(encode_json_entry(Entry.OWING, self.arrivals, {"n": len(values), "owing": owing}))
+        written = self.disk.append(data, self.arrivals)
+        self._hold_owed(values, sizes, owing)
+        return written
+
+    def _hold_owed(self, values: Any, sizes: Any, owing: list[str]) -> None:
         first = len(self.values)
-        written = self.add(data, values, sizes)
+        self._hold(values, sizes)
         n = len(self.values) - first
         for name in owing:
             if name not in self.channels:
@@ -257,7 +361,6 @@ class Standby:
         for i in range(first, len(self.values)):
             if not self._owed(i):
                 self._mark_done(i)
-        return written
 
     def holds(self, value: int) -> bool:
         """Whether the message of ID value ``value`` is held and not done."""
@@ -296,10 +399,12 @@ class Standby:
 
     def channel(self, name: str, backlog: bool) -> None:
         if name not in self.channels:
+            self.disk.note(encode_json_entry(Entry.CHANNEL, self.arrivals, {"name": name, "backlog": backlog}))
             self.channels[name] = _Debt(self.base if backlog else self.arrivals, len(self.values))
 
     def channel_gone(self, name: str) -> None:
         if self.channels.pop(name, None) is not None:
+            self.disk.note(encode_json_entry(Entry.CHANNEL_GONE, self.arrivals, {"name": name}))
             self._recount()
 
     def empty(self, channel: str | None) -> None:
@@ -307,11 +412,15 @@ class Standby:
         drops only what no channel was given yet, which the standby cannot tell: kept.)"""
         debt = None if channel is None else self.channels.get(channel)
         if debt is not None:
+            self.disk.note(encode_json_entry(Entry.EMPTY, self.arrivals, {"name": channel}))
             debt.start = self.arrivals
             debt.finished = bytearray(len(self.values))
             self._recount()
 
     def finish(self, channel: str, ids: list[bytes]) -> None:
+        raw = channel.encode()
+        self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(raw).to_bytes(2, "big") + raw + b"".join(ids)),
+                       structural=False)
         debt = self.channels.get(channel)
         if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
             debt = self.channels[channel] = _Debt(self.base, len(self.values))
@@ -327,6 +436,50 @@ class Standby:
                 debt.finished[i] = 1
                 if not self._owed(i):
                     self._mark_done(i)
+
+    # -- after a link's break: what the owner still holds ------------------------------------------
+
+    def begin_sync(self) -> None:
+        """The owner linked here again: FINs sent while it had no link here never came, so every
+        message held so far is unconfirmed until its ``SNAP``s (of every message it has not
+        finished) name it (:meth:`confirm`); its ``SYNCED`` then lets go of the others (:meth:`synced`)."""
+        self.mark = self.arrivals
+        self.confirmed = bytearray(len(self.values))
+
+    def confirm(self, value: int, owing: list[str]) -> bool:
+        """The owner's SNAP names a message: whether it is held here (and not done); if so it is
+        owed by exactly ``owing`` from now (channels that finished it meanwhile are told)."""
+        values = self.values
+        i = bisect_left(values, value)
+        if not (i < len(values) and values[i] == value and not self.done[i]):
+            return False
+        if self.confirmed is not None and i < len(self.confirmed):
+            self.confirmed[i] = 1
+        for name, d in self.channels.items():
+            if name not in owing and not d.finished[i]:
+                d.finished[i] = 1
+                self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(name.encode()).to_bytes(2, "big")
+                                            + name.encode() + b"%016x" % value), structural=False)
+        if not self._owed(i):
+            self._mark_done(i)
+        return True
+
+    def synced(self) -> int:
+        """The owner's SNAPs are all in: a message held before its link came up that none of them
+        named is finished there (its FIN went while the link was down). Returns how many were let go."""
+        confirmed, self.confirmed = self.confirmed, None
+        if confirmed is None:
+            return 0
+        gone = 0
+        for i in range(min(self.mark - self.base, len(confirmed))):
+            if not self.done[i] and not confirmed[i]:
+                for d in self.channels.values():
+                    d.finished[i] = 1
+                self._mark_done(i)
+                gone += 1
+        if gone:
+            self.disk.rewrite(self.checkpoint())  # (a replay must not hold them again)
+        return gone
 
     def _owed(self, i: int) -> bool:
         arrival = self.base + i
@@ -350,11 +503,12 @@ class Standby:
                 self._mark_done(i)
 
     def maintain(self) -> None:
-        """Cut the done prefix from memory once it is long enough; delete done log segments."""
+        """Cut the done prefix from memory once it is long enough; delete done log segments; rewrite
+        the journal as a checkpoint once it outgrew the state."""
         k = self.done.find(0)
         if k < 0:
             k = len(self.done)
-        if k >= _CUT_MIN and 4 * k >= len(self.done):
+        if k >= _CUT_MIN and 4 * k >= len(self.done) and self.confirmed is None:
             del self.values[:k]
             del self.sizes[:k]
             del self.done[:k]
@@ -363,6 +517,95 @@ class Standby:
             self.base += k
             k = 0
         self.disk.drop_before(self.base + k)
+        if self.disk.journal_bytes > JOURNAL_MIN + 2 * len(self.values) * (1 + len(self.channels)):
+            self.disk.rewrite(self.checkpoint())
+
+    def checkpoint(self) -> bytes:
+        """The journal's CHECKPOINT entry of the state now."""
+        return encode_entry(Entry.CHECKPOINT, self.arrivals, encode_checkpoint(
+            self.base, [(name, d.start, bytes(d.finished)) for name, d in self.channels.items()], bytes(self.done)))
+
+    @classmethod
+    def restore(cls, owner: str, topic: str, log: StandbyLog, files: LogFiles) -> Standby:
+        """A log as a process left it: its segments' messages replayed beside its journal's entries
+        (:mod:`nsqtw.replica.journal`). Then the journal is rewritten as one checkpoint (a torn
+        entry at its end would hide those appended after it) and appends go to a new segment."""
+        s = cls(owner, topic, log)
+        log.recording = False
+        entries = parse_entries(files.journal or b"")
+        runs = [(first, values, sizes) for _, first, _, values, sizes in files.segments]
+        log.segments = [[number, first, size] for number, first, size, _, _ in files.segments]
+        log._next = max((number for number, *_ in files.segments), default=-1) + 1
+        log._sealed = True
+        pos = 0  # the next message of ``runs`` (run, index) not yet held, counted over every run
+        flat_values: array[int] = array("Q")
+        flat_sizes: array[int] = array("I")
+        for _, values, sizes in runs:
+            flat_values.extend(values)
+            flat_sizes.extend(sizes)
+        start = runs[0][0] if runs else 0
+        s.base = start
+        cp = next((e for e in entries if e[0] == Entry.CHECKPOINT), None)
+        if cp is not None:
+            cp_base, channels, done = decode_checkpoint(cp[2])
+            held_to = cp[1]
+            if not runs:
+                s.base = start = held_to
+            skip = max(0, cp_base - start)  # messages before the checkpoint's base: done and cut
+            s.base = start + skip
+            pos = skip
+            upto = min(len(flat_values), held_to - start) if held_to >= start else pos
+            for name, begin, _ in channels:
+                s.channels[name] = _Debt(begin, 0)
+            if upto > pos:
+                s._hold(flat_values[pos:upto], flat_sizes[pos:upto])
+                offset = s.base - cp_base  # the checkpoint's bits start at its base
+                n = upto - pos
+                s.done[:] = done[offset:offset + n].ljust(n, b"\x00")
+                for name, _, finished in channels:
+                    s.channels[name].finished[:] = finished[offset:offset + n].ljust(n, b"\x00")
+                pos = upto
+            entries = entries[entries.index(cp) + 1:]
+
+        def hold_to(arrival: int) -> None:
+            nonlocal pos
+            upto = min(len(flat_values), arrival - start)
+            if upto > pos:
+                s._hold(flat_values[pos:upto], flat_sizes[pos:upto])
+                pos = upto
+
+        for kind, at, payload in entries:
+            if kind == Entry.OWING:
+                value = json.loads(payload)
+                hold_to(at)
+                upto = min(len(flat_values), pos + int(value["n"]))
+                if upto > pos and at - start == pos:
+                    s._hold_owed(flat_values[pos:upto], flat_sizes[pos:upto], [str(c) for c in value["owing"]])
+                    pos = upto
+                continue
+            hold_to(at)
+            if kind == Entry.CHANNEL:
+                value = json.loads(payload)
+                s.channel(str(value["name"]), bool(value["backlog"]))
+            elif kind == Entry.CHANNEL_GONE:
+                s.channel_gone(str(json.loads(payload)["name"]))
+            elif kind == Entry.EMPTY:
+                name = json.loads(payload)["name"]
+                s.empty(None if name is None else str(name))
+            elif kind == Entry.FIN:
+                n = int.from_bytes(payload[:2], "big")
+                name, rest = payload[2:2 + n].decode(), payload[2 + n:]
+                s.finish(name, [rest[i:i + 16] for i in range(0, len(rest) - 15, 16)])
+            elif kind == Entry.TAKEN:
+                s.taken_over = True
+        hold_to(start + len(flat_values))
+        for d in s.channels.values():
+            d.start = min(d.start, s.arrivals)  # (a torn segment's end: arrivals go on from what is held)
+        s.live = s.done.count(0)
+        s.live_bytes = sum(size for size, done in zip(s.sizes, s.done, strict=True) if not done)
+        log.recording = True
+        log.rewrite(s.checkpoint())
+        return s
 
     def __len__(self) -> int:
         return self.live
@@ -374,6 +617,9 @@ class Standby:
         a segment at a time; fires with how many messages were handed in. ``handed`` is told what
         each slice handed in (its owing channels, new ID value, timestamp and body), at the end of
         the reactor turn that made the IDs."""
+        if not self.taken_over:
+            self.disk.note(encode_entry(Entry.TAKEN, self.arrivals))
+            self.disk.flush()
         self.taken_over = True
         done: Deferred[int] = Deferred()
         topic = nsqd.get_topic(self.topic)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -974,7 +974,7 @@ def test_take_over_reads_every_segment_and_skips_what_is_done(tmp_path: Any, mon
     s.channel("c", True)
     for n in range(1, 7):
         add(s, n, body=b"m%d" % n + b"x" * 58)  # a segment each
-    assert len(s.disk.segments) == 6 and len(list(tmp_path.iterdir())) == 6
+    assert len(s.disk.segments) == 6 and len(list(tmp_path.glob("*.dat"))) == 6
     s.finish("c", [mid(1), mid(2), mid(4)])
     assert take(s, nsqd, clock) == 3
     assert owed(nsqd, "t") == {"c": [mid(3), mid(5), mid(6)]}
@@ -989,12 +989,12 @@ def test_maintain_deletes_the_segments_all_done(tmp_path: Any, monkeypatch: Any)
         add(s, n, body=b"x" * 60)
     s.finish("c", [mid(1), mid(2), mid(4)])
     s.maintain()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 2 and names[0].endswith(".000002.dat") and names[1].endswith(".000003.dat")
+    names = sorted(p.name for p in tmp_path.glob("*.dat"))
+    assert len(names) == 2 and names[0].endswith(".000002.2.dat") and names[1].endswith(".000003.3.dat")
     assert names[0].startswith(log_prefix("10.0.0.1:4151", "t")) and "~t" in names[0] and ":" not in names[0]
     s.finish("c", [mid(3)])
     s.maintain()
-    assert [p.name for p in tmp_path.iterdir()] == [names[1]]  # the last one is kept to append to
+    assert [p.name for p in tmp_path.glob("*.dat")] == [names[1]]  # the last one is kept to append to
 
 
 def test_maintain_cuts_a_long_done_prefix_from_memory(tmp_path: Any) -> None:
@@ -1345,8 +1345,15 @@ class Node:
         self.service = ReplicationService(self.nsqd, self.reactor, options, lambda: [], str(path),
                                           lambda: self.executor)
         if start:
-            self.service.startService()
+            self.start()
         assert self.service.incarnation == incarnation or not start
+
+    def start(self) -> None:
+        """As the node's start does: the logs of a previous process read back, then the service."""
+        recovered = ensureDeferred(self.service.recover())
+        while not recovered.called:
+            self.executor.run()  # a ManualExecutor: its jobs by hand
+        self.service.startService()
 
     def accept(self, peer: str = "10.0.0.1") -> tuple[Link, StringTransport]:
         transport = StringTransport(peerAddress=IPv4Address("TCP", peer, 50000))
@@ -1715,14 +1722,19 @@ def test_owners_are_not_read_while_the_standbys_writes_are_past_the_bound(tmp_pa
     node.service.stopService()
 
 
-def test_start_removes_standby_segments_of_a_previous_run(tmp_path: Any) -> None:
+def test_start_removes_standby_files_it_cannot_read_back(tmp_path: Any) -> None:
+    """Files of no log (an earlier format, a journal's rewrite cut short, segments whose journal is
+    gone) are removed at the start; the node's own queues are not touched."""
     node = Node(tmp_path, start=False)
-    left = node.path / (log_prefix("10.0.0.9:4151", "t") + ".000000.dat")
-    left.write_bytes(b"old")
+    strays = [node.path / (log_prefix("10.0.0.9:4151", "t") + ".000000.dat"),
+              node.path / (log_prefix("10.0.0.9:4151", "t") + ".3.journal.tmp"),
+              node.path / (log_prefix("10.0.0.9:4151", "u") + ".4.000000.0.dat")]
+    for stray in strays:
+        stray.write_bytes(b"old")
     other = node.path / "t.diskqueue.meta.dat"
     other.write_bytes(b"keep")
-    node.service.startService()
-    assert not left.exists() and other.exists()
+    node.start()
+    assert not any(stray.exists() for stray in strays) and other.exists()
     node.service.stopService()
 
 
@@ -1753,7 +1765,7 @@ def test_a_topic_handed_back_during_a_takeover_keeps_its_new_copies(tmp_path: An
         node.reactor.advance(0)  # the old takeover ends
     node.reactor.advance(FLUSH_DELAY)
     assert len(local_bodies(node)) == n
-    assert all(os.path.exists(new.disk.path(s[0])) for s in new.disk.segments), "the new copy's log was deleted"
+    assert all(os.path.exists(new.disk.path(s[0], s[1])) for s in new.disk.segments), "the new copy's log was deleted"
     third, _ = node.accept()
     third.dataReceived(hello(incarnation="dddddddddddddddd"))  # lost again: the new copy is handed in
     for _ in range(5):
@@ -1846,7 +1858,7 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
     assert jobs == ["_append_all"] and all(d.called for d in written)
     log.append(b"c" * 10, 2)
     got: list[bytes] = []
-    log.read_number(0).addCallback(got.append)
+    log.read_number(0, 0).addCallback(got.append)
     assert jobs == ["_append_all", "_append_all", "_read"]
     assert got == [b"a" * 10 + b"b" * 10 + b"c" * 10]
 
