@@ -192,7 +192,9 @@ class ReplicationService(Service):
                 state.host = str(meta.get("host") or "")
                 state.http_port = int(meta.get("http_port") or 0)
                 state.started = float(meta.get("started") or 0)
-            self.nsqd.get_topic(topic)  # a real topic here, as for a copy that came by link
+            local = self.nsqd.get_topic(topic)  # real ones here, as for copies that came by link
+            for name in standby.channels:
+                local.get_channel(name)
             if standby.taken_over:
                 self._retake.append(standby)
             elif role == "main" and topic not in state.standbys:

@@ -29,6 +29,7 @@ from nsqtw.http.base import APIError
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
 from nsqtw.replica.choice import Candidate, Choice, rendezvous
+from nsqtw.replica.journal import Entry, encode_entry, parse_entries, read_logs
 from nsqtw.replica.link import BEAT_INTERVAL, UPGRADE, Link, OwnerLink, upgrade_request
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.records import (
@@ -39,17 +40,20 @@ from nsqtw.replica.records import (
     decode_fin,
     decode_json,
     decode_pub,
+    decode_snap,
     encode_ack,
     encode_fin,
     encode_json,
     encode_pub,
+    encode_snap,
     frame,
+    pub_messages,
     read_messages,
     split_pub,
     split_records,
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
-from nsqtw.replica.standby import FLUSH_DELAY, TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
+from nsqtw.replica.standby import FLUSH_DELAY, STANDBY_SUFFIX, TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
     EPOCH,
@@ -1338,7 +1342,7 @@ class Node:
         self.nsqd = NSQD(options, self.reactor)
         self.nsqd.http_port = 4151
         path = tmp_path / address
-        path.mkdir()
+        path.mkdir(parents=True, exist_ok=True)  # (a node started again on its data directory)
         (path / INCARNATION_FILE).write_text(incarnation + "\n")
         self.path = path
         self.executor = executor or SynchronousDiskExecutor()
@@ -1926,3 +1930,228 @@ def test_replication_info_names_the_topics_placed_on_a_replica(tmp_path: Any) ->
     assert node.service.info("10.0.0.9:4151")["topics"] == []
     assert "topics" not in node.service.info()
     node.service.stopService()
+
+
+# -- logs that outlive their process -----------------------------------------------------------------
+
+
+def state_of(s: Standby) -> tuple[Any, ...]:
+    """Everything a standby's bookkeeping holds, to compare one read back with the one that wrote it."""
+    return (s.base, s.arrivals, list(s.values), list(s.sizes), bytes(s.done), s.live, s.live_bytes,
+            {name: (d.start, bytes(d.finished)) for name, d in s.channels.items()}, s.taken_over)
+
+
+def read_back(tmp_path: Any, executor: Any = None) -> Standby:
+    """The one log in ``tmp_path`` as a start reads it back."""
+    [files] = read_logs(str(tmp_path), STANDBY_SUFFIX).logs
+    entries = parse_entries(files.journal or b"")
+    assert entries[0][0] == Entry.META
+    meta = json.loads(entries[0][2])
+    log = StandbyLog(str(tmp_path), files.prefix, executor or SynchronousDiskExecutor(), False, None, meta)
+    return Standby.restore(meta["owner"], meta["topic"], log, files)
+
+
+def journaled_standby(tmp_path: Any) -> Standby:
+    log = StandbyLog(str(tmp_path), log_prefix(OWNER, "t") + ".1", SynchronousDiskExecutor(), False, None,
+                     {"owner": OWNER, "topic": "t", "role": "main"})
+    return Standby(OWNER, "t", log)
+
+
+def snapshot(s: Standby, ns: list[int], owing: list[str]) -> None:
+    [(_, payload)] = split_all(encode_snap("t", owing, pub_messages(ns, [b"m%d" % n for n in ns], NOW_NS, 0.0)))
+    _, owing_, data, values, sizes = decode_snap(payload)
+    s.add_snapshot(data, values, sizes, owing_)
+
+
+def busy_history(s: Standby) -> None:
+    """Every kind of bookkeeping a standby journals."""
+    s.channel("c", True)
+    add(s, 1, 2, 3)
+    s.channel("d", False)  # owes 4 on only
+    add(s, 4, 5, 6)
+    s.finish("c", [mid(1), mid(2), mid(4)])
+    s.finish("d", [mid(4)])  # 4 done
+    snapshot(s, [7, 8], ["d"])  # owed by d alone
+    s.channel("e", False)
+    add(s, 9)
+    s.empty("e")  # e owes nothing so far
+    add(s, 10)
+    s.channel_gone("e")
+    s.finish("c", [mid(10)])
+
+
+def test_a_standby_read_back_holds_exactly_what_it_held(tmp_path: Any) -> None:
+    """Channels made, gone and emptied, FINs and what a SNAP brought (owed by its channels only):
+    replayed from the segments and the journal, the standby is the same, message by message."""
+    s = journaled_standby(tmp_path)
+    busy_history(s)
+    assert held(s) == [mid(3), mid(5), mid(6), mid(7), mid(8), mid(9), mid(10)]
+    again = read_back(tmp_path)
+    assert state_of(again) == state_of(s)
+    # it goes on: appends go to a new segment (the last one may end torn), read back again
+    add(again, 11)
+    again.finish("c", [mid(3)])
+    assert len(again.disk.segments) == 2
+    assert state_of(read_back(tmp_path)) == state_of(again)
+
+
+def test_a_standby_read_back_from_a_checkpoint_and_the_entries_after_it(tmp_path: Any, monkeypatch: Any) -> None:
+    """A journal past its state's size is rewritten as one checkpoint (with the done prefix cut from
+    memory and segments deleted); what came after it is replayed on top."""
+    monkeypatch.setattr("nsqtw.replica.standby.SEGMENT_BYTES", 64)
+    monkeypatch.setattr("nsqtw.replica.standby.JOURNAL_MIN", 0)
+    monkeypatch.setattr("nsqtw.replica.standby._CUT_MIN", 1)
+    s = journaled_standby(tmp_path)
+    busy_history(s)
+    s.finish("c", [mid(3), mid(5)])
+    s.finish("d", [mid(5)])  # 1 to 5 done: cut, and their segments deleted
+    s.maintain()
+    assert s.base == 5 and [e[0] for e in parse_entries(open(s.disk.journal_path, "rb").read())] == [
+        Entry.META, Entry.CHECKPOINT]
+    add(s, 11, 12)
+    s.finish("d", [mid(6), mid(7)])
+    snapshot(s, [13], ["c", "d"])
+    assert state_of(read_back(tmp_path)) == state_of(s)
+
+
+def test_a_torn_journal_or_segment_end_holds_more_never_less(tmp_path: Any) -> None:
+    """A crash mid-write tears the last entry or message: a torn FIN only keeps its messages held (a
+    takeover would deliver them again), a torn message was never acknowledged; the rest is read back."""
+    s = journaled_standby(tmp_path)
+    s.channel("c", True)
+    add(s, 1, 2, 3)
+    s.finish("c", [mid(1)])
+    s.finish("c", [mid(2)])
+    journal = s.disk.journal_path
+    with open(journal, "r+b") as f:
+        f.truncate(os.path.getsize(journal) - 3)  # the second FIN torn
+    [(number, first, _)] = s.disk.segments
+    segment = s.disk.path(number, first)
+    with open(segment, "r+b") as f:
+        f.truncate(os.path.getsize(segment) - 1)  # message 3 torn
+    again = read_back(tmp_path)
+    assert held(again) == [mid(2)] and again.arrivals == 2
+    add(again, 4)  # numbered on from what is held, into a new segment
+    again.finish("c", [mid(4)])
+    assert held(read_back(tmp_path)) == [mid(2)]
+
+
+def test_a_restarted_replica_holds_its_copies_and_takes_over_a_lost_owner(tmp_path: Any, monkeypatch: Any) -> None:
+    """A replica killed and started again on its disk reads its standbys back (a node used to remove
+    them at its start, so a lost owner's messages whose other copy was here were gone); the owner,
+    silent for the timeout with /ping failing, is taken over from them."""
+    pings = Pings(alive=False)
+    monkeypatch.setattr("nsqtw.replica.service.http_get", pings)
+    node = Node(tmp_path, timeout=9.0)
+    link, _ = held_for_owner(node)
+    link.dataReceived(encode_pub("t", [3], [b"c"], NOW_NS, 0.0) + encode_fin("t", "c", [mid(1)]))
+    node.reactor.advance(FLUSH_DELAY)  # written (a kill -9 keeps what reached the system)
+    before = state_of(node.service.owners[OWNER].standbys["t"])
+
+    again = Node(tmp_path, timeout=9.0)
+    state = again.service.owners[OWNER]
+    assert state_of(state.standbys["t"]) == before and (state.host, state.http_port) == ("10.0.0.1", 4151)
+    assert "c" in again.nsqd.topics["t"].channels  # a producer of the topic again, for lookupd
+    again.reactor.pump([0.25] * 41)
+    assert pings.asked and again.service.takeovers == 1
+    again.reactor.advance(0)
+    assert local_bodies(again) == [b"b", b"c"]
+    again.service.stopService()
+
+
+def test_a_takeover_cut_short_is_taken_over_again_at_the_start(tmp_path: Any) -> None:
+    node = Node(tmp_path)
+    held_for_owner(node)
+    standby = node.service.owners[OWNER].standbys["t"]
+    standby.disk.note(encode_entry(Entry.TAKEN, standby.arrivals))  # as take_over writes it first
+    standby.disk.flush()
+    again = Node(tmp_path)
+    again.reactor.advance(0)
+    assert again.service.takeovers == 1 and local_bodies(again) == [b"a", b"b"]
+    assert not list(again.path.glob("*.nsqtw.standby.*"))  # handed in: the log went
+    again.service.stopService()
+
+
+def test_a_durable_owner_reads_its_own_log_back(tmp_path: Any) -> None:
+    """With --durable-delivery a node's own log of a topic comes back with it, so a replica it chooses
+    later gets the messages published before its restart too; without, it is removed (a crash lost
+    what the queues held in memory, and the replica took over)."""
+    node = Node(tmp_path, address="10.0.0.1", durable_delivery=True)
+    node.nsqd.get_topic("t").get_channel("c")
+    node.service.owner.published("t", [1, 2], [b"a", b"b"], NOW_NS, 0.0)
+    node.service.owner.finished("t", "c", [mid(1)])
+    node.reactor.advance(FLUSH_DELAY)
+    node.service.stopService()
+    again = Node(tmp_path, address="10.0.0.1", durable_delivery=True)
+    own = again.service.owner.own["t"]
+    assert held(own) == [mid(2)] and list(own.channels) == ["c"]
+    again.service.stopService()
+    plain = Node(tmp_path, address="10.0.0.1")
+    assert plain.service.owner.own == {} and not list(plain.path.glob("*.nsqtw.standby.*"))
+    plain.service.stopService()
+
+
+def test_a_relinked_owners_synced_lets_go_of_what_it_finished_meanwhile(tmp_path: Any) -> None:
+    """FINs sent while the owner had no link here never come: once its SNAPs (every message it has not
+    finished) are in, SYNCED lets go of what they did not name. A message published on the new link
+    is kept, and an owner whose own log is not the whole story (``complete`` false) lets go of nothing."""
+    for complete in (True, False):
+        node = Node(tmp_path / str(complete))
+        link, _ = node.accept()
+        link.dataReceived(hello(durable=True) + channel_record("t", "c")
+                          + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
+        link.connectionLost(Failure(ConnectionError("reset")))
+        again, _ = node.accept()
+        again.dataReceived(hello(durable=True) + encode_pub("t", [5], [b"e"], NOW_NS, 0.0)
+                           + encode_snap("t", ["c"], pub_messages([3, 4], [b"c", b"d"], NOW_NS, 0.0))
+                           + encode_json(Kind.SYNCED, {"topic": "t", "complete": complete}))
+        standby = node.service.owners[OWNER].standbys["t"]
+        assert held(standby) == ([mid(3), mid(4), mid(5)] if complete else [mid(1), mid(2), mid(3), mid(4), mid(5)])
+        node.reactor.advance(FLUSH_DELAY)
+        node.service.stopService()
+        assert held(Node(tmp_path / str(complete)).service.owners[OWNER].standbys["t"]) == held(standby)
+
+
+def test_an_owner_says_synced_once_its_snaps_are_all_acked(tmp_path: Any, monkeypatch: Any) -> None:
+    """The owner's side: after the SNAPs of its own log (each segment once the one before was acked),
+    SYNCED, ``complete`` unless the topic was here before its own log (or a write to it failed)."""
+    monkeypatch.setattr("nsqtw.replica.service.http_get", Pings(alive=True))
+    owner = Node(tmp_path, address="10.0.0.1", incarnation="aaaaaaaaaaaaaaaa")
+    replica = Node(tmp_path, address="10.0.0.2", incarnation="bbbbbbbbbbbbbbbb", reactor=owner.reactor)
+    owner.service.owner.own["t"] = own = owner.service._own_log("t")
+    own.channel("c", False)
+    data = pub_messages([1, 2], [b"a", b"b"], NOW_NS, 0.0)
+    own.add(data, [1, 2], [1, 1])
+    owner.service.owner.incomplete.add("u")
+    owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
+    seen: list[tuple[int, bytes]] = []
+    real = replica.service.link_record
+    monkeypatch.setattr(replica.service, "link_record", lambda link, kind, payload: (
+        seen.append((kind, payload)), real(link, kind, payload))[1])
+    owner.nsqd.get_topic("t")
+    owner.nsqd.get_topic("u")
+    client, pump = joined(owner.reactor, "10.0.0.1", replica)
+    for _ in range(4):
+        owner.reactor.advance(0)
+        pump.flush()
+    synced = {decode_json(p)["topic"]: decode_json(p)["complete"] for k, p in seen if k == Kind.SYNCED}
+    assert synced == {"t": True, "u": False}
+    assert [k for k, _ in seen].index(Kind.SNAP) < [k for k, _ in seen].index(Kind.SYNCED)
+    owner.service.stopService()
+    replica.service.stopService()
+
+
+def test_with_durable_delivery_a_publish_waits_for_its_own_log_too() -> None:
+    """A restart reads the own log back, and a replica told SYNCED lets go of what it does not
+    name: a publish is answered once the own log's write is done too, not on the replica's ACK alone."""
+    o = Owner()
+    lane = ManualExecutor()
+    o.side._make_own = lambda topic: Standby("self", topic, StandbyLog("/nonexistent", "x", lane, True, o.reactor))
+    o.side.durable = True
+    d = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    _, link, _ = o.up()
+    link.dataReceived(encode_ack(2))
+    assert not d.called
+    lane.jobs = [(job, (lambda *args: None), ()) for job, _, _ in lane.jobs]  # written (nowhere)
+    lane.run()
+    assert d.called and d.result is None
