@@ -508,12 +508,14 @@ class Standby:
         k = self.done.find(0)
         if k < 0:
             k = len(self.done)
-        if k >= _CUT_MIN and 4 * k >= len(self.done) and self.confirmed is None:
+        if k >= _CUT_MIN and 4 * k >= len(self.done):
             del self.values[:k]
             del self.sizes[:k]
             del self.done[:k]
             for d in self.channels.values():
                 del d.finished[:k]
+            if self.confirmed is not None:
+                del self.confirmed[:k]
             self.base += k
             k = 0
         self.disk.drop_before(self.base + k)

@@ -2155,3 +2155,24 @@ def test_with_durable_delivery_a_publish_waits_for_its_own_log_too() -> None:
     lane.jobs = [(job, (lambda *args: None), ()) for job, _, _ in lane.jobs]  # written (nowhere)
     lane.run()
     assert d.called and d.result is None
+
+
+def test_synced_after_the_done_prefix_was_cut_meanwhile(tmp_path: Any, monkeypatch: Any) -> None:
+    """The done prefix may be cut from memory while the owner's SNAPs come in: what they named
+    stays named."""
+    monkeypatch.setattr("nsqtw.replica.standby._CUT_MIN", 1)
+    node = Node(tmp_path)
+    link, _ = node.accept()
+    link.dataReceived(hello(durable=True) + channel_record("t", "c")
+                      + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
+    link.connectionLost(Failure(ConnectionError("reset")))
+    again, _ = node.accept()
+    again.dataReceived(hello(durable=True) + encode_fin("t", "c", [mid(1)])
+                       + encode_snap("t", ["c"], pub_messages([3], [b"c"], NOW_NS, 0.0)))
+    standby = node.service.owners[OWNER].standbys["t"]
+    standby.maintain()
+    assert standby.base == 1
+    again.dataReceived(encode_snap("t", ["c"], pub_messages([4], [b"d"], NOW_NS, 0.0))
+                       + encode_json(Kind.SYNCED, {"topic": "t", "complete": True}))
+    assert held(standby) == [mid(3), mid(4)]
+    node.service.stopService()
