@@ -170,7 +170,9 @@ class ReplicationService(Service):
             entries = parse_entries(files.journal or b"")
             meta = json.loads(entries[0][2]) if entries and entries[0][0] == Entry.META else None
             names = [f"{files.prefix}.{n:06d}.{first}.dat" for n, first, *_ in files.segments]
-            if meta is None or (meta.get("role") == "own" and not self.durable):
+            own_gone = meta is not None and meta.get("role") == "own" and (
+                not self.durable or meta.get("topic") not in self.nsqd.topics)  # (deleted just before a crash)
+            if meta is None or own_gone:
                 strays += names + ([f"{files.prefix}.journal"] if files.journal is not None else [])
                 continue
             owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])

@@ -261,10 +261,10 @@ class StandbyLog:
     def rewrite(self, checkpoint: bytes) -> None:
         """The journal replaced by its identity and one checkpoint of the state (after the appends
         already asked for: the lane keeps the order)."""
+        self._notes = []  # (the checkpoint holds what they say)
+        self._structural = False
         self._flush_now()
         data = self.meta + checkpoint
-        self._notes = []
-        self._structural = False
         self.journal_bytes = len(data)
         self.executor.submit(replace_journal, self.journal_path, data, self.durable)
 

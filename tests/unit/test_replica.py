@@ -2082,12 +2082,18 @@ def test_a_durable_owner_reads_its_own_log_back(tmp_path: Any) -> None:
     node.service.owner.finished("t", "c", [mid(1)])
     node.reactor.advance(FLUSH_DELAY)
     node.service.stopService()
-    again = Node(tmp_path, address="10.0.0.1", durable_delivery=True)
+    again = Node(tmp_path, address="10.0.0.1", durable_delivery=True, start=False)
+    again.nsqd.get_topic("t").get_channel("c")  # (nsqd.dat's, loaded before)
+    again.start()
     own = again.service.owner.own["t"]
     assert held(own) == [mid(2)] and list(own.channels) == ["c"]
+    assert "t" not in again.service.owner.incomplete
     again.service.stopService()
-    plain = Node(tmp_path, address="10.0.0.1")
+    plain = Node(tmp_path, address="10.0.0.1", start=False)
+    plain.nsqd.get_topic("t")
+    plain.start()
     assert plain.service.owner.own == {} and not list(plain.path.glob("*.nsqtw.standby.*"))
+    assert plain.service.owner.incomplete == {"t"}  # older than its own log: its replica never lets go by SYNCED
     plain.service.stopService()
 
 
