@@ -107,6 +107,11 @@ class _OwnerState:
         #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
         self.started = 0.0
         self.said_bye = False
+        #: its link now: when it came up, the topics it brought a record of, and whether the owner
+        #: was asked which of its topics it places here (:meth:`ReplicationService._still_wanted`)
+        self.linked_at = 0.0
+        self.touched: set[str] = set()
+        self.placement_asked = False
 
 
 @implementer(IReplication)
@@ -324,17 +329,21 @@ class ReplicationService(Service):
             raise ValueError(f"record {kind} before HELLO")
         if kind == Kind.PUB:
             topic, data, values, sizes = split_pub(payload)
+            state.touched.add(topic)
             self._keep(self._standby(state, topic).add(data, values, sizes), len(data))
         elif kind == Kind.SNAP:
             topic, owing, data, values, sizes = decode_snap(payload)
+            state.touched.add(topic)
             self._snap(state, topic, owing, data, values, sizes)
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
+            state.touched.add(topic)
             for standby in self._held(state, topic):
                 standby.finish(channel, ids)
         elif kind == Kind.CHANNEL:
             value = decode_json(payload)
             topic, channel = str(value["topic"]), str(value["channel"])
+            state.touched.add(topic)
             self._standby(state, topic)
             for standby in self._held(state, topic):
                 standby.channel(channel, bool(value.get("backlog")))
@@ -358,6 +367,7 @@ class ReplicationService(Service):
         elif kind == Kind.SYNCED:
             value = decode_json(payload)
             topic = str(value["topic"])
+            state.touched.add(topic)
             gone = 0
             for standby in self._held(state, topic):
                 if value.get("complete"):
@@ -487,6 +497,9 @@ class ReplicationService(Service):
         for standby in self._all_held(state):
             standby.begin_sync()  # (FINs that went while it had no link here never came)
         state.link = link
+        state.linked_at = self.reactor.seconds()
+        state.touched = set()
+        state.placement_asked = False
         state.incarnation = incarnation
         peer = link.transport.getPeer() if link.transport is not None else None
         state.host = str(getattr(peer, "host", ""))
@@ -566,6 +579,12 @@ class ReplicationService(Service):
             link = state.link
             if link is not None and now - link.last_heard < self.timeout:
                 state.silent_since = None
+                if (not state.placement_asked and now - state.linked_at >= self.timeout
+                        and any(t not in state.touched for t in {*state.standbys, *state.parts})):
+                    # linked for another topic, yet silent about these for T: it may have placed
+                    # them elsewhere while it had no link here (FINs go there now), so asked once
+                    state.placement_asked = True
+                    ensureDeferred(self._still_wanted(state, link))
                 continue
             if link is None and not state.asking and now - state.asked >= ASK_EVERY:
                 state.asking = True
@@ -633,10 +652,12 @@ class ReplicationService(Service):
         finally:
             state.probing = False
 
-    async def _still_wanted(self, state: _OwnerState) -> None:
+    async def _still_wanted(self, state: _OwnerState, link: Link | None = None) -> None:
         """The owner is alive but has not linked here for ``T``: it chose another replica (this one
         was slow, or a split healed). Its topics placed elsewhere now are let go of, so a later loss
-        of the owner is not delivered twice."""
+        of the owner is not delivered twice. With its ``link`` up (for other topics): the topics it
+        said nothing of on that link and does not place here are let go of (one it places here
+        again meanwhile brings a record first: kept)."""
         url = (f"http://{state.host}:{state.http_port}/replication?"
                f"{urlencode({'replica': self.own_address()})}")
         try:
@@ -644,9 +665,10 @@ class ReplicationService(Service):
             wanted = set(json.loads(body)["topics"]) if code == 200 else None
         except Exception:  # noqa: BLE001 - no answer: ask again after the next timeout
             return
-        if wanted is None or state.link is not None:
+        if wanted is None or state.link is not link:
             return
-        for topic in [t for t in {*state.standbys, *state.parts} if t not in wanted]:
+        spoken = state.touched if link is not None else set()
+        for topic in [t for t in {*state.standbys, *state.parts} if t not in wanted and t not in spoken]:
             self.log.info("REPLICATION({owner}): its copies of {topic} are held elsewhere now: letting go",
                           owner=state.name, topic=topic)
             for standby in self._held(state, topic):

@@ -2182,3 +2182,37 @@ def test_synced_after_the_done_prefix_was_cut_meanwhile(tmp_path: Any, monkeypat
                        + encode_json(Kind.SYNCED, {"topic": "t", "complete": True}))
     assert held(standby) == [mid(3), mid(4)]
     node.service.stopService()
+
+
+def test_an_owner_linked_again_for_one_topic_is_asked_about_the_others_it_said_nothing_of(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """While the owner had no link here it placed its topics elsewhere; it links again for one topic
+    placed here now. The others' copies would be held until the owner is lost (and delivered twice
+    then): ``T`` into the new link, the replica asks which it places here and lets go of the ones the
+    link said nothing of. A topic the link brought a record of is kept whatever the answer says."""
+    asked: list[str] = []
+
+    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        asked.append(url)
+        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": ["t"]}).encode())
+
+    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    node = Node(tmp_path, timeout=9.0)
+    link, _ = node.accept()
+    link.dataReceived(hello(durable=True) + channel_record("t", "c") + channel_record("u", "c")
+                      + channel_record("v", "c") + encode_pub("t", [1], [b"a"], NOW_NS, 0.0)
+                      + encode_pub("u", [2], [b"b"], NOW_NS, 0.0) + encode_pub("v", [3], [b"c"], NOW_NS, 0.0))
+    link.connectionLost(Failure(ConnectionError("reset")))
+    again, _ = node.accept()
+    again.dataReceived(hello(durable=True) + encode_pub("t", [4], [b"d"], NOW_NS, 0.0))
+    for _ in range(16):
+        node.reactor.advance(0.25)
+        again.dataReceived(frame(Kind.BEAT))
+    assert asked == []  # not before T
+    again.dataReceived(encode_fin("v", "c", [mid(9)]))  # the link speaks of v: kept, though not placed here
+    for _ in range(24):
+        node.reactor.advance(0.25)
+        again.dataReceived(frame(Kind.BEAT))
+    assert asked == ["http://10.0.0.1:4151/replication?replica=10.0.0.2%3A4151"]  # once per link
+    assert set(node.service.owners[OWNER].standbys) == {"t", "v"} and node.service.takeovers == 0
+    node.service.stopService()
