@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import secrets
 from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -38,9 +36,11 @@ from nsqtw.interfaces import IDiskExecutor, IReplication
 from nsqtw.log import Logger
 from nsqtw.names import is_ephemeral
 from nsqtw.replica.choice import Choice, http_get
+from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accepted_link, beat_interval
 from nsqtw.replica.owner import OwnerSide
+from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.records import (
     MESSAGE_HEADER,
     Kind,
@@ -51,67 +51,16 @@ from nsqtw.replica.records import (
     encode_json,
     split_pub,
 )
-from nsqtw.replica.standby import STANDBY_SUFFIX, Standby, StandbyLog, log_prefix
+from nsqtw.replica.standby import Standby
 
-__all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]
+__all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]  # (the first and last: ownerstate.py)
 
-#: the file in the data directory naming this directory's incarnation (made with it)
-INCARNATION_FILE: Final = "nsqtw.incarnation"
 #: seconds between the checks of waits, silences and lost owners
 TICK: Final = 0.25
 #: seconds between the questions to an owner whose link is down: which incarnation runs there now?
 ASK_EVERY: Final = 1.0
 #: version of the link's records
 VERSION: Final = 1
-
-
-def incarnation_of(data_path: str) -> str:
-    """The data directory's incarnation: 64 random bits made with it, so a node that comes back
-    without its data is told apart from one that comes back with it."""
-    path = os.path.join(data_path, INCARNATION_FILE)
-    try:
-        with open(path, encoding="ascii") as f:
-            value = f.read().strip()
-        if len(value) == 16:
-            return value
-    except FileNotFoundError:
-        pass
-    value = secrets.token_hex(8)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(value + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return value
-
-
-class _OwnerState:
-    """What the replica knows of one owner: its link, incarnation and standbys."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.link: Link | None = None
-        self.incarnation = ""
-        self.host = ""
-        self.http_port = 0
-        self.standbys: dict[str, Standby] = {}
-        #: per topic, the standbys SNAP records filled (messages of before this node was its replica)
-        self.parts: dict[str, list[Standby]] = {}
-        self.silent_since: float | None = None
-        self.probing = False
-        #: while its link is down: when its /replication was last asked for its incarnation, and whether
-        #: an answer is awaited
-        self.asked = 0.0
-        self.asking = False
-        #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
-        self.started = 0.0
-        self.said_bye = False
-        #: its link now: when it came up, the topics it brought a record of, and whether the owner
-        #: was asked which of its topics it places here (:meth:`ReplicationService._still_wanted`)
-        self.linked_at = 0.0
-        self.touched: set[str] = set()
-        self.placement_asked = False
 
 
 @implementer(IReplication)
@@ -145,7 +94,7 @@ class ReplicationService(Service):
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
         #: owner name -> what this node holds for it
-        self.owners: dict[str, _OwnerState] = {}
+        self.owners: dict[str, OwnerState] = {}
         self.takeovers = 0
         #: standby logs made by this process (each log's files are named with its number)
         self._logs = 0
@@ -194,7 +143,7 @@ class ReplicationService(Service):
             standbys += 1
             state = self.owners.get(owner)
             if state is None:
-                state = self.owners[owner] = _OwnerState(owner)
+                state = self.owners[owner] = OwnerState(owner)
                 state.incarnation = str(meta.get("incarnation") or "")
                 state.host = str(meta.get("host") or "")
                 state.http_port = int(meta.get("http_port") or 0)
@@ -389,7 +338,7 @@ class ReplicationService(Service):
         else:
             written.addErrback(self._write_failed)
 
-    def _snap(self, state: _OwnerState, topic: str, owing: list[str], data: bytes, values: list[int],
+    def _snap(self, state: OwnerState, topic: str, owing: list[str], data: bytes, values: list[int],
               sizes: list[int]) -> None:
         """Messages of the owner's topic from before this node held its copies: those not held yet go
         to a standby of their own (its IDs stay in order), owed by the channels the owner named."""
@@ -470,7 +419,7 @@ class ReplicationService(Service):
                               " {count} topic(s) if it stays away {timeout}s", owner=state.name,
                               reason=reason, count=len(state.standbys), timeout=self.timeout)
 
-    def _state_of(self, link: Link) -> _OwnerState | None:
+    def _state_of(self, link: Link) -> OwnerState | None:
         hello = link.hello
         return None if hello is None else self.owners.get(str(hello["node"]))
 
@@ -482,7 +431,7 @@ class ReplicationService(Service):
         link.hello = hello
         state = self.owners.get(name)
         if state is None:
-            state = self.owners[name] = _OwnerState(name)
+            state = self.owners[name] = OwnerState(name)
         elif state.incarnation and state.incarnation != incarnation and state.standbys:
             self._replaced(state, incarnation)
         elif (state.standbys and state.started and float(hello.get("started") or 0) != state.started
@@ -513,7 +462,7 @@ class ReplicationService(Service):
             self._lane = self._executor()
         return self._lane
 
-    def _new_standby(self, owner: str, topic: str, role: str, state: _OwnerState | None = None) -> Standby:
+    def _new_standby(self, owner: str, topic: str, role: str, state: OwnerState | None = None) -> Standby:
         # a log of its own: one being taken over (and removed after) may still have this name's files
         self._logs += 1
         meta: dict[str, Any] = {"owner": owner, "topic": topic, "role": role}
@@ -540,20 +489,20 @@ class ReplicationService(Service):
     def _write_failed(self, failure: Failure) -> None:
         self.log.error("REPLICATION: a log write failed - {error}", error=failure.getErrorMessage())
 
-    def _standby(self, state: _OwnerState, topic: str) -> Standby:
+    def _standby(self, state: OwnerState, topic: str) -> Standby:
         standby = state.standbys.get(topic)
         if standby is None or standby.taken_over:
             standby = state.standbys[topic] = self._new_standby(state.name, topic, "main", state)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby
 
-    def _held(self, state: _OwnerState, topic: str) -> list[Standby]:
+    def _held(self, state: OwnerState, topic: str) -> list[Standby]:
         """Every standby of the owner's topic: the one its PUBs go to, and those SNAPs made."""
         main = state.standbys.get(topic)
         return ([main] if main is not None else []) + state.parts.get(topic, [])
 
     @staticmethod
-    def _all_held(state: _OwnerState) -> list[Standby]:
+    def _all_held(state: OwnerState) -> list[Standby]:
         """Every standby held for the owner, of every topic."""
         return [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]
 
@@ -596,7 +545,7 @@ class ReplicationService(Service):
                 state.probing = True
                 ensureDeferred(self._probe(state))
 
-    async def _ask_incarnation(self, state: _OwnerState) -> None:
+    async def _ask_incarnation(self, state: OwnerState) -> None:
         """The owner's link is down: which data directory does its address run on now? A node back
         there with another incarnation lost its data (a machine replaced), and its copies are
         delivered from here at once, as when its ``HELLO`` says so; it need not link here again
@@ -613,7 +562,7 @@ class ReplicationService(Service):
                 and (state.standbys or state.parts)):
             self._replaced(state, incarnation)
 
-    def _replaced(self, state: _OwnerState, incarnation: str) -> None:
+    def _replaced(self, state: OwnerState, incarnation: str) -> None:
         """The owner's address runs another incarnation (its HELLO or its /replication says so): its
         data directory is gone, so what is held for it is delivered from here now."""
         self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
@@ -621,7 +570,7 @@ class ReplicationService(Service):
         self._take_over(state)
         state.incarnation = incarnation
 
-    async def _probe(self, state: _OwnerState) -> None:
+    async def _probe(self, state: OwnerState) -> None:
         """The owner's link is silent for the timeout: one /ping decides (a broken link alone is
         not a lost node)."""
         try:
@@ -652,7 +601,7 @@ class ReplicationService(Service):
         finally:
             state.probing = False
 
-    async def _still_wanted(self, state: _OwnerState, link: Link | None = None) -> None:
+    async def _still_wanted(self, state: OwnerState, link: Link | None = None) -> None:
         """The owner is alive but has not linked here for ``T``: it chose another replica (this one
         was slow, or a split healed). Its topics placed elsewhere now are let go of, so a later loss
         of the owner is not delivered twice. With its ``link`` up (for other topics): the topics it
@@ -676,7 +625,7 @@ class ReplicationService(Service):
             state.standbys.pop(topic, None)
             state.parts.pop(topic, None)
 
-    def _take_over(self, state: _OwnerState) -> None:
+    def _take_over(self, state: OwnerState) -> None:
         standbys = self._all_held(state)
         state.standbys, state.parts = {}, {}
         for standby in standbys:

@@ -29,6 +29,7 @@ from nsqtw.http.base import APIError
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
 from nsqtw.replica.choice import Candidate, Choice, rendezvous
+from nsqtw.replica.disklog import FLUSH_DELAY, STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, encode_entry, parse_entries, read_logs
 from nsqtw.replica.link import BEAT_INTERVAL, UPGRADE, Link, OwnerLink, upgrade_request
 from nsqtw.replica.owner import OwnerSide
@@ -53,7 +54,7 @@ from nsqtw.replica.records import (
     split_records,
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
-from nsqtw.replica.standby import FLUSH_DELAY, STANDBY_SUFFIX, TAKEOVER_SLICE, Standby, StandbyLog, log_prefix
+from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
     EPOCH,
@@ -972,7 +973,7 @@ def test_take_over_without_channels_publishes_to_the_topic_a_slice_per_turn(tmp_
 
 
 def test_take_over_reads_every_segment_and_skips_what_is_done(tmp_path: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr("nsqtw.replica.standby.SEGMENT_BYTES", 64)
+    monkeypatch.setattr("nsqtw.replica.disklog.SEGMENT_BYTES", 64)
     nsqd, clock = make_nsqd()
     s = make_standby(tmp_path)
     s.channel("c", True)
@@ -986,7 +987,7 @@ def test_take_over_reads_every_segment_and_skips_what_is_done(tmp_path: Any, mon
 
 
 def test_maintain_deletes_the_segments_all_done(tmp_path: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr("nsqtw.replica.standby.SEGMENT_BYTES", 64)
+    monkeypatch.setattr("nsqtw.replica.disklog.SEGMENT_BYTES", 64)
     s = make_standby(tmp_path)
     s.channel("c", True)
     for n in range(1, 5):
@@ -1998,7 +1999,7 @@ def test_a_standby_read_back_holds_exactly_what_it_held(tmp_path: Any) -> None:
 def test_a_standby_read_back_from_a_checkpoint_and_the_entries_after_it(tmp_path: Any, monkeypatch: Any) -> None:
     """A journal past its state's size is rewritten as one checkpoint (with the done prefix cut from
     memory and segments deleted); what came after it is replayed on top."""
-    monkeypatch.setattr("nsqtw.replica.standby.SEGMENT_BYTES", 64)
+    monkeypatch.setattr("nsqtw.replica.disklog.SEGMENT_BYTES", 64)
     monkeypatch.setattr("nsqtw.replica.standby.JOURNAL_MIN", 0)
     monkeypatch.setattr("nsqtw.replica.standby._CUT_MIN", 1)
     s = journaled_standby(tmp_path)

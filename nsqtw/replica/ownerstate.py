@@ -1,0 +1,64 @@
+"""What a replica knows of one owner, and the incarnation that tells a data directory's nodes apart."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Final
+
+from nsqtw.replica.link import Link
+from nsqtw.replica.standby import Standby
+
+__all__ = ["INCARNATION_FILE", "OwnerState", "incarnation_of"]
+
+#: the file in the data directory naming this directory's incarnation (made with it)
+INCARNATION_FILE: Final = "nsqtw.incarnation"
+
+
+def incarnation_of(data_path: str) -> str:
+    """The data directory's incarnation: 64 random bits made with it, so a node that comes back
+    without its data is told apart from one that comes back with it."""
+    path = os.path.join(data_path, INCARNATION_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            value = f.read().strip()
+        if len(value) == 16:
+            return value
+    except FileNotFoundError:
+        pass
+    value = secrets.token_hex(8)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(value + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return value
+
+
+class OwnerState:
+    """What the replica knows of one owner: its link, incarnation and standbys."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.link: Link | None = None
+        self.incarnation = ""
+        self.host = ""
+        self.http_port = 0
+        self.standbys: dict[str, Standby] = {}
+        #: per topic, the standbys SNAP records filled (messages of before this node was its replica)
+        self.parts: dict[str, list[Standby]] = {}
+        self.silent_since: float | None = None
+        self.probing = False
+        #: while its link is down: when its /replication was last asked for its incarnation, and whether
+        #: an answer is awaited
+        self.asked = 0.0
+        self.asking = False
+        #: when the owner's process started, as its last HELLO said, and whether it stopped with a BYE
+        self.started = 0.0
+        self.said_bye = False
+        #: its link now: when it came up, the topics it brought a record of, and whether the owner
+        #: was asked which of its topics it places here (:meth:`ReplicationService._still_wanted`)
+        self.linked_at = 0.0
+        self.touched: set[str] = set()
+        self.placement_asked = False
