@@ -1,0 +1,257 @@
+"""``--replicas=2`` logs that outlive their process: real processes on loopback (port 0), kill -9.
+
+What is checked (docs/replication.md; :meth:`nsqtw.replica.service.ReplicationService.recover`),
+every node with ``--replicas=2 --durable-delivery``:
+
+- **a replica restarted on its disk** (kill -9, then started again on its ports and data directory)
+  holds its owner's copies again, read back from its standby logs: when the owner's machine is lost
+  right after (before it ever links to the replica again), the replica takes over and a consumer
+  through lookupd receives every unfinished message. (A node used to remove its standby logs as it
+  started: they were lost.)
+- **an owner restarted on its disk** reads its own log back: when its replica is lost after that,
+  the next node is sent every unfinished message, those published before the restart included, and
+  delivers them all when the owner is lost in turn. (The own log used to start empty: the new
+  replica got only what was published after the restart.)
+- **messages finished while the replica was away** (kill -9, FINs sent meanwhile, then the replica
+  back on its disk): the owner links again, sends its own log (empty) and ``SYNCED``, and the replica
+  lets go of what it held: the owner lost, the replica takes over nothing, and no consumer receives
+  those messages again.
+
+The cluster, its probes and the consumer through lookupd are in :mod:`tests.reliability.cluster`; the
+helpers shared with the other replication faults in :mod:`tests.reliability.test_replication_faults`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.daemon import Daemon
+from tests.reliability.cluster import (
+    CHANNEL,
+    TOPIC,
+    Cluster,
+    LookupdConsumer,
+    address_of,
+    consume_through_lookupd,
+    in_sync,
+    post,
+    stats,
+    topic_stats,
+    wait_for,
+)
+from tests.reliability.test_replication_faults import (
+    finish_some,
+    held_for,
+    lose,
+    publish_all,
+    replication_log,
+    start_nodes,
+)
+
+TIMEOUT = 3.0
+FLAGS = ("--replicas=2", "--durable-delivery", f"--replica-timeout={TIMEOUT:g}s")
+#: the pre-restart consumer's max_in_flight (finish_some's): the bound on messages delivered twice
+#: (FINs of a process's last moments may not reach its journal; here the test lets them settle)
+MAX_IN_FLIGHT = 50
+#: what a start logs once it read logs back (nsqtw/replica/service.py, ``recover``)
+READ_BACK = re.compile(r"REPLICATION: (?P<standbys>\d+) standby log\(s\) and (?P<owns>\d+) own log\(s\) of a"
+                       r" previous run read back \((?P<messages>\d+) unfinished messages\)")
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+def make_topic(owner: Daemon) -> dict[str, Any]:
+    """``TOPIC`` and ``CHANNEL`` made on the owner; its replica in step (/stats ``replica``)."""
+    post(owner.http_address, f"/topic/create?topic={TOPIC}")
+    post(owner.http_address, f"/channel/create?topic={TOPIC}&channel={CHANNEL}")
+    return dict(wait_for(f"a replica of {TOPIC} in step on the owner", lambda: in_sync(owner), 30))
+
+
+def restart(node: Daemon) -> re.Match[str]:
+    """kill -9, started again on its ports and data directory: what it logged of the logs it read back."""
+    mark = len(node.read_output())
+    node.kill()
+    node.start(tcp=node.tcp_address, http=node.http_address, timeout=40)
+    m = READ_BACK.search(node.read_output()[mark:])
+    assert m is not None, f"no logs read back at the restart:\n{node.read_output()[mark:][-3000:]}"
+    return m
+
+
+def standby_of(replica: Daemon, owner: Daemon, topic: str = TOPIC) -> list[dict[str, Any]]:
+    """The replica's /stats ``standby`` entries of the owner's topic."""
+    return [s for s in stats(replica).get("standby") or []
+            if s["owner"] == address_of(owner) and s["topic"] == topic]
+
+
+def clients_of(node: Daemon, topic: str = TOPIC, channel: str = CHANNEL) -> int:
+    t = topic_stats(node, topic) or {}
+    return sum(len(c.get("clients") or ()) for c in t.get("channels", []) if c["channel_name"] == channel)
+
+
+def settle() -> None:
+    """FINs travel to the replica unanswered, and journal entries reach the disk a tenth of a second
+    after them: a moment for both before a kill -9 (a FIN lost there may only be delivered twice)."""
+    time.sleep(1.0)
+
+
+def delivered(consumer: LookupdConsumer, bodies: list[bytes], finished: set[bytes]) -> Counter[bytes]:
+    """What the consumer received, checked: only published bodies, each at most twice, and finished
+    ones again no more than a consumer's in flight. Returns the counts."""
+    time.sleep(1.0)  # a late second copy would show now
+    got = Counter(consumer.bodies())
+    assert set(got) <= set(bodies), sorted(set(got) - set(bodies))[:5]
+    assert max(got.values(), default=0) <= 2, got.most_common(3)
+    again = len(finished & set(got))
+    twice = sum(1 for n in got.values() if n > 1)
+    assert again + twice <= MAX_IN_FLIGHT, (again, twice)
+    return got
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+
+
+def test_a_replica_restarted_on_its_disk_still_delivers_a_lost_owners_messages(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """Two nodes, so A's copies have nowhere to go but B. B is killed -9 and started again on its
+    disk: it reads back its standby log of A's topic (the unfinished messages only: the FINs are in
+    its journal). A's machine is lost at once, before A links to B again (A sets B aside for
+    ``--replica-timeout`` after the link broke): B takes over what it read back, and a consumer
+    through lookupd receives every unfinished message."""
+    lookupd = cluster.start_lookupd()
+    a, b = start_nodes(cluster, FLAGS, FLAGS)
+    assert make_topic(a)["peer"] == address_of(b)
+
+    bodies = [b"kept-%04d" % i for i in range(400)]
+    publish_all(a, TOPIC, bodies)
+    finished = finish_some(a, TOPIC, 150)
+    unfinished = set(bodies) - finished
+    wait_for("B holds A's unfinished messages, and only those",
+             lambda: held_for(b, a, TOPIC) == len(unfinished), 20)
+    settle()
+
+    a_mark = len(a.read_output())
+    back = restart(b)
+    lose(a)
+    lost = time.monotonic()
+    relinked = f"REPLICATION({address_of(b)}): link up" in a.read_output()[a_mark:]
+    held = held_for(b, a, TOPIC)
+    assert int(back["standbys"]) >= 1 and int(back["messages"]) == len(unfinished), (back[0], len(unfinished))
+    assert held == len(unfinished), (held, len(unfinished), standby_of(b, a))
+
+    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
+                         TIMEOUT + 15)
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: unfinished <= set(got), 30)
+    missing = unfinished - set(consumer.bodies())
+    assert not missing, (f"{len(missing)} of {len(unfinished)} unfinished messages lost: {sorted(missing)[:3]}; "
+                         f"B read back {back[0]!r}\n{consumer.log()}\n{replication_log(b)}")
+    got = delivered(consumer, bodies, finished)
+    print(f"B read back {back['messages']} messages of {back['standbys']} standby log(s) "
+          f"(A relinked to B first: {relinked}); took over {took[1]}; all {len(unfinished)} delivered "
+          f"{time.monotonic() - lost:.1f} s after A was lost, {sum(got.values()) - len(got)} twice")
+
+
+def test_an_owner_restarted_on_its_disk_copies_its_earlier_messages_to_a_new_replica(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """Three nodes. A is killed -9 and started again on its disk: it reads back its own log of its
+    topic (what is unfinished there). Its replica R is lost then: A places the topic on the third
+    node X and sends it every unfinished message of its own log, those published before A's restart
+    included; A lost in turn, X delivers them all to a consumer through lookupd."""
+    lookupd = cluster.start_lookupd()
+    a, b, c = start_nodes(cluster, FLAGS, FLAGS, FLAGS)
+    peer = make_topic(a)["peer"]
+    replica, third = (b, c) if peer == address_of(b) else (c, b)
+    assert peer == address_of(replica), (peer, address_of(b), address_of(c))
+
+    early = [b"early-%04d" % i for i in range(400)]
+    publish_all(a, TOPIC, early)
+    finished = finish_some(a, TOPIC, 150)
+    wait_for("R holds A's unfinished messages, and only those",
+             lambda: held_for(replica, a, TOPIC) == len(early) - len(finished), 20)
+    settle()
+
+    back = restart(a)
+    assert int(back["owns"]) >= 1 and int(back["messages"]) == len(early) - len(finished), back[0]
+    wait_for("A, restarted, in step on R again",
+             lambda: (in_sync(a) or {}).get("peer") == address_of(replica), 40)
+    late = [b"late-%04d" % i for i in range(100)]
+    publish_all(a, TOPIC, late)
+    expected = (set(early) - finished) | set(late)
+
+    lose(replica)
+    moved = time.monotonic()
+    wait_for("A's topic in step on the third node X",
+             lambda: (in_sync(a) or {}).get("peer") == address_of(third), 30)
+    wait_for("X holds every unfinished message of A's topic",
+             lambda: held_for(third, a, TOPIC) >= len(expected), 20)
+    on_third = time.monotonic() - moved
+
+    lose(a)
+    lost = time.monotonic()
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: expected <= set(got), 40)
+    got = set(consumer.bodies())
+    missing = expected - got
+    assert not missing, (
+        f"lost {len(missing)} of {len(expected)}: {len((set(early) - finished) - got)} published before A's "
+        f"restart, {len(set(late) - got)} after; X's standby {stats(third).get('standby')}\n"
+        f"{consumer.log()}\n{replication_log(a, third)}")
+    counts = delivered(consumer, early + late, finished)
+    print(f"A read back {back[0]!r}; on X {on_third:.1f} s after R was lost; all {len(expected)} unfinished "
+          f"messages delivered {time.monotonic() - lost:.1f} s after A was lost, "
+          f"{sum(counts.values()) - len(counts)} twice")
+
+
+def test_messages_finished_while_a_replica_was_away_are_let_go(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """Two nodes. B, A's replica, is killed -9 holding every message of A's topic; meanwhile a
+    consumer on A finishes them all (the FINs reach no replica). B starts again on its disk and reads
+    them back; A links to B again, its own log empty, and says ``SYNCED``: B lets go of every message
+    held from before the link. A lost then, B takes over nothing, and a consumer through lookupd
+    receives none of them again."""
+    lookupd = cluster.start_lookupd()
+    # a longer timeout: B, back, asks A which topics it holds there once A stays silent for it, and A
+    # may not have linked to B again yet (it sets a failed replica aside for the timeout too)
+    flags = (*FLAGS[:-1], f"--replica-timeout={2 * TIMEOUT:g}s")
+    a, b = start_nodes(cluster, flags, flags)
+    assert make_topic(a)["peer"] == address_of(b)
+
+    bodies = [b"done-%04d" % i for i in range(300)]
+    publish_all(a, TOPIC, bodies)
+    wait_for("B holds every message of A's topic", lambda: held_for(b, a, TOPIC) == len(bodies), 20)
+
+    mark = len(b.read_output())
+    b.kill()
+    finished = finish_some(a, TOPIC, len(bodies))
+    assert finished == set(bodies)
+    settle()
+    b.start(tcp=b.tcp_address, http=b.http_address, timeout=40)
+    back = READ_BACK.search(b.read_output()[mark:])
+    assert back is not None and int(back["messages"]) == len(bodies), (back, b.read_output()[mark:][-3000:])
+
+    wait_for("A in step on B again", lambda: (in_sync(a) or {}).get("peer") == address_of(b), 30)
+    wait_for("B lets go of what A finished while B was away (its standby of A's topic: 0 messages)",
+             lambda: (s := standby_of(b, a)) and all(int(x["messages"]) == 0 for x in s), 20)
+    let_go = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): (\d+) message\(s\) of {TOPIC} it finished"
+                           r" while its link was down let go of", 10)
+    assert int(let_go[1]) == len(bodies), (let_go[0], replication_log(b))
+
+    lose(a)
+    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
+                         2 * TIMEOUT + 15)
+    assert int(took[1]) == 0, (took[0], replication_log(b))
+    # a consumer through lookupd, on B's channel for a few seconds: nothing comes
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: bool(got) or clients_of(b) > 0, 20)
+    assert clients_of(b) > 0, f"the consumer never reached B\n{consumer.log()}"
+    time.sleep(3.0)
+    got = consumer.bodies()
+    assert not got, (f"{len(got)} messages finished on A delivered again by B: {sorted(set(got))[:3]}\n"
+                     f"{replication_log(b)}")
+    print(f"B read back {back['messages']} messages; let go of {let_go[1]} on SYNCED; took over {took[1]}; "
+          f"nothing delivered again")
