@@ -128,7 +128,7 @@ class HTTPAPI(GoHTTPAPI):
 
     def replication(self, request: Any) -> bytes:
         """``GET /replication``: this node replicates; its version and incarnation (peers read it);
-        with ``?replica=ADDRESS``, also the topics whose copies it sends that node."""
+        with ``?replica=ADDRESS``, also the topics whose copies that node must keep."""
         assert self.nsqd.replication is not None
         self._log_request(request, 200)
         args = getattr(request, "args", None) or {}  # (a direct request has none: the plain path)

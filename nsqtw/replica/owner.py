@@ -322,6 +322,19 @@ class OwnerSide:
             self.log.info("REPLICATION({peer}): {topic}'s unfinished messages copied", peer=peer.candidate.address,
                           topic=topic)
 
+    def still_needs(self, replica: str) -> set[str]:
+        """The topics whose copies on ``replica`` must be kept: those placed there, and those not
+        yet whole on another replica (placed nowhere, its link down, or still being sent the
+        topic's unfinished messages). A replica lets go only of what is safe elsewhere: one that
+        restarted while this node had set it aside, with no other candidate, holds the only copies."""
+        out = set()
+        for topic in {*self.placed, *self.own, *(p.topic for p in self.unplaced)}:
+            peer = self.placed.get(topic)
+            if (peer is None or peer.candidate.address == replica or peer.link is None
+                    or topic in peer.catching_up or peer.pending):
+                out.add(topic)
+        return out
+
     def peer_lost(self, peer: PeerLink) -> None:
         """A replica's link failed: set it aside, place its topics anew, resend its unacked records."""
         if self.peers.get(peer.candidate.address) is peer:

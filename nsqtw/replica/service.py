@@ -205,12 +205,13 @@ class ReplicationService(Service):
                 "version": VERSION}
 
     def info(self, replica: str | None = None) -> dict[str, Any]:
-        """``GET /replication``; with ``replica``, also the topics whose copies go to that node (a
-        replica that lost its link asks, and lets go of the others)."""
+        """``GET /replication``; with ``replica``, also the topics that node must keep holding copies
+        of (a replica that lost its link asks, and lets go of the others): see
+        :meth:`OwnerSide.still_needs`."""
         out: dict[str, Any] = {"version": VERSION, "nsqd_version": NSQD_VERSION, "node": self.own_address(),
                                "incarnation": self.incarnation, "replicas": 2}
         if replica is not None:
-            out["topics"] = sorted(t for t, p in self.owner.placed.items() if p.candidate.address == replica)
+            out["topics"] = sorted(self.owner.still_needs(replica))
         return out
 
     def _channels_of(self, topic: str) -> list[tuple[str, bool]]:

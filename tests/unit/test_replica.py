@@ -1919,7 +1919,8 @@ def test_a_silent_link_from_a_live_owner_is_closed_and_its_topics_placed_elsewhe
 
 
 def test_replication_info_names_the_topics_placed_on_a_replica(tmp_path: Any) -> None:
-    """GET /replication?replica=ADDRESS's answer: the topics whose copies go to that node, and only those."""
+    """GET /replication?replica=ADDRESS's answer: the topics whose copies go to that node, and those
+    placed on a node whose link is not up; not those whole elsewhere."""
     from nsqtw.replica.owner import PeerLink
 
     node = Node(tmp_path)
@@ -1927,8 +1928,10 @@ def test_replication_info_names_the_topics_placed_on_a_replica(tmp_path: Any) ->
     there = PeerLink(side, Candidate("10.0.0.3:4151", "10.0.0.3", 4151, "cccccccccccccccc"))
     elsewhere = PeerLink(side, Candidate("10.0.0.4:4151", "10.0.0.4", 4151, "dddddddddddddddd"))
     side.placed.update({"b": there, "a": there, "c": elsewhere})
+    assert node.service.info("10.0.0.3:4151")["topics"] == ["a", "b", "c"]  # c's replica not linked yet
+    elsewhere.link = Link(elsewhere, node.reactor)  # (up)
     assert node.service.info("10.0.0.3:4151")["topics"] == ["a", "b"]
-    assert node.service.info("10.0.0.9:4151")["topics"] == []
+    assert node.service.info("10.0.0.9:4151")["topics"] == ["a", "b"]
     assert "topics" not in node.service.info()
     node.service.stopService()
 
@@ -2217,3 +2220,26 @@ def test_an_owner_linked_again_for_one_topic_is_asked_about_the_others_it_said_n
     assert asked == ["http://10.0.0.1:4151/replication?replica=10.0.0.2%3A4151"]  # once per link
     assert set(node.service.owners[OWNER].standbys) == {"t", "v"} and node.service.takeovers == 0
     node.service.stopService()
+
+
+def test_a_replica_is_told_to_keep_topics_not_yet_whole_elsewhere(tmp_path: Any) -> None:
+    """``GET /replication?replica=``'s topics: a replica lets go of the others. A topic placed nowhere
+    (the replica that asks was set aside, no other candidate), or placed on a node that has not yet
+    acked its records or been sent its unfinished messages, has its only whole copies there: kept."""
+    o = Owner(addresses=(A, B))
+    o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
+        str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
+    o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    first, link, _ = o.up()
+    other = ({A, B} - {first}).pop()
+    assert o.side.still_needs(first) == {"t"}  # placed there
+    assert o.side.still_needs(other) == {"t"}  # its copy not acked by the one it is placed on yet
+    link.dataReceived(encode_ack(10))  # its PUB, and the SNAP of its own log
+    o.reactor.advance(0)
+    assert o.side.still_needs(other) == set()  # whole on the first
+    o.side.placed["t"].catching_up.add("t")
+    assert o.side.still_needs(other) == {"t"}  # still being sent there
+    o.side.placed["t"].catching_up.clear()
+    o.choice.candidates = {}
+    link.connectionLost(Failure(ConnectionError("reset")))  # placed nowhere now
+    assert "t" not in o.side.placed and o.side.still_needs(other) == {"t"}
