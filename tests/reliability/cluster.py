@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +19,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tests import helpers
 from tests.daemon import ROOT, Daemon, LookupdDaemon, Started
+from tests.rawclient import FRAME_MESSAGE, Client, Msg
 
 TOPIC = "t"
 CHANNEL = "c"
@@ -235,3 +238,113 @@ def consume_through_lookupd(tmp_path: Path, consumers: list[LookupdConsumer], lo
     while time.monotonic() < deadline and not until(consumer.bodies()):
         time.sleep(0.2)
     return consumer
+
+
+# -- nodes, topics and what they hold (the replication tests' shared steps) ---------------------------
+
+#: a new node is found within a second while a node knows no peer, else at lookupd's next read (15 s)
+KNOWN_WITHIN = 40.0
+
+
+def wait_known(*nodes: Daemon) -> None:
+    """Until each node knows all the others as candidates (so a topic made now is placed among them)."""
+    wait_for("each node's candidates are the other nodes",
+             lambda: all(knows(n, *(o for o in nodes if o is not n)) for n in nodes), KNOWN_WITHIN)
+
+
+def start_nodes(cluster: Cluster, *args_each: tuple[str, ...]) -> list[Daemon]:
+    """Nodes started together, returned once each knows all the others."""
+    nodes = cluster.nodes(*args_each)
+    wait_known(*nodes)
+    return nodes
+
+
+def peer_of(node: Daemon, topic: str) -> str | None:
+    """Where the node places the topic's copies (/stats ``replica.peer``)."""
+    return (replica_of(node, topic) or {}).get("peer")
+
+
+def covers(expected: set[bytes], got: list[bytes]) -> bool:
+    return expected <= set(got)
+
+
+def make_topic(owner: Daemon, replica: Daemon, prefix: str, channel: str | None = CHANNEL) -> str:
+    """A topic of ``owner`` (with ``channel``) whose copies go to ``replica``: names are tried in turn
+    (rendezvous spreads them over the candidates) and /stats tells where each was placed."""
+    for i in range(40):
+        name = f"{prefix}{i}"
+        post(owner.http_address, f"/topic/create?topic={name}")
+        peer = wait_for(f"{name} placed on a replica", partial(peer_of, owner, name), 10)
+        if peer == address_of(replica):
+            if channel is not None:
+                post(owner.http_address, f"/channel/create?topic={name}&channel={channel}")
+            wait_for(f"{name}'s replica in step", partial(in_sync, owner, name), 20)
+            return name
+        post(owner.http_address, f"/topic/delete?topic={name}")
+    raise AssertionError(f"no topic of {address_of(owner)} placed on {address_of(replica)} in 40 names")
+
+
+def mpub(node: Daemon, topic: str, bodies: list[bytes], timeout: float = 30.0) -> tuple[int, bytes]:
+    return http(node.http_address, "POST", f"/mpub?topic={topic}", b"\n".join(bodies), timeout=timeout)
+
+
+def publish_all(node: Daemon, topic: str, bodies: list[bytes]) -> None:
+    """Every body published and acknowledged (200 OK: the replica holds its copy)."""
+    for i in range(0, len(bodies), 200):
+        code, answer = mpub(node, topic, bodies[i:i + 200])
+        assert (code, answer) == (200, b"OK"), (topic, i, code, answer, log_tail(node))
+
+
+def finish_some(node: Daemon, topic: str, count: int, max_in_flight: int = 50) -> set[bytes]:
+    """FIN ``count`` messages of ``topic``/``CHANNEL`` on the node itself, then leave: what else was
+    in flight goes back to the channel unfinished. Returns the finished bodies."""
+    finished: set[bytes] = set()
+    sub = Client(node.tcp_address, timeout=30.0)
+    sub.sub(topic, CHANNEL, max_in_flight)
+    while len(finished) < count:
+        m = sub.message(30.0)
+        sub.fin(m)
+        finished.add(m.body)
+    sub.cmd("RDY", 0)
+    try:  # those already on their way are not finished: they are requeued when it leaves
+        while True:
+            f = sub.read(0.5)
+            assert f[0] == FRAME_MESSAGE, f
+            assert Msg(f[1]).body not in finished
+    except TimeoutError:
+        pass
+    sub.close()
+    return finished
+
+
+def held_for(replica: Daemon, owner: Daemon, topic: str) -> int:
+    """Unfinished messages the replica holds for the owner's topic (its /stats ``standby``), not taken over."""
+    return sum(int(s["messages"]) for s in stats(replica).get("standby") or []
+               if s["owner"] == address_of(owner) and s["topic"] == topic and not s["taken_over"])
+
+
+def standby_topics(replica: Daemon, owner: Daemon) -> set[str]:
+    return {str(s["topic"]) for s in stats(replica).get("standby") or [] if s["owner"] == address_of(owner)}
+
+
+def depth(node: Daemon, topic: str, channel: str = CHANNEL, in_flight: bool = False) -> int:
+    """The channel's depth on the node (with ``in_flight``, its messages in flight too)."""
+    t = topic_stats(node, topic) or {}
+    return sum(int(c["depth"]) + (int(c["in_flight_count"]) if in_flight else 0)
+               for c in t.get("channels", []) if c["channel_name"] == channel)
+
+
+def replication_log(*nodes: Daemon) -> str:
+    """The nodes' REPLICATION lines (what a failure needs: who was placed where, and when)."""
+    return "\n".join(f"--- {address_of(n)} ---\n" + "\n".join(
+        line for line in n.read_output().splitlines() if "REPLICATION" in line)[-4000:] for n in nodes)
+
+
+def lose(node: Daemon) -> None:
+    """The machine lost: kill -9, its data directory gone with it."""
+    node.kill()
+    shutil.rmtree(node.data_path)
+
+
+def ping(node: Daemon) -> tuple[int, bytes]:
+    return http(node.http_address, "GET", "/ping", timeout=5.0)

@@ -37,19 +37,17 @@ from tests.reliability.cluster import (
     LookupdConsumer,
     address_of,
     consume_through_lookupd,
-    in_sync,
-    post,
-    stats,
-    topic_stats,
-    wait_for,
-)
-from tests.reliability.test_replication_faults import (
     finish_some,
     held_for,
+    in_sync,
     lose,
+    post,
     publish_all,
     replication_log,
     start_nodes,
+    stats,
+    topic_stats,
+    wait_for,
 )
 
 TIMEOUT = 3.0
