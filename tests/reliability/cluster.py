@@ -317,6 +317,16 @@ def finish_some(node: Daemon, topic: str, count: int, max_in_flight: int = 50) -
     return finished
 
 
+def publish_and_finish(owner: Daemon, replica: Daemon, topic: str, bodies: list[bytes], count: int) -> set[bytes]:
+    """Every body published to the owner, ``count`` of them finished there; once the replica holds
+    exactly the rest (FINs travel to it without an answer), returns that rest."""
+    publish_all(owner, topic, bodies)
+    unfinished = set(bodies) - finish_some(owner, topic, count)
+    wait_for(f"{address_of(replica)} holds {address_of(owner)}'s unfinished messages of {topic}, and only those",
+             lambda: held_for(replica, owner, topic) == len(unfinished), 20)
+    return unfinished
+
+
 def held_for(replica: Daemon, owner: Daemon, topic: str) -> int:
     """Unfinished messages the replica holds for the owner's topic (its /stats ``standby``), not taken over."""
     return sum(int(s["messages"]) for s in stats(replica).get("standby") or []

@@ -53,7 +53,6 @@ from tests.reliability.cluster import (
     consume_through_lookupd,
     covers,
     depth,
-    finish_some,
     held_for,
     http,
     in_sync,
@@ -64,6 +63,7 @@ from tests.reliability.cluster import (
     ping,
     post,
     publish_all,
+    publish_and_finish,
     replica_of,
     replication_log,
     standby_topics,
@@ -101,13 +101,7 @@ def test_lookupd_down_during_a_loss(cluster: Cluster, consumers: list[LookupdCon
     replica = b if peer == address_of(b) else c
     assert peer == address_of(replica), (peer, address_of(b), address_of(c))
 
-    bodies = [b"lost-%04d" % i for i in range(600)]
-    publish_all(a, TOPIC, bodies)
-    finished = finish_some(a, TOPIC, 200)
-    unfinished = set(bodies) - finished
-    # the FINs travel to the replica without an answer: wait until it holds exactly the rest
-    wait_for("the replica holds A's unfinished messages, and only those",
-             lambda: held_for(replica, a, TOPIC) == len(unfinished), 20)
+    unfinished = publish_and_finish(a, replica, TOPIC, [b"lost-%04d" % i for i in range(600)], 200)
 
     lookupd.kill()
     lose(a)
@@ -502,11 +496,7 @@ def test_split_between_owner_and_replica(cluster: Cluster, consumers: list[Looku
     wait_known(a, b, c)
     topic = make_topic(a, b, "split")
 
-    before = [b"before-%04d" % i for i in range(600)]
-    publish_all(a, topic, before)
-    finished = finish_some(a, topic, 200)
-    unfinished = set(before) - finished
-    wait_for("B holds A's unfinished messages, and only those", lambda: held_for(b, a, topic) == len(unfinished), 20)
+    unfinished = publish_and_finish(a, b, topic, [b"before-%04d" % i for i in range(600)], 200)
 
     rb.cut_off(a.pid)
     if cut == "both-ways":

@@ -43,6 +43,7 @@ from tests.reliability.cluster import (
     lose,
     post,
     publish_all,
+    publish_and_finish,
     replication_log,
     start_nodes,
     stats,
@@ -125,11 +126,8 @@ def test_a_replica_restarted_on_its_disk_still_delivers_a_lost_owners_messages(
     assert make_topic(a)["peer"] == address_of(b)
 
     bodies = [b"kept-%04d" % i for i in range(400)]
-    publish_all(a, TOPIC, bodies)
-    finished = finish_some(a, TOPIC, 150)
-    unfinished = set(bodies) - finished
-    wait_for("B holds A's unfinished messages, and only those",
-             lambda: held_for(b, a, TOPIC) == len(unfinished), 20)
+    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    finished = set(bodies) - unfinished
     settle()
 
     a_mark = len(a.read_output())
@@ -167,10 +165,7 @@ def test_an_owner_restarted_on_its_disk_copies_its_earlier_messages_to_a_new_rep
     assert peer == address_of(replica), (peer, address_of(b), address_of(c))
 
     early = [b"early-%04d" % i for i in range(400)]
-    publish_all(a, TOPIC, early)
-    finished = finish_some(a, TOPIC, 150)
-    wait_for("R holds A's unfinished messages, and only those",
-             lambda: held_for(replica, a, TOPIC) == len(early) - len(finished), 20)
+    finished = set(early) - publish_and_finish(a, replica, TOPIC, early, 150)
     settle()
 
     back = restart(a)

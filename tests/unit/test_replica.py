@@ -1396,6 +1396,19 @@ class Pings:
         return 200, b"OK"
 
 
+def live_owner(monkeypatch: Any, topics: list[str]) -> list[str]:
+    """``http_get`` as the replica sees an owner that is alive: its ``/ping`` answers, and its
+    ``/replication?replica=`` names ``topics``. Returns the URLs asked, in order."""
+    asked: list[str] = []
+
+    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        asked.append(url)
+        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": topics}).encode())
+
+    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    return asked
+
+
 def test_the_incarnation_file_is_read_and_made(tmp_path: Any) -> None:
     from nsqtw.replica.service import incarnation_of
 
@@ -1873,13 +1886,7 @@ def test_a_replica_cut_off_from_a_live_owner_lets_go_of_topics_placed_elsewhere(
     """The owner's link is gone for the timeout but its /ping answers: it chose another replica for
     some topics (this one was slow). The replica asks which it still holds for it and drops the
     others' copies, so a later loss of the owner is not delivered twice; the rest it keeps."""
-    asked: list[str] = []
-
-    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        asked.append(url)
-        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": ["t"]}).encode())
-
-    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    asked = live_owner(monkeypatch, ["t"])
     node = Node(tmp_path, timeout=9.0)
     link, _ = node.accept()
     link.dataReceived(hello() + channel_record("t", "c") + channel_record("u", "c")
@@ -1899,13 +1906,7 @@ def test_a_silent_link_from_a_live_owner_is_closed_and_its_topics_placed_elsewhe
     the link stays open, silent. Once it has been silent for the timeout and the owner answers its
     /ping, the replica closes that link (the owner dropped it long ago) and asks which topics it
     still holds for it, as when the link closed; it never takes over a live owner."""
-    asked: list[str] = []
-
-    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        asked.append(url)
-        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": []}).encode())
-
-    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    asked = live_owner(monkeypatch, [])
     node = Node(tmp_path, timeout=9.0)
     link, transport = node.accept()
     link.dataReceived(hello() + channel_record("t", "c") + encode_pub("t", [1], [b"a"], NOW_NS, 0.0))
@@ -2194,13 +2195,7 @@ def test_an_owner_linked_again_for_one_topic_is_asked_about_the_others_it_said_n
     placed here now. The others' copies would be held until the owner is lost (and delivered twice
     then): ``T`` into the new link, the replica asks which it places here and lets go of the ones the
     link said nothing of. A topic the link brought a record of is kept whatever the answer says."""
-    asked: list[str] = []
-
-    async def owner(reactor: Any, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        asked.append(url)
-        return (200, b"OK") if url.endswith("/ping") else (200, json.dumps({"topics": ["t"]}).encode())
-
-    monkeypatch.setattr("nsqtw.replica.service.http_get", owner)
+    asked = live_owner(monkeypatch, ["t"])
     node = Node(tmp_path, timeout=9.0)
     link, _ = node.accept()
     link.dataReceived(hello(durable=True) + channel_record("t", "c") + channel_record("u", "c")
