@@ -107,8 +107,10 @@ class StandbyLog:
         self.journal_bytes = 0
         #: off while a start replays the log (its entries are on disk already)
         self.recording = True
-        #: the next append starts a new segment (a start found the last one maybe torn)
+        #: the next append starts a new segment (a start found the last one maybe torn, or a write failed)
         self._sealed = False
+        #: a write failed: the journal may end in a torn entry, and is rewritten (Standby.maintain)
+        self.damaged = False
 
     def adopt(self, segments: list[list[int]]) -> None:
         """The segments a start found ([number, first arrival, bytes] each); the next append starts
@@ -132,7 +134,7 @@ class StandbyLog:
         path = self.path(segments[-1][0], segments[-1][1])
         if self.clock is None:
             notes, sync = self._take_notes()
-            return self.executor.submit(_append_all, [(path, data)], self.durable, self.journal_path, notes, sync)
+            return self._submit([(path, data)], notes, sync)
         self._waiting.append((path, data))
         self._buffered += len(data)
         d: Deferred[None] = Deferred()
@@ -159,7 +161,7 @@ class StandbyLog:
         self._structural = self._structural or structural
         if self.clock is None:
             notes, _ = self._take_notes(False)
-            self.executor.submit(_append_all, [], False, self.journal_path, notes, False)
+            self._submit([], notes, False).addErrback(lambda _: None)
         else:
             self._flush_within(FLUSH_DELAY)
 
@@ -170,6 +172,22 @@ class StandbyLog:
             self._flush_call = self.clock.callLater(delay, self._flush)
         elif call.getTime() > self.clock.seconds() + delay:
             call.reset(delay)
+
+    def _submit(self, writes: list[tuple[str, bytes]], notes: bytes, sync: bool) -> Deferred[None]:
+        """One append job on the lane. A write that fails part way (a full disk) leaves a torn
+        record at a file's end, after which nothing may be appended: the next append starts a new
+        segment, and the journal is rewritten (:attr:`damaged`, :meth:`rewrite`)."""
+        d: Deferred[None] = self.executor.submit(_append_all, writes, self.durable, self.journal_path, notes, sync)
+        d.addErrback(self._damage)
+        return d
+
+    def _rewrite_failed(self, failure: Failure) -> None:
+        self._damage(failure)  # (tried again at the next maintain)
+
+    def _damage(self, failure: Failure) -> Failure:
+        self._sealed = True
+        self.damaged = True
+        return failure
 
     def _take_notes(self, with_data: bool = True) -> tuple[bytes, bool]:
         """The entries waiting, and whether to fsync them (with segment data: see :meth:`note`)."""
@@ -186,7 +204,7 @@ class StandbyLog:
         if not self._waiting:
             if self._notes:
                 notes, _ = self._take_notes(False)
-                self.executor.submit(_append_all, [], False, self.journal_path, notes, False)
+                self._submit([], notes, False).addErrback(lambda _: None)  # (damaged: rewritten)
             return
         waiting, self._waiting = self._waiting, []
         waiters, self._waiters = self._waiters, []
@@ -200,7 +218,7 @@ class StandbyLog:
                 else:
                     d.callback(None)
 
-        self.executor.submit(_append_all, waiting, self.durable, self.journal_path, notes, sync).addBoth(done)
+        self._submit(waiting, notes, sync).addBoth(done)
 
     def _flush_now(self) -> None:
         if self._flush_call is not None and self._flush_call.active():
@@ -238,7 +256,8 @@ class StandbyLog:
         self._flush_now()
         data = self.meta + checkpoint
         self.journal_bytes = len(data)
-        self.executor.submit(replace_journal, self.journal_path, data, self.durable)
+        self.damaged = False
+        self.executor.submit(replace_journal, self.journal_path, data, self.durable).addErrback(self._rewrite_failed)
 
     def flush(self) -> None:
         """Everything waiting to the lane now (the node stops)."""

@@ -122,16 +122,26 @@ class ReplicationService(Service):
         for files in found.logs:
             self._logs = max(self._logs, files.number)
             entries = parse_entries(files.journal or b"")
-            meta = json.loads(entries[0][2]) if entries and entries[0][0] == Entry.META else None
+            try:
+                meta = json.loads(entries[0][2]) if entries and entries[0][0] == Entry.META else None
+            except ValueError:
+                meta = None
+            if not isinstance(meta, dict):
+                meta = None
             names = [f"{files.prefix}.{n:06d}.{first}.dat" for n, first, *_ in files.segments]
             own_gone = meta is not None and meta.get("role") == "own" and (
                 not self.durable or meta.get("topic") not in self.nsqd.topics)  # (deleted just before a crash)
             if meta is None or own_gone:
                 strays += names + ([f"{files.prefix}.journal"] if files.journal is not None else [])
                 continue
-            owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])
-            log = StandbyLog(self.data_path, files.prefix, lane, self.durable, self.reactor, meta)
-            standby = Standby.restore(owner, topic, log, files)
+            try:
+                owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])
+                log = StandbyLog(self.data_path, files.prefix, lane, self.durable, self.reactor, meta)
+                standby = Standby.restore(owner, topic, log, files)
+            except Exception as e:  # noqa: BLE001 - one log that cannot be read stops no start
+                self.log.error("REPLICATION: {prefix} cannot be read back - {error}; its files are left as they are",
+                               prefix=files.prefix, error=repr(e))
+                continue
             messages += len(standby)
             if role == "own":
                 owns += 1

@@ -291,7 +291,7 @@ class Standby:
             self.base += k
             k = 0
         self.disk.drop_before(self.base + k)
-        if self.disk.journal_bytes > JOURNAL_MIN + 2 * len(self.values) * (1 + len(self.channels)):
+        if self.disk.damaged or self.disk.journal_bytes > JOURNAL_MIN + 2 * len(self.values) * (1 + len(self.channels)):
             self.disk.rewrite(self.checkpoint())
 
     def checkpoint(self) -> bytes:
@@ -310,12 +310,23 @@ class Standby:
         runs = [(first, values, sizes) for _, first, _, values, sizes in files.segments]
         log.adopt([[number, first, size] for number, first, size, _, _ in files.segments])
         pos = 0  # the next message of ``runs`` (run, index) not yet held, counted over every run
+        start = runs[0][0] if runs else 0
+        # every run's messages, at their arrival numbers from ``start``: a segment whose end was torn by
+        # a failed write is followed by one that starts where the arrivals went on, and the messages
+        # torn away leave a gap, held as done (its ID value the one before: the array stays sorted)
         flat_values: array[int] = array("Q")
         flat_sizes: array[int] = array("I")
-        for _, values, sizes in runs:
+        gaps: list[int] = []
+        for first, values, sizes in runs:
+            missing = first - (start + len(flat_values))
+            if missing > 0:
+                gaps.extend(range(len(flat_values), len(flat_values) + missing))
+                flat_values.extend([flat_values[-1] if flat_values else 0] * missing)
+                flat_sizes.extend([0] * missing)
+            elif missing < 0:
+                values, sizes = values[-missing:], sizes[-missing:]
             flat_values.extend(values)
             flat_sizes.extend(sizes)
-        start = runs[0][0] if runs else 0
         s.base = start
         cp = next((e for e in entries if e[0] == Entry.CHECKPOINT), None)
         if cp is not None:
@@ -346,7 +357,8 @@ class Standby:
                 s._hold(flat_values[pos:upto], flat_sizes[pos:upto])
                 pos = upto
 
-        for kind, at, payload in entries:
+        def apply(kind: int, at: int, payload: bytes) -> None:
+            nonlocal pos
             if kind == Entry.OWING:
                 value = json.loads(payload)
                 hold_to(at)
@@ -354,7 +366,7 @@ class Standby:
                 if upto > pos and at - start == pos:
                     s._hold_owed(flat_values[pos:upto], flat_sizes[pos:upto], [str(c) for c in value["owing"]])
                     pos = upto
-                continue
+                return
             hold_to(at)
             if kind == Entry.CHANNEL:
                 value = json.loads(payload)
@@ -370,7 +382,25 @@ class Standby:
                 s.finish(name, [rest[i:i + 16] for i in range(0, len(rest) - 15, 16)])
             elif kind == Entry.TAKEN:
                 s.taken_over = True
+            elif kind not in (Entry.META, Entry.CHECKPOINT):
+                raise ValueError(f"entry kind {kind}")
+
+        for kind, at, payload in entries:
+            try:
+                apply(kind, at, payload)
+            except (ValueError, KeyError, TypeError) as e:  # (json's and UTF-8's errors are ValueErrors)
+                # a torn entry with more appended after it (a write failed before the journal was
+                # rewritten): what follows is not trusted; the messages stay held, owed as they were
+                cls.log.warn("REPLICATION: {path}: an entry that cannot be read ({error}); the entries after it"
+                             " are left out", path=log.journal_path, error=e)
+                break
         hold_to(start + len(flat_values))
+        for g in gaps:
+            i = start + g - s.base
+            if 0 <= i < len(s.done):
+                s.done[i] = 1
+                for d in s.channels.values():
+                    d.finished[i] = 1
         for d in s.channels.values():
             d.start = min(d.start, s.arrivals)  # (a torn segment's end: arrivals go on from what is held)
         s.live = s.done.count(0)

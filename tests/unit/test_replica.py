@@ -30,7 +30,7 @@ from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
 from nsqtw.replica.choice import Candidate, Choice, rendezvous
 from nsqtw.replica.disklog import FLUSH_DELAY, STANDBY_SUFFIX, StandbyLog, log_prefix
-from nsqtw.replica.journal import Entry, encode_entry, parse_entries, read_logs
+from nsqtw.replica.journal import Entry, encode_entry, encode_json_entry, parse_entries, read_logs
 from nsqtw.replica.link import BEAT_INTERVAL, UPGRADE, Link, OwnerLink, upgrade_request
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.records import (
@@ -2238,3 +2238,76 @@ def test_a_replica_is_told_to_keep_topics_not_yet_whole_elsewhere(tmp_path: Any)
     o.choice.candidates = {}
     link.connectionLost(Failure(ConnectionError("reset")))  # placed nowhere now
     assert "t" not in o.side.placed and o.side.still_needs(other) == {"t"}
+
+
+class FailingOnce:
+    """A disk lane (synchronous) whose first append job writes half of what it was given, then fails
+    as a full disk does."""
+
+    def __init__(self) -> None:
+        self.lane = SynchronousDiskExecutor()
+        self.failed = False
+
+    def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
+        if not self.failed and fn.__name__ == "_append_all" and args[0]:
+            self.failed = True
+            writes, _, journal, notes, _ = args
+            path, data = writes[0]
+            with open(path, "ab") as f:
+                f.write(data[:len(data) // 2 + 5])  # (message 1, and 5 bytes of message 2)
+            with open(journal, "ab") as f:
+                f.write(notes[:len(notes) // 2 + 3])
+            return fail(OSError(28, "No space left on device"))
+        return self.lane.submit(fn, *args)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_write_that_failed_part_way_seals_its_segment_and_has_the_journal_rewritten(tmp_path: Any) -> None:
+    """A full disk tears the record being appended: nothing may follow it in that file, or every later
+    message and entry there is misread (the copies acked after it lost at a takeover). The next append
+    starts a new segment, the next maintain rewrites the journal, and what was written is read back."""
+    lane = FailingOnce()
+    log = StandbyLog(str(tmp_path), log_prefix(OWNER, "t") + ".1", lane, False, None,
+                     {"owner": OWNER, "topic": "t", "role": "main"})
+    s = Standby(OWNER, "t", log)
+    s.channel("c", True)
+    failures: list[Failure] = []
+    add(s, 1, 2).addErrback(failures.append)  # torn: half of it on disk, the journal's entries too
+    assert failures and log.damaged
+    add(s, 3)
+    s.finish("c", [mid(3)])
+    add(s, 4)
+    assert len(log.segments) == 2  # (3 and 4 in a segment of their own)
+    s.maintain()
+    assert not log.damaged
+    again = read_back(tmp_path)
+    # 2 was torn away (never acked: its write failed); 3 and 4 stay at their arrival numbers
+    assert held(again) == [mid(1), mid(4)] and again.arrivals == s.arrivals == 4
+    assert list(again.channels) == ["c"]
+    nsqd, clock = make_nsqd()
+    assert take(again, nsqd, clock) == 2 and owed(nsqd, "t") == {"c": [mid(1), mid(4)]}
+
+
+def test_an_entry_that_cannot_be_read_ends_the_replay_and_the_start_goes_on(tmp_path: Any) -> None:
+    """Bytes that are no entry (a torn one with more appended after it) stop the replay there: the
+    messages stay held. A log that cannot be read at all stops no start: it is logged and left."""
+    s = journaled_standby(tmp_path)
+    s.channel("c", True)
+    add(s, 1, 2)
+    with open(s.disk.journal_path, "ab") as f:
+        f.write(encode_entry(Entry.CHANNEL, 2, b"{not json"))
+    s.finish("c", [mid(1)])  # after the bad entry: left out
+    again = read_back(tmp_path)
+    assert held(again) == [mid(1), mid(2)]
+
+    node = Node(tmp_path / "node", start=False)
+    prefix = log_prefix(OWNER, "u") + ".7"
+    (node.path / f"{prefix}.000000.0.dat").write_bytes(pub_messages([1], [b"a"], NOW_NS, 0.0))
+    (node.path / f"{prefix}.journal").write_bytes(
+        encode_json_entry(Entry.META, 0, {"owner": OWNER, "topic": "u", "role": "main"})
+        + encode_entry(Entry.CHECKPOINT, 1, b"\xff\xff\xff\xffbroken"))
+    node.start()  # (raises if the log stops it)
+    assert node.service.owners == {} and (node.path / f"{prefix}.journal").exists()
+    node.service.stopService()
