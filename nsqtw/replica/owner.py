@@ -385,10 +385,12 @@ class OwnerSide:
         return d
 
     def _own_failed(self, failure: Failure, topic: str) -> None:
-        """The own log could not be written: it is not the whole story of the topic any more."""
-        self.incomplete.add(topic)
-        self.log.error("REPLICATION: {topic}'s own log could not be written - {error}", topic=topic,
-                       error=failure.getErrorMessage())
+        """The own log could not be written: it is not the whole story of the topic any more (said
+        once: a full disk fails every publish's write)."""
+        if topic not in self.incomplete:
+            self.incomplete.add(topic)
+            self.log.error("REPLICATION: {topic}'s own log could not be written - {error}; its replica keeps"
+                           " every copy it holds from now on", topic=topic, error=failure.getErrorMessage())
 
     def _place(self, p: Pending) -> None:
         peer = self.peer_for(p.topic)
