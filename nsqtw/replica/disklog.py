@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
 from nsqtw.interfaces import IDiskExecutor
-from nsqtw.replica.journal import Entry, encode_json_entry, replace_journal
+from nsqtw.replica.journal import Entry, encode_json_entry, remove_files, replace_journal
 
 __all__ = ["FLUSH_BYTES", "FLUSH_DELAY", "SEGMENT_BYTES", "STANDBY_SUFFIX", "StandbyLog", "log_prefix"]
 
@@ -61,14 +61,6 @@ def _append_all(writes: list[tuple[str, bytes]], fsync: bool, journal: str = "",
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def _remove(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 class StandbyLog:
@@ -140,7 +132,7 @@ class StandbyLog:
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
         if self._buffered >= FLUSH_BYTES:
-            self._flush_now()
+            self.flush()
         else:
             # durable: at the turn's end (its ACK waits for the fsync); else gathered a while, as
             # nothing waits for the write but the node's bound of unwritten bytes
@@ -220,14 +212,15 @@ class StandbyLog:
 
         self._submit(waiting, notes, sync).addBoth(done)
 
-    def _flush_now(self) -> None:
+    def flush(self) -> None:
+        """Everything waiting to the lane now (a read, a removal, a rewrite, a takeover, the node's stop)."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush()
 
     def drop_before(self, arrival: int) -> None:
         """Delete the segments whose every message arrived before ``arrival`` (all done)."""
-        self._flush_now()
+        self.flush()
         segments = self.segments
         n = 0
         while n + 1 < len(segments) and segments[n + 1][1] <= arrival:
@@ -235,16 +228,16 @@ class StandbyLog:
         if n:
             gone = [self.path(s[0], s[1]) for s in segments[:n]]
             del segments[:n]
-            self.executor.submit(_remove, gone)
+            self.executor.submit(remove_files, gone)
 
     def read_number(self, number: int, first: int) -> Deferred[bytes]:
         """The bytes of segment ``number`` (FileNotFoundError once it was deleted)."""
-        self._flush_now()
+        self.flush()
         return self.executor.submit(_read, self.path(number, first))
 
     def read(self, index: int) -> Deferred[tuple[int, bytes]]:
         """Segment ``index`` (of :attr:`segments`): its first arrival and its bytes."""
-        self._flush_now()
+        self.flush()
         number, first, _ = self.segments[index]
         return self.executor.submit(_read, self.path(number, first)).addCallback(lambda data: (first, data))
 
@@ -253,22 +246,18 @@ class StandbyLog:
         already asked for: the lane keeps the order)."""
         self._notes = []  # (the checkpoint holds what they say)
         self._structural = False
-        self._flush_now()
+        self.flush()
         data = self.meta + checkpoint
         self.journal_bytes = len(data)
         self.damaged = False
         self.executor.submit(replace_journal, self.journal_path, data, self.durable).addErrback(self._rewrite_failed)
 
-    def flush(self) -> None:
-        """Everything waiting to the lane now (the node stops)."""
-        self._flush_now()
-
     def remove(self) -> Deferred[None]:
-        self._flush_now()
+        self.flush()
         paths = [self.path(s[0], s[1]) for s in self.segments] + [self.journal_path]
         self.segments = []
         self.recording = False
-        return self.executor.submit(_remove, paths)
+        return self.executor.submit(remove_files, paths)
 
     def bytes(self) -> int:
         return sum(s[2] for s in self.segments)

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Final
 
+from nsqtw.replica.records import index_messages
+
 __all__ = ["JOURNAL_MIN", "Entry", "Found", "LogFiles", "decode_checkpoint", "encode_checkpoint", "encode_entry",
-           "index_messages", "parse_entries", "read_logs", "remove_files", "replace_journal"]
+           "parse_entries", "read_logs", "remove_files", "replace_journal"]
 
 _HEAD: Final = struct.Struct(">IBQ")  # length (of kind, arrival and payload), kind, arrival number
 _U32: Final = struct.Struct(">I")
-_MSG: Final = struct.Struct(">QqII")  # records.py's per-message header
 #: a journal is rewritten as a checkpoint once past this and twice its state's size
 JOURNAL_MIN: Final = 1024 * 1024
 
@@ -100,22 +101,6 @@ def decode_checkpoint(payload: bytes) -> tuple[int, list[tuple[str, int, bytes]]
     return int(head["base"]), out, done
 
 
-def index_messages(data: bytes) -> tuple[array[int], array[int]]:
-    """A segment's messages' ID values and body sizes; a torn last one is left out."""
-    values: array[int] = array("Q")
-    sizes: array[int] = array("I")
-    pos = 0
-    size = len(data)
-    while pos + _MSG.size <= size:
-        value, _, _, n = _MSG.unpack_from(data, pos)
-        pos += _MSG.size + n
-        if pos > size:
-            break
-        values.append(value)
-        sizes.append(n)
-    return values, sizes
-
-
 @dataclass
 class LogFiles:
     """One log's files as a start found them: its journal's bytes and its segments, each as
@@ -124,6 +109,8 @@ class LogFiles:
     prefix: str
     number: int
     journal: bytes | None = None
+    #: every file of it found (its journal and segments), by name
+    names: list[str] = field(default_factory=list)
     segments: list[tuple[int, int, int, array[int], array[int]]] = field(default_factory=list)
 
 
@@ -147,22 +134,25 @@ def read_logs(directory: str, suffix: str) -> Found:
             strays.append(name)
             continue
         log = logs.setdefault(m["prefix"], LogFiles(m["prefix"], int(m["log"])))
+        log.names.append(name)
         with open(os.path.join(directory, name), "rb") as f:
             data = f.read()
         if m["segment"] is None:
             log.journal = data
         else:
-            values, sizes = index_messages(data)
-            log.segments.append((int(m["segment"]), int(m["first"]), len(data), values, sizes))
+            values, sizes = index_messages(data, torn_ok=True)
+            log.segments.append((int(m["segment"]), int(m["first"]), len(data), array("Q", values),
+                                 array("I", sizes)))
     for log in logs.values():
         log.segments.sort()
     return Found(sorted(logs.values(), key=lambda log: log.number), strays)
 
 
-def remove_files(directory: str, names: list[str]) -> None:
-    for name in names:
+def remove_files(paths: list[str]) -> None:
+    """Disk thread: each file gone (one already gone too)."""
+    for path in paths:
         try:
-            os.unlink(os.path.join(directory, name))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 __all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub",
            "decode_snap", "encode_ack", "encode_fin", "encode_json", "encode_pub", "encode_snap", "frame",
-           "frame_pub", "pub_messages", "read_messages", "split_pub", "split_records"]
+           "frame_pub", "index_messages", "pub_messages", "read_messages", "split_pub", "split_records"]
 
 _LEN: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
@@ -139,25 +139,30 @@ def split_pub(payload: bytes) -> tuple[str, bytes, list[int], list[int]]:
     topic, pos = _read_name(payload, 0)
     (count,) = _LEN.unpack_from(payload, pos)
     data = payload[pos + 4:]
-    values, sizes = _index(data)
+    values, sizes = index_messages(data)
     if len(values) != count:
         raise ValueError(f"{len(values)} messages in a record of {count}")
     return topic, data, values, sizes
 
 
-def _index(data: bytes) -> tuple[list[int], list[int]]:
-    """Each message's ID value and body size, of messages back to back as a PUB or SNAP record
-    holds them; ValueError for one cut short."""
+def index_messages(data: bytes, torn_ok: bool = False) -> tuple[list[int], list[int]]:
+    """Each message's ID value and body size, of messages back to back as a PUB or SNAP record (and
+    a log's segment) holds them. A message cut short is a ValueError, or with ``torn_ok`` (a
+    segment's end torn by a crash or a failed write) the end of what is read."""
     values: list[int] = []
     sizes: list[int] = []
     pos = 0
     size = len(data)
     while pos < size:
         if pos + _MSG.size > size:
+            if torn_ok:
+                break
             raise ValueError("message header past the record's end")
         value, _, _, n = _MSG.unpack_from(data, pos)
         pos += _MSG.size + n
         if pos > size:
+            if torn_ok:
+                break
             raise ValueError("body past the record's end")
         values.append(value)
         sizes.append(n)
@@ -211,7 +216,7 @@ def decode_snap(payload: bytes) -> tuple[str, list[str], bytes, list[int], list[
         name, pos = _read_name(payload, pos)
         owing.append(name)
     data = payload[pos:]
-    values, sizes = _index(data)
+    values, sizes = index_messages(data)
     return topic, owing, data, values, sizes
 
 

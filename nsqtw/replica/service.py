@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -128,11 +129,10 @@ class ReplicationService(Service):
                 meta = None
             if not isinstance(meta, dict):
                 meta = None
-            names = [f"{files.prefix}.{n:06d}.{first}.dat" for n, first, *_ in files.segments]
             own_gone = meta is not None and meta.get("role") == "own" and (
                 not self.durable or meta.get("topic") not in self.nsqd.topics)  # (deleted just before a crash)
             if meta is None or own_gone:
-                strays += names + ([f"{files.prefix}.journal"] if files.journal is not None else [])
+                strays += files.names
                 continue
             try:
                 owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])
@@ -168,7 +168,7 @@ class ReplicationService(Service):
             else:
                 state.parts.setdefault(topic, []).append(standby)
         if strays:
-            await lane.submit(remove_files, self.data_path, strays)
+            await lane.submit(remove_files, [os.path.join(self.data_path, name) for name in strays])
         self.owner.incomplete.update(name for name, t in self.nsqd.topics.items()
                                      if not t.ephemeral and name not in self.owner.own)
         if found.logs or strays:

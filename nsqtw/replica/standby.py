@@ -190,9 +190,7 @@ class Standby:
             self._recount()
 
     def finish(self, channel: str, ids: list[bytes]) -> None:
-        raw = channel.encode()
-        self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(raw).to_bytes(2, "big") + raw + b"".join(ids)),
-                       structural=False)
+        self._note_fin(channel, ids)
         debt = self.channels.get(channel)
         if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
             debt = self.channels[channel] = _Debt(self.base, len(self.values))
@@ -208,6 +206,12 @@ class Standby:
                 debt.finished[i] = 1
                 if not self._owed(i):
                     self._mark_done(i)
+
+    def _note_fin(self, channel: str, ids: list[bytes]) -> None:
+        """The journal's FIN entry (what :meth:`restore` reads back into :meth:`finish`)."""
+        raw = channel.encode()
+        self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(raw).to_bytes(2, "big") + raw + b"".join(ids)),
+                       structural=False)
 
     # -- after a link's break: what the owner still holds ------------------------------------------
 
@@ -230,8 +234,7 @@ class Standby:
         for name, d in self.channels.items():
             if name not in owing and not d.finished[i]:
                 d.finished[i] = 1
-                self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(name.encode()).to_bytes(2, "big")
-                                            + name.encode() + b"%016x" % value), structural=False)
+                self._note_fin(name, [b"%016x" % value])
         if not self._owed(i):
             self._mark_done(i)
         return True
