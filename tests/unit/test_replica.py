@@ -548,6 +548,13 @@ class Owner:
         return address, proto, transport
 
 
+def topics_apart(o: Owner) -> tuple[str, str]:
+    """Two topics the owner's choice places on different replicas."""
+    topics = [f"t{i}" for i in range(20)]
+    t = topics[0]
+    return t, next(x for x in topics if o.choice.best(OWN, x) != o.choice.best(OWN, t))
+
+
 def test_a_publish_fires_on_the_ack_that_covers_its_record_only() -> None:
     o = Owner(channels=[("c", False)])
     d1 = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
@@ -673,9 +680,7 @@ def test_records_resent_to_the_next_replica_get_its_own_time_to_ack() -> None:
     next one: that one is judged by when it was sent them, not by how long they waited on the
     silent one, so a healthy replica (and the other topics placed on it) is not dropped with it."""
     o = Owner(timeout=9.0, wait=5.0)
-    topics = [f"t{i}" for i in range(20)]
-    t = topics[0]
-    u = next(x for x in topics if o.choice.best(OWN, x) != o.choice.best(OWN, t))
+    t, u = topics_apart(o)
     d = o.side.published(t, [1], [b"one"], NOW_NS, 0.0)
     first, link1, _ = o.up()
     o.side.published(u, [2], [b"two"], NOW_NS, 0.0)
@@ -706,9 +711,7 @@ def test_a_record_handed_on_behind_newer_ones_is_refused_at_its_own_wait() -> No
     """A lost replica's records go to the next one behind the newer records already sent there; each
     is still refused ``--replica-wait`` after its own publish, not once the newer ones ahead are due."""
     o = Owner(timeout=9.0, wait=5.0)
-    topics = [f"t{i}" for i in range(20)]
-    t = topics[0]
-    u = next(x for x in topics if o.choice.best(OWN, x) != o.choice.best(OWN, t))
+    t, u = topics_apart(o)
     old = o.side.published(t, [1], [b"one"], NOW_NS, 0.0)
     first, _, _ = o.up()
     o.reactor.advance(2.0)
