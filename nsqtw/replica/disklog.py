@@ -75,7 +75,7 @@ class StandbyLog:
     """
 
     def __init__(self, directory: str, prefix: str, executor: IDiskExecutor, durable: bool,
-                 clock: IReactorTime | None = None, meta: dict[str, Any] | None = None) -> None:
+                 clock: IReactorTime | None = None, meta: dict[str, Any] | None = None, journal: bool = True) -> None:
         self.directory = directory
         self.prefix = prefix
         self.executor = executor
@@ -94,11 +94,13 @@ class StandbyLog:
         self.meta = encode_json_entry(Entry.META, 0, meta or {})
         #: journal entries not yet on the lane; whether one of them (or of a write not yet fsynced)
         #: is one a replay cannot do without (all but FINs), and the journal's size
-        self._notes: list[bytes] = [self.meta]
-        self._structural = True
+        self._notes: list[bytes] = [self.meta] if journal else []
+        self._structural = journal
         self.journal_bytes = 0
-        #: off while a start replays the log (its entries are on disk already)
-        self.recording = True
+        #: off while a start replays the log (its entries are on disk already), and for good for a log
+        #: without a journal (``journal`` false: one never read back)
+        self.recording = journal
+        self.journaled = journal
         #: the next append starts a new segment (a start found the last one maybe torn, or a write failed)
         self._sealed = False
         #: a write failed: the journal may end in a torn entry, and is rewritten (Standby.maintain)
@@ -247,9 +249,11 @@ class StandbyLog:
         self._notes = []  # (the checkpoint holds what they say)
         self._structural = False
         self.flush()
+        self.damaged = False
+        if not self.journaled:
+            return
         data = self.meta + checkpoint
         self.journal_bytes = len(data)
-        self.damaged = False
         self.executor.submit(replace_journal, self.journal_path, data, self.durable).addErrback(self._rewrite_failed)
 
     def remove(self) -> Deferred[None]:

@@ -200,7 +200,7 @@ class OwnerSide:
     def __init__(self, reactor: Any, choice: Choice, own_address: Callable[[], str],
                  hello: Callable[[], dict[str, Any]], channels_of: Callable[[str], list[tuple[str, bool]]],
                  timeout: float, wait: float, make_own: Callable[[str], Standby] | None = None,
-                 writing: Callable[[int, Deferred[None]], None] | None = None) -> None:
+                 writing: Callable[[int, Deferred[None]], None] | None = None, durable: bool = False) -> None:
         self.reactor = reactor
         self.clock = reactor
         self.choice = choice
@@ -222,7 +222,7 @@ class OwnerSide:
         #: to it failed): their replica is never told to let go of what it holds (:meth:`_synced`)
         self.incomplete: set[str] = set()
         #: a publisher waits for the own log's write too (--durable-delivery: a restart replays it)
-        self.durable = False
+        self.durable = durable
         #: told of each write to an own log (its bytes, and when it is written): the node's bound
         self._writing = writing or (lambda n, d: None)
 

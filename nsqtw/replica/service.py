@@ -89,8 +89,7 @@ class ReplicationService(Service):
         self.incarnation = ""
         self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
         self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
-                               self.timeout, self.wait, self._own_log, self._writing)
-        self.owner.durable = self.durable
+                               self.timeout, self.wait, self._own_log, self._writing, durable=self.durable)
         #: standbys a start found taken over part way (taken over again once the node runs)
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
@@ -328,12 +327,7 @@ class ReplicationService(Service):
             value = decode_json(payload)
             topic = str(value["topic"])
             state.touched.add(topic)
-            gone = 0
-            for standby in self._held(state, topic):
-                if value.get("complete"):
-                    gone += standby.synced()
-                else:
-                    standby.confirmed = None
+            gone = sum(standby.synced(bool(value.get("complete"))) for standby in self._held(state, topic))
             if gone:
                 self.log.info("REPLICATION({owner}): {count} message(s) of {topic} it finished while its link was"
                               " down let go of", owner=state.name, count=gone, topic=topic)
@@ -480,8 +474,10 @@ class ReplicationService(Service):
         if state is not None:
             meta.update(incarnation=state.incarnation, host=state.host, http_port=state.http_port,
                         started=state.started)
+        # an own log comes back at a start with --durable-delivery only (recover): without, its journal
+        # would be written (an entry per FIN) for nothing
         log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._executor_lane(),
-                         self.durable, self.reactor, meta)
+                         self.durable, self.reactor, meta, journal=role != "own" or self.durable)
         return Standby(owner, topic, log)
 
     def _own_log(self, topic: str) -> Standby:

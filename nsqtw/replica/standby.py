@@ -239,11 +239,12 @@ class Standby:
             self._mark_done(i)
         return True
 
-    def synced(self) -> int:
+    def synced(self, complete: bool) -> int:
         """The owner's SNAPs are all in: a message held before its link came up that none of them
-        named is finished there (its FIN went while the link was down). Returns how many were let go."""
+        named is finished there (its FIN went while the link was down), unless the owner's own log
+        is not ``complete`` (then nothing is let go). Returns how many were let go."""
         confirmed, self.confirmed = self.confirmed, None
-        if confirmed is None:
+        if confirmed is None or not complete:
             return 0
         gone = 0
         for i in range(min(self.mark - self.base, len(confirmed))):

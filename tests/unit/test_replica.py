@@ -2314,3 +2314,21 @@ def test_an_entry_that_cannot_be_read_ends_the_replay_and_the_start_goes_on(tmp_
     node.start()  # (raises if the log stops it)
     assert node.service.owners == {} and (node.path / f"{prefix}.journal").exists()
     node.service.stopService()
+
+
+def test_without_durable_delivery_an_own_log_keeps_no_journal(tmp_path: Any) -> None:
+    """An own log is read back only with --durable-delivery: without, it writes no journal (no entry
+    per FIN for nothing); its segments are written as before, and a standby keeps its journal."""
+    node = Node(tmp_path, address="10.0.0.1")
+    node.nsqd.get_topic("t").get_channel("c")
+    node.service.owner.published("t", [1, 2], [b"a", b"b"], NOW_NS, 0.0)
+    node.service.owner.finished("t", "c", [mid(1)])
+    node.reactor.advance(FLUSH_DELAY)
+    own = node.service.owner.own["t"]
+    own.maintain()
+    assert [p.name.startswith("self~t.") for p in node.path.glob("*.dat")] == [True]
+    assert not list(node.path.glob("self~*.journal"))
+    held_for_owner(node)
+    node.reactor.advance(FLUSH_DELAY)
+    assert len(list(node.path.glob("10.0.0.1_4151~t.*.journal"))) == 1
+    node.service.stopService()
