@@ -106,6 +106,8 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
         self.auth = ClientAuth(nsqd.auth, clock)
         #: whether commands are read and run now (see :class:`Input`)
         self._input = _RUNNING
+        #: the transport was paused because input came while a command waited (:meth:`_block_until`)
+        self._paused_waiting = False
         #: the transport asked us to stop writing (a slow reader): no deliveries meanwhile.
         #: Apart from :attr:`_input`: a client that reads slowly may still publish, and one
         #: that waits on a publish may still be sent the messages it subscribed to
@@ -206,6 +208,9 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
             self.parser.feed(data)
         else:
             self._decoder.feed(data)
+        if self._input is _WAITING:
+            self._pause_waiting()  # a pipelining client: what came is kept, nothing more is read
+            return
         self._process()
 
     def _process(self) -> None:
@@ -418,12 +423,21 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
     def _block_until(self, d: Deferred[Any], then: Callable[[Any], None]) -> None:
         """Read and run nothing more until ``d`` fires, then ``then(result or Failure)``.
 
-        Used while a publish waits for its disk write and while the auth
-        server is asked; ``then`` may raise an NSQError for the client.
+        Used while a publish waits for its disk write or its replica and
+        while the auth server is asked; ``then`` may raise an NSQError for
+        the client. The transport is paused only once more input is here
+        (now, or when it comes): a publisher that waits for each answer, the
+        usual one, costs no ``epoll_ctl`` pair per command.
         """
         self._input = _WAITING
-        self.transport.pauseProducing()  # type: ignore[union-attr]
+        if self.parser.buffered() or self._decoder is not None:
+            self._pause_waiting()
         d.addBoth(self._unblock, then).addErrback(self._unexpected)
+
+    def _pause_waiting(self) -> None:
+        if not self._paused_waiting:
+            self._paused_waiting = True
+            self.transport.pauseProducing()  # type: ignore[union-attr]
 
     def _unexpected(self, failure: Failure) -> None:
         self.log.failure("[{client}] - unexpected error", failure, client=self)
@@ -438,7 +452,9 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
         except NSQError as e:
             self._send_error(e)
         if self._input is _RUNNING:  # not waiting again (``then`` may wait), nor closed
-            self.transport.resumeProducing()  # type: ignore[union-attr]
+            if self._paused_waiting:
+                self._paused_waiting = False
+                self.transport.resumeProducing()  # type: ignore[union-attr]
             self._process()
 
     def _sub(self, args: list[bytes]) -> None:

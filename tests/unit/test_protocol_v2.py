@@ -899,7 +899,9 @@ class SliceTests(SynchronousTestCase):
         self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
         written: Deferred[None] = Deferred()
         proto._block_until(written, lambda _: None)
-        one_turn(clock)  # a turn passes, the write does not: still paused
+        one_turn(clock)  # a turn passes, the write does not: still waiting, read again once more comes
+        self.assertEqual((transport.producerState, proto._input), ("producing", Input.WAITING))
+        proto.dataReceived(b"NOP\n")
         self.assertEqual((transport.producerState, proto._input), ("paused", Input.WAITING))
         written.callback(None)
         self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))

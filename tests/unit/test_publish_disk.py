@@ -119,7 +119,9 @@ class DiskPublishTests(SynchronousTestCase):
         p.dataReceived(encode_mpub(b"t", batch))
         self.settle()
         self.assertEqual(take_frames(t), [])
-        self.assertEqual(t.producerState, "paused")
+        self.assertEqual(t.producerState, "producing")  # nothing more came: no pause to pay for
+        p.dataReceived(b"NOP\n")
+        self.assertEqual(t.producerState, "paused")  # more came: it is kept, nothing more read
         self.assertEqual(backend.backlog(), BACKLOG_LIMIT + 1000)  # not accepted meanwhile
         self.executor.run_all()
         self.settle()
@@ -145,10 +147,10 @@ class DiskPublishTests(SynchronousTestCase):
         backend = self.nsqd.topics["t"].backend
         before = backend.backlog_bytes()
         self.assertGreater(before, BACKLOG_BYTES)
-        p.dataReceived(encode_mpub(b"t", batch))
+        p.dataReceived(encode_mpub(b"t", batch) + b"NOP\n")
         self.settle()
         self.assertEqual(take_frames(t), [])
-        self.assertEqual(t.producerState, "paused")
+        self.assertEqual(t.producerState, "paused")  # more than the waiting MPUB came: read no further
         self.assertEqual(backend.backlog_bytes(), before)
         for _ in range(3):
             self.executor.run_all()
@@ -488,7 +490,7 @@ class NodeWideBoundTests(SynchronousTestCase):
 
     def test_publishers_of_other_topics_wait_at_the_node_bound(self) -> None:
         """Ten topics, each far under its own bound, fill the node's: the next MPUB, to a topic with
-        nothing unwritten, is not read (its bytes stay with the transport) until writes bring the
+        nothing unwritten, is not taken (and its publisher not read further) until writes bring the
         node back under the bound; then it is taken and answered."""
         from nsqtw.protocol.wire import encode_mpub
         p, t = connect(self.nsqd, self.clock)
@@ -502,7 +504,8 @@ class NodeWideBoundTests(SynchronousTestCase):
         self.assertGreater(unwritten.total, self.LIMIT)
         self.assertTrue(all(self.nsqd.topics[f"t{i}"].has_room() for i in range(crossing)))
         self.assertNotIn(f"t{crossing}", self.nsqd.topics)  # not accepted, not even looked at
-        self.assertEqual(t.producerState, "paused")
+        p.dataReceived(b"NOP\n")
+        self.assertEqual(t.producerState, "paused")  # and nothing more is read from it
         self.assertIsNotNone(self.nsqd.wait_for_room("other"))  # HTTP asks the same rule
         for _ in range(3):
             self.executor.run_all()
