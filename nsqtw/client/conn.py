@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet import ssl, tcp
+from twisted.internet import ssl
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IProtocol, IProtocolFactory, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -27,14 +27,13 @@ from nsqtw.client.config import Config
 from nsqtw.client.errors import ConnectionClosed, NSQClientError, NSQErrorResponse
 from nsqtw.interfaces import IConnectionDelegate, IStreamCodec
 from nsqtw.log import Logger
-from nsqtw.net.eager import send_now
+from nsqtw.net.eager import direct_sender
 from nsqtw.net.listen import client_endpoint, split_host_port
 from nsqtw.net.tls import client_trust_root
-from nsqtw.net.twisted_privates import WRITE_BUFFER_ATTRIBUTES, may_send_now
 from nsqtw.protocol.compress import CodecError, CompressingTransport, DeflateCodec, SnappyCodec
 from nsqtw.protocol.wire import MAGIC_V2, NOP, FrameParser, FrameTooLarge, encode_command
 
-__all__ = ["Dialer", "NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect", "direct_sender"]
+__all__ = ["Dialer", "NSQClientFactory", "NSQClientProtocol", "client_tls_options", "connect"]
 
 FRAME_RESPONSE = 0
 FRAME_ERROR = 1
@@ -305,36 +304,6 @@ class NSQClientProtocol(Protocol):
             self._send_now = direct_sender(self.transport)
         self._ready_fired = True
         self.ready.callback(self)
-
-
-def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
-    """For a plain TCP transport, a ``send(data)`` that writes to the socket at once.
-
-    As asyncio's transports do: when Twisted holds nothing unsent for the
-    connection, ``data`` goes straight to the socket, and only what the
-    socket does not take (or everything, on any error, which Twisted's own
-    write then meets and reports) is queued with ``transport.write``; when
-    Twisted holds something, ``data`` is queued behind it. The order of the
-    bytes is kept either way. None for any other transport (TLS, a test's
-    transport), or a Twisted whose TCP transport lacks the buffers looked at
-    (read through :mod:`nsqtw.net.twisted_privates`).
-    """
-    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
-        return None
-    if not hasattr(transport, "socket") or not all(hasattr(transport, a) for a in WRITE_BUFFER_ATTRIBUTES):
-        return None
-    sock = transport.socket
-
-    def send(data: bytes) -> None:
-        t = transport
-        if not t.connected or t.disconnecting or not may_send_now(t):
-            t.write(data)
-            return
-        rest = send_now(sock, data)
-        if rest:
-            t.write(rest)
-
-    return send
 
 
 class NSQClientFactory(Factory):

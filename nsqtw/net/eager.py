@@ -23,6 +23,7 @@ from __future__ import annotations
 import _socket
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import address, defer, error, tcp
@@ -53,14 +54,45 @@ def send_now(sock: socket.socket, data: bytes) -> bytes:
     back (usually ``b""``) to Twisted's ``write``. On any error (``EAGAIN``,
     or a broken connection) all of ``data`` comes back, and Twisted's own
     write then meets the error and reports it. Used by :class:`EagerServer`
-    and by the client library's connections
-    (:func:`nsqtw.client.conn.direct_sender`).
+    and by :func:`direct_sender`.
     """
     try:
         sent = sock.send(data)
     except OSError:
         return data
     return data[sent:] if sent < len(data) else b""
+
+
+def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
+    """For a plain TCP transport, a ``send(data)`` that writes to the socket at once.
+
+    As asyncio's transports do: when Twisted holds nothing unsent for the
+    connection, ``data`` goes straight to the socket, and only what the
+    socket does not take (or everything, on any error, which Twisted's own
+    write then meets and reports) is queued with ``transport.write``; when
+    Twisted holds something, ``data`` is queued behind it. The order of the
+    bytes is kept either way. None for any other transport (TLS, a test's
+    transport), or a Twisted whose TCP transport lacks the buffers looked at
+    (read through :mod:`nsqtw.net.twisted_privates`). The client library's
+    connections and a replication link's owner end use it: connections
+    Twisted made, not a listener's :class:`EagerServer`.
+    """
+    if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
+        return None
+    if not hasattr(transport, "socket") or not all(hasattr(transport, a) for a in WRITE_BUFFER_ATTRIBUTES):
+        return None
+    sock = transport.socket
+
+    def send(data: bytes) -> None:
+        t = transport
+        if not t.connected or t.disconnecting or not may_send_now(t):
+            t.write(data)
+            return
+        rest = send_now(sock, data)
+        if rest:
+            t.write(rest)
+
+    return send
 
 
 #: the most buffers one ``sendmsg`` takes (Linux's ``IOV_MAX``); more wait for Twisted's write

@@ -7,7 +7,9 @@ replica answers ``101 Switching Protocols`` the connection carries records
 own: nothing more to configure or open, and with ``--workers`` the HTTP
 listener is in the core with the topics.
 
-A turn's records leave in one gathered write; a side that sent nothing for
+A turn's records leave in one write, straight to the socket when Twisted
+holds nothing unsent for it (:func:`~nsqtw.net.eager.direct_sender`: no
+``epoll`` turn for a replicated publish's record or its ACK); a side that sent nothing for
 :data:`BEAT_INTERVAL` (less with a short ``--replica-timeout``: a tenth of it) sends a
 ``BEAT``, so silence means trouble.
 """
@@ -15,14 +17,16 @@ A turn's records leave in one gathered write; a side that sent nothing for
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 from typing import Protocol as TypingProtocol
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
+from nsqtw.net.eager import direct_sender
 from nsqtw.replica.records import Kind, frame, split_records
 
 __all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "upgrade_request"]
@@ -74,6 +78,8 @@ class Link(Protocol):
         self.last_heard = clock.seconds()
         self._last_sent = self.last_heard
         self._out: list[bytes] = []
+        #: writes to the socket at once (a plain TCP connection), else None: Twisted's write
+        self._direct: Callable[[bytes], None] | None = None
         self._flush_call: IDelayedCall | None = None
         self._beat_call: IDelayedCall | None = None
         #: the bytes of a record not whole yet, as they came, and how many it needs in all (0: not
@@ -91,6 +97,7 @@ class Link(Protocol):
     def records_begin(self) -> None:
         """The connection carries records from now on."""
         self.connected_up = True
+        self._direct = direct_sender(self.transport)
         self.last_heard = self._last_sent = self.clock.seconds()
         self._beat_call = self.clock.callLater(self.beat, self._beat)
         self.handler.link_up(self)
@@ -133,7 +140,10 @@ class Link(Protocol):
         self._flush_call = None
         out, self._out = self._out, []
         if out and not self.closed and self.transport is not None:
-            self.transport.writeSequence(out)
+            if self._direct is not None:
+                self._direct(out[0] if len(out) == 1 else b"".join(out))
+            else:
+                self.transport.writeSequence(out)
             self._last_sent = self.clock.seconds()
 
     def _beat(self) -> None:
@@ -198,6 +208,8 @@ class OwnerLink(Link):
         self._head = b""
 
     def connectionMade(self) -> None:
+        if ITCPTransport.providedBy(self.transport):
+            self.transport.setTcpNoDelay(True)  # records are small: no Nagle wait
         self.transport.write(upgrade_request(self.host))  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:

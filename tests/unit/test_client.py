@@ -191,7 +191,7 @@ class ProtocolTests(SynchronousTestCase):
 
         from twisted.internet import tcp
 
-        from nsqtw.client.conn import direct_sender
+        from nsqtw.net.eager import direct_sender
 
         class FakeTCP(tcp.Connection):
             def __init__(self, sock: socket.socket) -> None:  # no reactor: only what send looks at
