@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, Final
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
+from nsqtw.core.unwritten import UnwrittenBytes
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.replica.journal import Entry, encode_json_entry, remove_files, replace_journal
 
@@ -63,6 +65,17 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+class _Job:
+    """One append job on the lane: who waits for it (None once it ended), its bytes, its failure."""
+
+    __slots__ = ("waiters", "nbytes", "failure")
+
+    def __init__(self, waiters: list[Deferred[None]], nbytes: int) -> None:
+        self.waiters: list[Deferred[None]] | None = waiters
+        self.nbytes = nbytes
+        self.failure: Failure | None = None
+
+
 class StandbyLog:
     """One log's messages on disk: segments appended on the disk lane, deleted once done, and its
     journal (:mod:`nsqtw.replica.journal`).
@@ -72,10 +85,17 @@ class StandbyLog:
     :data:`FLUSH_BYTES` wait (a replicated publish costs no thread hop of its own); anything else
     asked of the lane (a read, a removal) first sends what is waiting, so the lane keeps the order
     it was asked in. Journal entries alone wait :data:`FLUSH_DELAY`.
+
+    An append makes no Deferred: who must wait for the disk (an ACK or OK with
+    --durable-delivery) asks :meth:`written` once for what it appended; the
+    bytes not yet written count in ``unwritten`` (the node's bound) until their
+    job ends, and a job that fails is reported to ``on_failed``, once.
     """
 
     def __init__(self, directory: str, prefix: str, executor: IDiskExecutor, durable: bool,
-                 clock: IReactorTime | None = None, meta: dict[str, Any] | None = None, journal: bool = True) -> None:
+                 clock: IReactorTime | None = None, meta: dict[str, Any] | None = None, journal: bool = True,
+                 unwritten: UnwrittenBytes | None = None,
+                 on_failed: Callable[[Failure], None] | None = None) -> None:
         self.directory = directory
         self.prefix = prefix
         self.executor = executor
@@ -84,10 +104,16 @@ class StandbyLog:
         #: [segment number, first arrival in it, bytes]
         self.segments: list[list[int]] = []
         self._next = 0
-        #: appends of this turn: (path, data), and who waits for them
+        #: appends not yet on the lane: (path, data), their bytes, and who waits for them (:meth:`written`)
         self._waiting: list[tuple[str, bytes]] = []
-        self._waiters: list[Deferred[None]] = []
         self._buffered = 0
+        self._waiters: list[Deferred[None]] = []
+        #: the last append job sent to the lane: its waiters while it runs, its failure once ended
+        self._last: _Job | None = None
+        #: the current segment's file
+        self._path = ""
+        self.unwritten = unwritten
+        self.on_failed = on_failed
         self._flush_call: IDelayedCall | None = None
         self.journal_path = os.path.join(directory, f"{prefix}.journal")
         #: the log's identity, the journal's first entry (kept for its rewrites)
@@ -116,30 +142,43 @@ class StandbyLog:
     def path(self, number: int, first: int) -> str:
         return os.path.join(self.directory, f"{self.prefix}.{number:06d}.{first}.dat")
 
-    def append(self, data: bytes, first_arrival: int) -> Deferred[None]:
-        """Write messages that start at arrival ``first_arrival``; fires once written (and, durable,
-        fsynced)."""
+    def append(self, data: bytes, first_arrival: int) -> None:
+        """Write messages that start at arrival ``first_arrival`` (:meth:`written` says when)."""
         segments = self.segments
         if not segments or segments[-1][2] >= SEGMENT_BYTES or self._sealed:
             segments.append([self._next, first_arrival, 0])
             self._next += 1
             self._sealed = False
-        segments[-1][2] += len(data)
-        path = self.path(segments[-1][0], segments[-1][1])
+            self._path = self.path(self._next - 1, first_arrival)
+        n = len(data)
+        segments[-1][2] += n
+        if self.unwritten is not None:
+            self.unwritten.add(n)
+        self._waiting.append((self._path, data))
+        self._buffered += n
         if self.clock is None:
-            notes, sync = self._take_notes()
-            return self._submit([(path, data)], notes, sync)
-        self._waiting.append((path, data))
-        self._buffered += len(data)
-        d: Deferred[None] = Deferred()
-        self._waiters.append(d)
-        if self._buffered >= FLUSH_BYTES:
+            self._flush()
+        elif self._buffered >= FLUSH_BYTES:
             self.flush()
         else:
             # durable: at the turn's end (its ACK waits for the fsync); else gathered a while, as
             # nothing waits for the write but the node's bound of unwritten bytes
             self._flush_within(0 if self.durable else FLUSH_DELAY)
-        return d
+
+    def written(self) -> Deferred[None]:
+        """Fires once the last append is written (and, durable, fsynced); fails if its job did."""
+        if self._waiting:
+            d: Deferred[None] = Deferred()
+            self._waiters.append(d)
+            return d
+        last = self._last
+        if last is None:
+            return succeed(None)
+        if last.waiters is not None:
+            d = Deferred()
+            last.waiters.append(d)
+            return d
+        return succeed(None) if last.failure is None else fail(last.failure)
 
     def note(self, entry: bytes, structural: bool = True) -> None:
         """A journal entry, written with the next appends or :data:`FLUSH_DELAY` from now.
@@ -201,18 +240,26 @@ class StandbyLog:
                 self._submit([], notes, False).addErrback(lambda _: None)  # (damaged: rewritten)
             return
         waiting, self._waiting = self._waiting, []
-        waiters, self._waiters = self._waiters, []
+        job = self._last = _Job(self._waiters, self._buffered)
+        self._waiters = []
         self._buffered = 0
         notes, sync = self._take_notes()
+        self._submit(waiting, notes, sync).addBoth(self._done, job)
 
-        def done(result: object) -> None:
-            for d in waiters:
-                if isinstance(result, Failure):
-                    d.errback(result)
-                else:
-                    d.callback(None)
-
-        self._submit(waiting, notes, sync).addBoth(done)
+    def _done(self, result: object, job: _Job) -> None:
+        """An append job ended: its bytes leave the node's unwritten count, its waiters hear."""
+        waiters, job.waiters = job.waiters, None
+        if self.unwritten is not None:
+            self.unwritten.remove(job.nbytes)
+        if isinstance(result, Failure):
+            job.failure = result
+            if self.on_failed is not None:
+                self.on_failed(result)
+        for d in waiters or ():
+            if job.failure is not None:
+                d.errback(job.failure)
+            else:
+                d.callback(None)
 
     def flush(self) -> None:
         """Everything waiting to the lane now (a read, a removal, a rewrite, a takeover, the node's stop)."""

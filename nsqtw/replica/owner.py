@@ -200,7 +200,7 @@ class OwnerSide:
     def __init__(self, reactor: Any, choice: Choice, own_address: Callable[[], str],
                  hello: Callable[[], dict[str, Any]], channels_of: Callable[[str], list[tuple[str, bool]]],
                  timeout: float, wait: float, make_own: Callable[[str], Standby] | None = None,
-                 writing: Callable[[int, Deferred[None]], None] | None = None, durable: bool = False) -> None:
+                 durable: bool = False) -> None:
         self.reactor = reactor
         self.clock = reactor
         self.choice = choice
@@ -223,8 +223,6 @@ class OwnerSide:
         self.incomplete: set[str] = set()
         #: a publisher waits for the own log's write too (--durable-delivery: a restart replays it)
         self.durable = durable
-        #: told of each write to an own log (its bytes, and when it is written): the node's bound
-        self._writing = writing or (lambda n, d: None)
 
     # -- placing topics -------------------------------------------------------------------------
 
@@ -284,8 +282,10 @@ class OwnerSide:
             run = list(group)
             data = b"".join(pub_messages([v], [body], ts, 0.0) for _, v, ts, body in run)
             values, sizes = [v for _, v, _, _ in run], [len(body) for *_, body in run]
-            self._writing(len(data), own.add_snapshot(data, values, sizes, list(owing)) if owing
-                          else own.add(data, values, sizes))
+            if owing:
+                own.add_snapshot(data, values, sizes, list(owing))
+            else:
+                own.add(data, values, sizes)
 
     def recopy(self, topic: str) -> None:
         """Send the topic's replica its own log again (``SNAP``s; it skips what it holds): after a
@@ -369,22 +369,22 @@ class OwnerSide:
                   delay: float) -> Deferred[None]:
         messages = pub_messages(values, bodies, timestamp, delay)
         own = self._own(topic)
-        written = None
         if own is not None:
-            written = own.add(messages, list(values), [len(b) for b in bodies])
-            written.addErrback(self._own_failed, topic)
-            self._writing(len(messages), written)
+            own.add(messages, list(values), [len(b) for b in bodies])
         p = Pending(topic, frame_pub(topic, len(bodies), messages), self.clock.seconds())
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
         self._place(p)
-        if self.durable and written is not None and not written.called:
+        if self.durable and own is not None:
             # the OK also waits for the own log's fsync: a restart replays that log, and a replica
-            # told SYNCED lets go of what it does not name (usually written long before the ACK)
-            return all_of([d, written])
+            # told SYNCED lets go of what it does not name (usually written long before the ACK). A
+            # write that fails fails no publish: the replica's copy stands (:meth:`own_failed`)
+            written = own.disk.written().addErrback(lambda _: None)
+            if not written.called:
+                return all_of([d, written])
         return d
 
-    def _own_failed(self, failure: Failure, topic: str) -> None:
+    def own_failed(self, topic: str, failure: Failure) -> None:
         """The own log could not be written: it is not the whole story of the topic any more (said
         once: a full disk fails every publish's write)."""
         if topic not in self.incomplete:

@@ -22,6 +22,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -89,7 +90,7 @@ class ReplicationService(Service):
         self.incarnation = ""
         self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
         self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
-                               self.timeout, self.wait, self._own_log, self._writing, durable=self.durable)
+                               self.timeout, self.wait, self._own_log, durable=self.durable)
         #: standbys a start found taken over part way (taken over again once the node runs)
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
@@ -135,7 +136,7 @@ class ReplicationService(Service):
                 continue
             try:
                 owner, topic, role = str(meta["owner"]), str(meta["topic"]), str(meta["role"])
-                log = StandbyLog(self.data_path, files.prefix, lane, self.durable, self.reactor, meta)
+                log = self._log(files.prefix, meta, topic if role == "own" else None)
                 standby = Standby.restore(owner, topic, log, files)
             except Exception as e:  # noqa: BLE001 - one log that cannot be read stops no start
                 self.log.error("REPLICATION: {prefix} cannot be read back - {error}; its files are left as they are",
@@ -289,7 +290,9 @@ class ReplicationService(Service):
         if kind == Kind.PUB:
             topic, data, values, sizes = split_pub(payload)
             state.touched.add(topic)
-            self._keep(self._standby(state, topic).add(data, values, sizes), len(data))
+            standby = self._standby(state, topic)
+            standby.add(data, values, sizes)
+            self._keep(standby)
         elif kind == Kind.SNAP:
             topic, owing, data, values, sizes = decode_snap(payload)
             state.touched.add(topic)
@@ -334,14 +337,11 @@ class ReplicationService(Service):
         elif kind == Kind.BYE:
             state.said_bye = True
 
-    def _keep(self, written: Deferred[None], nbytes: int) -> None:
-        """A standby's write: counted in the node's unwritten bytes; with --durable-delivery this
-        read's ACK waits for it (a failure closes the link: :meth:`_not_written`)."""
-        self._count(written, nbytes)
+    def _keep(self, standby: Standby) -> None:
+        """A standby was written to: with --durable-delivery this read's ACK waits for its write (a
+        failure closes the link: :meth:`_not_written`)."""
         if self.durable:
-            self._writes.append(written)
-        else:
-            written.addErrback(self._write_failed)
+            self._writes.append(standby.disk.written())
 
     def _snap(self, state: OwnerState, topic: str, owing: list[str], data: bytes, values: list[int],
               sizes: list[int]) -> None:
@@ -366,7 +366,8 @@ class ReplicationService(Service):
             parts.append(self._new_standby(state.name, topic, "part", state))
             for name in self._held(state, topic)[0].channels:
                 parts[-1].channel(name, False)
-        self._keep(parts[-1].add_snapshot(data, values, sizes, owing), len(data))
+        parts[-1].add_snapshot(data, values, sizes, owing)
+        self._keep(parts[-1])
 
     def link_read(self, link: Link) -> None:
         """One ACK per read of a link: once its records are in this process, or, with
@@ -403,10 +404,6 @@ class ReplicationService(Service):
         self.log.error("REPLICATION: a standby could not be written - {error}; closing the link from {peer}",
                        error=failure.getErrorMessage(), peer=link.peer_text())
         link.abort()
-
-    def _written(self, result: object, nbytes: int) -> object:
-        self.nsqd.unwritten.remove(nbytes)
-        return result
 
     def _resume(self, _: object) -> None:
         paused, self._paused = self._paused, set()
@@ -474,24 +471,22 @@ class ReplicationService(Service):
         if state is not None:
             meta.update(incarnation=state.incarnation, host=state.host, http_port=state.http_port,
                         started=state.started)
+        log = self._log(f"{log_prefix(owner, topic)}.{self._logs}", meta, topic if role == "own" else None)
+        return Standby(owner, topic, log)
+
+    def _log(self, prefix: str, meta: dict[str, Any], own: str | None) -> StandbyLog:
+        """A log's files (the node's own log of topic ``own``, or a standby's): its bytes count in
+        the node's unwritten bytes until written; a failed write is logged (an own log's marks its
+        topic incomplete: :meth:`OwnerSide.own_failed`)."""
+        on_failed = self._write_failed if own is None else partial(self.owner.own_failed, own)
         # an own log comes back at a start with --durable-delivery only (recover): without, its journal
         # would be written (an entry per FIN) for nothing
-        log = StandbyLog(self.data_path, f"{log_prefix(owner, topic)}.{self._logs}", self._executor_lane(),
-                         self.durable, self.reactor, meta, journal=role != "own" or self.durable)
-        return Standby(owner, topic, log)
+        return StandbyLog(self.data_path, prefix, self._executor_lane(), self.durable, self.reactor, meta,
+                          journal=own is None or self.durable, unwritten=self.nsqd.unwritten, on_failed=on_failed)
 
     def _own_log(self, topic: str) -> Standby:
         """This node's own log of a topic's unfinished messages (a new replica is sent them)."""
         return self._new_standby("self", topic, "own")
-
-    def _writing(self, nbytes: int, written: Deferred[None]) -> None:
-        """A write to this node's own log: counted in the node's unwritten bytes."""
-        self._count(written, nbytes).addErrback(self._write_failed)
-
-    def _count(self, written: Deferred[None], nbytes: int) -> Deferred[None]:
-        """Bytes on their way to a log on this disk count in the node's unwritten bytes until written."""
-        self.nsqd.unwritten.add(nbytes)
-        return written.addBoth(self._written, nbytes)
 
     def _write_failed(self, failure: Failure) -> None:
         self.log.error("REPLICATION: a log write failed - {error}", error=failure.getErrorMessage())

@@ -95,12 +95,11 @@ class Standby:
         """Arrival number the next message gets."""
         return self.base + len(self.values)
 
-    def add(self, data: bytes, values: list[int], sizes: list[int]) -> Deferred[None]:
-        """Messages of a PUB record (``data``: as the record holds them): held from now; fires
-        once they are on disk."""
-        written = self.disk.append(data, self.arrivals)
+    def add(self, data: bytes, values: list[int], sizes: list[int]) -> None:
+        """Messages of a PUB record (``data``: as the record holds them): held from now, on disk
+        once ``disk.written()`` fires."""
+        self.disk.append(data, self.base + len(self.values))
         self._hold(values, sizes)
-        return written
 
     def _hold(self, values: Any, sizes: Any) -> None:
         n = len(values)
@@ -113,12 +112,11 @@ class Standby:
         self.live += n
         self.live_bytes += sum(sizes)
 
-    def add_snapshot(self, data: bytes, values: list[int], sizes: list[int], owing: list[str]) -> Deferred[None]:
+    def add_snapshot(self, data: bytes, values: list[int], sizes: list[int], owing: list[str]) -> None:
         """Messages a ``SNAP`` record carried: held from now, owed by exactly the channels ``owing``."""
         self.disk.note(encode_json_entry(Entry.OWING, self.arrivals, {"n": len(values), "owing": owing}))
-        written = self.disk.append(data, self.arrivals)
+        self.disk.append(data, self.arrivals)
         self._hold_owed(values, sizes, owing)
-        return written
 
     def _hold_owed(self, values: Any, sizes: Any, owing: list[str]) -> None:
         first = len(self.values)

@@ -24,6 +24,7 @@ from twisted.test import iosim
 from nsqtw.core.admission import PUBLISHED, Failed, settled
 from nsqtw.core.message import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.core.nsqd import NSQD, all_of
+from nsqtw.core.unwritten import UnwrittenBytes
 from nsqtw.errors import ReplicaError
 from nsqtw.http.base import APIError
 from nsqtw.nsqd.http import HTTPAPI
@@ -789,7 +790,8 @@ def add(s: Standby, *ns: int, timestamp: int = NOW_NS, delay: float = 0.0, body:
     record = encode_pub(s.topic, list(ns), [body if body is not None else b"m%d" % n for n in ns], timestamp, delay)
     [(_, payload)] = split_all(record)
     _, data, values, sizes = split_pub(payload)
-    return s.add(data, values, sizes)
+    s.add(data, values, sizes)
+    return s.disk.written()
 
 
 def held(s: Standby) -> list[bytes]:
@@ -1872,11 +1874,17 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
             return super().submit(fn, *args)
 
     clock = Clock()
-    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock)
-    written = [log.append(b"a" * 10, 0), log.append(b"b" * 10, 1)]
-    assert jobs == [] and not any(d.called for d in written)
+    unwritten = UnwrittenBytes(1 << 20)
+    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock,
+                     unwritten=unwritten)
+    log.append(b"a" * 10, 0)
+    first = log.written()
+    log.append(b"b" * 10, 1)
+    written = [first, log.written()]  # (a Deferred only for who asks: none per append)
+    assert jobs == [] and not any(d.called for d in written) and unwritten.total == 20
     clock.advance(FLUSH_DELAY)
-    assert jobs == ["_append_all"] and all(d.called for d in written)
+    assert jobs == ["_append_all"] and all(d.called for d in written) and unwritten.total == 0
+    assert log.written().called  # nothing waiting: at once
     log.append(b"c" * 10, 2)
     got: list[bytes] = []
     log.read_number(0, 0).addCallback(got.append)
@@ -2272,13 +2280,14 @@ def test_a_write_that_failed_part_way_seals_its_segment_and_has_the_journal_rewr
     message and entry there is misread (the copies acked after it lost at a takeover). The next append
     starts a new segment, the next maintain rewrites the journal, and what was written is read back."""
     lane = FailingOnce()
+    reported: list[Failure] = []
     log = StandbyLog(str(tmp_path), log_prefix(OWNER, "t") + ".1", lane, False, None,
-                     {"owner": OWNER, "topic": "t", "role": "main"})
+                     {"owner": OWNER, "topic": "t", "role": "main"}, on_failed=reported.append)
     s = Standby(OWNER, "t", log)
     s.channel("c", True)
     failures: list[Failure] = []
     add(s, 1, 2).addErrback(failures.append)  # torn: half of it on disk, the journal's entries too
-    assert failures and log.damaged
+    assert failures and log.damaged and len(reported) == 1
     add(s, 3)
     s.finish("c", [mid(3)])
     add(s, 4)
