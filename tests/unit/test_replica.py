@@ -221,6 +221,49 @@ def test_a_turns_records_leave_in_one_gathered_write_numbered_from_one() -> None
     assert len(transport.sequences) == 2
 
 
+def test_on_a_plain_tcp_connection_a_turns_records_go_straight_to_the_socket() -> None:
+    """A replicated publish's record (and a replica's ACK) costs no epoll turn of its own: on a
+    plain TCP connection with nothing queued, the turn's records are sent to the socket at once,
+    in one send; only what the socket does not take is left to Twisted's write."""
+    import socket
+
+    from twisted.internet import tcp
+
+    class PlainTCP(tcp.Connection):
+        def __init__(self, sock: socket.socket) -> None:  # no reactor: only what a send looks at
+            self.socket = sock
+            self.connected = 1
+            self._tempDataLen = 0
+            self.queued: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.queued.append(data)
+
+        def writeSequence(self, seq: list[bytes]) -> None:
+            self.queued.extend(seq)
+
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        b.settimeout(1.0)
+        clock = Clock()
+        link = Link(Handler(), clock)
+        transport = PlainTCP(a)
+        link.makeConnection(transport)
+        link.records_begin()
+        link.send(encode_ack(1))
+        link.send(encode_ack(2))
+        clock.advance(0)
+        assert b.recv(100) == encode_ack(1) + encode_ack(2) and transport.queued == []
+        transport._tempDataLen = 5  # Twisted holds bytes not yet sent: the records queue behind them
+        link.send(encode_ack(3))
+        clock.advance(0)
+        assert transport.queued == [encode_ack(3)]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_beat_goes_after_a_second_without_another_record() -> None:
     link, transport, _, clock = up_link()
     clock.advance(BEAT_INTERVAL)
