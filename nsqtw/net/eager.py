@@ -75,8 +75,11 @@ def direct_sender(transport: Any) -> Callable[[bytes], None] | None:
     transport), or a Twisted whose TCP transport lacks the buffers looked at
     (read through :mod:`nsqtw.net.twisted_privates`). The client library's
     connections and a replication link's owner end use it: connections
-    Twisted made, not a listener's :class:`EagerServer`.
+    Twisted made; a listener's :class:`EagerServer` gets its own ``write``,
+    which sends at once already and keeps its :meth:`~EagerServer.cork`.
     """
+    if isinstance(transport, EagerServer):
+        return transport.write if not transport.TLS else None
     if not isinstance(transport, tcp.Connection) or getattr(transport, "TLS", True):
         return None
     if not hasattr(transport, "socket") or not all(hasattr(transport, a) for a in WRITE_BUFFER_ATTRIBUTES):

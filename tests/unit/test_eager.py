@@ -157,6 +157,20 @@ class EagerServerTests(SynchronousTestCase):
         self.server.write(b"after")  # no longer corked: at once
         self.assertEqual(self.sock.sends[-1], b"after")
 
+    def test_its_direct_sender_is_its_own_write_and_keeps_the_cork(self) -> None:
+        """direct_sender of an EagerServer (a replication link's replica end) sends at once as its
+        write does, and never ahead of what a cork holds."""
+        send = eager.direct_sender(self.server)
+        assert send is not None
+        send(b"now")
+        self.assertEqual((self.sock.sends, self.received()), ([b"now"], b"now"))
+        self.server.cork()
+        self.server.write(b"head ")
+        send(b"body")
+        self.assertEqual(self.received(), b"")
+        self.server.uncork()
+        self.assertEqual(self.received(), b"head body")
+
     def test_write_sequence_is_one_send(self) -> None:
         """writeSequence on an idle connection sends its parts in one gathered send instead of buffering them."""
         self.server.writeSequence([b"a", b"b", b"c"])
