@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -129,6 +131,23 @@ def link_records(transport: StringTransport) -> list[tuple[int, list[Any]]]:
 
 
 @implementer(IDiskExecutor)
+class PlainTCP(tcp.Connection):
+    """A plain TCP transport on ``sock`` without a reactor: only what a direct send looks at
+    (:func:`nsqtw.net.eager.direct_sender`); what Twisted's write would queue lands in ``queued``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+        self.connected = 1
+        self._tempDataLen = 0
+        self.queued: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.queued.append(data)
+
+    def writeSequence(self, seq: list[bytes]) -> None:
+        self.queued.extend(seq)
+
+
 class ManualExecutor:
     """A disk lane whose jobs wait, in order, until the test runs them (a disk thread busy elsewhere)."""
 

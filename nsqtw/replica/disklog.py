@@ -193,8 +193,7 @@ class StandbyLog:
         self._notes.append(entry)
         self._structural = self._structural or structural
         if self.clock is None:
-            notes, _ = self._take_notes(False)
-            self._submit([], notes, False).addErrback(lambda _: None)
+            self._flush()
         else:
             self._flush_within(FLUSH_DELAY)
 

@@ -141,7 +141,7 @@ class Link(Protocol):
         out, self._out = self._out, []
         if out and not self.closed and self.transport is not None:
             if self._direct is not None:
-                self._direct(out[0] if len(out) == 1 else b"".join(out))
+                self._direct(b"".join(out))  # (one record: itself, not a copy)
             else:
                 self.transport.writeSequence(out)
             self._last_sent = self.clock.seconds()

@@ -98,7 +98,7 @@ class Standby:
     def add(self, data: bytes, values: list[int], sizes: list[int]) -> None:
         """Messages of a PUB record (``data``: as the record holds them): held from now, on disk
         once ``disk.written()`` fires."""
-        self.disk.append(data, self.base + len(self.values))
+        self.disk.append(data, self.arrivals)
         self._hold(values, sizes)
 
     def _hold(self, values: Any, sizes: Any) -> None:

@@ -189,25 +189,14 @@ class ProtocolTests(SynchronousTestCase):
         after what it took. Other transports get none."""
         import socket
 
-        from twisted.internet import tcp
-
         from nsqtw.net.eager import direct_sender
-
-        class FakeTCP(tcp.Connection):
-            def __init__(self, sock: socket.socket) -> None:  # no reactor: only what send looks at
-                self.socket = sock
-                self.connected = 1
-                self._tempDataLen = 0
-                self.queued: list[bytes] = []
-
-            def write(self, data: bytes) -> None:
-                self.queued.append(data)
+        from tests.helpers import PlainTCP
 
         a, b = socket.socketpair()
         self.addCleanup(a.close)
         self.addCleanup(b.close)
         a.setblocking(False)
-        t = FakeTCP(a)
+        t = PlainTCP(a)
         send = direct_sender(t)
         assert send is not None
         send(b"FIN x\n")

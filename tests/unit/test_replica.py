@@ -227,20 +227,7 @@ def test_on_a_plain_tcp_connection_a_turns_records_go_straight_to_the_socket() -
     in one send; only what the socket does not take is left to Twisted's write."""
     import socket
 
-    from twisted.internet import tcp
-
-    class PlainTCP(tcp.Connection):
-        def __init__(self, sock: socket.socket) -> None:  # no reactor: only what a send looks at
-            self.socket = sock
-            self.connected = 1
-            self._tempDataLen = 0
-            self.queued: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.queued.append(data)
-
-        def writeSequence(self, seq: list[bytes]) -> None:
-            self.queued.extend(seq)
+    from tests.helpers import PlainTCP
 
     a, b = socket.socketpair()
     try:
