@@ -85,6 +85,10 @@ class Channel:
         self.e2e: Quantile | None = None
         #: ``--replicas=2``: told of each run of FINs (set by NSQD.make_channel), None without
         self.replication: IReplication | None = None
+        #: ``--replicas=2``: IDs a replica delivered while this node was away (:meth:`drop_taken`); while
+        #: ``held`` (a start's first seconds: ``nsqtw.replica.notice``), nothing is delivered, waiting for them
+        self.taken_elsewhere: set[bytes] = set()
+        self.held = False
 
         self._rotation = 0
         #: due times (unix seconds) of deferred messages flushed at the last stop
@@ -346,8 +350,27 @@ class Channel:
         k = min(n - len(out), len(self.memory))
         if k > 0:
             out.extend(self.take_queued(k))
+        if self.taken_elsewhere:
+            out = self._left_out(out)
         delivery.taking(out)
         return out
+
+    def drop_taken(self, ids: Iterable[bytes]) -> None:
+        """A replica that took this topic over while this node was away delivered these: left out."""
+        self.taken_elsewhere.update(ids)
+        self._pump.wake()
+
+    def _left_out(self, out: list[Message]) -> list[Message]:
+        keep = [m for m in out if m.id not in (taken := self.taken_elsewhere)]
+        if len(keep) < len(out):
+            taken.difference_update(gone := [m.id for m in out if m.id in taken])
+            if self.replication is not None:
+                self.replication.finished(self.topic_name, self.name, gone)
+            if not keep and self.depth():
+                self.wake()  # (all left out: the next ones next turn)
+        if not self.depth() and not self.deferred.live:
+            taken.clear()  # nothing left that could be one of them
+        return keep
 
     def _fresh(self, msgs: list[Message], seen: set[bytes]) -> list[Message]:
         """``msgs`` but the copies the delivery mode already owns, or already read."""
@@ -378,7 +401,7 @@ class Channel:
         return False
 
     def _deliver(self) -> bool:
-        if self.paused or not self.clients or self.exiting:
+        if self.paused or self.held or not self.clients or self.exiting:
             return False
         budget = DELIVERY_BATCH
         clients = list(self.clients.values())
@@ -572,6 +595,7 @@ class Channel:
         for sent in self._owned.values():
             sent.clear()
         self.deferred.clear()
+        self.taken_elsewhere.clear()
         for client in self.clients.values():
             client.in_flight_emptied()
         self.delivery.emptied()

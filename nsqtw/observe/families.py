@@ -239,10 +239,16 @@ def replication_families(replication: Mapping[str, Any]) -> Iterator[Metric]:
         ("nsqtw_replica_unreplicated", "Publishes no replica could be chosen for: held by this node alone.",
          "unreplicated"),
         ("nsqtw_replica_takeovers", "Topics of lost nodes whose copies this node delivered.", "takeovers"),
+        ("nsqtw_replica_taken_elsewhere", "Messages of this node a replica said it delivered while this node was"
+         " away: not delivered here.", "taken_elsewhere"),
     ):
         counter = _counter(name, doc)
         counter.add_metric([], float(node.get(key, 0)))
         yield counter
+    waiting = _gauge("nsqtw_replica_notes_waiting", "Messages taken over here whose owner, once back on its disk,"
+                     " is still to be told of them.", ())
+    waiting.add_metric([], float(node.get("notes_waiting", 0)))
+    yield waiting
     in_sync = _gauge("nsqtw_topic_replica_in_sync", "1 while the topic's replica is connected and acking.",
                      ("topic", "peer"))
     unacked = _gauge("nsqtw_topic_replica_unacked", "Publishes of the topic its replica has not acked yet.",

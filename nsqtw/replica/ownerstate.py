@@ -9,7 +9,7 @@ from typing import Final
 from nsqtw.replica.link import Link
 from nsqtw.replica.standby import Standby
 
-__all__ = ["INCARNATION_FILE", "OwnerState", "incarnation_of"]
+__all__ = ["INCARNATION_FILE", "OwnerState", "incarnation_of", "replace_file"]
 
 #: the file in the data directory naming this directory's incarnation (made with it)
 INCARNATION_FILE: Final = "nsqtw.incarnation"
@@ -27,13 +27,19 @@ def incarnation_of(data_path: str) -> str:
     except FileNotFoundError:
         pass
     value = secrets.token_hex(8)
+    replace_file(path, (value + "\n").encode("ascii"))
+    return value
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """``path`` holds ``data`` (a temporary file fsynced, then renamed over it): a crash leaves the
+    old file or the new one, never part of one."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(value + "\n")
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return value
 
 
 class OwnerState:
@@ -62,3 +68,11 @@ class OwnerState:
         self.linked_at = 0.0
         self.touched: set[str] = set()
         self.placement_asked = False
+        #: after a takeover: TAKEN records of the owner's IDs handed in here, for its incarnation
+        #: ``notes_for`` if it comes back on its disk (:mod:`nsqtw.replica.notice`); how many IDs
+        #: they name; whether they are being sent now, and when that was last tried
+        self.notes: list[bytes] = []
+        self.notes_for = ""
+        self.noted = 0
+        self.noting = False
+        self.noted_at = 0.0

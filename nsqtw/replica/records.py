@@ -18,7 +18,8 @@ from enum import IntEnum
 from typing import Any, Final
 
 __all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub",
-           "decode_snap", "encode_ack", "encode_fin", "encode_json", "encode_pub", "encode_snap", "frame",
+           "decode_snap", "encode_ack", "encode_fin", "encode_json", "encode_pub", "encode_snap", "encode_taken",
+           "frame",
            "frame_pub", "index_messages", "pub_messages", "read_messages", "split_pub", "split_records"]
 
 _LEN: Final = struct.Struct(">I")
@@ -47,6 +48,7 @@ class Kind(IntEnum):
     BYE = 10          # owner: nothing; it stops gracefully (its queues go to its disk)
     SNAP = 11         # owner: topic, the channels owing them, unfinished messages a new replica lacks
     SYNCED = 12       # owner: {"topic", "complete"}: every unfinished message of the topic went as a SNAP
+    TAKEN = 13        # replica, on a notice link: topic, channel, the owner's IDs delivered by the replica
 
 
 #: the kinds whose payload is a JSON object
@@ -225,7 +227,14 @@ def encode_fin(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:
     return frame(Kind.FIN, _name(topic) + _name(channel) + b"".join(ids))
 
 
+def encode_taken(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:
+    """A TAKEN record (a FIN's layout, read by :func:`decode_fin`): the owner's messages of
+    ``channel`` (empty: its topic's, given no channel yet) that a takeover delivered elsewhere."""
+    return frame(Kind.TAKEN, _name(topic) + _name(channel) + b"".join(ids))
+
+
 def decode_fin(payload: bytes) -> tuple[str, str, list[bytes]]:
+    """A FIN (or TAKEN) record's topic, channel and IDs."""
     topic, pos = _read_name(payload, 0)
     channel, pos = _read_name(payload, pos)
     rest = payload[pos:]

@@ -18,7 +18,6 @@ fails too, or at once when the owner comes back with another incarnation
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accepted_link, beat_interval
+from nsqtw.replica.notice import Notices, read_notes, taken_elsewhere
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.records import (
@@ -94,9 +94,13 @@ class ReplicationService(Service):
         #: standbys a start found taken over part way (taken over again once the node runs)
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
+        #: what takeovers here delivered, for owners that come back on their disks
+        self.notices = Notices(reactor, data_path, self._executor_lane, self.hello, self.timeout)
         #: owner name -> what this node holds for it
         self.owners: dict[str, OwnerState] = {}
         self.takeovers = 0
+        #: IDs of this node's messages a replica said it delivered while this node was away
+        self.taken_elsewhere = 0
         #: standby logs made by this process (each log's files are named with its number)
         self._logs = 0
         #: this read's standby writes (--durable-delivery: its ACK waits for them)
@@ -169,6 +173,8 @@ class ReplicationService(Service):
                 state.parts.setdefault(topic, []).append(standby)
         if strays:
             await lane.submit(remove_files, [os.path.join(self.data_path, name) for name in strays])
+        self.notices.held_again(self.owners, await lane.submit(read_notes, self.data_path))
+        self.notices.hold(self.nsqd)
         self.owner.incomplete.update(name for name, t in self.nsqd.topics.items()
                                      if not t.ephemeral and name not in self.owner.own)
         if found.logs or strays:
@@ -184,6 +190,7 @@ class ReplicationService(Service):
                       " peer holds its copy", incarnation=self.incarnation)
         self.choice.start()
         self._tick.start(TICK, now=False)
+        self.notices.start()
         retake, self._retake = self._retake, []
         for standby in retake:
             self.log.warn("REPLICATION({owner}): the takeover of {topic} was cut short by a stop: taking it over"
@@ -192,6 +199,7 @@ class ReplicationService(Service):
 
     def stopService(self) -> None:
         super().stopService()  # type: ignore[no-untyped-call]
+        self.notices.stop()
         if self._tick.running:
             self._tick.stop()
         self.choice.stop()
@@ -283,6 +291,11 @@ class ReplicationService(Service):
     def link_record(self, link: Link, kind: int, payload: bytes) -> None:
         if kind == Kind.HELLO:
             self._hello(link, decode_json(payload))
+            return
+        if link.hello is not None and link.hello.get("role") == "notice":
+            if kind != Kind.TAKEN:
+                raise ValueError(f"record {kind} on a notice link")
+            self.taken_elsewhere += taken_elsewhere(self.nsqd, str(link.hello["node"]), *decode_fin(payload))
             return
         state = self._state_of(link)
         if state is None:
@@ -423,18 +436,24 @@ class ReplicationService(Service):
 
     def _state_of(self, link: Link) -> OwnerState | None:
         hello = link.hello
-        return None if hello is None else self.owners.get(str(hello["node"]))
+        return None if hello is None or hello.get("role") == "notice" else self.owners.get(str(hello["node"]))
 
     def _hello(self, link: Link, hello: dict[str, Any]) -> None:
         name = str(hello["node"])
         incarnation = str(hello["incarnation"])
         if incarnation == self.incarnation:
             raise ValueError("a link from this node itself")
+        if hello.get("role") == "notice":
+            # a replica that took over this node's topics while it was away, with what it delivered
+            if str(hello.get("owner_incarnation")) != self.incarnation:
+                raise ValueError("a notice for another incarnation of this node")
+            link.hello = hello
+            return
         link.hello = hello
         state = self.owners.get(name)
         if state is None:
             state = self.owners[name] = OwnerState(name)
-        elif state.incarnation and state.incarnation != incarnation and state.standbys:
+        elif state.incarnation and state.incarnation != incarnation and (state.standbys or state.notes):
             self._replaced(state, incarnation)
         elif (state.standbys and state.started and float(hello.get("started") or 0) != state.started
               and not state.said_bye and not hello.get("durable")):
@@ -443,6 +462,8 @@ class ReplicationService(Service):
             self.log.warn("REPLICATION({owner}): restarted after a crash without --durable-delivery:"
                           " taking over the copies held for it", owner=name)
             self._take_over(state)
+        if state.notes and state.notes_for == incarnation:
+            state.noted_at = 0.0  # back on its disk after a takeover here: told at the next tick
         if state.link is not None and state.link is not link:
             state.link.abort()
         for standby in self._all_held(state):
@@ -514,6 +535,10 @@ class ReplicationService(Service):
         self.owner.tick()
         now = self.reactor.seconds()
         for state in list(self.owners.values()):
+            if state.notes and not state.noting and now - state.noted_at >= ASK_EVERY:
+                state.noting = True
+                state.noted_at = now
+                ensureDeferred(self.notices.tell(state))
             for standby in state.standbys.values():
                 standby.maintain()
             for topic, parts in list(state.parts.items()):
@@ -569,8 +594,10 @@ class ReplicationService(Service):
         data directory is gone, so what is held for it is delivered from here now."""
         self.log.warn("REPLICATION({owner}): back without its data (incarnation {old} now {new}):"
                       " taking over", owner=state.name, old=state.incarnation, new=incarnation)
-        self._take_over(state)
+        self._take_over(state, note=False)
         state.incarnation = incarnation
+        if state.notes and state.notes_for != incarnation:
+            self.notices.forget(state)  # what it held went with its data: nothing to tell it
 
     async def _probe(self, state: OwnerState) -> None:
         """The owner's link is silent for the timeout: one /ping decides (a broken link alone is
@@ -627,15 +654,19 @@ class ReplicationService(Service):
             state.standbys.pop(topic, None)
             state.parts.pop(topic, None)
 
-    def _take_over(self, state: OwnerState) -> None:
+    def _take_over(self, state: OwnerState, note: bool = True) -> None:
+        """Hand in every copy held for the owner; ``note``: the owner may come back on its disk, so
+        what is handed in is written down for it first (:mod:`nsqtw.replica.notice`)."""
         standbys = self._all_held(state)
         state.standbys, state.parts = {}, {}
+        if note:
+            self.notices.note(state, [s for s in standbys if not is_ephemeral(s.topic)])
         for standby in standbys:
             self._hand_in(standby)
 
     def _hand_in(self, standby: Standby) -> None:
         self.takeovers += 1
-        copy = None if is_ephemeral(standby.topic) else functools.partial(self.owner.taken_over, standby.topic)
+        copy = None if is_ephemeral(standby.topic) else partial(self.owner.taken_over, standby.topic)
         standby.take_over(self.nsqd, copy).addCallbacks(self._took_over, lambda f: None, (standby,))
 
     def _took_over(self, count: int, standby: Standby) -> None:
@@ -662,4 +693,5 @@ class ReplicationService(Service):
                     "disk_bytes": s.disk.bytes(), "taken_over": s.taken_over}
                    for state in self.owners.values() for s in self._all_held(state)]
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
-                "takeovers": self.takeovers, "standby": standby}
+                "takeovers": self.takeovers, "taken_elsewhere": self.taken_elsewhere,
+                "notes_waiting": sum(state.noted for state in self.owners.values()), "standby": standby}

@@ -473,6 +473,24 @@ class Standby:
         next_segment()
         return done
 
+    def owed(self) -> dict[str, list[bytes]]:
+        """What a takeover now hands in, as the owner's IDs: per channel owing them, the IDs it
+        gets (``""``: the topic's, when the owner had no channel yet). The owner, back on its disk,
+        is told (``TAKEN`` records) so that it does not deliver them too."""
+        out: dict[str, list[bytes]] = {}
+        values = self.values
+        done = self.done
+        for i in range(len(values)):
+            if done[i]:
+                continue
+            mid = b"%016x" % values[i]
+            if not self.channels:
+                out.setdefault("", []).append(mid)
+                continue
+            for name in self._owing(i):
+                out.setdefault(name, []).append(mid)
+        return out
+
     def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int],
                  out: list[Handed]) -> Generator[int, None, None]:
         """One segment's messages: each one still owed goes into the channels owing it.

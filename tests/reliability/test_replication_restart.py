@@ -37,6 +37,7 @@ from tests.reliability.cluster import (
     LookupdConsumer,
     address_of,
     consume_through_lookupd,
+    depth,
     finish_some,
     held_for,
     in_sync,
@@ -248,3 +249,43 @@ def test_messages_finished_while_a_replica_was_away_are_let_go(
                      f"{replication_log(b)}")
     print(f"B read back {back['messages']} messages; let go of {let_go[1]} on SYNCED; took over {took[1]}; "
           f"nothing delivered again")
+
+
+def test_an_owner_back_on_its_disk_after_a_takeover_delivers_none_of_what_its_replica_did(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """Two nodes. A is killed -9 with unfinished messages and stays away past ``--replica-timeout``:
+    B takes over and a consumer through lookupd receives them all from B. A is started again on its
+    disk, which still holds every one of them: B tells it what it delivered (its notes), A leaves
+    those out, and its channel empties with no message delivered twice beyond what was in flight at
+    the kill. (Without the notes A delivered every unfinished message a second time.)"""
+    lookupd = cluster.start_lookupd()
+    a, b = start_nodes(cluster, FLAGS, FLAGS)
+    assert make_topic(a)["peer"] == address_of(b)
+
+    bodies = [b"back-%04d" % i for i in range(400)]
+    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    finished = set(bodies) - unfinished
+    settle()
+
+    a.kill()
+    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
+                         TIMEOUT + 15)
+    assert int(took[1]) == len(unfinished), (took[0], replication_log(b))
+    assert stats(b)["notes_waiting"] == len(unfinished)
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: unfinished <= set(got), 30)
+    assert unfinished <= set(consumer.bodies()), f"{consumer.log()}\n{replication_log(b)}"
+
+    mark = len(a.read_output())
+    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
+    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
+                         r" told it of the (\d+) message\(s\)", 20)
+    assert int(told[1]) == len(unfinished), told[0]
+    wait_for("A's consumer connected and A's channel empty (every message left out)",
+             lambda: clients_of(a) > 0 and depth(a, TOPIC, in_flight=True) == 0, 30)
+    assert stats(a)["taken_elsewhere"] == len(unfinished) and stats(b)["notes_waiting"] == 0
+    assert "held 3s" in a.read_output()[mark:]
+    got = delivered(consumer, bodies, finished)
+    from_a = [r for r in consumer.records() if r[2].decode() == a.tcp_address]
+    print(f"B took over {took[1]}, told A of {told[1]} once A was back; {len(from_a)} delivered by A after its"
+          f" return, {sum(got.values()) - len(got)} twice")

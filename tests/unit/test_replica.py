@@ -1612,7 +1612,8 @@ def test_topic_stats_say_where_a_topics_copies_are(tmp_path: Any) -> None:
     assert isinstance(d, Deferred)
     node.reactor.advance(0.5)
     assert node.service.topic_stats("t") == {"peer": A, "state": "connecting", "unacked": 1, "lag_ms": 500}
-    assert node.service.node_stats() == {"replica_refused": 0, "unreplicated": 0, "takeovers": 0, "standby": []}
+    assert node.service.node_stats() == {"replica_refused": 0, "unreplicated": 0, "takeovers": 0,
+                                         "taken_elsewhere": 0, "notes_waiting": 0, "standby": []}
 
 
 # -- an owner and a replica, joined through the replica's HTTP channel --------------------------------
@@ -1875,6 +1876,7 @@ def test_metrics_families() -> None:
     nsqd, _ = make_nsqd()
     fake = FakeReplication()
     fake.node_stats = lambda: {"replica_refused": 3, "unreplicated": 1, "takeovers": 2,  # type: ignore[method-assign]
+                               "taken_elsewhere": 5, "notes_waiting": 4,
                                "standby": [{"owner": "10.0.0.9:4151", "topic": "u", "messages": 7, "bytes": 70,
                                             "disk_bytes": 182, "taken_over": False}]}
     nsqd.replication = fake
@@ -1884,6 +1886,8 @@ def test_metrics_families() -> None:
     assert got["nsqtw_replica_refused_total"] == [({}, 3.0)]
     assert got["nsqtw_replica_unreplicated_total"] == [({}, 1.0)]
     assert got["nsqtw_replica_takeovers_total"] == [({}, 2.0)]
+    assert got["nsqtw_replica_taken_elsewhere_total"] == [({}, 5.0)]
+    assert got["nsqtw_replica_notes_waiting"] == [({}, 4.0)]
     # an ephemeral topic is never replicated: no series for it
     assert got["nsqtw_topic_replica_in_sync"] == [({"topic": "t", "peer": "10.0.0.2:4151"}, 1.0)]
     assert got["nsqtw_topic_replica_unacked"] == [({"topic": "t"}, 0.0)]

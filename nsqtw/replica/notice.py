@@ -1,0 +1,294 @@
+"""After a takeover: telling the owner, back on its disk, which of its messages were delivered elsewhere.
+
+A replica that takes over hands every copy it holds into its own channels
+(:meth:`~nsqtw.replica.standby.Standby.take_over`). An owner that was only
+away (a kill -9 with ``--durable-delivery``, a machine rebooted, a network
+split) still holds the same messages on its disk: without a word from the
+replica it would deliver all of them a second time. So the takeover also
+writes down, per channel, the owner's IDs it handed in (:func:`notes_of`,
+``TAKEN`` records) for the owner's incarnation of then; the file outlives
+the replica's process (:func:`notes_file`, :func:`read_notes`). While any
+are kept, the replica asks the owner's ``/replication`` every second: the
+same incarnation answering means the owner is back on its disk, and the
+notes go to it on a short link of their own (:func:`send_notice`, a
+``HELLO`` whose ``role`` is ``notice``); once it acknowledges them they
+are forgotten. Another incarnation answering means the owner's data is
+gone with what it held: the notes are dropped. The owner leaves those
+messages out as they leave its queues (``Channel.drop_taken``). So that
+the notes come before it delivers any of them, a node with
+``--replicas=2`` holds the delivery of the topics it finds at its start for
+:data:`HOLD` seconds (:meth:`Notices.hold`); a replica slower than that to
+say so leaves what the owner delivered meanwhile delivered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ClientFactory
+
+from nsqtw.interfaces import IDiskExecutor
+from nsqtw.log import Logger
+from nsqtw.replica.choice import http_get
+from nsqtw.replica.journal import remove_files
+from nsqtw.replica.link import Link, OwnerLink, beat_interval
+from nsqtw.replica.ownerstate import OwnerState, replace_file
+from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
+from nsqtw.replica.standby import Standby
+
+__all__ = ["HOLD", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_of", "notes_path", "read_notes",
+           "send_notice", "taken_elsewhere"]
+
+#: a file of notes for one owner: ``<owner, made file-safe>.nsqtw.taken``
+NOTES_SUFFIX: Final = ".nsqtw.taken"
+#: IDs per TAKEN record at most (1.6 MB of record)
+NOTE_IDS: Final = 100_000
+#: seconds a start holds the delivery of the topics it found (:meth:`Notices.hold`): a replica that
+#: took them over asks the owner's ``/replication`` every second, then sends its notes at once
+HOLD: Final = 3.0
+
+_log = Logger(namespace="nsqtw.replica.notice")
+
+
+class Notices:
+    """A replica's notes to the owners it took over (see the module)."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any, data_path: str, lane: Callable[[], IDiskExecutor],
+                 hello: Callable[[], dict[str, Any]], timeout: float) -> None:
+        self.reactor = reactor
+        self.data_path = data_path
+        self.lane = lane
+        self.hello = hello
+        self.timeout = timeout
+        self._holding: list[Any] = []
+        self._release: Any = None
+
+    def hold(self, nsqd: Any) -> None:
+        """At a start, before the node serves: the channels of the topics it found deliver nothing
+        for :data:`HOLD` seconds once it runs (:meth:`start`), so that a replica that took them over
+        while this node was away has asked its ``/replication`` and said what it delivered."""
+        self._holding = [c for t in nsqd.topics.values() if not t.ephemeral for c in t.channels.values()]
+        for channel in self._holding:
+            channel.held = True
+
+    def start(self) -> None:
+        if self._holding:
+            self.log.info("REPLICATION: delivery of {count} channel(s) held {hold:g}s, for a replica that took them"
+                          " over while this node was away to say what it delivered", count=len(self._holding),
+                          hold=HOLD)
+            self._release = self.reactor.callLater(HOLD, self._release_held)
+
+    def stop(self) -> None:
+        if self._release is not None and self._release.active():
+            self._release.cancel()
+
+    def _release_held(self) -> None:
+        self._release = None
+        held, self._holding = self._holding, []
+        for channel in held:
+            channel.held = False
+            channel.wake()
+
+    def held_again(self, owners: dict[str, OwnerState], found: list[tuple[dict[str, Any], list[bytes]]]) -> None:
+        """At a start: the notes files :func:`read_notes` found, kept again for their owners."""
+        for head, records in found:
+            owner = str(head.get("owner") or "")
+            if not owner or not records:
+                continue
+            state = owners.get(owner)
+            if state is None:
+                state = owners[owner] = OwnerState(owner)
+                state.incarnation = str(head.get("incarnation") or "")
+                state.host = str(head.get("host") or "")
+                state.http_port = int(head.get("http_port") or 0)
+            state.notes, state.noted = records, int(head.get("ids") or 0)
+            state.notes_for = str(head.get("incarnation") or "")
+
+    def note(self, state: OwnerState, standbys: list[Standby]) -> None:
+        """Before ``standbys`` of the owner are handed in: what they hand in, kept for its return."""
+        records, count = notes_of(standbys)
+        if not records or not state.incarnation:
+            return
+        if state.notes_for != state.incarnation:
+            state.notes, state.noted = [], 0
+        state.notes_for = state.incarnation
+        state.notes = state.notes + records
+        state.noted += count
+        state.noted_at = 0.0
+        self.save(state)
+
+    def save(self, state: OwnerState) -> None:
+        """The owner's notes file written again as they are now (removed once there are none)."""
+        path = notes_path(self.data_path, state.name)
+        if state.notes:
+            head = {"owner": state.name, "incarnation": state.notes_for, "host": state.host,
+                    "http_port": state.http_port, "ids": state.noted}
+            d = self.lane().submit(replace_file, path, notes_file(head, state.notes))
+        else:
+            d = self.lane().submit(remove_files, [path])
+        d.addErrback(lambda f: self.log.error("REPLICATION({owner}): its notes file could not be written - {error}",
+                                              owner=state.name, error=f.getErrorMessage()))
+
+    def forget(self, state: OwnerState) -> None:
+        self.log.info("REPLICATION({owner}): back without its data: the notes of {count} message(s) delivered"
+                      " here are dropped", owner=state.name, count=state.noted)
+        state.notes, state.noted, state.notes_for = [], 0, ""
+        self.save(state)
+
+    async def tell(self, state: OwnerState) -> None:
+        """The owner's ``/replication``: its incarnation of the takeover answering means it is back on
+        its disk: it is sent the notes (a notice link), then they are forgotten; another incarnation
+        answering: its data is gone, and the notes with it; no answer: asked again in a second."""
+        try:
+            url = f"http://{state.host}:{state.http_port}/replication"
+            try:
+                code, body = await http_get(self.reactor, url, 1.0)
+                incarnation = str(json.loads(body).get("incarnation") or "") if code == 200 else ""
+            except Exception:  # noqa: BLE001 - no answer: asked again
+                return
+            if not incarnation or not state.notes:
+                return
+            if incarnation != state.notes_for:
+                self.forget(state)
+                return
+            records, count = state.notes, state.noted
+            hello = {**self.hello(), "role": "notice", "owner_incarnation": incarnation}
+            if not await send_notice(self.reactor, state.host, state.http_port, hello, records, self.timeout):
+                return
+            if state.notes is records:
+                state.notes, state.noted = [], 0
+                self.save(state)
+            self.log.info("REPLICATION({owner}): back on its disk after its takeover here: told it of the {count}"
+                          " message(s) delivered here, which it will not deliver", owner=state.name, count=count)
+        finally:
+            state.noting = False
+
+
+def notes_of(standbys: Iterable[Standby]) -> tuple[list[bytes], int]:
+    """The TAKEN records of what a takeover of ``standbys`` hands in (read before it does), and how
+    many IDs they name (an ID per channel it goes to)."""
+    records: list[bytes] = []
+    count = 0
+    for standby in standbys:
+        for channel, ids in standby.owed().items():
+            count += len(ids)
+            for i in range(0, len(ids), NOTE_IDS):
+                records.append(encode_taken(standby.topic, channel, ids[i:i + NOTE_IDS]))
+    return records, count
+
+
+def notes_path(data_path: str, owner: str) -> str:
+    return os.path.join(data_path, re.sub(r"[^A-Za-z0-9._-]", "_", owner) + NOTES_SUFFIX)
+
+
+def notes_file(head: dict[str, Any], records: list[bytes]) -> bytes:
+    """A notes file's bytes: a ``HELLO`` record of ``head`` (owner, incarnation, host, http_port), then the
+    notes; written by the caller (atomically, on the disk lane)."""
+    return encode_json(Kind.HELLO, head) + b"".join(records)
+
+
+def read_notes(data_path: str) -> list[tuple[dict[str, Any], list[bytes]]]:
+    """Disk thread: every notes file in ``data_path``: its head and its TAKEN records (a file that
+    cannot be read is skipped: its owner's return then costs duplicates, never a loss)."""
+    out: list[tuple[dict[str, Any], list[bytes]]] = []
+    for name in sorted(os.listdir(data_path)):
+        if not name.endswith(NOTES_SUFFIX):
+            continue
+        try:
+            with open(os.path.join(data_path, name), "rb") as f:
+                records, rest = split_records(f.read())
+            head = json.loads(records[0][1]) if records and records[0][0] == Kind.HELLO else None
+            if rest or not isinstance(head, dict):
+                raise ValueError("not a notes file")
+        except (OSError, ValueError, IndexError) as e:
+            _log.error("REPLICATION: {name} cannot be read back - {error}", name=name, error=e)
+            continue
+        out.append((head, [frame(Kind.TAKEN, p) for k, p in records[1:] if k == Kind.TAKEN]))
+    return out
+
+
+class _Notice:
+    """The replica's end of a notice link: its ``HELLO``, the notes, then the owner's ``ACK`` of the
+    last one fires ``done`` with True (a link lost before: False)."""
+
+    def __init__(self, hello: dict[str, Any], records: list[bytes], done: Deferred[bool]) -> None:
+        self.hello = hello
+        self.records = records
+        self.done = done
+        self.last = 0
+        self.link: Link | None = None
+
+    def link_up(self, link: Link) -> None:
+        self.link = link
+        link.send(encode_json(Kind.HELLO, self.hello))
+        for record in self.records:
+            self.last = link.send(record)
+
+    def link_record(self, link: Link, kind: int, payload: bytes) -> None:
+        if kind == Kind.ACK and decode_ack(payload) >= self.last > 0:
+            if not self.done.called:
+                self.done.callback(True)
+            link.close_now()
+
+    def link_read(self, link: Link) -> None:
+        pass
+
+    def link_lost(self, link: Link | None, reason: str) -> None:
+        if not self.done.called:
+            self.done.callback(False)
+
+    def give_up(self) -> None:
+        if self.link is not None:
+            self.link.abort()
+        if not self.done.called:
+            self.done.callback(False)
+
+
+def send_notice(reactor: Any, host: str, http_port: int, hello: dict[str, Any], records: list[bytes],
+                timeout: float) -> Deferred[bool]:
+    """Link to the owner at ``host:http_port`` as a notice (``hello``'s ``role``), send ``records``;
+    fires with whether it acknowledged them all within ``timeout`` seconds."""
+    done: Deferred[bool] = Deferred()
+    notice = _Notice(hello, records, done)
+    address = f"{host}:{http_port}"
+
+    class _Factory(ClientFactory):
+        noisy = False
+
+        def buildProtocol(self, addr: Any) -> OwnerLink:
+            return OwnerLink(notice, reactor, address, beat_interval(timeout))
+
+        def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+            notice.link_lost(None, reason.getErrorMessage())
+
+    reactor.connectTCP(host, http_port, _Factory(), timeout=timeout)
+    timer = reactor.callLater(timeout, notice.give_up)
+
+    def settled(ok: bool) -> bool:
+        if timer.active():
+            timer.cancel()
+        return ok
+
+    return done.addCallback(settled)
+
+
+def taken_elsewhere(nsqd: Any, replica: str, topic: str, channel: str, ids: list[bytes]) -> int:
+    """A TAKEN record, at the owner: ``replica`` delivered these messages of the topic's ``channel``
+    (empty: of every channel) while this node was away; left out here as they leave the channel's
+    queues (``Channel.drop_taken``). Returns how many IDs it named."""
+    local = nsqd.topics.get(topic)
+    if local is None:
+        return 0
+    for c in [c for name, c in local.channels.items() if not channel or name == channel]:
+        c.drop_taken(ids)
+    _log.info("REPLICATION({replica}): it delivered {count} message(s) of {topic}:{channel} while this node"
+              " was away: not delivered here", replica=replica, count=len(ids), topic=topic,
+              channel=channel or "*")
+    return len(ids)

@@ -1,0 +1,250 @@
+"""After a takeover, the owner back on its disk is told what the replica delivered (:mod:`nsqtw.replica.notice`).
+
+Without sockets: nodes on a ``MemoryReactorClock`` joined over twisted's
+``iosim`` through the owner's HTTP channel, as in ``test_replica.py``
+(whose helpers these tests share); the owner's ``/ping`` and
+``/replication`` answers come from an injected ``http_get``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
+from twisted.test import iosim
+
+from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
+from nsqtw.nsqd.http import HTTPAPI
+from nsqtw.protocol.wire import encode_command
+from nsqtw.replica.notice import HOLD, NOTE_IDS, notes_of, notes_path
+from nsqtw.replica.records import Kind, decode_fin, encode_json, encode_pub, encode_taken
+from tests.helpers import connect, decode_message_frame, take_frames
+from tests.unit.test_replica import (
+    NOW_NS,
+    Node,
+    Pings,
+    add,
+    candidate,
+    joined,
+    make_standby,
+    mid,
+    replicated,
+    split_all,
+)
+
+OWNER_INCARNATION = "aaaaaaaaaaaaaaaa"
+
+
+def test_taken_records_carry_a_channel_and_its_ids() -> None:
+    [(kind, payload)] = split_all(encode_taken("t", "c", [mid(1), mid(2)]))
+    assert kind == Kind.TAKEN and decode_fin(payload) == ("t", "c", [mid(1), mid(2)])
+
+
+def test_notes_name_each_unfinished_message_once_per_channel_owing_it(tmp_path: Any) -> None:
+    s = make_standby(tmp_path)
+    s.channel("c", True)
+    s.channel("d", True)
+    add(s, 1, 2, 3)
+    s.finish("c", [mid(1)])
+    s.finish("d", [mid(2)])
+    s.finish("c", [mid(3)])
+    s.finish("d", [mid(3)])  # 3 done everywhere
+    assert s.owed() == {"c": [mid(2)], "d": [mid(1)]}
+    records, count = notes_of([s])
+    assert count == 2 and sorted(decode_fin(p) for _, p in (split_all(r)[0] for r in records)) == [
+        ("t", "c", [mid(2)]), ("t", "d", [mid(1)])]
+    bare = make_standby(tmp_path / "bare", topic="u")
+    os.makedirs(tmp_path / "bare", exist_ok=True)
+    add(bare, 7)
+    assert bare.owed() == {"": [mid(7)]}  # no channel yet: the topic's
+
+
+def test_a_long_note_is_cut_into_records_of_at_most_note_ids(tmp_path: Any) -> None:
+    s = make_standby(tmp_path)
+    s.channel("c", True)
+    add(s, *range(1, NOTE_IDS + 3))
+    records, count = notes_of([s])
+    assert count == NOTE_IDS + 2 and [len(decode_fin(split_all(r)[0][1])[2]) for r in records] == [NOTE_IDS, 2]
+
+
+def test_a_channel_leaves_out_what_a_replica_delivered_and_finishes_it_for_replication() -> None:
+    """Memory and disk alike (``--mem-queue-size=2``): the IDs named are never delivered, each is
+    finished for the topic's replica once, and delivery goes on past a read left out entirely."""
+    nsqd, clock, fake = replicated(mem_queue_size=2)
+    channel = nsqd.get_topic("t").get_channel("c")
+    nsqd.publish("t", [b"m%d" % i for i in range(8)])
+    clock.advance(0)
+    values = fake.copies[0][1]
+    ids = [mid(v) for v in values]
+    taken = [ids[0], ids[3], ids[4], ids[5], ids[6], mid(999)]  # 999: never here (delivered before)
+    channel.drop_taken(taken)
+    proto, transport = connect(nsqd, clock)
+    proto.dataReceived(b"SUB t c\nRDY 1\n")
+    got = []
+    for _ in range(20):
+        clock.advance(0)
+        msgs = [decode_message_frame(p) for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+        for _, _, msg_id, body in msgs:
+            got.append(body)
+            proto.dataReceived(b"FIN " + msg_id + b"\n")
+    assert sorted(got) == [b"m1", b"m2", b"m7"]  # (disk and memory: no order promised)
+    left_out = [i for _, c, batch in fake.fins if c == "c" for i in batch if i not in (ids[1], ids[2], ids[7])]
+    assert sorted(left_out) == sorted(taken[:-1])
+    assert channel.taken_elsewhere == set()  # the channel emptied: the ID never seen is forgotten
+
+
+def published(owner: Node, replica: Node, reactor: MemoryReactorClock, bodies: list[bytes]) -> Any:
+    """The owner with channel ``c`` of topic ``t`` placed on the replica, ``bodies`` published there and
+    acknowledged; the owner's end of the link and its pump."""
+    owner.service.incarnation = owner.service.choice.own_incarnation = OWNER_INCARNATION
+    owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
+    owner.nsqd.get_topic("t").get_channel("c")
+    client, pump = joined(reactor, "10.0.0.1", replica)
+    proto, _ = connect(owner.nsqd, reactor)
+    proto.dataReceived(b"".join(encode_command(b"PUB", b"t", body=b) for b in bodies))
+    pump.flush()
+    return client, pump
+
+
+def notice_joined(reactor: MemoryReactorClock, to: Node) -> iosim.IOPump:
+    """The newest connection the replica opened (its notice), joined to the owner's HTTP API."""
+    host, port, factory, _, _ = reactor.tcpClients[-1]
+    assert (host, port) == (to.address, 4151)
+    client = factory.buildProtocol(None)
+    server = HTTPAPI(to.nsqd).site(reactor=reactor).buildProtocol(None)
+    pump: iosim.IOPump = iosim.connect(
+        server, iosim.FakeTransport(server, True, peerAddress=IPv4Address("TCP", "10.0.0.2", 6)),
+        client, iosim.FakeTransport(client, False), clock=reactor)
+    pump.flush()
+    return pump
+
+
+def owner_messages(owner: Node, rdy: int = 100) -> list[tuple[bytes, bytes]]:
+    """What a consumer of the owner's channel ``c`` receives now: (ID, body) each."""
+    proto, transport = connect(owner.nsqd, owner.reactor)
+    proto.dataReceived(b"SUB t c\nRDY %d\n" % rdy)
+    for _ in range(5):
+        owner.reactor.advance(0)
+    return [decode_message_frame(p)[2:] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+
+
+def lost_and_taken_over(tmp_path: Any, monkeypatch: Any) -> tuple[Node, Node, Pings]:
+    """An owner and its replica; the owner silent with its /ping failing: the replica takes over."""
+    pings = Pings(alive=False, incarnation=OWNER_INCARNATION)
+    monkeypatch.setattr("nsqtw.replica.notice.http_get", pings)
+    monkeypatch.setattr("nsqtw.replica.service.http_get", pings)
+    owner = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    reactor = owner.reactor
+    replica = Node(tmp_path, address="10.0.0.2", incarnation="bbbbbbbbbbbbbbbb", reactor=reactor)  # (its tick runs)
+    client, _ = published(owner, replica, reactor, [b"one", b"two", b"three"])
+    client.connectionLost(Failure(ConnectionError("the owner's machine went away")))
+    for _ in range(50):
+        reactor.advance(0.25)
+    assert replica.service.takeovers == 1
+    return owner, replica, pings
+
+
+def test_an_owner_back_on_its_disk_is_told_and_delivers_none_of_what_its_replica_did(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """The replica writes down what its takeover handed in (a file that outlives it), asks the owner's
+    /replication every second, and once the same incarnation answers sends the notes on a notice
+    link: the owner leaves those messages out, and the notes are forgotten."""
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    state = replica.service.owners["10.0.0.1:4151"]
+    assert state.noted == 3 and replica.service.node_stats()["notes_waiting"] == 3
+    path = notes_path(str(replica.path), "10.0.0.1:4151")
+    assert os.path.exists(path)
+    asked = len(pings.asked_incarnation)
+    owner.reactor.advance(1.0)
+    assert len(pings.asked_incarnation) > asked and state.notes  # down: asked again, kept
+
+    pings.alive = True  # back, on its disk
+    clients = len(owner.reactor.tcpClients)
+    owner.reactor.advance(1.0)
+    owner.reactor.advance(0)
+    assert len(owner.reactor.tcpClients) == clients + 1
+    pump = notice_joined(owner.reactor, owner)
+    pump.flush()
+    assert owner.service.taken_elsewhere == 3 and owner.service.node_stats()["taken_elsewhere"] == 3
+    assert state.notes == [] and state.noted == 0 and not os.path.exists(path)
+    assert owner_messages(owner) == []  # every message was the replica's to deliver
+    owner.service.stopService()
+    replica.service.stopService()
+
+
+def test_an_owner_back_without_its_data_is_not_told(tmp_path: Any, monkeypatch: Any) -> None:
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    state = replica.service.owners["10.0.0.1:4151"]
+    pings.alive, pings.incarnation = True, "eeeeeeeeeeeeeeee"  # a new data directory at its address
+    clients = len(owner.reactor.tcpClients)
+    owner.reactor.advance(1.0)
+    owner.reactor.advance(0)
+    assert state.notes == [] and len(owner.reactor.tcpClients) == clients
+    assert not os.path.exists(notes_path(str(replica.path), "10.0.0.1:4151"))
+    replica.service.stopService()
+
+
+def test_the_notes_outlive_the_replicas_process(tmp_path: Any, monkeypatch: Any) -> None:
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    replica.service.stopService()
+    again = Node(tmp_path, address="10.0.0.2", incarnation="bbbbbbbbbbbbbbbb", reactor=owner.reactor)
+    state = again.service.owners["10.0.0.1:4151"]
+    assert state.noted == 3 and state.notes_for == OWNER_INCARNATION and (state.host, state.http_port) == (
+        "10.0.0.1", 4151)
+    assert sorted(i for r in state.notes for i in decode_fin(split_all(r)[0][1])[2]) == sorted(
+        [i for i, _ in owner_messages(owner)])  # (the owner, not told: every one of them)
+    again.service.stopService()
+
+
+def test_a_notice_link_takes_taken_records_only_and_for_this_incarnation(tmp_path: Any) -> None:
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION)
+    notice = {"node": "10.0.0.2:4151", "incarnation": "bbbbbbbbbbbbbbbb", "http_port": 4151, "role": "notice"}
+    stale, stale_transport = node.accept(peer="10.0.0.2")
+    stale.dataReceived(encode_json(Kind.HELLO, {**notice, "owner_incarnation": "cccccccccccccccc"}))
+    assert stale_transport.disconnecting  # for an older data directory at this address: refused
+    link, transport = node.accept(peer="10.0.0.2")
+    link.dataReceived(encode_json(Kind.HELLO, {**notice, "owner_incarnation": OWNER_INCARNATION}))
+    assert not transport.disconnecting and node.service.owners == {}  # no owner's state made for it
+    link.dataReceived(encode_pub("t", [1], [b"x"], NOW_NS, 0.0))
+    assert transport.disconnecting and "t" not in node.nsqd.topics  # a notice carries no copies
+    node.service.stopService()
+
+
+def test_an_owner_linking_back_is_told_without_waiting_for_the_next_ask(tmp_path: Any, monkeypatch: Any) -> None:
+    """Its HELLO on a new link names the incarnation of the notes: they go at the next tick."""
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    state = replica.service.owners["10.0.0.1:4151"]
+    pings.alive = True
+    link, _ = replica.accept(peer="10.0.0.1")
+    state.noted_at = owner.reactor.seconds()  # just asked: only the HELLO makes it ask again now
+    link.dataReceived(encode_json(Kind.HELLO, {"node": "10.0.0.1:4151", "incarnation": OWNER_INCARNATION,
+                                               "http_port": 4151, "started": 200.0, "durable": True,
+                                               "version": 1}))
+    asked = len(pings.asked_incarnation)
+    owner.reactor.advance(0.25)
+    assert len(pings.asked_incarnation) == asked + 1
+    owner.service.stopService()
+    replica.service.stopService()
+
+
+
+def test_a_start_holds_the_delivery_of_the_topics_it_found_for_a_moment(tmp_path: Any) -> None:
+    """So that a replica's notes come before the owner delivers what they name: the channels a start
+    finds deliver nothing for HOLD seconds; channels made afterwards are not held."""
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    node.nsqd.get_topic("t").get_channel("c")
+    node.nsqd.get_topic("t").publish([1, 2], [b"x", b"y"], NOW_NS, 0.0)
+    node.start()
+    proto, transport = connect(node.nsqd, node.reactor)
+    proto.dataReceived(b"SUB t c\nRDY 10\n")
+    node.reactor.advance(HOLD - 0.01)
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")]  # SUB's; no message yet
+    assert not node.nsqd.get_topic("u").get_channel("d").held
+    node.reactor.advance(0.01)
+    node.reactor.advance(0)
+    got = [decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+    assert sorted(got) == [b"x", b"y"]
+    node.service.stopService()
