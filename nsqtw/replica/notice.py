@@ -41,13 +41,16 @@ from nsqtw.replica.ownerstate import OwnerState, replace_file
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
 from nsqtw.replica.standby import Standby
 
-__all__ = ["HOLD", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_of", "notes_path", "read_notes",
-           "send_notice", "taken_elsewhere"]
+__all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_of", "notes_path",
+           "read_notes", "send_notice", "taken_elsewhere"]
 
 #: a file of notes for one owner: ``<owner, made file-safe>.nsqtw.taken``
 NOTES_SUFFIX: Final = ".nsqtw.taken"
 #: IDs per TAKEN record at most (1.6 MB of record)
 NOTE_IDS: Final = 100_000
+#: seconds notes are kept for an owner that does not come back (a machine lost for good, or replaced
+#: at another address): then they are dropped, and the owner's return costs duplicates, never a loss
+NOTES_KEPT: Final = 24 * 3600.0
 #: seconds a start holds the delivery of the topics it found (:meth:`Notices.hold`): a replica that
 #: took them over asks the owner's ``/replication`` every second, then sends its notes at once
 HOLD: Final = 3.0
@@ -109,6 +112,7 @@ class Notices:
                 state.host = str(head.get("host") or "")
                 state.http_port = int(head.get("http_port") or 0)
             state.notes, state.noted = records, int(head.get("ids") or 0)
+            state.noted_since = float(head.get("since") or self.reactor.seconds())
             state.notes_for = str(head.get("incarnation") or "")
 
     def note(self, state: OwnerState, standbys: list[Standby]) -> None:
@@ -116,8 +120,8 @@ class Notices:
         records, count = notes_of(standbys)
         if not records or not state.incarnation:
             return
-        if state.notes_for != state.incarnation:
-            state.notes, state.noted = [], 0
+        if state.notes_for != state.incarnation or not state.notes:
+            state.notes, state.noted, state.noted_since = [], 0, self.reactor.seconds()
         state.notes_for = state.incarnation
         state.notes = state.notes + records
         state.noted += count
@@ -129,16 +133,16 @@ class Notices:
         path = notes_path(self.data_path, state.name)
         if state.notes:
             head = {"owner": state.name, "incarnation": state.notes_for, "host": state.host,
-                    "http_port": state.http_port, "ids": state.noted}
+                    "http_port": state.http_port, "ids": state.noted, "since": state.noted_since}
             d = self.lane().submit(replace_file, path, notes_file(head, state.notes))
         else:
             d = self.lane().submit(remove_files, [path])
         d.addErrback(lambda f: self.log.error("REPLICATION({owner}): its notes file could not be written - {error}",
                                               owner=state.name, error=f.getErrorMessage()))
 
-    def forget(self, state: OwnerState) -> None:
-        self.log.info("REPLICATION({owner}): back without its data: the notes of {count} message(s) delivered"
-                      " here are dropped", owner=state.name, count=state.noted)
+    def forget(self, state: OwnerState, why: str) -> None:
+        self.log.info("REPLICATION({owner}): {why}: the notes of {count} message(s) delivered here are dropped",
+                      owner=state.name, why=why, count=state.noted)
         state.notes, state.noted, state.notes_for = [], 0, ""
         self.save(state)
 
@@ -147,6 +151,9 @@ class Notices:
         its disk: it is sent the notes (a notice link), then they are forgotten; another incarnation
         answering: its data is gone, and the notes with it; no answer: asked again in a second."""
         try:
+            if self.reactor.seconds() - state.noted_since > NOTES_KEPT:
+                self.forget(state, f"not back in {NOTES_KEPT / 3600:g} hours")
+                return
             url = f"http://{state.host}:{state.http_port}/replication"
             try:
                 code, body = await http_get(self.reactor, url, 1.0)
@@ -156,7 +163,7 @@ class Notices:
             if not incarnation or not state.notes:
                 return
             if incarnation != state.notes_for:
-                self.forget(state)
+                self.forget(state, "back without its data")
                 return
             records, count = state.notes, state.noted
             hello = {**self.hello(), "role": "notice", "owner_incarnation": incarnation}

@@ -70,9 +70,10 @@ class OwnerState:
         self.placement_asked = False
         #: after a takeover: TAKEN records of the owner's IDs handed in here, for its incarnation
         #: ``notes_for`` if it comes back on its disk (:mod:`nsqtw.replica.notice`); how many IDs
-        #: they name; whether they are being sent now, and when that was last tried
+        #: they name, since when they are kept; whether they are being sent now, and when that was last tried
         self.notes: list[bytes] = []
         self.notes_for = ""
         self.noted = 0
+        self.noted_since = 0.0
         self.noting = False
         self.noted_at = 0.0

@@ -597,7 +597,7 @@ class ReplicationService(Service):
         self._take_over(state, note=False)
         state.incarnation = incarnation
         if state.notes and state.notes_for != incarnation:
-            self.notices.forget(state)  # what it held went with its data: nothing to tell it
+            self.notices.forget(state, "back without its data")  # (what it held went with it)
 
     async def _probe(self, state: OwnerState) -> None:
         """The owner's link is silent for the timeout: one /ping decides (a broken link alone is

@@ -19,7 +19,7 @@ from twisted.test import iosim
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
-from nsqtw.replica.notice import HOLD, NOTE_IDS, notes_of, notes_path
+from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_of, notes_path
 from nsqtw.replica.records import Kind, decode_fin, encode_json, encode_pub, encode_taken
 from tests.helpers import connect, decode_message_frame, take_frames
 from tests.unit.test_replica import (
@@ -248,3 +248,19 @@ def test_a_start_holds_the_delivery_of_the_topics_it_found_for_a_moment(tmp_path
     got = [decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
     assert sorted(got) == [b"x", b"y"]
     node.service.stopService()
+
+
+def test_notes_of_an_owner_that_does_not_come_back_are_dropped_after_a_day(tmp_path: Any, monkeypatch: Any) -> None:
+    """A machine lost for good (or replaced at another address) is asked no longer than NOTES_KEPT."""
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    state = replica.service.owners["10.0.0.1:4151"]
+    owner.reactor.advance(NOTES_KEPT - 60)
+    owner.reactor.advance(1.0)
+    assert state.noted == 3
+    owner.reactor.advance(61)
+    owner.reactor.advance(1.0)
+    assert state.notes == [] and state.noted == 0 and not os.path.exists(notes_path(str(replica.path), "10.0.0.1:4151"))
+    asked = len(pings.asked_incarnation)
+    owner.reactor.advance(5.0)
+    assert len(pings.asked_incarnation) == asked  # asked no more
+    replica.service.stopService()
