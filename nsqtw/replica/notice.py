@@ -5,8 +5,9 @@ A replica that takes over hands every copy it holds into its own channels
 away (a kill -9 with ``--durable-delivery``, a machine rebooted, a network
 split) still holds the same messages on its disk: without a word from the
 replica it would deliver all of them a second time. So the takeover also
-writes down, per channel, the owner's IDs it handed in (:func:`notes_of`,
-``TAKEN`` records) for the owner's incarnation of then; the file outlives
+writes down, per channel, the owner's IDs it really handed in (a segment
+it could not read names none of its messages), as ``TAKEN`` records
+(:meth:`Notices.add`) for the owner's incarnation of then; the file outlives
 the replica's process (:func:`notes_file`, :func:`read_notes`). While any
 are kept, the replica asks the owner's ``/replication`` every second: the
 same incarnation answering means the owner is back on its disk, and the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 from twisted.internet.defer import Deferred
@@ -39,10 +40,9 @@ from nsqtw.replica.journal import remove_files
 from nsqtw.replica.link import Link, OwnerLink, beat_interval
 from nsqtw.replica.ownerstate import OwnerState, replace_file
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
-from nsqtw.replica.standby import Standby
 
-__all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_of", "notes_path",
-           "read_notes", "send_notice", "taken_elsewhere"]
+__all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
+           "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
 
 #: a file of notes for one owner: ``<owner, made file-safe>.nsqtw.taken``
 NOTES_SUFFIX: Final = ".nsqtw.taken"
@@ -115,18 +115,23 @@ class Notices:
             state.noted_since = float(head.get("since") or self.reactor.seconds())
             state.notes_for = str(head.get("incarnation") or "")
 
-    def note(self, state: OwnerState, standbys: list[Standby]) -> None:
-        """Before ``standbys`` of the owner are handed in: what they hand in, kept for its return."""
-        records, count = notes_of(standbys)
-        if not records or not state.incarnation:
-            return
+    def begin(self, state: OwnerState) -> bool:
+        """A takeover of the owner begins: its notes are for its incarnation of now (those of an older
+        one dropped). False: it has none known (nothing can be told to it)."""
+        if not state.incarnation:
+            return False
         if state.notes_for != state.incarnation or not state.notes:
             state.notes, state.noted, state.noted_since = [], 0, self.reactor.seconds()
         state.notes_for = state.incarnation
-        state.notes = state.notes + records
+        return True
+
+    def add(self, state: OwnerState, topic: str, owners: dict[str, list[bytes]]) -> None:
+        """A slice of the takeover handed in the owner's ``owners`` (IDs per channel) of ``topic``:
+        noted, in memory (written by :meth:`save` once the topic's takeover ends)."""
+        records, count = taken_records(topic, owners)
+        state.notes = state.notes + records  # (a new list: one being sent is told apart)
         state.noted += count
         state.noted_at = 0.0
-        self.save(state)
 
     def save(self, state: OwnerState) -> None:
         """The owner's notes file written again as they are now (removed once there are none)."""
@@ -178,16 +183,14 @@ class Notices:
             state.noting = False
 
 
-def notes_of(standbys: Iterable[Standby]) -> tuple[list[bytes], int]:
-    """The TAKEN records of what a takeover of ``standbys`` hands in (read before it does), and how
-    many IDs they name (an ID per channel it goes to)."""
+def taken_records(topic: str, owners: dict[str, list[bytes]]) -> tuple[list[bytes], int]:
+    """The TAKEN records of the owner's IDs per channel of ``topic``, and how many IDs they name."""
     records: list[bytes] = []
     count = 0
-    for standby in standbys:
-        for channel, ids in standby.owed().items():
-            count += len(ids)
-            for i in range(0, len(ids), NOTE_IDS):
-                records.append(encode_taken(standby.topic, channel, ids[i:i + NOTE_IDS]))
+    for channel, ids in owners.items():
+        count += len(ids)
+        for i in range(0, len(ids), NOTE_IDS):
+            records.append(encode_taken(topic, channel, ids[i:i + NOTE_IDS]))
     return records, count
 
 

@@ -659,15 +659,18 @@ class ReplicationService(Service):
         what is handed in is written down for it first (:mod:`nsqtw.replica.notice`)."""
         standbys = self._all_held(state)
         state.standbys, state.parts = {}, {}
-        if note:
-            self.notices.note(state, [s for s in standbys if not is_ephemeral(s.topic)])
+        noted = note and self.notices.begin(state)
         for standby in standbys:
-            self._hand_in(standby)
+            self._hand_in(standby, state if noted and not is_ephemeral(standby.topic) else None)
 
-    def _hand_in(self, standby: Standby) -> None:
+    def _hand_in(self, standby: Standby, state: OwnerState | None = None) -> None:
+        """One standby taken over; ``state``: its owner, told what went in if it comes back on its disk."""
         self.takeovers += 1
         copy = None if is_ephemeral(standby.topic) else partial(self.owner.taken_over, standby.topic)
-        standby.take_over(self.nsqd, copy).addCallbacks(self._took_over, lambda f: None, (standby,))
+        noted = None if state is None else partial(self.notices.add, state, standby.topic)
+        d = standby.take_over(self.nsqd, copy, noted).addCallbacks(self._took_over, lambda f: None, (standby,))
+        if state is not None:
+            d.addBoth(lambda _: self.notices.save(state))
 
     def _took_over(self, count: int, standby: Standby) -> None:
         self.log.info("REPLICATION({owner}): took over {topic}: {count} messages handed to its channels here",

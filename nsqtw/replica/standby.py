@@ -416,11 +416,14 @@ class Standby:
 
     # -- the takeover ------------------------------------------------------------------------------
 
-    def take_over(self, nsqd: Any, handed: Callable[[list[Handed]], None] | None = None) -> Deferred[int]:
+    def take_over(self, nsqd: Any, handed: Callable[[list[Handed]], None] | None = None,
+                  noted: Callable[[dict[str, list[bytes]]], None] | None = None) -> Deferred[int]:
         """Hand every message still owed into this node's own topic and channels, reading the log
         a segment at a time; fires with how many messages were handed in. ``handed`` is told what
         each slice handed in (its owing channels, new ID value, timestamp and body), at the end of
-        the reactor turn that made the IDs."""
+        the reactor turn that made the IDs; ``noted``, the owner's IDs it handed in, per channel
+        (``""``: into the topic, given no channel yet): what the owner is told if it comes back
+        (:mod:`nsqtw.replica.notice`), only what really went in."""
         if not self.taken_over:
             self.disk.note(encode_entry(Entry.TAKEN, self.arrivals))
             self.disk.flush()
@@ -444,7 +447,8 @@ class Standby:
         def hand_in(read: tuple[int, bytes]) -> None:
             first, data = read
             out: list[Handed] = []
-            steps = self._hand_in(topic, first, data, nsqd.guid.new_value, out)
+            owners: dict[str, list[bytes]] = {}
+            steps = self._hand_in(topic, first, data, nsqd.guid.new_value, out, owners)
 
             def turn() -> None:
                 try:
@@ -455,6 +459,9 @@ class Standby:
                         if out and handed is not None:
                             handed(out[:])
                         out.clear()
+                        if owners and noted is not None:
+                            noted(dict(owners))
+                        owners.clear()
                 except StopIteration:
                     next_segment()
                     return
@@ -473,26 +480,8 @@ class Standby:
         next_segment()
         return done
 
-    def owed(self) -> dict[str, list[bytes]]:
-        """What a takeover now hands in, as the owner's IDs: per channel owing them, the IDs it
-        gets (``""``: the topic's, when the owner had no channel yet). The owner, back on its disk,
-        is told (``TAKEN`` records) so that it does not deliver them too."""
-        out: dict[str, list[bytes]] = {}
-        values = self.values
-        done = self.done
-        for i in range(len(values)):
-            if done[i]:
-                continue
-            mid = b"%016x" % values[i]
-            if not self.channels:
-                out.setdefault("", []).append(mid)
-                continue
-            for name in self._owing(i):
-                out.setdefault(name, []).append(mid)
-        return out
-
     def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int],
-                 out: list[Handed]) -> Generator[int, None, None]:
+                 out: list[Handed], owners: dict[str, list[bytes]]) -> Generator[int, None, None]:
         """One segment's messages: each one still owed goes into the channels owing it.
 
         Each gets a new ID (``new_id``: this node's generator), the same in
@@ -513,6 +502,8 @@ class Standby:
             if self.channels:
                 owing = self._owing(i)
                 if owing:
+                    for name in owing:
+                        owners.setdefault(name, []).append(b"%016x" % value)
                     value = new_id()
                     message_data = b"%016x%b" % (value, body)
                     for name in owing:
@@ -520,6 +511,7 @@ class Standby:
                     out.append((tuple(owing), value, timestamp, body))
                 handed = 1 if owing else 0  # (arrived before every channel that exists: nobody's)
             else:
+                owners.setdefault("", []).append(b"%016x" % value)
                 value = new_id()
                 topic.publish([value], [body], timestamp, 0.0)
                 out.append(((), value, timestamp, body))

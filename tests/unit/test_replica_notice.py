@@ -19,9 +19,9 @@ from twisted.test import iosim
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
-from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_of, notes_path
+from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_path, taken_records
 from nsqtw.replica.records import Kind, decode_fin, encode_json, encode_pub, encode_taken
-from tests.helpers import connect, decode_message_frame, take_frames
+from tests.helpers import connect, decode_message_frame, make_nsqd, take_frames
 from tests.unit.test_replica import (
     NOW_NS,
     Node,
@@ -43,7 +43,18 @@ def test_taken_records_carry_a_channel_and_its_ids() -> None:
     assert kind == Kind.TAKEN and decode_fin(payload) == ("t", "c", [mid(1), mid(2)])
 
 
-def test_notes_name_each_unfinished_message_once_per_channel_owing_it(tmp_path: Any) -> None:
+def noted_by_take_over(s: Any, nsqd: Any, clock: Any) -> dict[str, list[bytes]]:
+    """What a takeover of ``s`` reports it handed in, per channel (its ``noted`` slices merged)."""
+    out: dict[str, list[bytes]] = {}
+    d = s.take_over(nsqd, None, lambda owners: [out.setdefault(c, []).extend(ids) for c, ids in owners.items()])
+    for _ in range(20):
+        clock.advance(0)
+    assert d.called
+    return out
+
+
+def test_a_takeover_notes_each_message_it_hands_in_once_per_channel_owing_it(tmp_path: Any) -> None:
+    nsqd, clock = make_nsqd()
     s = make_standby(tmp_path)
     s.channel("c", True)
     s.channel("d", True)
@@ -52,22 +63,32 @@ def test_notes_name_each_unfinished_message_once_per_channel_owing_it(tmp_path: 
     s.finish("d", [mid(2)])
     s.finish("c", [mid(3)])
     s.finish("d", [mid(3)])  # 3 done everywhere
-    assert s.owed() == {"c": [mid(2)], "d": [mid(1)]}
-    records, count = notes_of([s])
-    assert count == 2 and sorted(decode_fin(p) for _, p in (split_all(r)[0] for r in records)) == [
-        ("t", "c", [mid(2)]), ("t", "d", [mid(1)])]
+    assert noted_by_take_over(s, nsqd, clock) == {"c": [mid(2)], "d": [mid(1)]}
+    os.makedirs(tmp_path / "bare")
     bare = make_standby(tmp_path / "bare", topic="u")
-    os.makedirs(tmp_path / "bare", exist_ok=True)
     add(bare, 7)
-    assert bare.owed() == {"": [mid(7)]}  # no channel yet: the topic's
+    assert noted_by_take_over(bare, nsqd, clock) == {"": [mid(7)]}  # no channel yet: into the topic
 
 
-def test_a_long_note_is_cut_into_records_of_at_most_note_ids(tmp_path: Any) -> None:
+def test_what_a_takeover_could_not_read_is_not_noted(tmp_path: Any) -> None:
+    """A message held in memory whose segment cannot be read (a failed write, a lost file) is not
+    handed in, so the owner is not told of it: it still delivers it."""
+    nsqd, clock = make_nsqd()
     s = make_standby(tmp_path)
     s.channel("c", True)
-    add(s, *range(1, NOTE_IDS + 3))
-    records, count = notes_of([s])
-    assert count == NOTE_IDS + 2 and [len(decode_fin(split_all(r)[0][1])[2]) for r in records] == [NOTE_IDS, 2]
+    add(s, 1, 2)
+    segments = [name for name in os.listdir(tmp_path) if not name.endswith(".journal")]
+    assert segments
+    for name in segments:
+        os.unlink(tmp_path / name)
+    assert len(s) == 2 and noted_by_take_over(s, nsqd, clock) == {}
+
+
+def test_taken_records_hold_at_most_note_ids_each() -> None:
+    ids = [mid(i) for i in range(NOTE_IDS + 2)]
+    records, count = taken_records("t", {"c": ids})
+    assert count == NOTE_IDS + 2
+    assert [decode_fin(split_all(r)[0][1]) for r in records] == [("t", "c", ids[:NOTE_IDS]), ("t", "c", ids[NOTE_IDS:])]
 
 
 def test_a_channel_leaves_out_what_a_replica_delivered_and_finishes_it_for_replication() -> None:
