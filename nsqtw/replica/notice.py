@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Final
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.protocol import ClientFactory
 
 from nsqtw.interfaces import IDiskExecutor
@@ -42,7 +42,7 @@ from nsqtw.replica.ownerstate import OwnerState, replace_file
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
 
 __all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
-           "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
+           "is_notice", "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
 
 #: a file of notes for one owner: ``<owner, made file-safe>.nsqtw.taken``
 NOTES_SUFFIX: Final = ".nsqtw.taken"
@@ -150,6 +150,13 @@ class Notices:
                       owner=state.name, why=why, count=state.noted)
         state.notes, state.noted, state.notes_for = [], 0, ""
         self.save(state)
+
+    def tick(self, state: OwnerState, now: float, every: float) -> None:
+        """The replica's tick: an owner with notes is asked every ``every`` seconds (:meth:`tell`)."""
+        if state.notes and not state.noting and now - state.noted_at >= every:
+            state.noting = True
+            state.noted_at = now
+            ensureDeferred(self.tell(state))
 
     async def tell(self, state: OwnerState) -> None:
         """The owner's ``/replication``: its incarnation of the takeover answering means it is back on
@@ -287,6 +294,16 @@ def send_notice(reactor: Any, host: str, http_port: int, hello: dict[str, Any], 
         return ok
 
     return done.addCallback(settled)
+
+
+def is_notice(hello: dict[str, Any], incarnation: str) -> bool:
+    """Whether a link's ``HELLO`` opens a notice (a replica's notes to this node); ValueError for a
+    notice meant for another incarnation of this node (its data directory is not the one noted)."""
+    if hello.get("role") != "notice":
+        return False
+    if str(hello.get("owner_incarnation")) != incarnation:
+        raise ValueError("a notice for another incarnation of this node")
+    return True
 
 
 def taken_elsewhere(nsqd: Any, replica: str, topic: str, channel: str, ids: list[bytes]) -> int:

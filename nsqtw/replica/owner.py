@@ -12,13 +12,14 @@ next one. A publish not acked within ``--replica-wait`` is refused
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.protocol import ClientFactory
 from twisted.python.failure import Failure
 
@@ -31,16 +32,22 @@ from nsqtw.replica.records import (
     Kind,
     decode_ack,
     decode_json,
+    decode_need,
     encode_fin,
     encode_json,
     encode_snap,
+    encode_snap_ids,
     frame,
     frame_pub,
     pub_messages,
+    select_messages,
 )
 from nsqtw.replica.standby import Handed, Standby
 
-__all__ = ["OwnerSide", "Pending", "PeerLink"]
+__all__ = ["OwnerSide", "Pending", "PeerLink", "SNAP_IDS_MAX"]
+
+#: ID values per SNAP_IDS record at most (512 KiB of record)
+SNAP_IDS_MAX = 65536
 
 
 class Pending:
@@ -80,6 +87,10 @@ class PeerLink:
         self.catching_up: set[str] = set()
         #: (record number, fired once the replica acked it)
         self._ack_waiters: list[tuple[int, Deferred[None]]] = []
+        #: per topic, the ID values the replica said it lacks (NEED records, after SNAP_IDS)
+        self.needed: dict[str, set[int]] = {}
+        #: fired with the replica's HELLO, or None if the link is lost first
+        self._hello_waiters: list[Deferred[dict[str, Any] | None]] = []
 
     def connect(self) -> None:
         side = self.side
@@ -118,8 +129,26 @@ class PeerLink:
     def link_record(self, link: Link, kind: int, payload: bytes) -> None:
         if kind == Kind.ACK:
             self._acked(decode_ack(payload))
+        elif kind == Kind.NEED:
+            topic, values = decode_need(payload)
+            self.needed.setdefault(topic, set()).update(values)
         elif kind == Kind.HELLO:
             link.hello = decode_json(payload)
+            self._hello_known(link.hello)
+
+    def hello_known(self) -> Deferred[dict[str, Any] | None]:
+        """The replica's HELLO on the link now (None: no link, or it is lost before the HELLO comes)."""
+        link = self.link
+        if link is None or link.hello is not None:
+            return succeed(None if link is None else link.hello)
+        d: Deferred[dict[str, Any] | None] = Deferred()
+        self._hello_waiters.append(d)
+        return d
+
+    def _hello_known(self, hello: dict[str, Any] | None) -> None:
+        waiters, self._hello_waiters = self._hello_waiters, []
+        for d in waiters:
+            d.callback(hello)
 
     def link_read(self, link: Link) -> None:
         pass
@@ -128,6 +157,8 @@ class PeerLink:
         if link is not None and link is not self.link:
             return
         self.link = None
+        self.needed = {}
+        self._hello_known(None)
         if not self.dropped:
             self.log.warn("REPLICATION({peer}): link lost - {reason}", peer=self.candidate.address, reason=reason)
             self.side.peer_lost(self)
@@ -296,31 +327,61 @@ class OwnerSide:
             self._copy_log(peer, topic, own)  # (a link not up yet sends the log when it comes up)
 
     async def _snapshot(self, peer: PeerLink, topic: str, own: Standby) -> None:
-        """The topic's unfinished messages, from its own log, a segment at a time, each sent once
-        the replica acked the one before (so no more than a segment waits in memory)."""
+        """The topic's unfinished messages, from its own log. To a replica of version 2, first their
+        IDs (``SNAP_IDS``, from memory, each record sent once the one before is acked): it confirms
+        those it holds and names the others (``NEED``), so a link that comes back costs 8 bytes a
+        message it holds, not its body. Then the bodies of those needed (of every one for an older
+        replica), a segment at a time, each sent once the replica acked the one before (so no more
+        than a segment waits in memory)."""
         until = own.arrivals
+        hello = await peer.hello_known()
+        if not self._copying(peer, topic, own):
+            return
+        needed: set[int] | None = None  # None: every unfinished message
+        if hello is not None and int(hello.get("version") or 1) >= 2:
+            needed = set()
+            for owing, values in own.live_id_runs(until, SNAP_IDS_MAX):
+                last = peer.send_counted(encode_snap_ids(topic, owing, values))
+                if last:
+                    await peer.when_acked(last)  # (its NEED came before its ACK)
+                if not self._copying(peer, topic, own):
+                    return
+                needed |= peer.needed.pop(topic, set())
         sent = 0
-        for number, first, _ in [list(seg) for seg in own.disk.segments]:
-            if first >= until:
+        segments = [list(seg) for seg in own.disk.segments]
+        wanted = None if needed is None else sorted(a for a in map(own.arrival_of, needed) if a is not None)
+        for k, (number, first, _) in enumerate(segments):
+            if first >= until or wanted == []:
                 break
+            end = segments[k + 1][1] if k + 1 < len(segments) else until
+            if wanted is not None and bisect_left(wanted, first) == bisect_left(wanted, end):
+                continue  # none needed in it: not read
             try:
                 data = await own.disk.read_number(number, first)
             except FileNotFoundError:
                 continue  # every message in it was done meanwhile
-            if peer.link is None or self.placed.get(topic) is not peer or self.own.get(topic) is not own:
+            if not self._copying(peer, topic, own):
                 return
             last = 0
             for owing, chunk in own.live_runs(data, first, until):
-                last = peer.send_counted(encode_snap(topic, owing, chunk))
-                sent += 1
+                if needed is not None:
+                    chunk = select_messages(chunk, needed)
+                if chunk:
+                    last = peer.send_counted(encode_snap(topic, owing, chunk))
+                    sent += 1
             if last:
                 await peer.when_acked(last)
-        if peer.link is None or self.placed.get(topic) is not peer or self.own.get(topic) is not own:
+        if not self._copying(peer, topic, own):
             return
         self._synced(peer, topic)
         if sent:
             self.log.info("REPLICATION({peer}): {topic}'s unfinished messages copied", peer=peer.candidate.address,
                           topic=topic)
+
+    def _copying(self, peer: PeerLink, topic: str, own: Standby) -> bool:
+        """Whether a copy of the topic's log to ``peer`` is still wanted (its link up, the topic still
+        placed there, its own log the same)."""
+        return peer.link is not None and self.placed.get(topic) is peer and self.own.get(topic) is own
 
     def still_needs(self, replica: str) -> set[str]:
         """The topics whose copies on ``replica`` must be kept: those placed there, and those not

@@ -18,8 +18,8 @@ from enum import IntEnum
 from typing import Any, Final
 
 __all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "decode_json", "decode_pub",
-           "decode_snap", "encode_ack", "encode_fin", "encode_json", "encode_pub", "encode_snap", "encode_taken",
-           "frame",
+           "decode_need", "decode_snap", "decode_snap_ids", "encode_ack", "encode_fin", "encode_json", "encode_need",
+           "encode_pub", "encode_snap", "encode_snap_ids", "encode_taken", "frame", "select_messages",
            "frame_pub", "index_messages", "pub_messages", "read_messages", "split_pub", "split_records"]
 
 _LEN: Final = struct.Struct(">I")
@@ -49,6 +49,8 @@ class Kind(IntEnum):
     SNAP = 11         # owner: topic, the channels owing them, unfinished messages a new replica lacks
     SYNCED = 12       # owner: {"topic", "complete"}: every unfinished message of the topic went as a SNAP
     TAKEN = 13        # replica, on a notice link: topic, channel, the owner's IDs delivered by the replica
+    SNAP_IDS = 14     # owner (to a replica of version 2): a SNAP's topic and owing channels, ID values only
+    NEED = 15         # replica: topic, the ID values of a SNAP_IDS it does not hold (sent as SNAPs then)
 
 
 #: the kinds whose payload is a JSON object
@@ -187,6 +189,20 @@ def read_messages(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
+def select_messages(data: bytes, values: set[int]) -> bytes:
+    """Of messages back to back as a PUB or SNAP record holds them, those whose ID value is in ``values``."""
+    parts: list[bytes] = []
+    pos = 0
+    size = len(data)
+    while pos + _MSG.size <= size:
+        value, _, _, n = _MSG.unpack_from(data, pos)
+        end = pos + _MSG.size + n
+        if value in values:
+            parts.append(data[pos:end])
+        pos = end
+    return b"".join(parts)
+
+
 def pub_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float) -> bytes:
     """Messages back to back as a PUB record (and a standby's log) holds them."""
     delay_ms = int(delay * 1000)
@@ -204,12 +220,22 @@ def frame_pub(topic: str, count: int, messages: bytes) -> bytes:
 
 def encode_snap(topic: str, owing: Sequence[str], messages: bytes) -> bytes:
     """A SNAP record: messages a new replica lacks, each owed by exactly the channels ``owing``."""
-    names = b"".join(_name(c) for c in owing)
-    return frame(Kind.SNAP, _name(topic) + _U16.pack(len(owing)) + names + messages)
+    return frame(Kind.SNAP, _topic_owing(topic, owing) + messages)
 
 
 def decode_snap(payload: bytes) -> tuple[str, list[str], bytes, list[int], list[int]]:
     """A SNAP record's topic, owing channels, messages, their ID values and body sizes."""
+    topic, owing, pos = _read_topic_owing(payload)
+    data = payload[pos:]
+    values, sizes = index_messages(data)
+    return topic, owing, data, values, sizes
+
+
+def _topic_owing(topic: str, owing: Sequence[str]) -> bytes:
+    return _name(topic) + _U16.pack(len(owing)) + b"".join(_name(c) for c in owing)
+
+
+def _read_topic_owing(payload: bytes) -> tuple[str, list[str], int]:
     topic, pos = _read_name(payload, 0)
     (n,) = _U16.unpack_from(payload, pos)
     pos += 2
@@ -217,9 +243,37 @@ def decode_snap(payload: bytes) -> tuple[str, list[str], bytes, list[int], list[
     for _ in range(n):
         name, pos = _read_name(payload, pos)
         owing.append(name)
-    data = payload[pos:]
-    values, sizes = index_messages(data)
-    return topic, owing, data, values, sizes
+    return topic, owing, pos
+
+
+def encode_snap_ids(topic: str, owing: Sequence[str], values: Sequence[int]) -> bytes:
+    """A SNAP_IDS record: unfinished messages as a SNAP names them, without their bodies (a replica
+    that holds them confirms them; it asks for the others with a NEED record)."""
+    return frame(Kind.SNAP_IDS, _topic_owing(topic, owing) + _values(values))
+
+
+def decode_snap_ids(payload: bytes) -> tuple[str, list[str], list[int]]:
+    topic, owing, pos = _read_topic_owing(payload)
+    return topic, owing, _read_values(payload[pos:])
+
+
+def encode_need(topic: str, values: Sequence[int]) -> bytes:
+    return frame(Kind.NEED, _name(topic) + _values(values))
+
+
+def decode_need(payload: bytes) -> tuple[str, list[int]]:
+    topic, pos = _read_name(payload, 0)
+    return topic, _read_values(payload[pos:])
+
+
+def _values(values: Sequence[int]) -> bytes:
+    return struct.pack(f">{len(values)}Q", *values)
+
+
+def _read_values(raw: bytes) -> list[int]:
+    if len(raw) % 8:
+        raise ValueError("ID values not a multiple of 8 bytes")
+    return list(struct.unpack(f">{len(raw) // 8}Q", raw))
 
 
 def encode_fin(topic: str, channel: str, ids: Sequence[bytes]) -> bytes:

@@ -40,7 +40,7 @@ from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accepted_link, beat_interval
-from nsqtw.replica.notice import Notices, read_notes, taken_elsewhere
+from nsqtw.replica.notice import Notices, is_notice, read_notes, taken_elsewhere
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.records import (
@@ -49,8 +49,10 @@ from nsqtw.replica.records import (
     decode_fin,
     decode_json,
     decode_snap,
+    decode_snap_ids,
     encode_ack,
     encode_json,
+    encode_need,
     split_pub,
 )
 from nsqtw.replica.standby import Standby
@@ -61,8 +63,8 @@ __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]  # (the f
 TICK: Final = 0.25
 #: seconds between the questions to an owner whose link is down: which incarnation runs there now?
 ASK_EVERY: Final = 1.0
-#: version of the link's records
-VERSION: Final = 1
+#: version of the link's records (2: SNAP_IDS and NEED; an owner sends SNAP_IDS to a replica of 2 only)
+VERSION: Final = 2
 
 
 @implementer(IReplication)
@@ -310,6 +312,11 @@ class ReplicationService(Service):
             topic, owing, data, values, sizes = decode_snap(payload)
             state.touched.add(topic)
             self._snap(state, topic, owing, data, values, sizes)
+        elif kind == Kind.SNAP_IDS:  # held ones confirmed as a SNAP's are; the others asked for
+            topic, owing, values = decode_snap_ids(payload)
+            state.touched.add(topic)
+            if lacking := [v for v in values if not any(s.confirm(v, owing) for s in self._held(state, topic))]:
+                link.send(encode_need(topic, lacking))
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
             state.touched.add(topic)
@@ -443,13 +450,9 @@ class ReplicationService(Service):
         incarnation = str(hello["incarnation"])
         if incarnation == self.incarnation:
             raise ValueError("a link from this node itself")
-        if hello.get("role") == "notice":
-            # a replica that took over this node's topics while it was away, with what it delivered
-            if str(hello.get("owner_incarnation")) != self.incarnation:
-                raise ValueError("a notice for another incarnation of this node")
-            link.hello = hello
-            return
         link.hello = hello
+        if is_notice(hello, self.incarnation):  # a replica that took over here, with what it delivered
+            return
         state = self.owners.get(name)
         if state is None:
             state = self.owners[name] = OwnerState(name)
@@ -535,10 +538,7 @@ class ReplicationService(Service):
         self.owner.tick()
         now = self.reactor.seconds()
         for state in list(self.owners.values()):
-            if state.notes and not state.noting and now - state.noted_at >= ASK_EVERY:
-                state.noting = True
-                state.noted_at = now
-                ensureDeferred(self.notices.tell(state))
+            self.notices.tick(state, now, ASK_EVERY)
             for standby in state.standbys.values():
                 standby.maintain()
             for topic, parts in list(state.parts.items()):

@@ -138,6 +138,35 @@ class Standby:
         i = bisect_left(values, value)
         return i < len(values) and values[i] == value and not self.done[i]
 
+    def arrival_of(self, value: int) -> int | None:
+        """The arrival number of the message of ID value ``value`` held here (done or not), or None."""
+        values = self.values
+        i = bisect_left(values, value)
+        return self.base + i if i < len(values) and values[i] == value else None
+
+    def live_id_runs(self, until: int, most: int) -> Generator[tuple[list[str], list[int]], None, None]:
+        """The ID values of the messages not done that arrived before ``until``, as runs of (the
+        channels owing them, at most ``most`` values), in order: a ``SNAP``'s runs without bodies.
+        Lazily, by arrival number (the caller waits between runs, while :meth:`maintain` may cut)."""
+        arrival = self.base
+        owing_now: list[str] | None = None
+        run: list[int] = []
+        while arrival < min(until, self.arrivals):
+            arrival = max(arrival, self.base)
+            i = arrival - self.base
+            arrival += 1
+            if i >= len(self.values) or self.done[i]:
+                continue
+            owing = self._owing(i) if self.channels else []
+            value = self.values[i]  # (read before a yield: the arrays may be cut meanwhile)
+            if run and (owing != owing_now or len(run) >= most):
+                yield owing_now or [], run
+                run = []
+            owing_now = owing
+            run.append(value)
+        if run:
+            yield owing_now or [], run
+
     def live_runs(self, data: bytes, first: int, until: int) -> list[tuple[list[str], bytes]]:
         """Of a log segment's bytes (its first message arrival ``first``): the messages not done
         that arrived before ``until``, as runs of (the channels owing them, their bytes), in order."""

@@ -41,16 +41,21 @@ from nsqtw.replica.records import (
     decode_ack,
     decode_fin,
     decode_json,
+    decode_need,
     decode_pub,
     decode_snap,
+    decode_snap_ids,
     encode_ack,
     encode_fin,
     encode_json,
+    encode_need,
     encode_pub,
     encode_snap,
+    encode_snap_ids,
     frame,
     pub_messages,
     read_messages,
+    select_messages,
     split_pub,
     split_records,
 )
@@ -2168,6 +2173,13 @@ def test_a_relinked_owners_synced_lets_go_of_what_it_finished_meanwhile(tmp_path
         assert held(Node(tmp_path / str(complete)).service.owners[OWNER].standbys["t"]) == held(standby)
 
 
+def topic_of(kind: int, payload: bytes) -> str:
+    """The topic a SNAP, SNAP_IDS or SYNCED record names."""
+    if kind == Kind.SYNCED:
+        return str(decode_json(payload)["topic"])
+    return (decode_snap if kind == Kind.SNAP else decode_snap_ids)(payload)[0]
+
+
 def test_an_owner_says_synced_once_its_snaps_are_all_acked(tmp_path: Any, monkeypatch: Any) -> None:
     """The owner's side: after the SNAPs of its own log (each segment once the one before was acked),
     SYNCED, ``complete`` unless the topic was here before its own log (or a write to it failed)."""
@@ -2192,7 +2204,8 @@ def test_an_owner_says_synced_once_its_snaps_are_all_acked(tmp_path: Any, monkey
         pump.flush()
     synced = {decode_json(p)["topic"]: decode_json(p)["complete"] for k, p in seen if k == Kind.SYNCED}
     assert synced == {"t": True, "u": False}
-    assert [k for k, _ in seen].index(Kind.SNAP) < [k for k, _ in seen].index(Kind.SYNCED)
+    of_t = [k for k, p in seen if k in (Kind.SNAP_IDS, Kind.SNAP, Kind.SYNCED) and topic_of(k, p) == "t"]
+    assert of_t == [Kind.SNAP_IDS, Kind.SNAP, Kind.SYNCED]  # its IDs, the bodies it lacks, then SYNCED
     owner.service.stopService()
     replica.service.stopService()
 
@@ -2274,7 +2287,10 @@ def test_a_replica_is_told_to_keep_topics_not_yet_whole_elsewhere(tmp_path: Any)
     other = ({A, B} - {first}).pop()
     assert o.side.still_needs(first) == {"t"}  # placed there
     assert o.side.still_needs(other) == {"t"}  # its copy not acked by the one it is placed on yet
-    link.dataReceived(encode_ack(10))  # its PUB, and the SNAP of its own log
+    # its HELLO (the copy of the own log waits for it: SNAP_IDS, then nothing it lacks), and the ACK of
+    # its PUB and of that
+    link.dataReceived(encode_json(Kind.HELLO, {"node": first, "incarnation": "cccccccccccccccc", "version": 2})
+                      + encode_ack(10))
     o.reactor.advance(0)
     assert o.side.still_needs(other) == set()  # whole on the first
     o.side.placed["t"].catching_up.add("t")
@@ -2375,3 +2391,101 @@ def test_without_durable_delivery_an_own_log_keeps_no_journal(tmp_path: Any) -> 
     node.reactor.advance(FLUSH_DELAY)
     assert len(list(node.path.glob("10.0.0.1_4151~t.*.journal"))) == 1
     node.service.stopService()
+
+
+def test_snap_ids_and_need_round_trip_and_select_messages_keeps_the_named() -> None:
+    [(kind, payload)] = split_all(encode_snap_ids("t", ["c", "d"], [1, 2**63 + 5]))
+    assert kind == Kind.SNAP_IDS and decode_snap_ids(payload) == ("t", ["c", "d"], [1, 2**63 + 5])
+    [(kind, payload)] = split_all(encode_need("t", [7, 9]))
+    assert kind == Kind.NEED and decode_need(payload) == ("t", [7, 9])
+    with pytest.raises(ValueError):
+        decode_need(payload[:-1])
+    data = pub_messages([1, 2, 3], [b"a", b"bb", b"c"], NOW_NS, 0.0)
+    assert read_messages(select_messages(data, {2, 3})) == read_messages(data)[1:]
+    assert select_messages(data, set()) == b""
+
+
+def test_live_id_runs_group_by_owing_channels_and_survive_a_cut_between_runs(tmp_path: Any) -> None:
+    s = make_standby(tmp_path)
+    s.channel("c", True)
+    s.channel("d", True)
+    add(s, 1, 2, 3, 4, 5)
+    s.finish("d", [mid(3), mid(4)])
+    s.finish("c", [mid(1)])
+    s.finish("d", [mid(1)])  # 1 done
+    assert list(s.live_id_runs(s.arrivals, 10)) == [(["c", "d"], [2]), (["c"], [3, 4]), (["c", "d"], [5])]
+    assert list(s.live_id_runs(s.arrivals, 1))[1:3] == [(["c"], [3]), (["c"], [4])]
+    assert list(s.live_id_runs(s.base + 2, 10)) == [(["c", "d"], [2])]  # arrived before ``until`` only
+    runs = s.live_id_runs(s.arrivals, 10)
+    assert next(runs) == (["c", "d"], [2])
+    s.finish("c", [mid(2)])
+    s.finish("d", [mid(2)])
+    s.maintain()
+    assert list(runs) == [(["c"], [3, 4]), (["c", "d"], [5])]
+
+
+def test_a_relinked_replica_confirms_the_ids_it_holds_and_asks_for_the_others(tmp_path: Any) -> None:
+    """SNAP_IDS: what the replica holds is confirmed (SYNCED then lets go of the rest, as after
+    SNAPs), and a NEED names what it lacks."""
+    node = Node(tmp_path)
+    link, _ = node.accept()
+    link.dataReceived(hello(durable=True) + channel_record("t", "c")
+                      + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
+    link.connectionLost(Failure(ConnectionError("reset")))
+    again, transport = node.accept()
+    transport.clear()
+    again.dataReceived(hello(durable=True) + encode_snap_ids("t", ["c"], [3, 4, 9])
+                       + encode_json(Kind.SYNCED, {"topic": "t", "complete": True}))
+    needs = [decode_need(p) for k, p in split_all(transport.value()) if k == Kind.NEED]
+    assert needs == [("t", [9])]
+    assert held(node.service.owners[OWNER].standbys["t"]) == [mid(3), mid(4)]
+    node.service.stopService()
+
+
+def test_an_owner_relinking_sends_the_bodies_of_what_its_replica_lacks_only(tmp_path: Any,
+                                                                            monkeypatch: Any) -> None:
+    """The owner's side: its own log's IDs first (SNAP_IDS), then, as SNAPs, the bodies the replica
+    named in its NEED: a message it holds costs its ID, not its body."""
+    monkeypatch.setattr("nsqtw.replica.service.http_get", Pings(alive=True))
+    owner = Node(tmp_path, address="10.0.0.1", incarnation="aaaaaaaaaaaaaaaa")
+    replica = Node(tmp_path, address="10.0.0.2", incarnation="bbbbbbbbbbbbbbbb", reactor=owner.reactor)
+    before, _ = replica.accept(peer="10.0.0.1")  # the owner's earlier link (same process): holds 1 and 2
+    before.dataReceived(hello(started=owner.nsqd.start_time_precise) + channel_record("t", "c")
+                        + encode_pub("t", [1, 2], [b"a", b"b"], NOW_NS, 0.0))
+    before.connectionLost(Failure(ConnectionError("reset")))
+    owner.service.owner.own["t"] = own = owner.service._own_log("t")
+    own.channel("c", False)
+    own.add(pub_messages([1, 2, 3], [b"a", b"b", b"c"], NOW_NS, 0.0), [1, 2, 3], [1, 1, 1])
+    owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
+    seen: list[tuple[int, bytes]] = []
+    real = replica.service.link_record
+    monkeypatch.setattr(replica.service, "link_record", lambda link, kind, payload: (
+        seen.append((kind, payload)), real(link, kind, payload))[1])
+    owner.nsqd.get_topic("t")
+    client, pump = joined(owner.reactor, "10.0.0.1", replica)
+    for _ in range(6):
+        owner.reactor.advance(0)
+        pump.flush()
+    assert [decode_snap_ids(p)[2] for k, p in seen if k == Kind.SNAP_IDS] == [[1, 2, 3]]
+    assert [decode_snap(p)[3] for k, p in seen if k == Kind.SNAP] == [[3]]  # the one body it lacked
+    assert [decode_json(p) for k, p in seen if k == Kind.SYNCED] == [{"topic": "t", "complete": True}]
+    state = replica.service.owners["10.0.0.1:4151"]
+    assert sorted(i for s in replica.service._all_held(state) for i in held(s)) == [mid(1), mid(2), mid(3)]
+    owner.service.stopService()
+    replica.service.stopService()
+
+
+@pytest.mark.parametrize("version, kinds", [(1, [Kind.SNAP]), (2, [Kind.SNAP_IDS])])
+def test_an_owner_sends_ids_first_only_to_a_replica_that_reads_them(tmp_path: Any, version: int,
+                                                                     kinds: list[int]) -> None:
+    """A replica of version 1 (before SNAP_IDS) is sent its owner's log as SNAPs, bodies and all."""
+    o = Owner(addresses=(A,))
+    o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
+        str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
+    o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    _, link, transport = o.up()
+    transport.clear()
+    link.dataReceived(encode_json(Kind.HELLO, {"node": A, "incarnation": "cccccccccccccccc", "version": version}))
+    o.reactor.advance(0)
+    sent = [k for k, _ in split_all(transport.value()) if k in (Kind.SNAP, Kind.SNAP_IDS)]
+    assert sent == kinds
