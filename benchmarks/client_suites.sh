@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The NSQ client libraries' own test suites, with their own harnesses, against nsqtw --workers=N (or Go nsqd):
-# gnsq 1.0.2, ansq 0.3.0 and pynsq 0.9.1 from their PyPI sdists, go-nsq from the Go module proxy.
+# gnsq 1.0.2, ansq 0.3.0 and pynsq 0.9.1 from their PyPI sdists (ansq's harness and pynsq's tests, which
+# the sdists lack, from their repositories: ANSQ_CONFTEST, PYNSQ_TESTS below), go-nsq from the Go module proxy.
 #
 #   benchmarks/client_suites.sh WORKERS RUNS [GO/bin]     # e.g. benchmarks/client_suites.sh 2 3
 #   benchmarks/client_suites.sh go 1 GO/bin               # the reference: Go nsqd v1.3.0 and nsqlookupd
@@ -63,23 +64,47 @@ for run in $(seq 1 "$RUNS"); do
   grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
 done
 
-# -- ansq, pynsq: is the harness in the sdist? -------------------------------------------------------------
+# -- ansq: its sdist has tests/test_*.py but not tests/conftest.py, the harness (fixtures nsqd, create_nsqd,
+# create_nsqlookupd: nsqd on 127.0.0.1:4150, SIGKILLed after each test, /ping awaited 3 s at each start).
+# ANSQ_CONFTEST names that file from ansq's repository (github.com/list-family/ansq, tests/conftest.py of
+# the 0.3.0 era); the suite needs pytest-asyncio's event_loop fixture (before 0.22): a virtualenv of its own.
+if [ ! -f ansq-0.3.0/tests/conftest.py ] && [ -n "${ANSQ_CONFTEST:-}" ] && [ -f "$ANSQ_CONFTEST" ]; then
+  cp "$ANSQ_CONFTEST" ansq-0.3.0/tests/conftest.py
+fi
 if [ -f ansq-0.3.0/tests/conftest.py ]; then
+  AVENV="$WORK/venv-ansq"
+  [ -x "$AVENV/bin/python" ] || { python3 -m venv "$AVENV" && "$AVENV"/bin/pip install -q "pytest<8" \
+    "pytest-asyncio==0.21.*" aiohttp async_generator attrs >>"$WORK"/logs/pip.log 2>&1; }
   for run in $(seq 1 "$RUNS"); do
     log="$WORK/logs/ansq-$WORKERS-$run.log"
-    (cd ansq-0.3.0 && timeout 900 "$VENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
-      || status=1
+    (cd ansq-0.3.0 && timeout 900 "$AVENV"/bin/python -m pytest -p no:cacheprovider -q -o asyncio_mode=auto \
+      tests >"$log" 2>&1) || status=1
     echo "ansq 0.3.0 workers=$WORKERS run $run: $(summary "$log") (log $log)"
     grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
   done
 else
   echo "ansq 0.3.0: not run: its sdist has tests/test_*.py but not tests/conftest.py, which defines the" \
-       "fixtures that start nsqd/nsqlookupd (nsqd, create_nsqd, nsqlookupd)"
+       "fixtures that start nsqd/nsqlookupd; name that file from ansq's repository in ANSQ_CONFTEST"
 fi
-if ls pynsq-0.9.1 | grep -qi test; then
-  echo "pynsq 0.9.1: tests found in the sdist, but this script does not run them yet"
+# -- pynsq: its sdist has the nsq package only. PYNSQ_TESTS names the tests/ folder of its repository
+# (github.com/nsqio/pynsq: test_reader.py's IntegrationBase starts nsqd on 4150/4151, and nsqlookupd, waits
+# for /ping, SIGKILLs them after each test; test_writer.py; cert.pem and key.pem, any self-signed pair);
+# the suite needs pytest before 7 and tornado 6.0: a virtualenv of its own.
+if [ -n "${PYNSQ_TESTS:-}" ] && [ -f "$PYNSQ_TESTS/test_reader.py" ]; then
+  rm -rf pynsq-0.9.1/tests && cp -r "$PYNSQ_TESTS" pynsq-0.9.1/tests
+  PVENV="$WORK/venv-pynsq"
+  [ -x "$PVENV/bin/python" ] || { python3 -m venv "$PVENV" && "$PVENV"/bin/pip install -q "pytest<7" \
+    "tornado==6.0.4" python-snappy mock >>"$WORK"/logs/pip.log 2>&1; }
+  for run in $(seq 1 "$RUNS"); do
+    log="$WORK/logs/pynsq-$WORKERS-$run.log"
+    (cd pynsq-0.9.1 && timeout 900 "$PVENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
+      || status=1
+    echo "pynsq 0.9.1 workers=$WORKERS run $run: $(summary "$log") (log $log)"
+    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+  done
 else
-  echo "pynsq 0.9.1: not run: its sdist has the nsq package only, no tests and no harness"
+  echo "pynsq 0.9.1: not run: its sdist has the nsq package only; name its repository's tests/ folder in" \
+       "PYNSQ_TESTS"
 fi
 
 # -- go-nsq: its test.sh starts nsqlookupd and nsqd (TLS flags, ./test certificates) and runs go test ------
