@@ -43,13 +43,16 @@ def test_taken_records_carry_a_channel_and_its_ids() -> None:
     assert kind == Kind.TAKEN and decode_fin(payload) == ("t", "c", [mid(1), mid(2)])
 
 
-def noted_by_take_over(s: Any, nsqd: Any, clock: Any) -> dict[str, list[bytes]]:
-    """What a takeover of ``s`` reports it handed in, per channel (its ``noted`` slices merged)."""
+def noted_by_take_over(s: Any, nsqd: Any, clock: Any, fails: bool = False) -> dict[str, list[bytes]]:
+    """What a takeover of ``s`` reports it handed in, per channel (its ``noted`` slices merged); with
+    ``fails``, the takeover is expected to fail (a segment it cannot read)."""
     out: dict[str, list[bytes]] = {}
     d = s.take_over(nsqd, None, lambda owners: [out.setdefault(c, []).extend(ids) for c, ids in owners.items()])
     for _ in range(20):
         clock.advance(0)
-    assert d.called
+    failures: list[Any] = []
+    d.addErrback(failures.append)
+    assert d.called and bool(failures) == fails, failures
     return out
 
 
@@ -81,7 +84,7 @@ def test_what_a_takeover_could_not_read_is_not_noted(tmp_path: Any) -> None:
     assert segments
     for name in segments:
         os.unlink(tmp_path / name)
-    assert len(s) == 2 and noted_by_take_over(s, nsqd, clock) == {}
+    assert len(s) == 2 and noted_by_take_over(s, nsqd, clock, fails=True) == {}
 
 
 def test_taken_records_hold_at_most_note_ids_each() -> None:
