@@ -44,7 +44,6 @@ from nsqtw.replica.notice import Notices, is_notice, read_notes, taken_elsewhere
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.records import (
-    MESSAGE_HEADER,
     Kind,
     decode_fin,
     decode_json,
@@ -53,6 +52,7 @@ from nsqtw.replica.records import (
     encode_ack,
     encode_json,
     encode_need,
+    select_messages,
     split_pub,
 )
 from nsqtw.replica.standby import Standby
@@ -372,12 +372,7 @@ class ReplicationService(Service):
         if not fresh:
             return
         if len(fresh) < len(values):
-            offsets = []
-            pos = 0
-            for n in sizes:
-                offsets.append(pos)
-                pos += MESSAGE_HEADER + n
-            data = b"".join(data[offsets[i]:offsets[i] + MESSAGE_HEADER + sizes[i]] for i in fresh)
+            data = select_messages(data, {values[i] for i in fresh})  # (a record's IDs are unique)
             values = [values[i] for i in fresh]
             sizes = [sizes[i] for i in fresh]
         self._standby(state, topic)  # the topic and its producer registration

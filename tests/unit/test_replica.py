@@ -2489,3 +2489,21 @@ def test_an_owner_sends_ids_first_only_to_a_replica_that_reads_them(tmp_path: An
     o.reactor.advance(0)
     sent = [k for k, _ in split_all(transport.value()) if k in (Kind.SNAP, Kind.SNAP_IDS)]
     assert sent == kinds
+
+
+def test_a_snap_partly_held_adds_only_the_others_each_with_its_own_body(tmp_path: Any) -> None:
+    """A SNAP naming messages the replica holds and one it lacks: the held ones are confirmed, and only
+    the lacking one goes to a standby of its own, its bytes cut out of the record whole."""
+    node = Node(tmp_path)
+    link, _ = node.accept()
+    link.dataReceived(hello(durable=True) + channel_record("t", "c")
+                      + encode_pub("t", [1, 2], [b"m1", b"m2"], NOW_NS, 0.0))
+    link.connectionLost(Failure(ConnectionError("reset")))
+    again, _ = node.accept()
+    again.dataReceived(hello(durable=True)
+                       + encode_snap("t", ["c"], pub_messages([1, 2, 3], [b"m1", b"m22", b"m3"], NOW_NS, 0.0)))
+    [part] = node.service.owners[OWNER].parts["t"]
+    assert held(part) == [mid(3)]
+    node.reactor.advance(FLUSH_DELAY)
+    assert take(part, node.nsqd, node.reactor) == 1 and owed(node.nsqd, "t") == {"c": [mid(3)]}
+    node.service.stopService()
