@@ -22,14 +22,15 @@ from typing import Any, Final
 from typing import Protocol as TypingProtocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITCPTransport
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
 from nsqtw.net.eager import direct_sender
 from nsqtw.replica.records import Kind, frame, split_records
 
-__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "upgrade_request"]
+__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "open_link",
+           "upgrade_request"]
 
 #: seconds without a record sent before a BEAT goes (at most: :func:`beat_interval`)
 BEAT_INTERVAL: Final = 1.0
@@ -232,6 +233,24 @@ class OwnerLink(Link):
         self.records_begin()
         if rest:
             super().dataReceived(rest)
+
+
+def open_link(reactor: Any, host: str, http_port: int, handler: LinkHandler, beat: float, timeout: float,
+              failed: Callable[[str], None]) -> None:
+    """Connect to a peer's HTTP port for a link (an :class:`OwnerLink`, ``handler``'s records, the
+    reactor's clock); a connection that cannot be made is ``failed(why)``."""
+    address = f"{host}:{http_port}"
+
+    class _Factory(ClientFactory):
+        noisy = False
+
+        def buildProtocol(self, addr: Any) -> OwnerLink:
+            return OwnerLink(handler, reactor, address, beat)
+
+        def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+            failed(reason.getErrorMessage())
+
+    reactor.connectTCP(host, http_port, _Factory(), timeout=timeout)
 
 
 def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any, beat: float = BEAT_INTERVAL) -> Link:

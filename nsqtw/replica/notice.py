@@ -31,13 +31,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.protocol import ClientFactory
 
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
 from nsqtw.replica.choice import http_get
 from nsqtw.replica.journal import remove_files
-from nsqtw.replica.link import Link, OwnerLink, beat_interval
+from nsqtw.replica.link import Link, beat_interval, open_link
 from nsqtw.replica.ownerstate import OwnerState, replace_file
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
 
@@ -274,18 +273,8 @@ def send_notice(reactor: Any, host: str, http_port: int, hello: dict[str, Any], 
     fires with whether it acknowledged them all within ``timeout`` seconds."""
     done: Deferred[bool] = Deferred()
     notice = _Notice(hello, records, done)
-    address = f"{host}:{http_port}"
-
-    class _Factory(ClientFactory):
-        noisy = False
-
-        def buildProtocol(self, addr: Any) -> OwnerLink:
-            return OwnerLink(notice, reactor, address, beat_interval(timeout))
-
-        def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
-            notice.link_lost(None, reason.getErrorMessage())
-
-    reactor.connectTCP(host, http_port, _Factory(), timeout=timeout)
+    open_link(reactor, host, http_port, notice, beat_interval(timeout), timeout,
+              lambda why: notice.link_lost(None, why))
     timer = reactor.callLater(timeout, notice.give_up)
 
     def settled(ok: bool) -> bool:

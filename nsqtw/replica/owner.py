@@ -20,14 +20,13 @@ from operator import itemgetter
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred, succeed
-from twisted.internet.protocol import ClientFactory
 from twisted.python.failure import Failure
 
 from nsqtw.core.nsqd import all_of
 from nsqtw.errors import ReplicaError
 from nsqtw.log import Logger
 from nsqtw.replica.choice import Candidate, Choice
-from nsqtw.replica.link import Link, OwnerLink, beat_interval
+from nsqtw.replica.link import Link, beat_interval, open_link
 from nsqtw.replica.records import (
     Kind,
     decode_ack,
@@ -94,19 +93,8 @@ class PeerLink:
 
     def connect(self) -> None:
         side = self.side
-        peer = self
-
-        class _Factory(ClientFactory):
-            noisy = False
-
-            def buildProtocol(self, addr: Any) -> OwnerLink:
-                return OwnerLink(peer, side.clock, peer.candidate.address, beat_interval(side.timeout))
-
-            def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
-                peer.link_lost(None, reason.getErrorMessage())
-
-        side.reactor.connectTCP(self.candidate.host, self.candidate.http_port, _Factory(),
-                                timeout=side.timeout / 3)
+        open_link(side.reactor, self.candidate.host, self.candidate.http_port, self, beat_interval(side.timeout),
+                  side.timeout / 3, lambda why: self.link_lost(None, why))
 
     # -- LinkHandler --------------------------------------------------------------------------
 
