@@ -55,14 +55,18 @@ cd "$WORK"/sdist
 summary() { # the pytest closing line of log $1
   grep -E '(passed|failed|error).* in [0-9.]+s' "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//'; }
 
+suite() { # NAME VERSION PYTHON [PYTEST ARGS...]: the suite in NAME-VERSION/tests, RUNS times, a line per run
+  local name=$1 version=$2 py=$3 run log; shift 3
+  for run in $(seq 1 "$RUNS"); do
+    log="$WORK/logs/$name-$WORKERS-$run.log"
+    (cd "$name-$version" && timeout 900 "$py" -m pytest -p no:cacheprovider -q "$@" tests >"$log" 2>&1) \
+      || status=1
+    echo "$name $version workers=$WORKERS run $run: $(summary "$log") (log $log)"
+    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+  done; }
+
 # -- gnsq: tests/integration_server.py starts nsqd/nsqlookupd by name on port 0, SIGTERM at the end ---------
-for run in $(seq 1 "$RUNS"); do
-  log="$WORK/logs/gnsq-$WORKERS-$run.log"
-  (cd gnsq-1.0.2 && timeout 900 "$VENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
-    || status=1
-  echo "gnsq 1.0.2 workers=$WORKERS run $run: $(summary "$log") (log $log)"
-  grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
-done
+suite gnsq 1.0.2 "$VENV"/bin/python
 
 # -- ansq: its sdist has tests/test_*.py but not tests/conftest.py, the harness (fixtures nsqd, create_nsqd,
 # create_nsqlookupd: nsqd on 127.0.0.1:4150, SIGKILLed after each test, /ping awaited 3 s at each start).
@@ -75,17 +79,12 @@ if [ -f ansq-0.3.0/tests/conftest.py ]; then
   AVENV="$WORK/venv-ansq"
   [ -x "$AVENV/bin/python" ] || { python3 -m venv "$AVENV" && "$AVENV"/bin/pip install -q "pytest<8" \
     "pytest-asyncio==0.21.*" aiohttp async_generator attrs >>"$WORK"/logs/pip.log 2>&1; }
-  for run in $(seq 1 "$RUNS"); do
-    log="$WORK/logs/ansq-$WORKERS-$run.log"
-    (cd ansq-0.3.0 && timeout 900 "$AVENV"/bin/python -m pytest -p no:cacheprovider -q -o asyncio_mode=auto \
-      tests >"$log" 2>&1) || status=1
-    echo "ansq 0.3.0 workers=$WORKERS run $run: $(summary "$log") (log $log)"
-    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
-  done
+  suite ansq 0.3.0 "$AVENV"/bin/python -o asyncio_mode=auto
 else
   echo "ansq 0.3.0: not run: its sdist has tests/test_*.py but not tests/conftest.py, which defines the" \
        "fixtures that start nsqd/nsqlookupd; name that file from ansq's repository in ANSQ_CONFTEST"
 fi
+
 # -- pynsq: its sdist has the nsq package only. PYNSQ_TESTS names the tests/ folder of its repository
 # (github.com/nsqio/pynsq: test_reader.py's IntegrationBase starts nsqd on 4150/4151, and nsqlookupd, waits
 # for /ping, SIGKILLs them after each test; test_writer.py; cert.pem and key.pem, any self-signed pair);
@@ -95,13 +94,7 @@ if [ -n "${PYNSQ_TESTS:-}" ] && [ -f "$PYNSQ_TESTS/test_reader.py" ]; then
   PVENV="$WORK/venv-pynsq"
   [ -x "$PVENV/bin/python" ] || { python3 -m venv "$PVENV" && "$PVENV"/bin/pip install -q "pytest<7" \
     "tornado==6.0.4" python-snappy mock >>"$WORK"/logs/pip.log 2>&1; }
-  for run in $(seq 1 "$RUNS"); do
-    log="$WORK/logs/pynsq-$WORKERS-$run.log"
-    (cd pynsq-0.9.1 && timeout 900 "$PVENV"/bin/python -m pytest -p no:cacheprovider -q tests >"$log" 2>&1) \
-      || status=1
-    echo "pynsq 0.9.1 workers=$WORKERS run $run: $(summary "$log") (log $log)"
-    grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
-  done
+  suite pynsq 0.9.1 "$PVENV"/bin/python
 else
   echo "pynsq 0.9.1: not run: its sdist has the nsq package only; name its repository's tests/ folder in" \
        "PYNSQ_TESTS"
