@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.daemon import Daemon
+from tests.daemon import Daemon, LookupdDaemon
 from tests.reliability.cluster import (
     CHANNEL,
     TOPIC,
@@ -112,6 +112,19 @@ def delivered(consumer: LookupdConsumer, bodies: list[bytes], finished: set[byte
     return got
 
 
+def a_pair_with_unfinished(cluster: Cluster, prefix: bytes) -> tuple[LookupdDaemon, Daemon, Daemon, list[bytes],
+                                                                     set[bytes]]:
+    """A lookupd and two nodes, A's ``TOPIC`` placed on B; 400 bodies published on A and 150 of them
+    finished, settled: (lookupd, A, B, the bodies, the unfinished ones)."""
+    lookupd = cluster.start_lookupd()
+    a, b = start_nodes(cluster, FLAGS, FLAGS)
+    assert make_topic(a)["peer"] == address_of(b)
+    bodies = [b"%s-%04d" % (prefix, i) for i in range(400)]
+    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    settle()
+    return lookupd, a, b, bodies, unfinished
+
+
 # -- the tests ----------------------------------------------------------------------------------------
 
 
@@ -122,14 +135,8 @@ def test_a_replica_restarted_on_its_disk_still_delivers_a_lost_owners_messages(
     its journal). A's machine is lost at once, before A links to B again (A sets B aside for
     ``--replica-timeout`` after the link broke): B takes over what it read back, and a consumer
     through lookupd receives every unfinished message."""
-    lookupd = cluster.start_lookupd()
-    a, b = start_nodes(cluster, FLAGS, FLAGS)
-    assert make_topic(a)["peer"] == address_of(b)
-
-    bodies = [b"kept-%04d" % i for i in range(400)]
-    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    lookupd, a, b, bodies, unfinished = a_pair_with_unfinished(cluster, b"kept")
     finished = set(bodies) - unfinished
-    settle()
 
     a_mark = len(a.read_output())
     back = restart(b)
@@ -258,14 +265,8 @@ def test_an_owner_back_on_its_disk_after_a_takeover_delivers_none_of_what_its_re
     disk, which still holds every one of them: B tells it what it delivered (its notes), A leaves
     those out, and its channel empties with no message delivered twice beyond what was in flight at
     the kill. (Without the notes A delivered every unfinished message a second time.)"""
-    lookupd = cluster.start_lookupd()
-    a, b = start_nodes(cluster, FLAGS, FLAGS)
-    assert make_topic(a)["peer"] == address_of(b)
-
-    bodies = [b"back-%04d" % i for i in range(400)]
-    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    lookupd, a, b, bodies, unfinished = a_pair_with_unfinished(cluster, b"back")
     finished = set(bodies) - unfinished
-    settle()
 
     a.kill()
     took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
