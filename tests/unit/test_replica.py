@@ -2152,17 +2152,24 @@ def test_a_durable_owner_reads_its_own_log_back(tmp_path: Any) -> None:
     plain.service.stopService()
 
 
+def relinked(node: Node, values: list[int] | None = None,
+             bodies: list[bytes] | None = None) -> tuple[Link, StringTransport]:
+    """The owner (with --durable-delivery) sent copies of ``values`` (1 to 4: a to d) of topic t, its
+    channel c made; that link lost, its new one (before its HELLO)."""
+    link, _ = node.accept()
+    link.dataReceived(hello(durable=True) + channel_record("t", "c")
+                      + encode_pub("t", values or [1, 2, 3, 4], bodies or [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
+    link.connectionLost(Failure(ConnectionError("reset")))
+    return node.accept()
+
+
 def test_a_relinked_owners_synced_lets_go_of_what_it_finished_meanwhile(tmp_path: Any) -> None:
     """FINs sent while the owner had no link here never come: once its SNAPs (every message it has not
     finished) are in, SYNCED lets go of what they did not name. A message published on the new link
     is kept, and an owner whose own log is not the whole story (``complete`` false) lets go of nothing."""
     for complete in (True, False):
         node = Node(tmp_path / str(complete))
-        link, _ = node.accept()
-        link.dataReceived(hello(durable=True) + channel_record("t", "c")
-                          + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
-        link.connectionLost(Failure(ConnectionError("reset")))
-        again, _ = node.accept()
+        again, _ = relinked(node)
         again.dataReceived(hello(durable=True) + encode_pub("t", [5], [b"e"], NOW_NS, 0.0)
                            + encode_snap("t", ["c"], pub_messages([3, 4], [b"c", b"d"], NOW_NS, 0.0))
                            + encode_json(Kind.SYNCED, {"topic": "t", "complete": complete}))
@@ -2171,6 +2178,15 @@ def test_a_relinked_owners_synced_lets_go_of_what_it_finished_meanwhile(tmp_path
         node.reactor.advance(FLUSH_DELAY)
         node.service.stopService()
         assert held(Node(tmp_path / str(complete)).service.owners[OWNER].standbys["t"]) == held(standby)
+
+
+def records_seen(monkeypatch: Any, node: Node) -> list[tuple[int, bytes]]:
+    """Every record the node's replication takes in from its links, (kind, payload) in order."""
+    seen: list[tuple[int, bytes]] = []
+    real = node.service.link_record
+    monkeypatch.setattr(node.service, "link_record", lambda link, kind, payload: (
+        seen.append((kind, payload)), real(link, kind, payload))[1])
+    return seen
 
 
 def topic_of(kind: int, payload: bytes) -> str:
@@ -2192,10 +2208,7 @@ def test_an_owner_says_synced_once_its_snaps_are_all_acked(tmp_path: Any, monkey
     own.add(data, [1, 2], [1, 1])
     owner.service.owner.incomplete.add("u")
     owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
-    seen: list[tuple[int, bytes]] = []
-    real = replica.service.link_record
-    monkeypatch.setattr(replica.service, "link_record", lambda link, kind, payload: (
-        seen.append((kind, payload)), real(link, kind, payload))[1])
+    seen = records_seen(monkeypatch, replica)
     owner.nsqd.get_topic("t")
     owner.nsqd.get_topic("u")
     client, pump = joined(owner.reactor, "10.0.0.1", replica)
@@ -2231,11 +2244,7 @@ def test_synced_after_the_done_prefix_was_cut_meanwhile(tmp_path: Any, monkeypat
     stays named."""
     monkeypatch.setattr("nsqtw.replica.standby._CUT_MIN", 1)
     node = Node(tmp_path)
-    link, _ = node.accept()
-    link.dataReceived(hello(durable=True) + channel_record("t", "c")
-                      + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
-    link.connectionLost(Failure(ConnectionError("reset")))
-    again, _ = node.accept()
+    again, _ = relinked(node)
     again.dataReceived(hello(durable=True) + encode_fin("t", "c", [mid(1)])
                        + encode_snap("t", ["c"], pub_messages([3], [b"c"], NOW_NS, 0.0)))
     standby = node.service.owners[OWNER].standbys["t"]
@@ -2428,11 +2437,7 @@ def test_a_relinked_replica_confirms_the_ids_it_holds_and_asks_for_the_others(tm
     """SNAP_IDS: what the replica holds is confirmed (SYNCED then lets go of the rest, as after
     SNAPs), and a NEED names what it lacks."""
     node = Node(tmp_path)
-    link, _ = node.accept()
-    link.dataReceived(hello(durable=True) + channel_record("t", "c")
-                      + encode_pub("t", [1, 2, 3, 4], [b"a", b"b", b"c", b"d"], NOW_NS, 0.0))
-    link.connectionLost(Failure(ConnectionError("reset")))
-    again, transport = node.accept()
+    again, transport = relinked(node)
     transport.clear()
     again.dataReceived(hello(durable=True) + encode_snap_ids("t", ["c"], [3, 4, 9])
                        + encode_json(Kind.SYNCED, {"topic": "t", "complete": True}))
@@ -2457,10 +2462,7 @@ def test_an_owner_relinking_sends_the_bodies_of_what_its_replica_lacks_only(tmp_
     own.channel("c", False)
     own.add(pub_messages([1, 2, 3], [b"a", b"b", b"c"], NOW_NS, 0.0), [1, 2, 3], [1, 1, 1])
     owner.service.choice.candidates = {"10.0.0.2:4151": candidate("10.0.0.2:4151", "bbbbbbbbbbbbbbbb")}
-    seen: list[tuple[int, bytes]] = []
-    real = replica.service.link_record
-    monkeypatch.setattr(replica.service, "link_record", lambda link, kind, payload: (
-        seen.append((kind, payload)), real(link, kind, payload))[1])
+    seen = records_seen(monkeypatch, replica)
     owner.nsqd.get_topic("t")
     client, pump = joined(owner.reactor, "10.0.0.1", replica)
     for _ in range(6):
@@ -2495,11 +2497,7 @@ def test_a_snap_partly_held_adds_only_the_others_each_with_its_own_body(tmp_path
     """A SNAP naming messages the replica holds and one it lacks: the held ones are confirmed, and only
     the lacking one goes to a standby of its own, its bytes cut out of the record whole."""
     node = Node(tmp_path)
-    link, _ = node.accept()
-    link.dataReceived(hello(durable=True) + channel_record("t", "c")
-                      + encode_pub("t", [1, 2], [b"m1", b"m2"], NOW_NS, 0.0))
-    link.connectionLost(Failure(ConnectionError("reset")))
-    again, _ = node.accept()
+    again, _ = relinked(node, [1, 2], [b"m1", b"m2"])
     again.dataReceived(hello(durable=True)
                        + encode_snap("t", ["c"], pub_messages([1, 2, 3], [b"m1", b"m22", b"m3"], NOW_NS, 0.0)))
     [part] = node.service.owners[OWNER].parts["t"]
