@@ -28,6 +28,10 @@ Two changes from ``EPollReactor.doPoll``:
   (``busy_poll``), whose limit is 0, a plain ``epoll_wait``, unless the
   daemon sets one (nsqd's ``--busy-poll``, off by default).
 
+And one addition: it provides :class:`~nsqtw.net.turn.ITurnEnd`, calls run
+right after a turn's events are dispatched (the writes a turn gathered),
+without the timed call and the extra iteration of a ``callLater(0)``.
+
 The reactor's private state it reads (the descriptor table, the epoll
 object, the per-descriptor dispatch) is read once, at construction,
 through :mod:`nsqtw.net.twisted_privates`.
@@ -36,19 +40,27 @@ through :mod:`nsqtw.net.twisted_privates`.
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.epollreactor import EPollReactor
 from twisted.python import log as legacy_log
+from zope.interface import implementer
 
+from nsqtw.log import Logger
 from nsqtw.net.busypoll import BusyPoll
+from nsqtw.net.turn import ITurnEnd
 from nsqtw.net.twisted_privates import epoll_poller, epoll_ready_dispatcher, epoll_selectables
 
 __all__ = ["NSQTWReactor", "install"]
 
 
+@implementer(ITurnEnd)
 class NSQTWReactor(EPollReactor):
-    """An epoll reactor whose poll step dispatches directly and waits through :class:`BusyPoll`."""
+    """An epoll reactor whose poll step dispatches directly and waits through :class:`BusyPoll`,
+    and runs calls at the end of a turn (:class:`~nsqtw.net.turn.ITurnEnd`)."""
+
+    _turn_log = Logger()
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -56,9 +68,29 @@ class NSQTWReactor(EPollReactor):
         self.busy_poll = BusyPoll(epoll_poller(self).poll, 0.0)
         self._nsqtw_selectables = epoll_selectables(self)
         self._nsqtw_dispatch = epoll_ready_dispatcher(self)
+        self._turn_end: list[Callable[[], object]] = []
+
+    def callAtTurnEnd(self, f: Callable[[], object]) -> None:
+        self._turn_end.append(f)
+
+    def _run_turn_end(self) -> None:
+        calls, self._turn_end = self._turn_end, []
+        for f in calls:
+            try:
+                f()
+            except Exception:
+                self._turn_log.failure("call at the end of a reactor turn failed")
 
     def doPoll(self, timeout: float | None) -> None:
-        """Wait for events (at most ``timeout`` seconds; None: until one comes), then dispatch them."""
+        """Wait for events (at most ``timeout`` seconds; None: until one comes), dispatch them, then
+        run the calls they asked for at the turn's end.
+
+        Calls asked before the wait (by a timed call) run instead of it: the reactor then works
+        out its timeout again, as they may have asked for timed calls of their own.
+        """
+        if self._turn_end:
+            self._run_turn_end()
+            return
         selectables = self._nsqtw_selectables
         try:
             events = self.busy_poll(timeout, len(selectables))
@@ -78,6 +110,8 @@ class NSQTWReactor(EPollReactor):
                 raise
             except BaseException:
                 _log_escaped(selectable)
+        if self._turn_end:
+            self._run_turn_end()
 
     doIteration = doPoll
 

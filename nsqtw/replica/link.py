@@ -7,7 +7,10 @@ replica answers ``101 Switching Protocols`` the connection carries records
 own: nothing more to configure or open, and with ``--workers`` the HTTP
 listener is in the core with the topics.
 
-A turn's records leave in one write, straight to the socket when Twisted
+A turn's records leave in one write at the turn's end
+(:func:`~nsqtw.net.turn.turn_end_caller`: no timed call, no extra reactor
+iteration), and those asked while the link's own input is read (the
+replica's ACKs) at the end of that read; straight to the socket when Twisted
 holds nothing unsent for it (:func:`~nsqtw.net.eager.direct_sender`: no
 ``epoll`` turn for a replicated publish's record or its ACK); a side that sent nothing for
 :data:`BEAT_INTERVAL` (less with a short ``--replica-timeout``: a tenth of it) sends a
@@ -27,6 +30,7 @@ from twisted.python.failure import Failure
 
 from nsqtw.log import Logger
 from nsqtw.net.eager import direct_sender
+from nsqtw.net.turn import turn_end_caller
 from nsqtw.replica.records import Kind, frame, split_records
 
 __all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "open_link",
@@ -81,7 +85,12 @@ class Link(Protocol):
         self._out: list[bytes] = []
         #: writes to the socket at once (a plain TCP connection), else None: Twisted's write
         self._direct: Callable[[bytes], None] | None = None
-        self._flush_call: IDelayedCall | None = None
+        #: runs the flush at the end of this reactor turn
+        self._at_turn_end = turn_end_caller(clock)
+        #: a flush is asked for (at the turn's end, or at the end of the read under way)
+        self._flush_due = False
+        #: records are being read: what they make us send leaves at the end of the read
+        self._reading = False
         self._beat_call: IDelayedCall | None = None
         #: the bytes of a record not whole yet, as they came, and how many it needs in all (0: not
         #: known yet); joined once there are enough, so a record of many reads is copied once
@@ -105,16 +114,13 @@ class Link(Protocol):
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self.closed = True
-        for call in (self._flush_call, self._beat_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._flush_call = self._beat_call = None
+        if self._beat_call is not None and self._beat_call.active():
+            self._beat_call.cancel()
+        self._beat_call = None
         self.handler.link_lost(self, reason.getErrorMessage())
 
     def flush_now(self) -> None:
-        """Write what is queued now."""
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
+        """Write what is queued now (a flush asked for the turn's end then finds nothing)."""
         self._flush()
 
     def close_now(self) -> None:
@@ -133,12 +139,14 @@ class Link(Protocol):
         """Queue one encoded record for this turn's write; its number."""
         self._out.append(record)
         self.sent += 1
-        if self._flush_call is None:
-            self._flush_call = self.clock.callLater(0, self._flush)
+        if not self._flush_due:
+            self._flush_due = True
+            if not self._reading:
+                self._at_turn_end(self._flush)
         return self.sent
 
     def _flush(self) -> None:
-        self._flush_call = None
+        self._flush_due = False
         out, self._out = self._out, []
         if out and not self.closed and self.transport is not None:
             if self._direct is not None:
@@ -179,19 +187,26 @@ class Link(Protocol):
         if not records:
             return
         self.last_heard = self.clock.seconds()
-        for kind, payload in records:
-            self.received += 1
-            if kind != Kind.BEAT:
-                try:
-                    self.handler.link_record(self, kind, payload)
-                except (ValueError, KeyError, TypeError, struct.error) as e:  # a record cut short or malformed
-                    self.log.error("REPLICATION: bad record from {peer} - {error}",
-                                   peer=self.peer_text(), error=e)
-                    self.abort()
-                    return
-        self.handler.link_read(self)
-        if self._out:  # (the replica's ACK) now, not a reactor turn later: it is what an OK waits for
-            self.flush_now()
+        # what the records make this side send (the replica's ACK) leaves at the end of the read,
+        # not a turn later: it is what an OK waits for
+        self._reading = True
+        try:
+            for kind, payload in records:
+                self.received += 1
+                if kind != Kind.BEAT:
+                    try:
+                        self.handler.link_record(self, kind, payload)
+                    except (ValueError, KeyError, TypeError, struct.error) as e:  # cut short or malformed
+                        self.log.error("REPLICATION: bad record from {peer} - {error}",
+                                       peer=self.peer_text(), error=e)
+                        self._out.clear()
+                        self.abort()
+                        return
+            self.handler.link_read(self)
+        finally:
+            self._reading = False
+            if self._flush_due:
+                self._flush()
 
     def peer_text(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None

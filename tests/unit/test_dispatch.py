@@ -157,3 +157,84 @@ class InstallTests(SynchronousTestCase):
                    "from twisted.internet import reactor\n"
                    "print(type(reactor).__qualname__)\n")
         self.assertEqual(out, ["NSQTWReactor"])
+
+
+class TurnEndTests(SynchronousTestCase):
+    """Calls at the end of a turn (ITurnEnd): after the turn's events, in the same iteration."""
+
+    def setUp(self) -> None:
+        self.reactor = NSQTWReactor()
+        self.addCleanup(self.reactor._poller.close)
+        self.a, self.b = socket.socketpair()
+        self.addCleanup(self.a.close)
+        self.addCleanup(self.b.close)
+        self.a.setblocking(False)
+
+    def test_a_call_asked_while_dispatching_runs_after_every_event_of_that_turn(self) -> None:
+        order: list[str] = []
+        c, d = socket.socketpair()
+        self.addCleanup(c.close)
+        self.addCleanup(d.close)
+        c.setblocking(False)
+
+        class Asking(Reader):
+            def doRead(inner) -> Any:
+                got = Reader.doRead(inner)
+                order.append("read")
+                if len(order) == 1:
+                    self.reactor.callAtTurnEnd(lambda: order.append("end"))
+                return got
+
+        for sock in (self.a, c):
+            self.reactor.addReader(Asking(self.reactor, sock))
+        self.b.sendall(b"x")
+        d.sendall(b"y")
+        self.reactor.doIteration(0)
+        self.assertEqual(order, ["read", "read", "end"])
+        self.assertEqual(self.reactor.getDelayedCalls(), [])
+
+    def test_a_call_asked_before_the_wait_runs_instead_of_it(self) -> None:
+        """Asked by a timed call: run at once, and no wait (the reactor works out its timeout again)."""
+        waits: list[float | None] = []
+        self.reactor.busy_poll = lambda timeout, n: waits.append(timeout) or []  # type: ignore[assignment,func-returns-value]
+        ran: list[int] = []
+        self.reactor.callAtTurnEnd(lambda: ran.append(1))
+        self.reactor.doIteration(None)  # would wait for ever
+        self.assertEqual((ran, waits), ([1], []))
+        self.reactor.doIteration(0)
+        self.assertEqual((ran, waits), ([1], [0]))
+
+    def test_a_call_that_raises_is_logged_and_the_others_still_run(self) -> None:
+        from twisted.logger import globalLogPublisher
+
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        ran: list[int] = []
+
+        def boom() -> None:
+            raise RuntimeError("boom")
+
+        self.reactor.callAtTurnEnd(boom)
+        self.reactor.callAtTurnEnd(lambda: ran.append(2))
+        self.reactor.doIteration(0)
+        self.assertEqual(ran, [2])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertTrue(any("end of a reactor turn" in str(e.get("log_format")) for e in events))
+
+    def test_turn_end_caller_uses_the_reactors_turn_end_else_a_zero_delay_call(self) -> None:
+        from twisted.internet.task import Clock
+
+        from nsqtw.net.turn import ITurnEnd, turn_end_caller
+
+        self.assertTrue(ITurnEnd.providedBy(self.reactor))
+        ran: list[int] = []
+        turn_end_caller(self.reactor)(lambda: ran.append(1))
+        self.assertEqual(self.reactor.getDelayedCalls(), [])
+        self.reactor.doIteration(0)
+        self.assertEqual(ran, [1])
+        clock = Clock()
+        turn_end_caller(clock)(lambda: ran.append(2))
+        self.assertEqual([c.getTime() for c in clock.getDelayedCalls()], [0.0])
+        clock.advance(0)
+        self.assertEqual(ran, [1, 2])

@@ -256,6 +256,34 @@ def test_on_a_plain_tcp_connection_a_turns_records_go_straight_to_the_socket() -
         b.close()
 
 
+class Answering(Handler):
+    """A replica's handler: each record read is answered by an ACK of the records taken so far."""
+
+    def link_record(self, link: Link, kind: int, payload: bytes) -> None:
+        super().link_record(link, kind, payload)
+        link.send(encode_ack(link.received))
+
+
+def test_what_a_read_makes_a_side_send_leaves_at_the_end_of_the_read_in_one_write() -> None:
+    """A replica's ACKs are what its owner's OKs wait for: written once the read's records are
+    taken in, in one write, with no call asked of the reactor (not a turn later)."""
+    link, transport, handler, clock = up_link(handler=Answering())
+    link.dataReceived(encode_fin("t", "c", [mid(1)]) + encode_fin("t", "c", [mid(2)]))
+    assert transport.sequences == [[encode_ack(1), encode_ack(2)]] and handler.reads == 1
+    assert [c for c in clock.getDelayedCalls() if c.getTime() == clock.seconds()] == []
+    link.send(encode_ack(3))  # outside a read: at the turn's end, as before
+    assert len(transport.sequences) == 1
+    clock.advance(0)
+    assert transport.sequences[-1] == [encode_ack(3)]
+
+
+def test_a_read_cut_short_by_a_bad_record_sends_nothing_it_gathered() -> None:
+    link, transport, _, clock = up_link(handler=Answering(raise_on=Kind.ACK))
+    link.dataReceived(encode_fin("t", "c", [mid(1)]) + encode_ack(1))  # the FIN answered, then refused
+    clock.advance(0)
+    assert transport.disconnecting and transport.value() == b""
+
+
 def test_a_beat_goes_after_a_second_without_another_record() -> None:
     link, transport, _, clock = up_link()
     clock.advance(BEAT_INTERVAL)
@@ -342,7 +370,9 @@ def test_close_now_writes_what_is_queued_then_closes_and_lost_stops_the_beat() -
     assert kinds(transport.value()) == [Kind.ACK] and transport.disconnecting
     link.connectionLost(Failure(ConnectionError("gone")))
     assert handler.lost == ["gone"] and link.closed
-    assert clock.getDelayedCalls() == []
+    transport.clear()
+    clock.advance(10 * link.beat)  # the flush asked for the turn's end finds nothing; no BEAT after
+    assert transport.value() == b"" and clock.getDelayedCalls() == []
 
 
 # -- OwnerLink: the HTTP upgrade -----------------------------------------------------------------------
