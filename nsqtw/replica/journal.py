@@ -34,6 +34,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from nsqtw.replica.records import index_messages
+from nsqtw.storage.atomic import atomic_write
 
 __all__ = ["JOURNAL_MIN", "Entry", "Found", "LogFiles", "decode_checkpoint", "encode_checkpoint", "encode_entry",
            "parse_entries", "read_logs", "remove_files", "replace_journal"]
@@ -158,11 +159,10 @@ def remove_files(paths: list[str]) -> None:
 
 
 def replace_journal(path: str, data: bytes, fsync: bool) -> None:
-    """Disk thread: the journal rewritten as ``data`` (written aside, then renamed over it)."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Disk thread: the journal rewritten as ``data`` (written aside, then renamed over it; a write
+    that fails, a full disk, leaves the old journal and no part of the new one)."""
+    atomic_write(path, data, fsync=os.fsync if fsync else _no_fsync, sync_dir=fsync)
+
+
+def _no_fsync(fd: int) -> None:
+    """Without --durable-delivery a rewritten journal is not fsynced (nothing waits on it)."""

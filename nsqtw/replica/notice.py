@@ -37,8 +37,9 @@ from nsqtw.log import Logger
 from nsqtw.replica.choice import http_get
 from nsqtw.replica.journal import remove_files
 from nsqtw.replica.link import Link, beat_interval, open_link
-from nsqtw.replica.ownerstate import OwnerState, replace_file
+from nsqtw.replica.ownerstate import OwnerState
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
+from nsqtw.storage.atomic import atomic_write
 
 __all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
            "is_notice", "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
@@ -138,7 +139,7 @@ class Notices:
         if state.notes:
             head = {"owner": state.name, "incarnation": state.notes_for, "host": state.host,
                     "http_port": state.http_port, "ids": state.noted, "since": state.noted_since}
-            d = self.lane().submit(replace_file, path, notes_file(head, state.notes))
+            d = self.lane().submit(atomic_write, path, notes_file(head, state.notes))
         else:
             d = self.lane().submit(remove_files, [path])
         d.addErrback(lambda f: self.log.error("REPLICATION({owner}): its notes file could not be written - {error}",

@@ -8,8 +8,9 @@ from typing import Final
 
 from nsqtw.replica.link import Link
 from nsqtw.replica.standby import Standby
+from nsqtw.storage.atomic import atomic_write
 
-__all__ = ["INCARNATION_FILE", "OwnerState", "incarnation_of", "replace_file"]
+__all__ = ["INCARNATION_FILE", "OwnerState", "incarnation_of"]
 
 #: the file in the data directory naming this directory's incarnation (made with it)
 INCARNATION_FILE: Final = "nsqtw.incarnation"
@@ -27,19 +28,8 @@ def incarnation_of(data_path: str) -> str:
     except FileNotFoundError:
         pass
     value = secrets.token_hex(8)
-    replace_file(path, (value + "\n").encode("ascii"))
+    atomic_write(path, (value + "\n").encode("ascii"))
     return value
-
-
-def replace_file(path: str, data: bytes) -> None:
-    """``path`` holds ``data`` (a temporary file fsynced, then renamed over it): a crash leaves the
-    old file or the new one, never part of one."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class OwnerState:

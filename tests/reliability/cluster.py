@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tests import helpers
-from tests.daemon import ROOT, Daemon, LookupdDaemon, Started
+from tests.daemon import ROOT, TWISTD, Daemon, LookupdDaemon, Started
+from tests.reliability.faults import faulty_daemon_code
 from tests.rawclient import FRAME_MESSAGE, Client, Msg
 
 TOPIC = "t"
@@ -93,6 +94,8 @@ class Cluster:
         self.started = Started(root)
         self.lookupd: LookupdDaemon | None = None
         self.count = 0
+        #: the faults (:mod:`tests.reliability.faults`' environment) of the nodes to come, by number
+        self.faults_of: dict[int, dict[str, str]] = {}
 
     def start_lookupd(self) -> LookupdDaemon:
         self.lookupd = LookupdDaemon(self.started.folder("lookupd"), "--broadcast-address=127.0.0.1")
@@ -110,8 +113,10 @@ class Cluster:
     def _daemon(self, *args: str) -> Daemon:
         assert self.lookupd is not None
         self.count += 1
+        faults = self.faults_of.get(self.count)
         d = Daemon(self.started.folder(f"node{self.count}"), "--broadcast-address=127.0.0.1",
-                   f"--lookupd-tcp-address={self.lookupd.tcp_address}", *args)
+                   f"--lookupd-tcp-address={self.lookupd.tcp_address}", *args, env=faults,
+                   code=TWISTD if faults is None else faulty_daemon_code())
         self.started.daemons.append(d)
         return d
 

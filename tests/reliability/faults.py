@@ -17,7 +17,11 @@ replacing the default ``write_fn`` of every :class:`~nsqtw.storage.diskqueue.Dis
 - ``NSQTW_TEST_FSYNC_DELAY=<seconds>``: every such fsync and syncfs takes
   that long more (a disk whose fsyncs are slow);
 - ``NSQTW_TEST_METADATA_FAIL_FLAG=<path>``: while that file exists, saving
-  ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``).
+  ``nsqd.dat`` fails with EIO (the metadata layer's ``write_state``);
+- ``NSQTW_TEST_REPLACE_FULL_FLAG=<path>``: while that file exists, a file
+  replaced whole (:func:`nsqtw.storage.atomic.atomic_write`: ``nsqd.dat``, a
+  replica's notes and rewritten journals) takes half its bytes, then fails
+  with ENOSPC, as a disk that fills in the middle of the write.
 """
 
 from __future__ import annotations
@@ -66,6 +70,20 @@ def install() -> None:
 
         FsyncLatency.fsync = slowed(fsync_delay, FsyncLatency.fsync)  # type: ignore[method-assign]
         FsyncLatency.syncfs = slowed(fsync_delay, FsyncLatency.syncfs)  # type: ignore[method-assign]
+
+    replace_flag = os.environ.get("NSQTW_TEST_REPLACE_FULL_FLAG")
+    if replace_flag:
+        from nsqtw.storage import atomic
+
+        whole = atomic.write_all
+
+        def half_then_full(fd: int, data: bytes) -> None:
+            if os.path.exists(replace_flag):
+                whole(fd, data[:len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            whole(fd, data)
+
+        atomic.write_all = half_then_full
 
     metadata_flag = os.environ.get("NSQTW_TEST_METADATA_FAIL_FLAG")
     if metadata_flag:

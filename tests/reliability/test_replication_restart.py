@@ -23,6 +23,7 @@ helpers shared with the other replication faults in :mod:`tests.reliability.test
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import Counter
@@ -290,3 +291,44 @@ def test_an_owner_back_on_its_disk_after_a_takeover_delivers_none_of_what_its_re
     from_a = [r for r in consumer.records() if r[2].decode() == a.tcp_address]
     print(f"B took over {took[1]}, told A of {told[1]} once A was back; {len(from_a)} delivered by A after its"
           f" return, {sum(got.values()) - len(got)} twice")
+
+
+def test_a_replica_whose_disk_is_full_at_its_takeover_still_tells_the_owner_back_on_its_disk(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """B's disk is full by the time A is lost (a file replaced whole takes half its bytes, then
+    ENOSPC: tests/reliability/faults.py): B's takeover delivers A's unfinished messages, its notes
+    file cannot be written (logged, no part of it left on the disk), and the notes it keeps in
+    memory still reach A once A is back on its disk: A delivers none of them again. (A real full
+    tmpfs does not show it: the takeover itself frees the pages of the copies it hands in.)"""
+    lookupd = cluster.start_lookupd()
+    full = tmp_path / "disk-full"
+    cluster.faults_of[2] = {"NSQTW_TEST_REPLACE_FULL_FLAG": str(full)}
+    a, b = start_nodes(cluster, FLAGS, FLAGS)
+    assert make_topic(a)["peer"] == address_of(b)
+    bodies = [b"full-%04d" % i for i in range(400)]
+    unfinished = publish_and_finish(a, b, TOPIC, bodies, 150)
+    settle()
+    full.touch()
+
+    a.kill()
+    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
+                         TIMEOUT + 15)
+    assert int(took[1]) == len(unfinished), (took[0], replication_log(b))
+    b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): its notes file could not be written - .*"
+                  r"No space left on device", 10)
+    assert [p for p in os.listdir(b.data_path) if "taken" in p] == [], sorted(os.listdir(b.data_path))
+    assert stats(b)["notes_waiting"] == len(unfinished)
+    consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
+                                       lambda got: unfinished <= set(got), 30)
+
+    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
+    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
+                         r" told it of the (\d+) message\(s\)", 20)
+    assert int(told[1]) == len(unfinished), told[0]
+    wait_for("A's consumer connected and A's channel empty (every message left out)",
+             lambda: clients_of(a) > 0 and depth(a, TOPIC, in_flight=True) == 0, 30)
+    assert stats(a)["taken_elsewhere"] == len(unfinished) and stats(b)["notes_waiting"] == 0
+    got = delivered(consumer, bodies, set(bodies) - unfinished)
+    assert unfinished <= set(got)
+    print(f"B took over {took[1]} on a full disk, told A of {told[1]} from memory; "
+          f"{sum(got.values()) - len(got)} delivered twice")
