@@ -25,8 +25,8 @@ from typing import Any
 
 from tests import helpers
 from tests.daemon import ROOT, TWISTD, Daemon, LookupdDaemon, Started
-from tests.reliability.faults import faulty_daemon_code
 from tests.rawclient import FRAME_MESSAGE, Client, Msg
+from tests.reliability.faults import faulty_daemon_code
 
 TOPIC = "t"
 CHANNEL = "c"
