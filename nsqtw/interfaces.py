@@ -308,6 +308,10 @@ class IReplication(Interface):
         """Before the node serves (its topics loaded): the replication logs a previous process left,
         read back; a coroutine."""
 
+    def closed() -> Any:
+        """After the node closed (nothing more is published or finished): what a clean stop writes
+        for the next start to read back; a coroutine."""
+
 
 class IConsumer(Interface):
     """What a channel needs from a subscribed client to deliver messages."""

@@ -471,6 +471,8 @@ class NSQDService(MultiService):
             except Exception as e:
                 self.log.error("NSQ: failed to save deferred due times - {error}", error=e)
         await self._close_within(STOP_FLUSH_TIMEOUT)
+        if self.nsqd.replication is not None:
+            await self.nsqd.replication.closed()
         if self.group_sync is not None:
             self.group_sync.disarm()
         if self.nsqd.metadata is not None:

@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
+from nsqtw.core.nsqd import all_of
 from nsqtw.core.unwritten import UnwrittenBytes
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.replica.journal import Entry, encode_json_entry, remove_files, replace_journal
@@ -301,6 +302,14 @@ class StandbyLog:
         data = self.meta + checkpoint
         self.journal_bytes = len(data)
         self.executor.submit(replace_journal, self.journal_path, data, self.durable).addErrback(self._rewrite_failed)
+
+    def save(self, checkpoint: bytes) -> Deferred[None]:
+        """At a clean stop: the journal written as the log's identity and ``checkpoint``, fsynced,
+        after every append asked for (a log without a journal gets one: the next start reads it back);
+        fires once written, fails if that or an append before it failed."""
+        self.flush()
+        written = self.written()
+        return all_of([written, self.executor.submit(replace_journal, self.journal_path, self.meta + checkpoint, True)])
 
     def remove(self) -> Deferred[None]:
         self.flush()

@@ -56,11 +56,16 @@ from nsqtw.replica.records import (
     split_pub,
 )
 from nsqtw.replica.standby import Standby
+from nsqtw.storage.atomic import atomic_write
 
 __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]  # (the first and last: ownerstate.py)
 
 #: seconds between the checks of waits, silences and lost owners
 TICK: Final = 0.25
+#: written once a node without --durable-delivery has closed with its own logs written whole, removed
+#: as it starts: only then does a start read those logs back ({"incomplete": the topics whose own log
+#: missed messages, which come back incomplete all the same}); after a crash they start empty
+STOPPED_FILE: Final = "nsqtw.replica.stopped"
 #: seconds between the questions to an owner whose link is down: which incarnation runs there now?
 ASK_EVERY: Final = 1.0
 #: version of the link's records (2: SNAP_IDS and NEED; an owner sends SNAP_IDS to a replica of 2 only)
@@ -118,11 +123,13 @@ class ReplicationService(Service):
         """Before the node serves: the logs a previous process left in the data directory, read on
         the disk lane and replayed (:meth:`Standby.restore`). Standbys are held again for their
         owners (whose silence, ``/ping`` and incarnation decide as before); a node's own logs come
-        back with ``--durable-delivery`` only (without it a crash loses what its queues held in
-        memory, and its replica takes over: a replayed own log would hold those again); a standby
+        back with ``--durable-delivery``, and without it only after a stop that wrote them whole
+        (:meth:`closed`: a crash loses what the queues held in memory, and its replica takes over:
+        a replayed own log would hold those again); a standby
         whose takeover had begun is taken over again (:meth:`startService`). A replicated topic
         here without its own log back is :attr:`OwnerSide.incomplete`."""
         lane = self._executor_lane()
+        stopped = await lane.submit(_stopped_cleanly, os.path.join(self.data_path, STOPPED_FILE))
         found: Found = await lane.submit(read_logs, self.data_path, STANDBY_SUFFIX)
         strays = list(found.strays)
         standbys = owns = messages = 0
@@ -136,7 +143,8 @@ class ReplicationService(Service):
             if not isinstance(meta, dict):
                 meta = None
             own_gone = meta is not None and meta.get("role") == "own" and (
-                not self.durable or meta.get("topic") not in self.nsqd.topics)  # (deleted just before a crash)
+                meta.get("topic") not in self.nsqd.topics  # (deleted just before a crash)
+                or not self.durable and (stopped is None or meta.get("topic") in stopped))
             if meta is None or own_gone:
                 strays += files.names
                 continue
@@ -213,6 +221,23 @@ class ReplicationService(Service):
                 standby.disk.flush()
         for own in self.owner.own.values():
             own.disk.flush()
+
+    async def closed(self) -> None:
+        """After the node closed (nothing more is published or finished here): without
+        --durable-delivery, the own logs written whole and :data:`STOPPED_FILE` saying so, so that
+        the next start reads them back (:meth:`recover`) and a replica chosen later still gets the
+        messages of before the restart. A write that fails leaves no such file: the next start
+        begins those logs empty, as after a crash."""
+        if self.durable:
+            return
+        try:
+            for d in [own.disk.save(own.checkpoint()) for own in self.owner.own.values()]:
+                await d
+            data = json.dumps({"incomplete": sorted(self.owner.incomplete)}).encode()
+            await self._executor_lane().submit(atomic_write, os.path.join(self.data_path, STOPPED_FILE), data)
+        except Exception as e:  # noqa: BLE001 - a stop goes on: the next start is as after a crash
+            self.log.error("REPLICATION: own logs not written whole at the stop - {error}; the next start"
+                           " begins them empty", error=e)
 
     def own_address(self) -> str:
         o = self.options
@@ -693,3 +718,19 @@ class ReplicationService(Service):
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "taken_elsewhere": self.taken_elsewhere,
                 "notes_waiting": sum(state.noted for state in self.owners.values()), "standby": standby}
+
+
+def _stopped_cleanly(path: str) -> set[str] | None:
+    """Disk thread: the topics :data:`STOPPED_FILE` names incomplete, None without the file (the last
+    run did not stop cleanly); the file is removed (a crash of this run must not read as a clean stop)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    os.remove(path)
+    try:
+        value = json.loads(data)
+        return {str(t) for t in value["incomplete"]}
+    except (ValueError, KeyError, TypeError):
+        return None

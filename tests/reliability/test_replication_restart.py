@@ -30,6 +30,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.daemon import Daemon, LookupdDaemon
 from tests.reliability.cluster import (
     CHANNEL,
@@ -55,6 +57,7 @@ from tests.reliability.cluster import (
 
 TIMEOUT = 3.0
 FLAGS = ("--replicas=2", "--durable-delivery", f"--replica-timeout={TIMEOUT:g}s")
+PLAIN = ("--replicas=2", f"--replica-timeout={TIMEOUT:g}s")
 #: the pre-restart consumer's max_in_flight (finish_some's): the bound on messages delivered twice
 #: (FINs of a process's last moments may not reach its journal; here the test lets them settle)
 MAX_IN_FLIGHT = 50
@@ -73,10 +76,14 @@ def make_topic(owner: Daemon) -> dict[str, Any]:
     return dict(wait_for(f"a replica of {TOPIC} in step on the owner", lambda: in_sync(owner), 30))
 
 
-def restart(node: Daemon) -> re.Match[str]:
-    """kill -9, started again on its ports and data directory: what it logged of the logs it read back."""
+def restart(node: Daemon, graceful: bool = False) -> re.Match[str]:
+    """kill -9 (``graceful``: SIGTERM), started again on its ports and data directory: what it logged
+    of the logs it read back."""
     mark = len(node.read_output())
-    node.kill()
+    if graceful:
+        assert node.stop() == 0
+    else:
+        node.kill()
     node.start(tcp=node.tcp_address, http=node.http_address, timeout=40)
     m = READ_BACK.search(node.read_output()[mark:])
     assert m is not None, f"no logs read back at the restart:\n{node.read_output()[mark:][-3000:]}"
@@ -161,14 +168,18 @@ def test_a_replica_restarted_on_its_disk_still_delivers_a_lost_owners_messages(
           f"{time.monotonic() - lost:.1f} s after A was lost, {sum(got.values()) - len(got)} twice")
 
 
+@pytest.mark.parametrize("flags, graceful", [(FLAGS, False), (PLAIN, True)], ids=["durable-kill", "plain-stop"])
 def test_an_owner_restarted_on_its_disk_copies_its_earlier_messages_to_a_new_replica(
-        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
-    """Three nodes. A is killed -9 and started again on its disk: it reads back its own log of its
-    topic (what is unfinished there). Its replica R is lost then: A places the topic on the third
-    node X and sends it every unfinished message of its own log, those published before A's restart
-    included; A lost in turn, X delivers them all to a consumer through lookupd."""
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path, flags: tuple[str, ...],
+        graceful: bool) -> None:
+    """Three nodes. A is started again on its disk after a kill -9 (with ``--durable-delivery``) or a
+    stop (without): it reads back its own log of its topic (what is unfinished there). Its replica R
+    is lost then: A places the topic on the third node X and sends it every unfinished message of its
+    own log, those published before A's restart included; A lost in turn, X delivers them all to a
+    consumer through lookupd. (Without ``--durable-delivery`` the own log used to start empty after a
+    stop too: X got only what came after it.)"""
     lookupd = cluster.start_lookupd()
-    a, b, c = start_nodes(cluster, FLAGS, FLAGS, FLAGS)
+    a, b, c = start_nodes(cluster, flags, flags, flags)
     peer = make_topic(a)["peer"]
     replica, third = (b, c) if peer == address_of(b) else (c, b)
     assert peer == address_of(replica), (peer, address_of(b), address_of(c))
@@ -177,7 +188,7 @@ def test_an_owner_restarted_on_its_disk_copies_its_earlier_messages_to_a_new_rep
     finished = set(early) - publish_and_finish(a, replica, TOPIC, early, 150)
     settle()
 
-    back = restart(a)
+    back = restart(a, graceful)
     assert int(back["owns"]) >= 1 and int(back["messages"]) == len(early) - len(finished), back[0]
     wait_for("A, restarted, in step on R again",
              lambda: (in_sync(a) or {}).get("peer") == address_of(replica), 40)

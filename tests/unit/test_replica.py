@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,7 +60,7 @@ from nsqtw.replica.records import (
     split_pub,
     split_records,
 )
-from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
+from nsqtw.replica.service import INCARNATION_FILE, STOPPED_FILE, ReplicationService
 from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
@@ -2180,6 +2181,50 @@ def test_a_durable_owner_reads_its_own_log_back(tmp_path: Any) -> None:
     assert plain.service.owner.own == {} and not list(plain.path.glob("*.nsqtw.standby.*"))
     assert plain.service.owner.incomplete == {"t"}  # older than its own log: its replica never lets go by SYNCED
     plain.service.stopService()
+
+
+def plain_owner_restarted(tmp_path: Any, stop: Callable[[Node], None]) -> Node:
+    """A node without --durable-delivery that published a to c on topics t and u (b finished on t),
+    stopped by ``stop`` and started again on its data directory."""
+    node = Node(tmp_path, address="10.0.0.1")
+    for topic in ("t", "u"):
+        node.nsqd.get_topic(topic).get_channel("c")
+        node.service.owner.published(topic, [1, 2, 3], [b"a", b"b", b"c"], NOW_NS, 0.0)
+    node.service.owner.finished("t", "c", [mid(2)])
+    stop(node)
+    again = Node(tmp_path, address="10.0.0.1", start=False)
+    for topic in ("t", "u"):
+        again.nsqd.get_topic(topic).get_channel("c")  # (nsqd.dat's, loaded before)
+    again.start()
+    return again
+
+
+def clean_stop(node: Node) -> None:
+    node.service.stopService()
+    done = ensureDeferred(node.service.closed())  # (the node's stop calls it once its queues are closed)
+    node.reactor.advance(0)
+    assert done.called and done.result is None and (node.path / STOPPED_FILE).exists()
+
+
+def test_an_owner_without_durable_delivery_reads_its_own_log_back_after_a_clean_stop_only(tmp_path: Any) -> None:
+    """Without --durable-delivery a node's own logs come back after a stop that wrote them whole (a
+    replica chosen later still gets what was published before the restart); after a crash they start
+    empty, and a topic whose own log had missed messages comes back incomplete all the same."""
+    def incomplete_u(node: Node) -> None:
+        node.service.owner.incomplete.add("u")  # (as own_failed leaves it: a write failed)
+        clean_stop(node)
+
+    again = plain_owner_restarted(tmp_path / "clean", incomplete_u)
+    assert held(again.service.owner.own["t"]) == [mid(1), mid(3)] and list(again.service.owner.own) == ["t"]
+    assert again.service.owner.incomplete == {"u"} and not (again.path / STOPPED_FILE).exists()
+    again.service.stopService()
+
+    def crash(node: Node) -> None:
+        node.reactor.advance(FLUSH_DELAY)  # written (a kill -9 keeps what reached the system)
+
+    crashed = plain_owner_restarted(tmp_path / "crash", crash)
+    assert crashed.service.owner.own == {} and crashed.service.owner.incomplete == {"t", "u"}
+    crashed.service.stopService()
 
 
 def relinked(node: Node, values: list[int] | None = None,
