@@ -433,6 +433,16 @@ class OwnerSide:
                 return all_of([d, written])
         return d
 
+    def topic_stats(self, topic: str) -> dict[str, Any]:
+        """``/stats``'s per topic ``replica``: where its copies go, and how far behind that is."""
+        peer = self.placed.get(topic)
+        if peer is None:
+            return {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0}
+        unacked = sum(1 for p in peer.pending if p.topic == topic)
+        state = "connecting" if peer.link is None else "catching_up" if topic in peer.catching_up else "in_sync"
+        return {"peer": peer.candidate.address, "state": state,
+                "unacked": unacked, "lag_ms": int(peer.lag(self.clock.seconds()) * 1000)}
+
     def own_failed(self, topic: str, failure: Failure) -> None:
         """The own log could not be written: it is not the whole story of the topic any more (said
         once: a full disk fails every publish's write)."""

@@ -56,16 +56,12 @@ from nsqtw.replica.records import (
     split_pub,
 )
 from nsqtw.replica.standby import Standby
-from nsqtw.storage.atomic import atomic_write
+from nsqtw.replica.stopped import read_stopped, save_own_logs
 
 __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]  # (the first and last: ownerstate.py)
 
 #: seconds between the checks of waits, silences and lost owners
 TICK: Final = 0.25
-#: written once a node without --durable-delivery has closed with its own logs written whole, removed
-#: as it starts: only then does a start read those logs back ({"incomplete": the topics whose own log
-#: missed messages, which come back incomplete all the same}); after a crash they start empty
-STOPPED_FILE: Final = "nsqtw.replica.stopped"
 #: seconds between the questions to an owner whose link is down: which incarnation runs there now?
 ASK_EVERY: Final = 1.0
 #: version of the link's records (2: SNAP_IDS and NEED; an owner sends SNAP_IDS to a replica of 2 only)
@@ -122,14 +118,12 @@ class ReplicationService(Service):
     async def recover(self) -> None:
         """Before the node serves: the logs a previous process left in the data directory, read on
         the disk lane and replayed (:meth:`Standby.restore`). Standbys are held again for their
-        owners (whose silence, ``/ping`` and incarnation decide as before); a node's own logs come
-        back with ``--durable-delivery``, and without it only after a stop that wrote them whole
-        (:meth:`closed`: a crash loses what the queues held in memory, and its replica takes over:
-        a replayed own log would hold those again); a standby
-        whose takeover had begun is taken over again (:meth:`startService`). A replicated topic
-        here without its own log back is :attr:`OwnerSide.incomplete`."""
+        owners (whose silence, ``/ping`` and incarnation decide as before); own logs come back with
+        ``--durable-delivery``, without it after a clean stop only (:mod:`nsqtw.replica.stopped`); a
+        standby whose takeover had begun is taken over again (:meth:`startService`). A replicated
+        topic here without its own log back is :attr:`OwnerSide.incomplete`."""
         lane = self._executor_lane()
-        stopped = await lane.submit(_stopped_cleanly, os.path.join(self.data_path, STOPPED_FILE))
+        stopped = await lane.submit(read_stopped, self.data_path)
         found: Found = await lane.submit(read_logs, self.data_path, STANDBY_SUFFIX)
         strays = list(found.strays)
         standbys = owns = messages = 0
@@ -223,18 +217,12 @@ class ReplicationService(Service):
             own.disk.flush()
 
     async def closed(self) -> None:
-        """After the node closed (nothing more is published or finished here): without
-        --durable-delivery, the own logs written whole and :data:`STOPPED_FILE` saying so, so that
-        the next start reads them back (:meth:`recover`) and a replica chosen later still gets the
-        messages of before the restart. A write that fails leaves no such file: the next start
-        begins those logs empty, as after a crash."""
+        """After the node closed: without --durable-delivery, the own logs written whole for the next
+        start to read back (:mod:`nsqtw.replica.stopped`)."""
         if self.durable:
             return
         try:
-            for d in [own.disk.save(own.checkpoint()) for own in self.owner.own.values()]:
-                await d
-            data = json.dumps({"incomplete": sorted(self.owner.incomplete)}).encode()
-            await self._executor_lane().submit(atomic_write, os.path.join(self.data_path, STOPPED_FILE), data)
+            await save_own_logs(self._executor_lane(), self.data_path, self.owner.own.values(), self.owner.incomplete)
         except Exception as e:  # noqa: BLE001 - a stop goes on: the next start is as after a crash
             self.log.error("REPLICATION: own logs not written whole at the stop - {error}; the next start"
                            " begins them empty", error=e)
@@ -523,8 +511,7 @@ class ReplicationService(Service):
         the node's unwritten bytes until written; a failed write is logged (an own log's marks its
         topic incomplete: :meth:`OwnerSide.own_failed`)."""
         on_failed = self._write_failed if own is None else partial(self.owner.own_failed, own)
-        # an own log comes back at a start with --durable-delivery only (recover): without, its journal
-        # would be written (an entry per FIN) for nothing
+        # without --durable-delivery an own log's journal is written at a clean stop only (stopped.py)
         return StandbyLog(self.data_path, prefix, self._executor_lane(), self.durable, self.reactor, meta,
                           journal=own is None or self.durable, unwritten=self.nsqd.unwritten, on_failed=on_failed)
 
@@ -701,15 +688,7 @@ class ReplicationService(Service):
     # -- shown -------------------------------------------------------------------------------------
 
     def topic_stats(self, topic: str) -> dict[str, Any]:
-        """``/stats``'s per topic ``replica``."""
-        peer = self.owner.placed.get(topic)
-        if peer is None:
-            return {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0}
-        now = self.reactor.seconds()
-        unacked = sum(1 for p in peer.pending if p.topic == topic)
-        state = "connecting" if peer.link is None else "catching_up" if topic in peer.catching_up else "in_sync"
-        return {"peer": peer.candidate.address, "state": state,
-                "unacked": unacked, "lag_ms": int(peer.lag(now) * 1000)}
+        return self.owner.topic_stats(topic)
 
     def node_stats(self) -> dict[str, Any]:
         standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.live_bytes,
@@ -719,18 +698,3 @@ class ReplicationService(Service):
                 "takeovers": self.takeovers, "taken_elsewhere": self.taken_elsewhere,
                 "notes_waiting": sum(state.noted for state in self.owners.values()), "standby": standby}
 
-
-def _stopped_cleanly(path: str) -> set[str] | None:
-    """Disk thread: the topics :data:`STOPPED_FILE` names incomplete, None without the file (the last
-    run did not stop cleanly); the file is removed (a crash of this run must not read as a clean stop)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    os.remove(path)
-    try:
-        value = json.loads(data)
-        return {str(t) for t in value["incomplete"]}
-    except (ValueError, KeyError, TypeError):
-        return None

@@ -48,8 +48,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # a worker process serves V2 connections; the core's side of its link runs their commands
     "workers": BASE + ("nsqtw.core", "nsqtw.net", "nsqtw.protocol"),
     # replication (--replicas=2) copies the message core's messages; the node reaches it through
-    # nsqtw.interfaces.IReplication
-    "replica": BASE + ("nsqtw.core", "nsqtw.net"),
+    # nsqtw.interfaces.IReplication; its files are replaced whole the one way storage's are
+    "replica": BASE + ("nsqtw.core", "nsqtw.net", "nsqtw.storage.atomic"),
     "nsqd": BASE + ("nsqtw._go", "nsqtw.core", "nsqtw.storage", "nsqtw.observe", "nsqtw.net", "nsqtw.http",
                     "nsqtw.protocol", "nsqtw.lookupd", "nsqtw.workers", "nsqtw.replica"),
     # nsqadmin talks to the cluster over HTTP only: nothing of nsqd, nsqlookupd or the message core

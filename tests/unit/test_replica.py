@@ -60,8 +60,9 @@ from nsqtw.replica.records import (
     split_pub,
     split_records,
 )
-from nsqtw.replica.service import INCARNATION_FILE, STOPPED_FILE, ReplicationService
+from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
 from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
+from nsqtw.replica.stopped import STOPPED_FILE
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
     EPOCH,
