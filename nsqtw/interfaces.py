@@ -277,6 +277,9 @@ class IChannelOwner(Interface):
     def channel_unused(channel: Any) -> None:
         """An ephemeral channel lost its last client: the topic deletes it."""
 
+    def depth() -> int:
+        """Messages the topic holds, not yet copied to its channels."""
+
 
 class IReplication(Interface):
     """What the core tells replication (``--replicas=2``; ``NSQD.replication`` is None without)."""

@@ -368,8 +368,8 @@ class Channel:
                 self.replication.finished(self.topic_name, self.name, gone)
             if not keep and self.depth():
                 self.wake()  # (all left out: the next ones next turn)
-        if not self.depth() and not self.deferred.live:
-            taken.clear()  # nothing left that could be one of them
+        if not self.depth() and not self.deferred.live and not self.owner.depth():
+            taken.clear()  # nothing left that could be one of them (here or in the topic)
         return keep
 
     def _fresh(self, msgs: list[Message], seen: set[bytes]) -> list[Message]:

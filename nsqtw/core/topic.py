@@ -89,6 +89,12 @@ class Topic:
         self._parking: Parking[Channel] | None = Parking() if self._ledger is None else None
         #: waiting for a channel's disk, or the node's, to catch up before copying more
         self._held = False
+        #: ``--replicas=2``: IDs a replica delivered while this node was away, of a topic that had no
+        #: channel then: each channel made while it still holds messages leaves them out
+        #: (``Channel.drop_taken``); while ``held_for_notes`` (a start's first seconds:
+        #: ``nsqtw.replica.notice``) nothing is copied to channels, waiting for them
+        self.taken_elsewhere: set[bytes] = set()
+        self.held_for_notes = False
         #: the last batch's copies all went to disk queues, nobody to deliver to (see _wake_for_publish)
         self._spilling = False
         self._spill_call: IDelayedCall | None = None
@@ -279,7 +285,7 @@ class Topic:
         The pump's turn per publish, a fifth of a one-message round trip's reactor time, is
         saved: a PUB to channels nobody reads costs what a PUB to a topic without channels does."""
         return (n <= self.delivery.mem_queue_size and parking.takes_whole(n)
-                and not self.paused and not self._held and self._handoff.idle
+                and not self.paused and not self._held and not self.held_for_notes and self._handoff.idle
                 and not self.backend.depth() and not self.owner.unwritten.over())
 
     # -- the pump: copy batches to the channels ------------------------------
@@ -301,7 +307,7 @@ class Topic:
         if more is not None:
             return more or bool(self.memory) or self.backend.depth() > 0
         channels = list(self.channels.values())
-        if not channels or self.paused or self._held or self._must_wait(channels):
+        if not channels or self.paused or self._held or self.held_for_notes or self._must_wait(channels):
             return False
         parking = self._parking
         if parking is not None:
@@ -499,6 +505,11 @@ class Topic:
             if self._parking is not None:
                 channel.parking = self._parking
                 self._parking.join(channel)
+            if self.taken_elsewhere:
+                if self.depth():
+                    channel.drop_taken(self.taken_elsewhere)
+                else:
+                    self.taken_elsewhere.clear()  # (they all left the topic)
             self.log.info("TOPIC({topic}): new channel({channel})", topic=self.name, channel=name)
             self.owner.channel_created(self, channel)
             self._pump.wake()

@@ -71,21 +71,28 @@ class Notices:
         self.hello = hello
         self.timeout = timeout
         self._holding: list[Any] = []
+        self._holding_topics: list[Any] = []
         self._release: Any = None
 
     def hold(self, nsqd: Any) -> None:
         """At a start, before the node serves: the channels of the topics it found deliver nothing
-        for :data:`HOLD` seconds once it runs (:meth:`start`), so that a replica that took them over
-        while this node was away has asked its ``/replication`` and said what it delivered."""
+        for :data:`HOLD` seconds once it runs (:meth:`start`), and a topic found without channels
+        copies nothing to one made meanwhile, so that a replica that took them over while this node
+        was away has asked its ``/replication`` and said what it delivered."""
         self._holding = [c for t in nsqd.topics.values() if not t.ephemeral for c in t.channels.values()]
         for channel in self._holding:
             channel.held = True
+        # a topic without channels copies nothing to those made meanwhile (a consumer's SUB)
+        self._holding_topics = [t for t in nsqd.topics.values() if not t.ephemeral and not t.channels]
+        for topic in self._holding_topics:
+            topic.held_for_notes = True
 
     def start(self) -> None:
-        if self._holding:
-            self.log.info("REPLICATION: delivery of {count} channel(s) held {hold:g}s, for a replica that took them"
-                          " over while this node was away to say what it delivered", count=len(self._holding),
-                          hold=HOLD)
+        if self._holding or self._holding_topics:
+            self.log.info("REPLICATION: delivery of {count} channel(s) and {topics} topic(s) without one held"
+                          " {hold:g}s, for a replica that took them over while this node was away to say what it"
+                          " delivered",
+                          count=len(self._holding), topics=len(self._holding_topics), hold=HOLD)
             self._release = self.reactor.callLater(HOLD, self._release_held)
 
     def stop(self) -> None:
@@ -98,6 +105,10 @@ class Notices:
         for channel in held:
             channel.held = False
             channel.wake()
+        topics, self._holding_topics = self._holding_topics, []
+        for topic in topics:
+            topic.held_for_notes = False
+            topic.wake()
 
     def held_again(self, owners: dict[str, OwnerState], found: list[tuple[dict[str, Any], list[bytes]]]) -> None:
         """At a start: the notes files :func:`read_notes` found, kept again for their owners."""
@@ -303,6 +314,8 @@ def taken_elsewhere(nsqd: Any, replica: str, topic: str, channel: str, ids: list
     local = nsqd.topics.get(topic)
     if local is None:
         return 0
+    if not channel and not local.channels:  # (handed into the replica's topic: it had no channel either)
+        local.taken_elsewhere.update(ids)
     for c in [c for name, c in local.channels.items() if not channel or name == channel]:
         c.drop_taken(ids)
     _log.info("REPLICATION({replica}): it delivered {count} message(s) of {topic}:{channel} while this node"

@@ -19,7 +19,7 @@ from twisted.test import iosim
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
-from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_path, taken_records
+from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_path, taken_elsewhere, taken_records
 from nsqtw.replica.records import Kind, decode_fin, encode_json, encode_pub, encode_taken
 from tests.helpers import connect, decode_message_frame, make_nsqd, take_frames
 from tests.unit.test_replica import (
@@ -118,6 +118,39 @@ def test_a_channel_leaves_out_what_a_replica_delivered_and_finishes_it_for_repli
     left_out = [i for _, c, batch in fake.fins if c == "c" for i in batch if i not in (ids[1], ids[2], ids[7])]
     assert sorted(left_out) == sorted(taken[:-1])
     assert channel.taken_elsewhere == set()  # the channel emptied: the ID never seen is forgotten
+
+
+def test_a_topic_without_channels_leaves_out_what_a_replica_delivered_from_each_channel_made_while_it_holds_them(
+        monkeypatch: Any) -> None:
+    """A replica that took over a topic with no channel noted its IDs for the topic itself (``""``):
+    the owner's topic, still without a channel, keeps them, and each channel made while the topic
+    holds messages leaves them out (memory and disk: ``--mem-queue-size=2``), a channel emptied
+    between two of the topic's batches included; a channel made once the topic is empty forgets them."""
+    monkeypatch.setattr("nsqtw.core.topic.TOPIC_BATCH", 2)  # (its consumer drains each batch)
+    nsqd, clock, fake = replicated(mem_queue_size=2)
+    topic = nsqd.get_topic("t")
+    nsqd.publish("t", [b"m%d" % i for i in range(6)])
+    clock.advance(0)
+    ids = [mid(v) for v in fake.copies[0][1]]
+    assert taken_elsewhere(nsqd, "10.0.0.2:4151", "t", "", [ids[0], ids[2], ids[5]]) == 3
+    assert topic.taken_elsewhere == {ids[0], ids[2], ids[5]}
+    topic.get_channel("d")  # made, then read later; c made by its consumer's SUB, read at once
+    subscribed = {}
+    for name in ("c", "d"):
+        proto, transport = connect(nsqd, clock)
+        proto.dataReceived(b"SUB t %s\nRDY 10\n" % name.encode())
+        subscribed[name] = proto, transport
+        clock.advance(0)
+    for name, (proto, transport) in subscribed.items():
+        got = []
+        for _ in range(20):
+            clock.advance(0)
+            for _, _, msg_id, body in [decode_message_frame(p) for t, p in take_frames(transport)
+                                       if t == FRAME_TYPE_MESSAGE]:
+                got.append(body)
+                proto.dataReceived(b"FIN " + msg_id + b"\n")
+        assert sorted(got) == [b"m1", b"m3", b"m4"], name
+    assert topic.get_channel("e").taken_elsewhere == set() and topic.taken_elsewhere == set()
 
 
 def published(owner: Node, replica: Node, reactor: MemoryReactorClock, bodies: list[bytes]) -> Any:
@@ -269,6 +302,24 @@ def test_a_start_holds_the_delivery_of_the_topics_it_found_for_a_moment(tmp_path
     assert not node.nsqd.get_topic("u").get_channel("d").held
     node.reactor.advance(0.01)
     node.reactor.advance(0)
+    got = [decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
+    assert sorted(got) == [b"x", b"y"]
+    node.service.stopService()
+
+
+def test_a_start_holds_a_topic_it_found_without_channels_from_those_made_meanwhile(tmp_path: Any) -> None:
+    """A topic the start finds without a channel copies nothing for HOLD seconds to a channel a
+    consumer makes meanwhile (its replica's notes name the topic's messages for every channel)."""
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    node.nsqd.get_topic("t").publish([1, 2], [b"x", b"y"], NOW_NS, 0.0)
+    node.start()
+    proto, transport = connect(node.nsqd, node.reactor)
+    proto.dataReceived(b"SUB t c\nRDY 10\n")  # makes the channel
+    node.reactor.advance(HOLD - 0.01)
+    assert take_frames(transport) == [(FRAME_TYPE_RESPONSE, b"OK")] and node.nsqd.topics["t"].depth() == 2
+    node.reactor.advance(0.01)
+    for _ in range(3):
+        node.reactor.advance(0)
     got = [decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
     assert sorted(got) == [b"x", b"y"]
     node.service.stopService()
