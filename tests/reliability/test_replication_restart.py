@@ -343,3 +343,49 @@ def test_a_replica_whose_disk_is_full_at_its_takeover_still_tells_the_owner_back
     assert unfinished <= set(got)
     print(f"B took over {took[1]} on a full disk, told A of {told[1]} from memory; "
           f"{sum(got.values()) - len(got)} delivered twice")
+
+
+def test_an_owner_back_with_a_topic_that_had_no_channel_delivers_none_of_what_its_replica_did(
+        cluster: Cluster, consumers: list[LookupdConsumer], tmp_path: Path) -> None:
+    """As above, for a topic with no channel yet: its messages wait in the topic on A and, copied, on
+    B. A is lost; B takes them over into its topic, and a consumer that finds nodes through lookupd
+    makes its channel there, receives them all and leaves. A is started again on its disk, still
+    holding them in its topic, and told by B; a consumer that comes after that makes the channel on A
+    and receives none of them. (Such a topic used to deliver them all again.)"""
+    lookupd = cluster.start_lookupd()
+    a, b = start_nodes(cluster, FLAGS, FLAGS)
+    post(a.http_address, f"/topic/create?topic={TOPIC}")
+    assert dict(wait_for("a replica of the topic in step on A", lambda: in_sync(a), 30))["peer"] == address_of(b)
+    bodies = [b"topic-%04d" % i for i in range(300)]
+    publish_all(a, TOPIC, bodies)
+    wait_for("B holds A's 300 messages", lambda: held_for(b, a, TOPIC) == len(bodies), 20)
+    settle()
+
+    a.kill()
+    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
+                         TIMEOUT + 15)
+    assert int(took[1]) == len(bodies), (took[0], replication_log(b))
+    first = consume_through_lookupd(tmp_path, consumers, lookupd, "first",
+                                    lambda got: set(bodies) <= set(got), 30)
+    assert set(bodies) <= set(first.bodies()), f"{first.log()}\n{replication_log(b)}"
+    first.stop()
+
+    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
+    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
+                         r" told it of the (\d+) message\(s\)", 20)
+    assert int(told[1]) == len(bodies), told[0]
+    assert (topic_stats(a, TOPIC) or {}).get("depth") == len(bodies)  # still in A's topic, no channel there yet
+
+    def all_left_out(got: list[bytes]) -> bool:
+        """A's consumer connected, and A's topic and channel empty (past the start's hold)."""
+        return (clients_of(a) > 0 and (topic_stats(a, TOPIC) or {}).get("depth") == 0
+                and depth(a, TOPIC, in_flight=True) == 0)
+
+    second = consume_through_lookupd(tmp_path, consumers, lookupd, "second", all_left_out, 30)
+    assert all_left_out([]), (topic_stats(a, TOPIC), replication_log(a, b))
+    time.sleep(1.0)  # a late delivery would show now
+    sent = sum(int(cl["message_count"]) for c in (topic_stats(a, TOPIC) or {}).get("channels", [])
+               for cl in c.get("clients") or ())
+    again = second.bodies()
+    assert (sent, again) == (0, []), (sent, len(again), replication_log(a, b))
+    print(f"B took over {took[1]} of a topic without channels, told A of {told[1]}; A sent its consumer {sent}")
