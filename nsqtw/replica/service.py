@@ -219,13 +219,9 @@ class ReplicationService(Service):
     async def closed(self) -> None:
         """After the node closed: without --durable-delivery, the own logs written whole for the next
         start to read back (:mod:`nsqtw.replica.stopped`)."""
-        if self.durable:
-            return
-        try:
-            await save_own_logs(self._executor_lane(), self.data_path, self.owner.own.values(), self.owner.incomplete)
-        except Exception as e:  # noqa: BLE001 - a stop goes on: the next start is as after a crash
-            self.log.error("REPLICATION: own logs not written whole at the stop - {error}; the next start"
-                           " begins them empty", error=e)
+        if not self.durable:
+            await save_own_logs(self._executor_lane(), self.data_path, self.owner.own.values(), self.owner.incomplete,
+                                self.reactor)
 
     def own_address(self) -> str:
         o = self.options

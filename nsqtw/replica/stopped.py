@@ -17,22 +17,42 @@ import os
 from collections.abc import Iterable
 from typing import Any, Final
 
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.interfaces import IReactorTime
+
 from nsqtw.interfaces import IDiskExecutor
+from nsqtw.log import Logger
 from nsqtw.storage.atomic import atomic_write
 
-__all__ = ["STOPPED_FILE", "read_stopped", "save_own_logs"]
+__all__ = ["SAVE_TIMEOUT", "STOPPED_FILE", "read_stopped", "save_own_logs"]
 
 #: ``{"incomplete": [...]}``: the topics whose own log missed messages (a write failed), which come
 #: back incomplete all the same
 STOPPED_FILE: Final = "nsqtw.replica.stopped"
 
 
-async def save_own_logs(lane: IDiskExecutor, data_path: str, owns: Iterable[Any], incomplete: Iterable[str]) -> None:
-    """Each own log (a ``Standby``) written whole with its journal, then :data:`STOPPED_FILE`; a
-    failure raises, and leaves no such file (the next start is as after a crash)."""
+#: seconds a stop waits for those writes (a disk that hangs): then it goes on without the mark
+SAVE_TIMEOUT: Final = 10.0
+
+_log = Logger(namespace="nsqtw.replica.stopped")
+
+
+async def save_own_logs(lane: IDiskExecutor, data_path: str, owns: Iterable[Any], incomplete: Iterable[str],
+                        clock: IReactorTime) -> None:
+    """Each own log (a ``Standby``) written whole with its journal, then :data:`STOPPED_FILE`. A write
+    that fails, or all of them not done within :data:`SAVE_TIMEOUT`, is logged and leaves no such
+    file: the next start is as after a crash."""
+    try:
+        await ensureDeferred(_save(lane, data_path, list(owns), sorted(incomplete))).addTimeout(SAVE_TIMEOUT, clock)
+    except Exception as e:  # noqa: BLE001 - a stop goes on
+        _log.error("REPLICATION: own logs not written whole at the stop - {error}; the next start begins them"
+                   " empty", error=repr(e))
+
+
+async def _save(lane: IDiskExecutor, data_path: str, owns: list[Any], incomplete: list[str]) -> None:
     for d in [own.disk.save(own.checkpoint()) for own in owns]:
         await d
-    data = json.dumps({"incomplete": sorted(incomplete)}).encode()
+    data = json.dumps({"incomplete": incomplete}).encode()
     await lane.submit(atomic_write, os.path.join(data_path, STOPPED_FILE), data)
 
 

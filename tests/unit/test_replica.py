@@ -62,7 +62,7 @@ from nsqtw.replica.records import (
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
 from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
-from nsqtw.replica.stopped import STOPPED_FILE
+from nsqtw.replica.stopped import SAVE_TIMEOUT, STOPPED_FILE
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
     EPOCH,
@@ -2226,6 +2226,21 @@ def test_an_owner_without_durable_delivery_reads_its_own_log_back_after_a_clean_
     crashed = plain_owner_restarted(tmp_path / "crash", crash)
     assert crashed.service.owner.own == {} and crashed.service.owner.incomplete == {"t", "u"}
     crashed.service.stopService()
+
+
+def test_a_clean_stop_whose_own_log_writes_hang_goes_on_without_the_mark(tmp_path: Any, monkeypatch: Any) -> None:
+    """A disk that hangs does not hold the stop: after SAVE_TIMEOUT it goes on, without the mark (the
+    next start begins the own logs empty, as after a crash)."""
+    node = Node(tmp_path, address="10.0.0.1")
+    node.nsqd.get_topic("t").get_channel("c")
+    node.service.owner.published("t", [1], [b"a"], NOW_NS, 0.0)
+    node.service.stopService()
+    monkeypatch.setattr(node.service.owner.own["t"].disk, "save", lambda checkpoint: Deferred())
+    done = ensureDeferred(node.service.closed())
+    node.reactor.advance(SAVE_TIMEOUT - 0.1)
+    assert not done.called
+    node.reactor.advance(0.1)
+    assert done.called and done.result is None and not (node.path / STOPPED_FILE).exists()
 
 
 def relinked(node: Node, values: list[int] | None = None,
