@@ -79,6 +79,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             assert status == 200, body
         http("POST", f"http://{c.http_address}/pub?topic={TOPIC}", b"order c")
         wait_until(lambda: (_replica(a) or {}).get("state") == "in_sync", what="A's replica in sync")
+        # B's topic is a real one too (B holds A's copies of it, and lookupd lists B as its producer):
+        # B places it on A, whose link comes up a moment after A's to B
+        wait_until(lambda: (_replica(b) or {}).get("state") == "in_sync", what="B's replica in sync")
         wait_until(lambda: [s["messages"] for s in _standbys(b) or () if s["topic"] == TOPIC] == [MESSAGES],
                    what="B's standby for A")
         wait_until(lambda: len(get_json(f"http://{lookupd.http_address}/lookup?topic={TOPIC}")["producers"]) >= 2,
