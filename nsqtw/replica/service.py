@@ -693,4 +693,3 @@ class ReplicationService(Service):
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "taken_elsewhere": self.taken_elsewhere,
                 "notes_waiting": sum(state.noted for state in self.owners.values()), "standby": standby}
-

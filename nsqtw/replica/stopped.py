@@ -29,8 +29,6 @@ __all__ = ["SAVE_TIMEOUT", "STOPPED_FILE", "read_stopped", "save_own_logs"]
 #: ``{"incomplete": [...]}``: the topics whose own log missed messages (a write failed), which come
 #: back incomplete all the same
 STOPPED_FILE: Final = "nsqtw.replica.stopped"
-
-
 #: seconds a stop waits for those writes (a disk that hangs): then it goes on without the mark
 SAVE_TIMEOUT: Final = 10.0
 

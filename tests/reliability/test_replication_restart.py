@@ -120,6 +120,27 @@ def delivered(consumer: LookupdConsumer, bodies: list[bytes], finished: set[byte
     return got
 
 
+def took_over(b: Daemon, a: Daemon, timeout: float = TIMEOUT + 15) -> re.Match[str]:
+    """B's log line that it took A's ``TOPIC`` over (the messages it handed in: group 1)."""
+    return b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages", timeout)
+
+
+def back_and_told(a: Daemon, b: Daemon) -> re.Match[str]:
+    """A started again on its ports and data directory; B's log line that it told A of what it
+    delivered meanwhile (how many: group 1)."""
+    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
+    return b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
+                         r" told it of the (\d+) message\(s\)", 20)
+
+
+def left_out(a: Daemon, b: Daemon, count: int) -> None:
+    """A's consumer connected and A's channel empty: A left out the ``count`` messages B told it of
+    (its /stats ``taken_elsewhere``), and B keeps no notes for it."""
+    wait_for("A's consumer connected and A's channel empty (every message left out)",
+             lambda: clients_of(a) > 0 and depth(a, TOPIC, in_flight=True) == 0, 30)
+    assert stats(a)["taken_elsewhere"] == count and stats(b)["notes_waiting"] == 0
+
+
 def a_pair_with_unfinished(cluster: Cluster, prefix: bytes) -> tuple[LookupdDaemon, Daemon, Daemon, list[bytes],
                                                                      set[bytes]]:
     """A lookupd and two nodes, A's ``TOPIC`` placed on B; 400 bodies published on A and 150 of them
@@ -155,8 +176,7 @@ def test_a_replica_restarted_on_its_disk_still_delivers_a_lost_owners_messages(
     assert int(back["standbys"]) >= 1 and int(back["messages"]) == len(unfinished), (back[0], len(unfinished))
     assert held == len(unfinished), (held, len(unfinished), standby_of(b, a))
 
-    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
-                         TIMEOUT + 15)
+    took = took_over(b, a)
     consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
                                        lambda got: unfinished <= set(got), 30)
     missing = unfinished - set(consumer.bodies())
@@ -255,8 +275,7 @@ def test_messages_finished_while_a_replica_was_away_are_let_go(
     assert int(let_go[1]) == len(bodies), (let_go[0], replication_log(b))
 
     lose(a)
-    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
-                         2 * TIMEOUT + 15)
+    took = took_over(b, a, 2 * TIMEOUT + 15)
     assert int(took[1]) == 0, (took[0], replication_log(b))
     # a consumer through lookupd, on B's channel for a few seconds: nothing comes
     consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
@@ -281,8 +300,7 @@ def test_an_owner_back_on_its_disk_after_a_takeover_delivers_none_of_what_its_re
     finished = set(bodies) - unfinished
 
     a.kill()
-    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
-                         TIMEOUT + 15)
+    took = took_over(b, a)
     assert int(took[1]) == len(unfinished), (took[0], replication_log(b))
     assert stats(b)["notes_waiting"] == len(unfinished)
     consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
@@ -290,13 +308,9 @@ def test_an_owner_back_on_its_disk_after_a_takeover_delivers_none_of_what_its_re
     assert unfinished <= set(consumer.bodies()), f"{consumer.log()}\n{replication_log(b)}"
 
     mark = len(a.read_output())
-    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
-    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
-                         r" told it of the (\d+) message\(s\)", 20)
+    told = back_and_told(a, b)
     assert int(told[1]) == len(unfinished), told[0]
-    wait_for("A's consumer connected and A's channel empty (every message left out)",
-             lambda: clients_of(a) > 0 and depth(a, TOPIC, in_flight=True) == 0, 30)
-    assert stats(a)["taken_elsewhere"] == len(unfinished) and stats(b)["notes_waiting"] == 0
+    left_out(a, b, len(unfinished))
     assert "held 3s" in a.read_output()[mark:]
     got = delivered(consumer, bodies, finished)
     from_a = [r for r in consumer.records() if r[2].decode() == a.tcp_address]
@@ -322,8 +336,7 @@ def test_a_replica_whose_disk_is_full_at_its_takeover_still_tells_the_owner_back
     full.touch()
 
     a.kill()
-    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
-                         TIMEOUT + 15)
+    took = took_over(b, a)
     assert int(took[1]) == len(unfinished), (took[0], replication_log(b))
     b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): its notes file could not be written - .*"
                   r"No space left on device", 10)
@@ -332,13 +345,9 @@ def test_a_replica_whose_disk_is_full_at_its_takeover_still_tells_the_owner_back
     consumer = consume_through_lookupd(tmp_path, consumers, lookupd, "consumer",
                                        lambda got: unfinished <= set(got), 30)
 
-    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
-    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
-                         r" told it of the (\d+) message\(s\)", 20)
+    told = back_and_told(a, b)
     assert int(told[1]) == len(unfinished), told[0]
-    wait_for("A's consumer connected and A's channel empty (every message left out)",
-             lambda: clients_of(a) > 0 and depth(a, TOPIC, in_flight=True) == 0, 30)
-    assert stats(a)["taken_elsewhere"] == len(unfinished) and stats(b)["notes_waiting"] == 0
+    left_out(a, b, len(unfinished))
     got = delivered(consumer, bodies, set(bodies) - unfinished)
     assert unfinished <= set(got)
     print(f"B took over {took[1]} on a full disk, told A of {told[1]} from memory; "
@@ -362,17 +371,14 @@ def test_an_owner_back_with_a_topic_that_had_no_channel_delivers_none_of_what_it
     settle()
 
     a.kill()
-    took = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): took over {TOPIC}: (\d+) messages",
-                         TIMEOUT + 15)
+    took = took_over(b, a)
     assert int(took[1]) == len(bodies), (took[0], replication_log(b))
     first = consume_through_lookupd(tmp_path, consumers, lookupd, "first",
                                     lambda got: set(bodies) <= set(got), 30)
     assert set(bodies) <= set(first.bodies()), f"{first.log()}\n{replication_log(b)}"
     first.stop()
 
-    a.start(tcp=a.tcp_address, http=a.http_address, timeout=40)
-    told = b.wait_output(rf"REPLICATION\({re.escape(address_of(a))}\): back on its disk after its takeover here:"
-                         r" told it of the (\d+) message\(s\)", 20)
+    told = back_and_told(a, b)
     assert int(told[1]) == len(bodies), told[0]
     assert (topic_stats(a, TOPIC) or {}).get("depth") == len(bodies)  # still in A's topic, no channel there yet
 

@@ -54,7 +54,9 @@ class Reader(FileDescriptor):
             raise RuntimeError("connectionLost blew up")
 
 
-class DirectDispatchTests(SynchronousTestCase):
+class ReactorTestCase(SynchronousTestCase):
+    """A fresh NSQTWReactor and a socket pair, ``a`` (non-blocking, for readers) and ``b``."""
+
     def setUp(self) -> None:
         self.reactor = NSQTWReactor()
         self.addCleanup(self.reactor._poller.close)
@@ -63,6 +65,8 @@ class DirectDispatchTests(SynchronousTestCase):
         self.addCleanup(self.b.close)
         self.a.setblocking(False)
 
+
+class DirectDispatchTests(ReactorTestCase):
     def test_is_an_epoll_reactor_whose_poll_step_is_its_own(self) -> None:
         """A subclass of Twisted's epoll reactor that overrides the poll step, not an instance patched."""
         self.assertIsInstance(self.reactor, epollreactor.EPollReactor)
@@ -159,16 +163,8 @@ class InstallTests(SynchronousTestCase):
         self.assertEqual(out, ["NSQTWReactor"])
 
 
-class TurnEndTests(SynchronousTestCase):
+class TurnEndTests(ReactorTestCase):
     """Calls at the end of a turn (ITurnEnd): after the turn's events, in the same iteration."""
-
-    def setUp(self) -> None:
-        self.reactor = NSQTWReactor()
-        self.addCleanup(self.reactor._poller.close)
-        self.a, self.b = socket.socketpair()
-        self.addCleanup(self.a.close)
-        self.addCleanup(self.b.close)
-        self.a.setblocking(False)
 
     def test_a_call_asked_while_dispatching_runs_after_every_event_of_that_turn(self) -> None:
         order: list[str] = []
