@@ -469,10 +469,9 @@ class Channel:
     def finish_many(self, client: IConsumer, msg_ids: list[bytes]) -> list[tuple[bytes, NotInFlightError]]:
         """FIN: these messages are done with. Returns the ones that could not be, with why.
 
-        A consumer FINs every message it gets, so this runs once per message
-        delivered: :func:`end_flight` (compiled when the speed-ups are built)
-        does the per-message dict work, and the counting is one call each on
-        the in-flight queue and the client.
+        This runs per message delivered: :func:`end_flight` (compiled) does the dict work, the counts
+        are a call each. The pump wakes only if there is something to deliver (not a turn per FIN run
+        while a reader faster than the disk waits for it: 70,000 in 10 s of ``bench_reader``).
         """
         e2e = self.e2e
         timestamps: list[int] | None = [] if e2e is not None else None
@@ -492,7 +491,8 @@ class Channel:
         replication = self.replication
         if replication is not None and done:
             replication.finished(self.topic_name, self.name, finished)
-        self._pump.wake()
+        if self.memory or self.backend.depth():  # (what arrives later wakes it)
+            self._pump.wake()
         return failed
 
     def requeue(self, client: IConsumer, msg_id: bytes, delay: float) -> None:

@@ -7,6 +7,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.core import pump as pump_module
 from nsqtw.core.pump import TURN_SLICE, Pump
+from tests.helpers import make_nsqd
+from tests.unit.test_protocol_v2 import Consumer, publish
 
 
 def one_turn(clock: Clock) -> None:
@@ -67,3 +69,26 @@ class TurnTests(SynchronousTestCase):
             p.wake()
         self.assertEqual((len(c1.getDelayedCalls()), len(c2.getDelayedCalls())), (1, 1))
         self.assertIsNot(pump_module._turn_of(c1), pump_module._turn_of(c2))
+
+
+class FinWakeTests(SynchronousTestCase):
+    """A FIN wakes its channel's pump only when the channel holds something to deliver."""
+
+    def test_a_fin_with_nothing_queued_makes_no_turn_and_one_with_messages_queued_delivers(self) -> None:
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=1)
+        publish(nsqd, clock, "t", b"1", b"2")
+        channel = nsqd.topics["t"].channels["c"]
+        [(_, first, body)] = c.messages()
+        self.assertEqual(body, b"1")
+        c.proto.dataReceived(b"FIN " + first + b"\n")  # "2" is queued: the pump is woken for it
+        self.assertTrue(channel._pump._scheduled)
+        clock.advance(0)
+        [(_, second, body)] = c.messages()
+        self.assertEqual(body, b"2")
+        c.proto.dataReceived(b"FIN " + second + b"\n")  # nothing queued: no turn
+        self.assertFalse(channel._pump._scheduled)
+        self.assertEqual((channel.finish_count, len(channel.in_flight)), (2, 0))
+        publish(nsqd, clock, "t", b"3")  # what arrives later wakes it
+        [(_, _, body)] = c.messages()
+        self.assertEqual(body, b"3")
