@@ -298,8 +298,9 @@ class IReplication(Interface):
     def info(replica: str | None = None) -> dict[str, Any]:
         """``GET /replication``'s answer (with ``replica``: the topics placed on that node too)."""
 
-    def accept(transport: Any) -> Any:
-        """The protocol of a replication link upgraded from an HTTP request on ``transport``."""
+    def upgrade(head: bytes) -> tuple[Any, list[bytes]]:
+        """For an HTTP request's ``head`` that asks for a replication link: the maker of the link's
+        protocol for the transport, once the ``101`` is written, and that answer's extra header lines."""
 
     def topic_stats(topic: str) -> dict[str, Any]:
         """``/stats``'s ``replica`` of a topic."""

@@ -175,22 +175,24 @@ class GoHTTPChannel(HTTPChannel):
         returns None to let twisted.web answer the request as any other, or,
         for a request it checked asks for its ``Upgrade``, a callable that
         makes the new protocol on this transport once the ``101 Switching
-        Protocols`` is written. From then on every byte read goes to that
+        Protocols`` is written, and the header lines that answer carries
+        besides (the link's nonce). From then on every byte read goes to that
         protocol, and this channel's timeout and producer are out of its way.
         """
         api = getattr(getattr(self, "factory", None), "api", None)
         upgrade = getattr(api, "upgrade", None)
         if upgrade is None:
             return False
-        make = upgrade(head)
-        if make is None:
+        upgraded = upgrade(head)
+        if upgraded is None:
             return False
+        make, extra = upgraded
         self._pristine = False
         self.setTimeout(None)  # type: ignore[no-untyped-call]
         transport: Any = self.transport
         token = head.lower().split(b"\r\nupgrade:", 1)[1].split(b"\r\n", 1)[0].strip()
         transport.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "
-                        + token + b"\r\n\r\n")
+                        + token + b"\r\n" + b"".join(line + b"\r\n" for line in extra) + b"\r\n")
         transport.unregisterProducer()
         self._upgraded = make(transport)
         if rest:

@@ -138,15 +138,16 @@ class HTTPAPI(GoHTTPAPI):
     #: the HTTP channel's ``Upgrade`` hook (:meth:`_replication_link` with ``--replicas=2``), else None
     upgrade: Callable[[bytes], Any] | None = None
 
-    def _replication_link(self, head: bytes) -> Any:
-        """The link's upgrade (``GET /replication/link``, ``Upgrade: nsqtw-replication/1``):
-        a maker of the link protocol for the transport, or None (answered as any request)."""
+    def _replication_link(self, head: bytes) -> tuple[Any, list[bytes]] | None:
+        """The link's upgrade (``GET /replication/link``, ``Upgrade: nsqtw-replication/1``): a maker
+        of the link protocol for the transport and the ``101``'s extra header lines, or None
+        (answered as any request)."""
         replication = self.nsqd.replication
         if replication is None or not head.startswith(b"GET /replication/link HTTP/1.1\r\n"):
             return None
         if b"\r\nupgrade: nsqtw-replication/1\r\n" not in head.lower():
             return None
-        return replication.accept
+        return replication.upgrade(head)
 
     def https_port(self) -> int:
         return int(self.nsqd.https_port)

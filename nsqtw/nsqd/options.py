@@ -17,7 +17,7 @@ import os
 import socket
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from nsqtw._go.duration import format_duration
@@ -38,6 +38,7 @@ from nsqtw.core.unwritten import DEFAULT_MAX_UNWRITTEN
 from nsqtw.http.origin import is_origin
 from nsqtw.net.busypoll import DEFAULT_LIMIT as DEFAULT_BUSY_POLL
 from nsqtw.net.launch import refuse_running_pid_file
+from nsqtw.replica.proof import SecretError, read_secret
 
 __all__ = [
     "FLAGS",
@@ -148,11 +149,12 @@ class NSQDOptions:
     max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN
     metrics_per_client: bool = False
     busy_poll: float = DEFAULT_BUSY_POLL
-    workers: int = 0  # AUTO_WORKERS: chosen from the CPUs (auto_workers)
+    workers: int = 0  # chosen from the CPUs (nsqtw.nsqd.cpus)
     http_allow_origin: tuple[str, ...] = ()
     replicas: int = 1
     replica_timeout: float = 10.0
     replica_wait: float = 5.0
+    replica_secret_file: str = ""
     # nsqd settings that have no flag (fixed in nsqd too); not parsed
     client_timeout: float = 60.0
     queue_scan_interval: float = 0.1
@@ -552,6 +554,13 @@ FLAGS: tuple[Flag, ...] = (
         " before it is refused (E_PUB_FAILED, HTTP 503 NO_REPLICA); the message stays queued here.",
         _A,
     ),
+    _flag(
+        "replica-secret-file",
+        "string",
+        "nsqtw only, with --replicas=2: a file holding the cluster's replica secret (the same on every"
+        " node); a peer's replication link is taken only once it proves it knows it (see docs/replication.md).",
+        _A,
+    ),
 )
 
 #: the longest ``--busy-poll`` accepted: a spin is CPU spent for latency, worth it only when short
@@ -560,43 +569,10 @@ MAX_BUSY_POLL = 0.01
 #: the most ``--workers``: a process each, beyond any machine's use for one node
 MAX_WORKERS = 256
 
-#: ``--workers=0``, the default: the count is :func:`auto_workers` of the CPUs this process may use
-AUTO_WORKERS = 0
-
-
-def auto_workers(cpus: int) -> int:
-    """What ``--workers=0`` means on ``cpus`` CPUs: 1 below 8, else half of them, at most 8.
-
-    Chosen by measurement beside Go nsqd on the same machine
-    (docs/performance.md): on 2 cores one process is ahead of Go on every
-    load and a second process only costs; on 16 cores one process answers
-    a fifth of Go's one-message round trips and 8 workers about twice
-    Go's, while 15 fall back (the core and the clients need cores too).
-    Machines between and beyond were not measured; the rule stays on the
-    safe side of both.
-    """
-    return 1 if cpus < 8 else min(8, cpus // 2)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as ``taskset`` and cgroups cpusets set it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def with_workers_resolved(opts: NSQDOptions, cpus: int) -> NSQDOptions:
-    """``opts`` with ``--workers=0`` replaced by the count :func:`auto_workers` chooses for ``cpus``
-    (:func:`usable_cpus`, which the service reads once and logs)."""
-    if opts.workers != AUTO_WORKERS:
-        return opts
-    return replace(opts, workers=auto_workers(cpus))
-
 #: flags nsqtw adds to nsqd's
 NSQTW_FLAGS = frozenset({"durable-delivery", "disk-threads", "max-unwritten-bytes", "metrics-per-client",
                          "busy-poll", "workers", "http-allow-origin", "replicas", "replica-timeout",
-                         "replica-wait"})
+                         "replica-wait", "replica-secret-file"})
 
 FLAGS_BY_NAME: Mapping[str, Flag] = {f.name: f for f in FLAGS}
 FLAGS_BY_TOML_KEY: Mapping[str, Flag] = {f.toml_key: f for f in FLAGS if f.toml_key}
@@ -622,6 +598,11 @@ def _validate(opts: NSQDOptions) -> None:
         raise OptionsError(f"--replica-timeout must be at least 1s, got {format_duration(opts.replica_timeout)}")
     if opts.replica_wait <= 0:
         raise OptionsError(f"--replica-wait must be more than 0, got {format_duration(opts.replica_wait)}")
+    if opts.replica_secret_file:
+        try:
+            read_secret(opts.replica_secret_file)
+        except SecretError as e:
+            raise OptionsError(str(e)) from None
     if not 0 <= opts.busy_poll <= MAX_BUSY_POLL:
         raise OptionsError(f"--busy-poll must be in [0,10ms], got {format_duration(opts.busy_poll)}")
     if opts.max_unwritten_bytes < opts.max_msg_size:

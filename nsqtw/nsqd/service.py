@@ -25,8 +25,8 @@ from nsqtw.net.limits import open_file_limit
 from nsqtw.net.listen import ListenerService, client_endpoint, notify_ready_when_bound
 from nsqtw.net.notify import notify
 from nsqtw.net.tls import build_server_tls
+from nsqtw.nsqd.cpus import AUTO_WORKERS, usable_cpus, with_workers_resolved
 from nsqtw.nsqd.lookup import CONNECT_TIMEOUT, Lookup
-from nsqtw.nsqd.options import AUTO_WORKERS, usable_cpus, with_workers_resolved
 from nsqtw.observe.metrics import NSQDMetrics
 from nsqtw.observe.statsd import StatsdService
 from nsqtw.protocol.auth import authorizer_for

@@ -14,7 +14,10 @@ replica's ACKs) at the end of that read; straight to the socket when Twisted
 holds nothing unsent for it (:func:`~nsqtw.net.eager.direct_sender`: no
 ``epoll`` turn for a replicated publish's record or its ACK); a side that sent nothing for
 :data:`BEAT_INTERVAL` (less with a short ``--replica-timeout``: a tenth of it) sends a
-``BEAT``, so silence means trouble.
+``BEAT``, so silence means trouble. With ``--replica-secret-file`` each side
+first proves it knows the secret (:mod:`nsqtw.replica.proof`): the nonces
+travel in the upgrade's head, each side's first record is its ``PROOF``,
+and the handler hears of the link (``link_up``) only once the peer's checks.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from twisted.python.failure import Failure
 from nsqtw.log import Logger
 from nsqtw.net.eager import direct_sender
 from nsqtw.net.turn import turn_end_caller
+from nsqtw.replica.proof import ACCEPT, CONNECT, NONCE_HEADER, new_nonce, nonce_of, proof, valid
 from nsqtw.replica.records import Kind, frame, split_records
 
-__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "beat_interval", "open_link",
-           "upgrade_request"]
+__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "accept_nonces", "accepted_link",
+           "beat_interval", "open_link", "upgrade_request"]
 
 #: seconds without a record sent before a BEAT goes (at most: :func:`beat_interval`)
 BEAT_INTERVAL: Final = 1.0
@@ -62,9 +66,10 @@ class LinkHandler(TypingProtocol):
     def link_lost(self, link: Link, reason: str) -> None: ...
 
 
-def upgrade_request(host: str) -> bytes:
+def upgrade_request(host: str, nonce: bytes) -> bytes:
     return (b"GET /replication/link HTTP/1.1\r\nHost: " + host.encode() +
-            b"\r\nConnection: Upgrade\r\nUpgrade: " + UPGRADE + b"\r\n\r\n")
+            b"\r\nConnection: Upgrade\r\nUpgrade: " + UPGRADE + b"\r\n" + NONCE_HEADER + b": " + nonce +
+            b"\r\n\r\n")
 
 
 class Link(Protocol):
@@ -72,8 +77,21 @@ class Link(Protocol):
 
     log = Logger()
 
-    def __init__(self, handler: LinkHandler, clock: IReactorTime, beat: float = BEAT_INTERVAL) -> None:
+    #: which side of the connection this is (its PROOF is made for it)
+    role = ACCEPT
+
+    def __init__(self, handler: LinkHandler, clock: IReactorTime, beat: float = BEAT_INTERVAL,
+                 secret: bytes | None = None) -> None:
         self.handler = handler
+        #: the cluster's replica secret (``--replica-secret-file``), None: peers are not asked to prove it
+        self.secret = secret
+        #: this side's nonce and the peer's, as the upgrade's head carried them
+        self.own_nonce = new_nonce()
+        self.peer_nonce = b""
+        #: a secret is set and the peer's PROOF has not come yet: nothing of it is taken
+        self.proving = False
+        #: the peer could not prove it knows the secret: nothing more is read
+        self.refused = False
         self.clock = clock
         self.beat = beat
         #: records sent and taken in so far (an ACK names ``received``)
@@ -110,7 +128,20 @@ class Link(Protocol):
         self._direct = direct_sender(self.transport)
         self.last_heard = self._last_sent = self.clock.seconds()
         self._beat_call = self.clock.callLater(self.beat, self._beat)
-        self.handler.link_up(self)
+        if self.secret is None:
+            self.handler.link_up(self)
+            return
+        if not self.peer_nonce:
+            self._refuse("its upgrade carried no nonce (an nsqtw too old for --replica-secret-file)")
+            return
+        self.proving = True
+        self.send(frame(Kind.PROOF, proof(self.secret, self.role, self.peer_nonce, self.own_nonce)))
+
+    def _refuse(self, why: str) -> None:
+        self.log.error("REPLICATION: link with {peer} refused - {why}", peer=self.peer_text(), why=why)
+        self.refused = True
+        self._out.clear()
+        self.abort()
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self.closed = True
@@ -163,7 +194,7 @@ class Link(Protocol):
     # -- in ---------------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        if not self.connected_up:
+        if not self.connected_up or self.refused:
             return
         if self._partial:
             self._partial.append(data)
@@ -193,7 +224,10 @@ class Link(Protocol):
         try:
             for kind, payload in records:
                 self.received += 1
-                if kind != Kind.BEAT:
+                if self.proving:
+                    if not self._proven(kind, payload):
+                        return
+                elif kind != Kind.BEAT and kind != Kind.PROOF:  # (a PROOF to a side without a secret)
                     try:
                         self.handler.link_record(self, kind, payload)
                     except (ValueError, KeyError, TypeError, struct.error) as e:  # cut short or malformed
@@ -202,11 +236,25 @@ class Link(Protocol):
                         self._out.clear()
                         self.abort()
                         return
-            self.handler.link_read(self)
+            if not self.proving:
+                self.handler.link_read(self)
         finally:
             self._reading = False
             if self._flush_due:
                 self._flush()
+
+    def _proven(self, kind: int, payload: bytes) -> bool:
+        """The peer's first record, while this side has a secret: its PROOF that checks (the link is up
+        from now on), else the link is refused."""
+        assert self.secret is not None
+        role = ACCEPT if self.role == CONNECT else CONNECT
+        if kind != Kind.PROOF or not valid(self.secret, payload, role, self.own_nonce, self.peer_nonce):
+            self._refuse("it did not prove it knows the replica secret (--replica-secret-file)"
+                         if kind == Kind.PROOF or kind == Kind.HELLO else f"record {kind} before its proof")
+            return False
+        self.proving = False
+        self.handler.link_up(self)
+        return True
 
     def peer_text(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
@@ -216,17 +264,20 @@ class Link(Protocol):
 
 
 class OwnerLink(Link):
-    """The owner's end: asks for the upgrade, then carries records."""
+    """The connecting end (an owner, or a replica with notes): asks for the upgrade, then carries records."""
 
-    def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str, beat: float = BEAT_INTERVAL) -> None:
-        super().__init__(handler, clock, beat)
+    role = CONNECT
+
+    def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str, beat: float = BEAT_INTERVAL,
+                 secret: bytes | None = None) -> None:
+        super().__init__(handler, clock, beat, secret)
         self.host = host
         self._head = b""
 
     def connectionMade(self) -> None:
         if ITCPTransport.providedBy(self.transport):
             self.transport.setTcpNoDelay(True)  # records are small: no Nagle wait
-        self.transport.write(upgrade_request(self.host))  # type: ignore[union-attr]
+        self.transport.write(upgrade_request(self.host, self.own_nonce))  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:
         if self.connected_up:
@@ -245,13 +296,14 @@ class OwnerLink(Link):
                           answer=head.split(b"\r\n", 1)[0].decode("utf-8", "replace"))
             self.abort()
             return
+        self.peer_nonce = nonce_of(head)
         self.records_begin()
         if rest:
             super().dataReceived(rest)
 
 
 def open_link(reactor: Any, host: str, http_port: int, handler: LinkHandler, beat: float, timeout: float,
-              failed: Callable[[str], None]) -> None:
+              failed: Callable[[str], None], secret: bytes | None = None) -> None:
     """Connect to a peer's HTTP port for a link (an :class:`OwnerLink`, ``handler``'s records, the
     reactor's clock); a connection that cannot be made is ``failed(why)``."""
     address = f"{host}:{http_port}"
@@ -260,7 +312,7 @@ def open_link(reactor: Any, host: str, http_port: int, handler: LinkHandler, bea
         noisy = False
 
         def buildProtocol(self, addr: Any) -> OwnerLink:
-            return OwnerLink(handler, reactor, address, beat)
+            return OwnerLink(handler, reactor, address, beat, secret)
 
         def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
             failed(reason.getErrorMessage())
@@ -268,9 +320,20 @@ def open_link(reactor: Any, host: str, http_port: int, handler: LinkHandler, bea
     reactor.connectTCP(host, http_port, _Factory(), timeout=timeout)
 
 
-def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any, beat: float = BEAT_INTERVAL) -> Link:
-    """The replica's end of a link whose upgrade its HTTP channel just answered."""
-    link = Link(handler, clock, beat)
+def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any, beat: float = BEAT_INTERVAL,
+                  secret: bytes | None = None, nonces: tuple[bytes, bytes] = (b"", b"")) -> Link:
+    """The answering end of a link whose upgrade its HTTP channel just answered; ``nonces``: its own,
+    sent in the ``101``, and the one the request carried (:func:`accept_nonces`)."""
+    link = Link(handler, clock, beat, secret)
+    if nonces[0]:
+        link.own_nonce, link.peer_nonce = nonces
     link.makeConnection(transport)  # type: ignore[no-untyped-call]
     link.records_begin()
     return link
+
+
+def accept_nonces(head: bytes) -> tuple[tuple[bytes, bytes], list[bytes]]:
+    """For an upgrade request's ``head``: the answering side's fresh nonce and the request's (b"" for
+    none), for :func:`accepted_link`, and the ``101``'s header line that carries the former."""
+    own = new_nonce()
+    return (own, nonce_of(head)), [NONCE_HEADER + b": " + own]

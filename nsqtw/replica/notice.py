@@ -64,8 +64,9 @@ class Notices:
     log = Logger()
 
     def __init__(self, reactor: Any, data_path: str, lane: Callable[[], IDiskExecutor],
-                 hello: Callable[[], dict[str, Any]], timeout: float) -> None:
+                 hello: Callable[[], dict[str, Any]], timeout: float, secret: bytes | None = None) -> None:
         self.reactor = reactor
+        self.secret = secret
         self.data_path = data_path
         self.lane = lane
         self.hello = hello
@@ -190,7 +191,8 @@ class Notices:
                 return
             records, count = state.notes, state.noted
             hello = {**self.hello(), "role": "notice", "owner_incarnation": incarnation}
-            if not await send_notice(self.reactor, state.host, state.http_port, hello, records, self.timeout):
+            if not await send_notice(self.reactor, state.host, state.http_port, hello, records, self.timeout,
+                                     self.secret):
                 return
             if state.notes is records:
                 state.notes, state.noted = [], 0
@@ -280,13 +282,13 @@ class _Notice:
 
 
 def send_notice(reactor: Any, host: str, http_port: int, hello: dict[str, Any], records: list[bytes],
-                timeout: float) -> Deferred[bool]:
+                timeout: float, secret: bytes | None = None) -> Deferred[bool]:
     """Link to the owner at ``host:http_port`` as a notice (``hello``'s ``role``), send ``records``;
     fires with whether it acknowledged them all within ``timeout`` seconds."""
     done: Deferred[bool] = Deferred()
     notice = _Notice(hello, records, done)
     open_link(reactor, host, http_port, notice, beat_interval(timeout), timeout,
-              lambda why: notice.link_lost(None, why))
+              lambda why: notice.link_lost(None, why), secret)
     timer = reactor.callLater(timeout, notice.give_up)
 
     def settled(ok: bool) -> bool:

@@ -94,7 +94,7 @@ class PeerLink:
     def connect(self) -> None:
         side = self.side
         open_link(side.reactor, self.candidate.host, self.candidate.http_port, self, beat_interval(side.timeout),
-                  side.timeout / 3, lambda why: self.link_lost(None, why))
+                  side.timeout / 3, lambda why: self.link_lost(None, why), side.secret)
 
     # -- LinkHandler --------------------------------------------------------------------------
 
@@ -219,8 +219,10 @@ class OwnerSide:
     def __init__(self, reactor: Any, choice: Choice, own_address: Callable[[], str],
                  hello: Callable[[], dict[str, Any]], channels_of: Callable[[str], list[tuple[str, bool]]],
                  timeout: float, wait: float, make_own: Callable[[str], Standby] | None = None,
-                 durable: bool = False) -> None:
+                 durable: bool = False, secret: bytes | None = None) -> None:
         self.reactor = reactor
+        #: the cluster's replica secret its links prove (``--replica-secret-file``)
+        self.secret = secret
         self.clock = reactor
         self.choice = choice
         self.own_address = own_address

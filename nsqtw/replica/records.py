@@ -51,6 +51,7 @@ class Kind(IntEnum):
     TAKEN = 13        # replica, on a notice link: topic, channel, the owner's IDs delivered by the replica
     SNAP_IDS = 14     # owner (to a replica of version 2): a SNAP's topic and owing channels, ID values only
     NEED = 15         # replica: topic, the ID values of a SNAP_IDS it does not hold (sent as SNAPs then)
+    PROOF = 16        # both, first, with --replica-secret-file: the HMAC of nsqtw.replica.proof
 
 
 #: the kinds whose payload is a JSON object

@@ -7,13 +7,12 @@ on each publish of a topic that is not ``#ephemeral`` and on each FIN; it
 listens to the registry for channels and topics coming and going; the HTTP
 API asks it for ``GET /replication`` and the link's upgrade.
 
-The replica's side takes links from owners (:meth:`ReplicationService.accept`),
-holds their copies (:class:`~nsqtw.replica.standby.Standby`), makes the
-owner's topic and channels here as real ones (so lookupd lists this node
-as their producer before it is ever needed), and takes over an owner whose
-link has been down or silent for ``--replica-timeout`` and whose ``/ping``
-fails too, or at once when the owner comes back with another incarnation
-(its data directory is gone).
+The replica's side takes links from owners (:meth:`ReplicationService.upgrade`), holds
+their copies (:class:`~nsqtw.replica.standby.Standby`), makes the owner's topic and channels
+here as real ones (so lookupd lists this node as their producer before it is ever needed),
+and takes over an owner whose link has been down or silent for ``--replica-timeout`` and
+whose ``/ping`` fails too, or at once when it comes back with another incarnation (its data
+directory is gone).
 """
 
 from __future__ import annotations
@@ -39,10 +38,11 @@ from nsqtw.names import is_ephemeral
 from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
-from nsqtw.replica.link import Link, accepted_link, beat_interval
+from nsqtw.replica.link import Link, accept_nonces, accepted_link, beat_interval
 from nsqtw.replica.notice import Notices, is_notice, read_notes, taken_elsewhere
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
+from nsqtw.replica.proof import read_secret
 from nsqtw.replica.records import (
     Kind,
     decode_fin,
@@ -90,15 +90,17 @@ class ReplicationService(Service):
         self.data_path = data_path
         self.timeout = float(options.replica_timeout)
         self.wait = float(options.replica_wait)
+        #: the cluster's replica secret that links prove (``--replica-secret-file``), None: not asked
+        self.secret = read_secret(options.replica_secret_file) if options.replica_secret_file else None
         self.incarnation = ""
         self.choice = Choice(reactor, self.own_address, "", lookupd_addresses)
         self.owner = OwnerSide(reactor, self.choice, self.own_address, self.hello, self._channels_of,
-                               self.timeout, self.wait, self._own_log, durable=self.durable)
+                               self.timeout, self.wait, self._own_log, durable=self.durable, secret=self.secret)
         #: standbys a start found taken over part way (taken over again once the node runs)
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
         #: what takeovers here delivered, for owners that come back on their disks
-        self.notices = Notices(reactor, data_path, self._executor_lane, self.hello, self.timeout)
+        self.notices = Notices(reactor, data_path, self._executor_lane, self.hello, self.timeout, self.secret)
         #: owner name -> what this node holds for it
         self.owners: dict[str, OwnerState] = {}
         self.takeovers = 0
@@ -251,8 +253,7 @@ class ReplicationService(Service):
 
     # -- IReplication: the core's calls -------------------------------------------------------------
 
-    def published(self, topic: str, values: Any, bodies: list[bytes], timestamp: int,
-                  delay: float) -> Deferred[None]:
+    def published(self, topic: str, values: Any, bodies: list[bytes], timestamp: int, delay: float) -> Deferred[None]:
         return self.owner.published(topic, values, bodies, timestamp, delay)
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
@@ -292,9 +293,13 @@ class ReplicationService(Service):
 
     # -- the replica's side ---------------------------------------------------------------------------
 
-    def accept(self, transport: Any) -> Link:
-        """An owner's link, upgraded from an HTTP request to this node."""
-        return accepted_link(self, self.reactor, transport, beat_interval(self.timeout))
+    def upgrade(self, head: bytes) -> tuple[Callable[[Any], Link], list[bytes]]:
+        """A link asked of this node's HTTP port (an owner's, or a notice): its maker, the 101's nonce line."""
+        nonces, lines = accept_nonces(head)
+        return partial(self.accept, nonces=nonces), lines
+
+    def accept(self, transport: Any, nonces: tuple[bytes, bytes] = (b"", b"")) -> Link:
+        return accepted_link(self, self.reactor, transport, beat_interval(self.timeout), self.secret, nonces)
 
     def link_up(self, link: Link) -> None:
         link.send(encode_json(Kind.HELLO, self.hello()))

@@ -172,6 +172,9 @@ PLAN: dict[str, list[Block]] = {
         Block("--replicas=2 &"),
         Block("/channel/create?topic=orders&channel=billing", expect=("OKOK", "'state': 'in_sync'")),
         Block("kill -9 %2", expect=("order 1\norder 2\n",)),
+        Block("--replica-secret-file=/etc/nsqtw/replica.secret", elsewhere=(
+            "tests/reliability/test_replica_secret.py::test_nodes_that_share_the_secret_replicate_and_others_are_refused"
+            " runs nodes with a secret file; this block's paths are a machine's")),
         Block("benchmarks/replicas_compare.py", timeout=600, expect=("| measure |",),
               shorten=(("--runs=2 --runfor=10s", "--runs=1 --runfor=1s"),)),
     ],

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from nsqtw.nsqd.options import auto_workers
+from nsqtw.nsqd.cpus import auto_workers
 from nsqtw.workers.pool import HTTP_HOLD
 from tests.helpers import wait_for
 from tests.rawclient import Client, collect, subscribe

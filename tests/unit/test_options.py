@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nsqtw._go import flags
 from nsqtw._go.duration import format_duration, parse_duration
 from nsqtw._go.flags import OptionsError
-from nsqtw.nsqd import options
+from nsqtw.nsqd import cpus, options
 from nsqtw.nsqd.options import (
     FLAGS,
     FLAGS_BY_NAME,
@@ -126,7 +126,9 @@ class DefaultsTests(SynchronousTestCase):
         self.assertEqual(names - set(GO_DEFAULTS),
                          {"node_id", "broadcast_address", "durable_delivery", "disk_threads",
                           "max_unwritten_bytes", "metrics_per_client", "busy_poll", "workers",
-                          "http_allow_origin", "replicas", "replica_timeout", "replica_wait"})
+                          "http_allow_origin", "replicas", "replica_timeout", "replica_wait",
+                          "replica_secret_file"})
+        self.assertEqual(NSQDOptions().replica_secret_file, "")  # links not asked for proof (docs/replication.md)
         self.assertIs(NSQDOptions().durable_delivery, False)
         self.assertEqual(NSQDOptions().replicas, 1)  # docs/cluster.md, "Replication"
         self.assertEqual((NSQDOptions().replica_timeout, NSQDOptions().replica_wait), (10.0, 5.0))
@@ -177,7 +179,26 @@ class FlagTableTests(SynchronousTestCase):
         self.assertEqual(options.NSQTW_FLAGS, {"durable-delivery", "disk-threads", "max-unwritten-bytes",
                                                "metrics-per-client", "busy-poll", "workers",
                                                "http-allow-origin", "replicas", "replica-timeout",
-                                               "replica-wait"})
+                                               "replica-wait", "replica-secret-file"})
+
+    def test_replica_secret_file_must_hold_a_secret(self) -> None:
+        """--replica-secret-file (TOML replica_secret_file) names a readable, non-empty file of at most
+        4096 bytes; anything else stops the start with one line that says why."""
+        self.assertEqual(FLAGS_BY_NAME["replica-secret-file"].toml_key, "replica_secret_file")
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        good, empty, big = (os.path.join(d, n) for n in ("good", "empty", "big"))
+        with open(good, "w") as f:
+            f.write("s3cret\n")
+        open(empty, "w").close()
+        with open(big, "w") as f:
+            f.write("x" * 4097)
+        self.assertEqual(parse_args([f"--replica-secret-file={good}"]).replica_secret_file, good)
+        for path, why in ((empty, "is empty"), (big, "is over 4096 bytes"),
+                          (os.path.join(d, "missing"), "cannot be read: No such file or directory")):
+            with self.assertRaises(OptionsError) as cm:
+                parse_args([f"--replica-secret-file={path}"])
+            self.assertEqual(str(cm.exception), f"--replica-secret-file {path!r} {why}")
 
     def test_records(self) -> None:
         """Each record names its attribute, default, status and TOML key consistently."""
@@ -226,14 +247,14 @@ class FlagTableTests(SynchronousTestCase):
     def test_workers_chosen_from_the_cpus(self) -> None:
         """--workers=0: one process below 8 CPUs (2 cores: one process is ahead of Go on every
         load), half of them from 8, at most 8 (16 cores: 8 measured best); a count given stays."""
-        self.assertEqual([options.auto_workers(n) for n in (1, 2, 4, 7, 8, 12, 16, 17, 64, 256)],
+        self.assertEqual([cpus.auto_workers(n) for n in (1, 2, 4, 7, 8, 12, 16, 17, 64, 256)],
                          [1, 1, 1, 1, 4, 6, 8, 8, 8, 8])
-        self.assertEqual(options.with_workers_resolved(NSQDOptions(), cpus=16).workers, 8)
-        self.assertEqual(options.with_workers_resolved(NSQDOptions(), cpus=2).workers, 1)
+        self.assertEqual(cpus.with_workers_resolved(NSQDOptions(), cpus=16).workers, 8)
+        self.assertEqual(cpus.with_workers_resolved(NSQDOptions(), cpus=2).workers, 1)
         given = NSQDOptions(workers=3)
-        self.assertIs(options.with_workers_resolved(given, cpus=16), given)
+        self.assertIs(cpus.with_workers_resolved(given, cpus=16), given)
         if hasattr(os, "sched_getaffinity"):
-            self.assertEqual(options.usable_cpus(), len(os.sched_getaffinity(0)))
+            self.assertEqual(cpus.usable_cpus(), len(os.sched_getaffinity(0)))
 
     def test_busy_poll_flag(self) -> None:
         """--busy-poll is a Go duration from 0 (off) to 10ms, TOML key busy_poll."""

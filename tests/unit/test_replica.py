@@ -390,8 +390,9 @@ def owner_link() -> tuple[OwnerLink, StringTransport, Handler, Clock]:
 
 
 def test_owner_link_asks_for_the_upgrade() -> None:
-    _, transport, _, _ = owner_link()
-    assert transport.value() == upgrade_request("10.0.0.2:4151")
+    link, transport, _, _ = owner_link()
+    assert transport.value() == upgrade_request("10.0.0.2:4151", link.own_nonce)
+    assert b"\r\nNsqtw-Nonce: " + link.own_nonce + b"\r\n" in transport.value() and len(link.own_nonce) == 32
     assert transport.value().startswith(b"GET /replication/link HTTP/1.1\r\nHost: 10.0.0.2:4151\r\n")
     assert b"\r\nUpgrade: " + UPGRADE + b"\r\n" in transport.value()
 
@@ -605,7 +606,7 @@ class Owner:
         proto = factory.buildProtocol(None)
         transport = StringTransport()
         proto.makeConnection(transport)
-        assert transport.value() == upgrade_request(f"{host}:{port}")
+        assert transport.value() == upgrade_request(f"{host}:{port}", proto.own_nonce)
         transport.clear()
         return f"{host}:{port}", proto, transport
 
@@ -1152,6 +1153,9 @@ class FakeReplication:
     def info(self, replica: str | None = None) -> dict[str, Any]:
         return {"version": 1, "node": "127.0.0.1:4151", "incarnation": "0123456789abcdef", "replicas": 2}
 
+    def upgrade(self, head: bytes) -> tuple[Any, list[bytes]]:
+        return self.accept, [b"Nsqtw-Nonce: " + b"0" * 32]
+
     def accept(self, transport: Any) -> Any:
         proto = Recorder()
         proto.makeConnection(transport)
@@ -1353,12 +1357,13 @@ def test_get_replication_answers_its_info(pristine: bool) -> None:
 def test_the_upgrade_switches_the_connection_to_the_link() -> None:
     nsqd, _, fake = replicated()
     channel, transport, _ = http_channel(HTTPAPI(nsqd))
-    channel.dataReceived(upgrade_request("x") + b"first")
-    assert transport.value() == SWITCHED
+    channel.dataReceived(upgrade_request("x", b"1" * 32) + b"first")
+    switched = SWITCHED[:-2] + b"Nsqtw-Nonce: " + b"0" * 32 + b"\r\n\r\n"  # (the API's line, after the token)
+    assert transport.value() == switched
     [proto] = fake.accepted
     assert proto.transport is transport and proto.data == b"first"
     channel.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")  # not HTTP any more
-    assert proto.data == b"firstGET /ping HTTP/1.1\r\nHost: x\r\n\r\n" and transport.value() == SWITCHED
+    assert proto.data == b"firstGET /ping HTTP/1.1\r\nHost: x\r\n\r\n" and transport.value() == switched
     channel.connectionLost(Failure(ConnectionError()))
     assert proto.lost
 
@@ -1375,7 +1380,7 @@ def test_other_upgrades_are_answered_as_plain_requests(request_head: bytes) -> N
 
 def test_no_upgrade_without_replication() -> None:
     nsqd, _ = make_nsqd(broadcast_address="127.0.0.1")
-    code, _ = answer_of(HTTPAPI(nsqd), upgrade_request("x"))
+    code, _ = answer_of(HTTPAPI(nsqd), upgrade_request("x", b"1" * 32))
     assert code == 404
 
 
