@@ -37,8 +37,8 @@ from nsqtw.net.turn import turn_end_caller
 from nsqtw.replica.proof import ACCEPT, CONNECT, NONCE_HEADER, new_nonce, nonce_of, proof, valid
 from nsqtw.replica.records import Kind, frame, split_records
 
-__all__ = ["BEAT_INTERVAL", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "accept_nonces", "accepted_link",
-           "beat_interval", "open_link", "upgrade_request"]
+__all__ = ["BEAT_INTERVAL", "PROOF_BEATS", "UPGRADE", "Link", "LinkHandler", "OwnerLink", "accept_nonces",
+           "accepted_link", "beat_interval", "open_link", "upgrade_request"]
 
 #: seconds without a record sent before a BEAT goes (at most: :func:`beat_interval`)
 BEAT_INTERVAL: Final = 1.0
@@ -48,6 +48,11 @@ def beat_interval(timeout: float) -> float:
     """The BEAT interval for ``--replica-timeout``: a third of the timeout, the silence that replaces
     a replica, is always three beats or more."""
     return min(BEAT_INTERVAL, timeout / 10)
+
+
+#: beats a side with a secret waits for the peer's PROOF (as long as ``--replica-timeout``'s
+#: silence, at most 10 s) before it refuses the link: a peer that connects and stalls holds nothing
+PROOF_BEATS: Final = 10
 #: the ``Upgrade`` token of the link
 UPGRADE: Final = b"nsqtw-replication/1"
 #: the most bytes of the replica's HTTP answer the owner reads before the records
@@ -140,6 +145,7 @@ class Link(Protocol):
     def _refuse(self, why: str) -> None:
         self.log.error("REPLICATION: link with {peer} refused - {why}", peer=self.peer_text(), why=why)
         self.refused = True
+        self.proving = False
         self._out.clear()
         self.abort()
 
@@ -188,6 +194,9 @@ class Link(Protocol):
 
     def _beat(self) -> None:
         self._beat_call = self.clock.callLater(self.beat, self._beat)
+        if self.proving and self.clock.seconds() - self.last_heard >= PROOF_BEATS * self.beat:
+            self._refuse(f"it sent no proof within {PROOF_BEATS * self.beat:g}s")  # (nothing heard since the 101)
+            return
         if self.clock.seconds() - self._last_sent >= self.beat and not self._out:
             self.send(frame(Kind.BEAT))
 

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 
-from nsqtw.replica.link import Link, OwnerLink, accept_nonces, accepted_link
+from nsqtw.replica.link import BEAT_INTERVAL, PROOF_BEATS, Link, OwnerLink, accept_nonces, accepted_link
 from nsqtw.replica.proof import ACCEPT, CONNECT, new_nonce, nonce_of, proof, valid
 from nsqtw.replica.records import Kind, encode_json, frame, split_records
 from tests.unit.test_replica import Handler
@@ -115,6 +115,20 @@ def test_a_secret_side_says_nothing_but_its_proof_to_an_unproven_peer() -> None:
     pair.clock.advance(0)
     assert [k for k, _ in split_records(pair.owner_transport.value())[0]] == [Kind.PROOF]
     assert [k for k, _ in split_records(pair.replica_transport.value())[0]] == [Kind.PROOF]
+
+
+def test_a_peer_that_stalls_before_its_proof_is_refused_after_proof_beats(errors: Any) -> None:
+    """A side with a secret whose peer connects and then says nothing closes the link after
+    PROOF_BEATS beats (10 s with the default --replica-timeout), and not before."""
+    pair = Pair(SECRET, SECRET)
+    pair.clock.advance(0)  # each side's PROOF is written, and never delivered to the other
+    for _ in range(PROOF_BEATS - 1):
+        pair.clock.advance(BEAT_INTERVAL)
+    assert not (pair.owner_transport.disconnecting or pair.replica_transport.disconnecting)
+    pair.clock.advance(BEAT_INTERVAL)
+    assert pair.owner_transport.disconnecting and pair.replica_transport.disconnecting
+    assert pair.owner_handler.ups == [] and pair.replica_handler.ups == []
+    assert errors() == [f"it sent no proof within {PROOF_BEATS * BEAT_INTERVAL:g}s"] * 2
 
 
 def test_a_proof_from_another_connection_or_reflected_back_is_refused(errors: Any) -> None:
