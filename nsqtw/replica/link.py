@@ -140,7 +140,10 @@ class Link(Protocol):
             self._refuse("its upgrade carried no nonce (an nsqtw too old for --replica-secret-file)")
             return
         self.proving = True
+        # the proof leaves now, not at the turn's end: the peer's own may be in the same read, and a
+        # refusal of it must not keep ours back (the peer could not tell why the link went)
         self.send(frame(Kind.PROOF, proof(self.secret, self.role, self.peer_nonce, self.own_nonce)))
+        self._flush()
 
     def _refuse(self, why: str) -> None:
         self.log.error("REPLICATION: link with {peer} refused - {why}", peer=self.peer_text(), why=why)

@@ -117,6 +117,26 @@ def test_a_secret_side_says_nothing_but_its_proof_to_an_unproven_peer() -> None:
     assert [k for k, _ in split_records(pair.replica_transport.value())[0]] == [Kind.PROOF]
 
 
+def test_a_refusing_owner_still_sends_its_proof_when_the_peers_came_with_the_101(errors: Any) -> None:
+    """The 101 and the replica's PROOF often arrive in one read: the owner refuses that proof, but its
+    own has left already, so the replica refuses too and says why (not just a closed connection)."""
+    clock = Clock()
+    owner_handler, replica_handler = Hello(), Hello()
+    owner = OwnerLink(owner_handler, clock, "10.0.0.2:4151", secret=SECRET)
+    owner_transport, replica_transport = StringTransport(), StringTransport()
+    owner.makeConnection(owner_transport)
+    nonces, lines = accept_nonces(owner_transport.value().split(b"\r\n\r\n")[0])
+    owner_transport.clear()
+    replica = accepted_link(replica_handler, clock, replica_transport, secret=b"another secret", nonces=nonces)
+    owner.dataReceived(b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(line + b"\r\n" for line in lines)
+                       + b"\r\n" + replica_transport.value())
+    assert owner_transport.disconnecting and owner_handler.ups == []
+    assert [k for k, _ in split_records(owner_transport.value())[0]] == [Kind.PROOF]
+    replica.dataReceived(owner_transport.value())
+    assert replica_transport.disconnecting and replica_handler.ups == []
+    assert errors() == ["it did not prove it knows the replica secret (--replica-secret-file)"] * 2
+
+
 def test_a_peer_that_stalls_before_its_proof_is_refused_after_proof_beats(errors: Any) -> None:
     """A side with a secret whose peer connects and then says nothing closes the link after
     PROOF_BEATS beats (10 s with the default --replica-timeout), and not before."""
