@@ -507,9 +507,8 @@ class Channel:
 
         Returns the ones that could not be, with why. A consumer that
         retries everything sends REQs as others send FINs: the in-flight
-        bookkeeping is done in one loop and the ones due now are queued
-        together, with one wake of the pump.
-        """
+        bookkeeping is one loop, those due now are queued together, and the
+        pump wakes once if there is anything to deliver (as for FINs)."""
         if self.exiting:
             return [(msg_id, ExitingError()) for msg_id, _ in reqs]
         refused, again, later = take_back(self.in_flight.live, client, reqs)
@@ -524,7 +523,8 @@ class Channel:
         self.requeue_count += done
         if again:
             self._queue(again)
-        self._pump.wake()
+        if self.memory or self.backend.depth():  # (deferred ones wake it when due)
+            self._pump.wake()
         return failed
 
     def touch(self, client: IConsumer, msg_id: bytes, timeout: float) -> None:

@@ -92,3 +92,21 @@ class FinWakeTests(SynchronousTestCase):
         publish(nsqd, clock, "t", b"3")  # what arrives later wakes it
         [(_, _, body)] = c.messages()
         self.assertEqual(body, b"3")
+
+    def test_a_deferred_req_with_nothing_queued_makes_no_turn_and_one_due_now_delivers(self) -> None:
+        nsqd, clock = make_nsqd()
+        c = Consumer(nsqd, clock, "t", "c", rdy=1)
+        publish(nsqd, clock, "t", b"1")
+        channel = nsqd.topics["t"].channels["c"]
+        [(_, first, _)] = c.messages()
+        c.proto.dataReceived(b"REQ " + first + b" 1000\n")  # deferred, nothing else queued: no turn
+        self.assertFalse(channel._pump._scheduled)
+        self.assertEqual((channel.requeue_count, len(channel.in_flight)), (1, 0))
+        clock.advance(1.0)  # due: delivered again
+        [(_, again, body)] = c.messages()
+        self.assertEqual((again, body), (first, b"1"))
+        c.proto.dataReceived(b"REQ " + again + b" 0\n")  # due now: queued, the pump woken for it
+        self.assertTrue(channel._pump._scheduled)
+        clock.advance(0)
+        [(_, _, body)] = c.messages()
+        self.assertEqual(body, b"1")
