@@ -295,8 +295,9 @@ class IReplication(Interface):
     def channel_emptied(topic: str, channel: str | None) -> None:
         """A channel (or, with None, the topic) was emptied."""
 
-    def info(replica: str | None = None) -> dict[str, Any]:
-        """``GET /replication``'s answer (with ``replica``: the topics placed on that node too)."""
+    def info(replica: str | None = None, owner: str | None = None) -> dict[str, Any]:
+        """``GET /replication``'s answer (with ``replica``: the topics placed on that node too; with
+        ``owner``: the notes kept for that node)."""
 
     def upgrade(head: bytes) -> tuple[Any, list[bytes]]:
         """For an HTTP request's ``head`` that asks for a replication link: the maker of the link's

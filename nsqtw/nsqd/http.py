@@ -128,12 +128,13 @@ class HTTPAPI(GoHTTPAPI):
 
     def replication(self, request: Any) -> bytes:
         """``GET /replication``: this node replicates; its version and incarnation (peers read it);
-        with ``?replica=ADDRESS``, also the topics whose copies that node must keep."""
+        with ``?replica=ADDRESS``, also the topics whose copies that node must keep; with
+        ``?owner=ADDRESS``, the notes this node keeps for that node, if any."""
         assert self.nsqd.replication is not None
         self._log_request(request, 200)
         args = getattr(request, "args", None) or {}  # (a direct request has none: the plain path)
-        replica = args.get(b"replica", [b""])[0].decode("utf-8", "replace")
-        return self._v1(request, 200, Marshal(self.nsqd.replication.info(replica or None)))
+        replica, owner = (args.get(name, [b""])[0].decode("utf-8", "replace") for name in (b"replica", b"owner"))
+        return self._v1(request, 200, Marshal(self.nsqd.replication.info(replica or None, owner or None)))
 
     #: the HTTP channel's ``Upgrade`` hook (:meth:`_replication_link` with ``--replicas=2``), else None
     upgrade: Callable[[bytes], Any] | None = None

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import quote
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
@@ -98,6 +99,10 @@ class Choice:
         self._poll_later: Any = None
         #: told when the candidates changed
         self.changed: Callable[[], None] = lambda: None
+        #: told after each read of lookupd that one answered: the ``/replication`` answers of the
+        #: nodes that replicate asked in it (every node, at the first), by address, and the nodes
+        #: that did not answer (a start's hold ends by them)
+        self.answered: Callable[[dict[str, dict[str, Any]], list[str]], None] = lambda answers, failed: None
 
     def start(self) -> None:
         self._loop.start(POLL_INTERVAL, now=True)
@@ -175,10 +180,13 @@ class Choice:
         self._not_replicating &= set(seen)
         asks = [(address, host, port) for address, (host, port) in seen.items()
                 if address != own and address not in self.candidates and address not in self._not_replicating]
-        results = await DeferredList([self._get(self.reactor, f"http://{address}/replication")
+        results = await DeferredList([self._get(self.reactor, f"http://{address}/replication?owner={quote(own)}")
                                       for address, _, _ in asks], consumeErrors=True)
+        answers: dict[str, dict[str, Any]] = {}
+        failed: list[str] = []
         for (address, host, port), (ok, result) in zip(asks, results, strict=True):
             if not ok:
+                failed.append(address)
                 continue  # down now: asked again at the next poll
             code, body = result
             if code != 200:
@@ -194,6 +202,8 @@ class Choice:
                 self._not_replicating.add(address)  # this node, under another name
                 continue
             self.candidates[address] = Candidate(address, host, port, incarnation)
+            answers[address] = info
+        self.answered(answers, failed)
         if set(self.candidates) != before:
             self.log.info("REPLICATION: candidates {candidates}", candidates=sorted(self.candidates) or "none")
             self.changed()

@@ -17,9 +17,14 @@ are forgotten. Another incarnation answering means the owner's data is
 gone with what it held: the notes are dropped. The owner leaves those
 messages out as they leave its queues (``Channel.drop_taken``). So that
 the notes come before it delivers any of them, a node with
-``--replicas=2`` holds the delivery of the topics it finds at its start for
-:data:`HOLD` seconds (:meth:`Notices.hold`); a replica slower than that to
-say so leaves what the owner delivered meanwhile delivered twice.
+``--replicas=2`` holds the delivery of the topics it finds at its start
+(:meth:`Notices.hold`) until the replicas have said whether they hold notes
+for it: its first read of lookupd asks every node ``GET /replication?owner=``
+(:class:`~nsqtw.replica.choice.Choice`), whose answer names the incarnation
+its notes are for (:func:`notes_info`). None for this incarnation: the
+delivery starts at once; some: once each of those replicas' notice links
+has ended, :data:`HOLD_MAX` seconds after the start at most. Lookupd not
+read: :data:`HOLD` seconds, as it cannot tell.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from nsqtw.replica.ownerstate import OwnerState
 from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
 from nsqtw.storage.atomic import atomic_write
 
-__all__ = ["HOLD", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
-           "is_notice", "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
+__all__ = ["HOLD", "HOLD_MAX", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
+           "is_notice", "notes_info", "read_notes", "send_notice", "taken_elsewhere", "taken_records"]
 
 #: a file of notes for one owner: ``<owner, made file-safe>.nsqtw.taken``
 NOTES_SUFFIX: Final = ".nsqtw.taken"
@@ -51,9 +56,12 @@ NOTE_IDS: Final = 100_000
 #: seconds notes are kept for an owner that does not come back (a machine lost for good, or replaced
 #: at another address): then they are dropped, and the owner's return costs duplicates, never a loss
 NOTES_KEPT: Final = 24 * 3600.0
-#: seconds a start holds the delivery of the topics it found (:meth:`Notices.hold`): a replica that
-#: took them over asks the owner's ``/replication`` every second, then sends its notes at once
+#: seconds a start holds the delivery of the topics it found (:meth:`Notices.hold`) while no lookupd
+#: says which nodes to ask: a replica that took them over asks the owner's ``/replication`` every
+#: second, then sends its notes at once
 HOLD: Final = 3.0
+#: seconds at most a start waits for the notes of the replicas that said they hold some for it
+HOLD_MAX: Final = 10.0
 
 _log = Logger(namespace="nsqtw.replica.notice")
 
@@ -74,6 +82,11 @@ class Notices:
         self._holding: list[Any] = []
         self._holding_topics: list[Any] = []
         self._release: Any = None
+        self._held_at = 0.0
+        #: the replicas whose notes a start still waits for (None: no lookupd read yet), and the
+        #: notice links that ended meanwhile (notes may come before the answer that names them)
+        self._awaited: set[str] | None = None
+        self._told: set[str] = set()
 
     def hold(self, nsqd: Any) -> None:
         """At a start, before the node serves: the channels of the topics it found deliver nothing
@@ -91,17 +104,58 @@ class Notices:
     def start(self) -> None:
         if self._holding or self._holding_topics:
             self.log.info("REPLICATION: delivery of {count} channel(s) and {topics} topic(s) without one held"
-                          " {hold:g}s, for a replica that took them over while this node was away to say what it"
-                          " delivered",
-                          count=len(self._holding), topics=len(self._holding_topics), hold=HOLD)
-            self._release = self.reactor.callLater(HOLD, self._release_held)
+                          " until the replicas have said whether they delivered any of them while this node was"
+                          " away ({hold:g}s if no lookupd answers, {most:g}s at most)",
+                          count=len(self._holding), topics=len(self._holding_topics), hold=HOLD, most=HOLD_MAX)
+            self._held_at = self.reactor.seconds()
+            self._release = self.reactor.callLater(HOLD, self._release_held, f"no lookupd answered within {HOLD:g}s")
+
+    def peers_answered(self, answers: dict[str, dict[str, Any]], failed: list[str], incarnation: str) -> None:
+        """The start's first read of lookupd: ``answers`` are the ``/replication`` of the nodes it
+        names that replicate (:func:`notes_info`'s ``notes`` in each), ``failed`` those that did not
+        answer. The hold ends now if none holds notes for this ``incarnation`` (and every node
+        answered: else at :data:`HOLD`), or once their notice links ended (:meth:`notice_ended`)."""
+        if self._release is None or self._awaited is not None:
+            return
+        self._awaited = {address for address, info in answers.items()
+                         if isinstance(info.get("notes"), dict) and info["notes"].get("incarnation") == incarnation}
+        self._awaited -= self._told
+        if self._awaited:
+            self.log.info("REPLICATION: {replicas} delivered messages of this node while it was away: delivery"
+                          " held until they have said which", replicas=sorted(self._awaited))
+            self._release.cancel()
+            self._release = self.reactor.callLater(
+                max(0.0, self._held_at + HOLD_MAX - self.reactor.seconds()), self._release_held,
+                f"the notes of {', '.join(sorted(self._awaited))} did not come within {HOLD_MAX:g}s")
+        elif failed:
+            self._release.cancel()
+            self._release = self.reactor.callLater(
+                max(0.0, self._held_at + HOLD - self.reactor.seconds()), self._release_held,
+                f"{', '.join(sorted(failed))} did not answer")
+        else:
+            self._release_held("the replicas' notes came" if self._told else "no replica holds notes for this node")
+
+    def notice_ended(self, replica: str) -> None:
+        """A notice link from ``replica`` ended (its notes taken, or it went: it tries again later)."""
+        if self._release is None:
+            return
+        self._told.add(replica)
+        if self._awaited is not None and replica in self._awaited:
+            self._awaited.discard(replica)
+            if not self._awaited:
+                self._release_held("the replicas' notes came")
 
     def stop(self) -> None:
         if self._release is not None and self._release.active():
             self._release.cancel()
+        self._release = None  # (a read of lookupd that ends after the stop changes nothing)
 
-    def _release_held(self) -> None:
+    def _release_held(self, why: str) -> None:
+        if self._release is not None and self._release.active():
+            self._release.cancel()
         self._release = None
+        self.log.info("REPLICATION: delivery released {seconds:.2f}s after the start - {why}",
+                      seconds=self.reactor.seconds() - self._held_at, why=why)
         held, self._holding = self._holding, []
         for channel in held:
             channel.held = False
@@ -201,6 +255,16 @@ class Notices:
                           " message(s) delivered here, which it will not deliver", owner=state.name, count=count)
         finally:
             state.noting = False
+
+
+def notes_info(state: OwnerState | None) -> dict[str, Any]:
+    """What ``GET /replication?owner=NAME`` adds for the owner of ``state``: the incarnation this
+    node's notes for it are for and how many messages they name (nothing: none). The owner asking
+    is at its start: the notes are sent at the next tick, not after the next second's ask."""
+    if state is None or not state.notes:
+        return {}
+    state.noted_at = 0.0
+    return {"notes": {"incarnation": state.notes_for, "messages": state.noted}}
 
 
 def taken_records(topic: str, owners: dict[str, list[bytes]]) -> tuple[list[bytes], int]:

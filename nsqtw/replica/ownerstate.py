@@ -67,3 +67,12 @@ class OwnerState:
         self.noted_since = 0.0
         self.noting = False
         self.noted_at = 0.0
+
+    def held(self, topic: str) -> list[Standby]:
+        """Every standby of the owner's topic: the one its PUBs go to, and those SNAPs made."""
+        main = self.standbys.get(topic)
+        return ([main] if main is not None else []) + self.parts.get(topic, [])
+
+    def all_held(self) -> list[Standby]:
+        """Every standby held for the owner, of every topic."""
+        return [*self.standbys.values(), *(p for parts in self.parts.values() for p in parts)]

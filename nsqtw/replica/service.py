@@ -39,7 +39,7 @@ from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accept_nonces, accepted_link, beat_interval
-from nsqtw.replica.notice import Notices, is_notice, read_notes, taken_elsewhere
+from nsqtw.replica.notice import Notices, is_notice, notes_info, read_notes, taken_elsewhere
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.proof import read_secret
@@ -99,6 +99,7 @@ class ReplicationService(Service):
         #: standbys a start found taken over part way (taken over again once the node runs)
         self._retake: list[Standby] = []
         self.choice.changed = self._candidates_changed
+        self.choice.answered = lambda answers, failed: self.notices.peers_answered(answers, failed, self.incarnation)
         #: what takeovers here delivered, for owners that come back on their disks
         self.notices = Notices(reactor, data_path, self._executor_lane, self.hello, self.timeout, self.secret)
         #: owner name -> what this node holds for it
@@ -194,9 +195,9 @@ class ReplicationService(Service):
         self.choice.own_incarnation = self.incarnation
         self.log.info("REPLICATION: --replicas=2, incarnation {incarnation}: a publish is answered once a"
                       " peer holds its copy", incarnation=self.incarnation)
+        self.notices.start()  # (before the first read of lookupd, whose answers may end its hold)
         self.choice.start()
         self._tick.start(TICK, now=False)
-        self.notices.start()
         retake, self._retake = self._retake, []
         for standby in retake:
             self.log.warn("REPLICATION({owner}): the takeover of {topic} was cut short by a stop: taking it over"
@@ -213,7 +214,7 @@ class ReplicationService(Service):
         for state in self.owners.values():
             if state.link is not None:
                 state.link.abort()
-            for standby in self._all_held(state):
+            for standby in state.all_held():
                 standby.disk.flush()
         for own in self.owner.own.values():
             own.disk.flush()
@@ -235,12 +236,13 @@ class ReplicationService(Service):
                 "started": self.nsqd.start_time_precise, "durable": bool(self.options.durable_delivery),
                 "version": VERSION}
 
-    def info(self, replica: str | None = None) -> dict[str, Any]:
+    def info(self, replica: str | None = None, owner: str | None = None) -> dict[str, Any]:
         """``GET /replication``; with ``replica``, also the topics that node must keep holding copies
         of (a replica that lost its link asks, and lets go of the others): see
-        :meth:`OwnerSide.still_needs`."""
+        :meth:`OwnerSide.still_needs`; with ``owner``, the notes kept for it (:func:`notes_info`)."""
         out: dict[str, Any] = {"version": VERSION, "nsqd_version": NSQD_VERSION, "node": self.own_address(),
-                               "incarnation": self.incarnation, "replicas": 2}
+                               "incarnation": self.incarnation, "replicas": 2,
+                               **(notes_info(self.owners.get(owner)) if owner is not None else {})}
         if replica is not None:
             out["topics"] = sorted(self.owner.still_needs(replica))
         return out
@@ -329,34 +331,34 @@ class ReplicationService(Service):
         elif kind == Kind.SNAP_IDS:  # held ones confirmed as a SNAP's are; the others asked for
             topic, owing, values = decode_snap_ids(payload)
             state.touched.add(topic)
-            if lacking := [v for v in values if not any(s.confirm(v, owing) for s in self._held(state, topic))]:
+            if lacking := [v for v in values if not any(s.confirm(v, owing) for s in state.held(topic))]:
                 link.send(encode_need(topic, lacking))
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
             state.touched.add(topic)
-            for standby in self._held(state, topic):
+            for standby in state.held(topic):
                 standby.finish(channel, ids)
         elif kind == Kind.CHANNEL:
             value = decode_json(payload)
             topic, channel = str(value["topic"]), str(value["channel"])
             state.touched.add(topic)
             self._standby(state, topic)
-            for standby in self._held(state, topic):
+            for standby in state.held(topic):
                 standby.channel(channel, bool(value.get("backlog")))
             self.nsqd.get_topic(topic).get_channel(channel)
         elif kind == Kind.CHANNEL_GONE:
             value = decode_json(payload)
-            for standby in self._held(state, str(value["topic"])):
+            for standby in state.held(str(value["topic"])):
                 standby.channel_gone(str(value["channel"]))
         elif kind == Kind.EMPTY:
             value = decode_json(payload)
             emptied = value.get("channel")
-            for standby in self._held(state, str(value["topic"])):
+            for standby in state.held(str(value["topic"])):
                 standby.empty(None if emptied is None else str(emptied))
         elif kind == Kind.TOPIC_GONE:
             value = decode_json(payload)
             topic = str(value["topic"])
-            for standby in self._held(state, topic):
+            for standby in state.held(topic):
                 standby.disk.remove()
             state.standbys.pop(topic, None)
             state.parts.pop(topic, None)
@@ -364,7 +366,7 @@ class ReplicationService(Service):
             value = decode_json(payload)
             topic = str(value["topic"])
             state.touched.add(topic)
-            gone = sum(standby.synced(bool(value.get("complete"))) for standby in self._held(state, topic))
+            gone = sum(standby.synced(bool(value.get("complete"))) for standby in state.held(topic))
             if gone:
                 self.log.info("REPLICATION({owner}): {count} message(s) of {topic} it finished while its link was"
                               " down let go of", owner=state.name, count=gone, topic=topic)
@@ -381,7 +383,7 @@ class ReplicationService(Service):
               sizes: list[int]) -> None:
         """Messages of the owner's topic from before this node held its copies: those not held yet go
         to a standby of their own (its IDs stay in order), owed by the channels the owner named."""
-        held = self._held(state, topic)
+        held = state.held(topic)
         fresh = [i for i, v in enumerate(values) if not any(s.confirm(v, owing) for s in held)]
         if not fresh:
             return
@@ -393,7 +395,7 @@ class ReplicationService(Service):
         parts = state.parts.setdefault(topic, [])
         if not parts or parts[-1].arrivals and parts[-1].values and parts[-1].values[-1] >= values[0]:
             parts.append(self._new_standby(state.name, topic, "part", state))
-            for name in self._held(state, topic)[0].channels:
+            for name in state.held(topic)[0].channels:
                 parts[-1].channel(name, False)
         parts[-1].add_snapshot(data, values, sizes, owing)
         self._keep(parts[-1])
@@ -442,6 +444,8 @@ class ReplicationService(Service):
                 transport.resumeProducing()
 
     def link_lost(self, link: Link, reason: str) -> None:
+        if link.hello is not None and link.hello.get("role") == "notice":
+            self.notices.notice_ended(str(link.hello["node"]))
         state = self._state_of(link)
         if state is not None and state.link is link:
             state.link = None
@@ -478,7 +482,7 @@ class ReplicationService(Service):
             state.noted_at = 0.0  # back on its disk after a takeover here: told at the next tick
         if state.link is not None and state.link is not link:
             state.link.abort()
-        for standby in self._all_held(state):
+        for standby in state.all_held():
             standby.begin_sync()  # (FINs that went while it had no link here never came)
         state.link = link
         state.linked_at = self.reactor.seconds()
@@ -529,16 +533,6 @@ class ReplicationService(Service):
             standby = state.standbys[topic] = self._new_standby(state.name, topic, "main", state)
             self.nsqd.get_topic(topic)  # a real topic here: lookupd lists this node as its producer
         return standby
-
-    def _held(self, state: OwnerState, topic: str) -> list[Standby]:
-        """Every standby of the owner's topic: the one its PUBs go to, and those SNAPs made."""
-        main = state.standbys.get(topic)
-        return ([main] if main is not None else []) + state.parts.get(topic, [])
-
-    @staticmethod
-    def _all_held(state: OwnerState) -> list[Standby]:
-        """Every standby held for the owner, of every topic."""
-        return [*state.standbys.values(), *(p for parts in state.parts.values() for p in parts)]
 
     # -- every tick: the owner's waits; lost owners --------------------------------------------------
 
@@ -657,7 +651,7 @@ class ReplicationService(Service):
         for topic in [t for t in {*state.standbys, *state.parts} if t not in wanted and t not in spoken]:
             self.log.info("REPLICATION({owner}): its copies of {topic} are held elsewhere now: letting go",
                           owner=state.name, topic=topic)
-            for standby in self._held(state, topic):
+            for standby in state.held(topic):
                 standby.disk.remove()
             state.standbys.pop(topic, None)
             state.parts.pop(topic, None)
@@ -665,7 +659,7 @@ class ReplicationService(Service):
     def _take_over(self, state: OwnerState, note: bool = True) -> None:
         """Hand in every copy held for the owner; ``note``: the owner may come back on its disk, so
         what is handed in is written down for it first (:mod:`nsqtw.replica.notice`)."""
-        standbys = self._all_held(state)
+        standbys = state.all_held()
         state.standbys, state.parts = {}, {}
         noted = note and self.notices.begin(state)
         for standby in standbys:
@@ -694,7 +688,7 @@ class ReplicationService(Service):
     def node_stats(self) -> dict[str, Any]:
         standby = [{"owner": s.owner, "topic": s.topic, "messages": len(s), "bytes": s.live_bytes,
                     "disk_bytes": s.disk.bytes(), "taken_over": s.taken_over}
-                   for state in self.owners.values() for s in self._all_held(state)]
+                   for state in self.owners.values() for s in state.all_held()]
         return {"replica_refused": self.owner.refused, "unreplicated": self.owner.unreplicated,
                 "takeovers": self.takeovers, "taken_elsewhere": self.taken_elsewhere,
                 "notes_waiting": sum(state.noted for state in self.owners.values()), "standby": standby}

@@ -437,14 +437,18 @@ def candidate(address: str, incarnation: str = "") -> Candidate:
 
 
 class Gets:
-    """The injected ``get``: url -> (code, body), or an exception; every url asked."""
+    """The injected ``get``: url (without its query) -> (code, body), or an exception; every url
+    asked (``asked``: without the query, ``queries``: the query of each)."""
 
     def __init__(self, answers: dict[str, Any]) -> None:
         self.answers = answers
         self.asked: list[str] = []
+        self.queries: list[str] = []
 
     def __call__(self, reactor: Any, url: str) -> Deferred[tuple[int, bytes]]:
+        url, _, query = url.partition("?")
         self.asked.append(url)
+        self.queries.append(query)
         answer = self.answers.get(url, ConnectionRefusedError(url))
         if isinstance(answer, Exception):
             return fail(answer)
@@ -528,6 +532,8 @@ def test_poll_takes_the_nodes_that_replicate_but_not_itself() -> None:
     assert choice.candidates == {"10.0.0.2:4151": Candidate("10.0.0.2:4151", "10.0.0.2", 4151, "inc-a")}
     assert changes == [1]
     assert f"http://{OWN}/replication" not in gets.asked
+    asks = zip(gets.asked, gets.queries, strict=True)
+    assert {q for u, q in asks if u.endswith("/replication")} == {"owner=10.0.0.1%3A4151"}  # (this node's notes)
     gets.asked.clear()
     choice.poll()  # asked once: not again while they stay in /nodes
     assert gets.asked == ["http://lookupd:4161/nodes"]
@@ -1150,7 +1156,7 @@ class FakeReplication:
     def channel_emptied(self, topic: str, channel: str | None) -> None:
         self.emptied.append((topic, channel))
 
-    def info(self, replica: str | None = None) -> dict[str, Any]:
+    def info(self, replica: str | None = None, owner: str | None = None) -> dict[str, Any]:
         return {"version": 1, "node": "127.0.0.1:4151", "incarnation": "0123456789abcdef", "replicas": 2}
 
     def upgrade(self, head: bytes) -> tuple[Any, list[bytes]]:
@@ -2568,7 +2574,7 @@ def test_an_owner_relinking_sends_the_bodies_of_what_its_replica_lacks_only(tmp_
     assert [decode_snap(p)[3] for k, p in seen if k == Kind.SNAP] == [[3]]  # the one body it lacked
     assert [decode_json(p) for k, p in seen if k == Kind.SYNCED] == [{"topic": "t", "complete": True}]
     state = replica.service.owners["10.0.0.1:4151"]
-    assert sorted(i for s in replica.service._all_held(state) for i in held(s)) == [mid(1), mid(2), mid(3)]
+    assert sorted(i for s in state.all_held() for i in held(s)) == [mid(1), mid(2), mid(3)]
     owner.service.stopService()
     replica.service.stopService()
 

@@ -8,6 +8,7 @@ Without sockets: nodes on a ``MemoryReactorClock`` joined over twisted's
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -19,11 +20,12 @@ from twisted.test import iosim
 from nsqtw.core.message import FRAME_TYPE_MESSAGE, FRAME_TYPE_RESPONSE
 from nsqtw.nsqd.http import HTTPAPI
 from nsqtw.protocol.wire import encode_command
-from nsqtw.replica.notice import HOLD, NOTE_IDS, NOTES_KEPT, notes_path, taken_elsewhere, taken_records
+from nsqtw.replica.notice import HOLD, HOLD_MAX, NOTE_IDS, NOTES_KEPT, notes_path, taken_elsewhere, taken_records
 from nsqtw.replica.records import Kind, decode_fin, encode_json, encode_pub, encode_taken
 from tests.helpers import connect, decode_message_frame, make_nsqd, take_frames
 from tests.unit.test_replica import (
     NOW_NS,
+    Gets,
     Node,
     Pings,
     add,
@@ -31,6 +33,7 @@ from tests.unit.test_replica import (
     joined,
     make_standby,
     mid,
+    nodes,
     replicated,
     split_all,
 )
@@ -323,6 +326,105 @@ def test_a_start_holds_a_topic_it_found_without_channels_from_those_made_meanwhi
     got = [decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE]
     assert sorted(got) == [b"x", b"y"]
     node.service.stopService()
+
+
+def started_with_peers(tmp_path: Any, peers: dict[str, Any]) -> tuple[Node, Any, Gets]:
+    """A node started on a topic ``t`` with channel ``c`` holding two messages, whose lookupd names
+    the ``peers`` (address -> its ``/replication`` answer); a consumer on ``t/c`` with RDY 10."""
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    node.nsqd.get_topic("t").get_channel("c")
+    node.nsqd.get_topic("t").publish([1, 2], [b"x", b"y"], NOW_NS, 0.0)
+    gets = Gets({"http://lookupd:4161/nodes": nodes("10.0.0.1:4151", *peers),
+                 **{f"http://{a}/replication": answer for a, answer in peers.items()}})
+    node.service.choice._get = gets
+    node.service.choice.lookupd_addresses = lambda: ["lookupd:4161"]
+    node.start()
+    proto, transport = connect(node.nsqd, node.reactor)
+    proto.dataReceived(b"SUB t c\nRDY 10\n")
+    return node, transport, gets
+
+
+def peer(incarnation: str, notes_for: str | None = None) -> tuple[int, bytes]:
+    info: dict[str, Any] = {"version": 2, "incarnation": incarnation, "replicas": 2}
+    if notes_for is not None:
+        info["notes"] = {"incarnation": notes_for, "messages": 2}
+    return 200, json.dumps(info).encode()
+
+
+def delivered(node: Node, transport: Any) -> list[bytes]:
+    for _ in range(3):
+        node.reactor.advance(0)
+    return sorted(decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE)
+
+
+def test_a_start_delivers_at_once_when_no_replica_holds_notes_for_this_incarnation(tmp_path: Any) -> None:
+    """Its first read of lookupd asks every node's /replication with ?owner=: none holds notes for
+    this node's incarnation (notes for an older one are dropped there), so nothing is held; while a
+    node that lookupd names does not answer, the hold lasts HOLD."""
+    node, transport, gets = started_with_peers(tmp_path, {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb"),
+                                                          "10.0.0.3:4151": peer("cccccccccccccccc", "0" * 16)})
+    assert "http://10.0.0.2:4151/replication" in gets.asked
+    assert delivered(node, transport) == [b"x", b"y"]
+    node.service.stopService()
+
+    # a node lookupd names that does not answer might hold some: HOLD, as when no lookupd answers
+    again, transport, _ = started_with_peers(tmp_path / "again", {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb"),
+                                                                  "10.0.0.3:4151": ConnectionRefusedError()})
+    again.reactor.advance(HOLD - 0.01)
+    assert delivered(again, transport) == []
+    again.reactor.advance(0.01)
+    assert delivered(again, transport) == [b"x", b"y"]
+    again.service.stopService()
+
+
+def test_a_start_waits_for_the_notes_a_replica_says_it_holds_until_its_notice_link_ends(tmp_path: Any) -> None:
+    """A replica whose answer names notes for this incarnation: the hold lasts past HOLD until its
+    notice link ended (what it names left out), and at most HOLD_MAX if it never comes."""
+    node, transport, _ = started_with_peers(tmp_path, {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb", OWNER_INCARNATION)})
+    node.reactor.advance(HOLD + 1)
+    assert delivered(node, transport) == []
+    link, _ = node.accept(peer="10.0.0.2")
+    link.dataReceived(encode_json(Kind.HELLO, {"node": "10.0.0.2:4151", "incarnation": "bbbbbbbbbbbbbbbb",
+                                               "role": "notice", "owner_incarnation": OWNER_INCARNATION})
+                      + encode_taken("t", "c", [mid(1)]))
+    assert delivered(node, transport) == []
+    link.connectionLost(Failure(ConnectionError("closed")))
+    assert delivered(node, transport) == [b"y"]
+    node.service.stopService()
+
+    again, transport, _ = started_with_peers(tmp_path / "again", {
+        "10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb", OWNER_INCARNATION)})
+    again.reactor.advance(HOLD_MAX - 0.01)
+    assert delivered(again, transport) == []
+    again.reactor.advance(0.01)
+    assert delivered(again, transport) == [b"x", b"y"]
+    again.service.stopService()
+
+
+def test_a_read_of_lookupd_that_ends_after_the_stop_changes_nothing(tmp_path: Any) -> None:
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    node.nsqd.get_topic("t").get_channel("c")
+    node.start()  # (no lookupd: the hold's HOLD runs)
+    node.service.stopService()
+    notes = {"notes": {"incarnation": OWNER_INCARNATION, "messages": 1}}
+    node.service.notices.peers_answered({"10.0.0.2:4151": notes}, [], OWNER_INCARNATION)
+    node.service.notices.notice_ended("10.0.0.2:4151")
+    assert not [c for c in node.reactor.getDelayedCalls() if c.active() and "_release_held" in repr(c)]
+
+
+def test_a_replica_answers_an_owner_asking_with_the_incarnation_its_notes_are_for(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """And sends them at its next tick, not after the next second's ask."""
+    owner, replica, pings = lost_and_taken_over(tmp_path, monkeypatch)
+    state = replica.service.owners["10.0.0.1:4151"]
+    state.noted_at = owner.reactor.seconds()
+    assert "notes" not in replica.service.info(owner="10.0.0.9:4151")
+    assert replica.service.info(owner="10.0.0.1:4151")["notes"] == {"incarnation": OWNER_INCARNATION, "messages": 3}
+    asked = len(pings.asked_incarnation)
+    owner.reactor.advance(0.25)
+    assert len(pings.asked_incarnation) == asked + 1
+    owner.service.stopService()
+    replica.service.stopService()
 
 
 def test_notes_of_an_owner_that_does_not_come_back_are_dropped_after_a_day(tmp_path: Any, monkeypatch: Any) -> None:
