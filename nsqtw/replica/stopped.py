@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from twisted.internet.defer import ensureDeferred
@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
-from nsqtw.storage.atomic import atomic_write
+from nsqtw.storage.atomic import atomic_write, fsync_dir
 
 __all__ = ["SAVE_TIMEOUT", "STOPPED_FILE", "read_stopped", "save_own_logs"]
 
@@ -54,9 +54,10 @@ async def _save(lane: IDiskExecutor, data_path: str, owns: list[Any], incomplete
     await lane.submit(atomic_write, os.path.join(data_path, STOPPED_FILE), data)
 
 
-def read_stopped(data_path: str) -> set[str] | None:
+def read_stopped(data_path: str, sync_dir: Callable[[str], None] = fsync_dir) -> set[str] | None:
     """Disk thread: the topics :data:`STOPPED_FILE` names incomplete, None without it (the last run
-    did not stop cleanly). The file is removed: a crash of this run must not read as a clean stop."""
+    did not stop cleanly). The file is removed, and the removal synced to the directory before the
+    own logs are read: a crash of this run, a power loss included, must not read as a clean stop."""
     path = os.path.join(data_path, STOPPED_FILE)
     try:
         with open(path, "rb") as f:
@@ -64,6 +65,7 @@ def read_stopped(data_path: str) -> set[str] | None:
     except FileNotFoundError:
         return None
     os.remove(path)
+    sync_dir(data_path)
     try:
         value = json.loads(data)
         return {str(t) for t in value["incomplete"]}

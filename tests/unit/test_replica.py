@@ -62,7 +62,7 @@ from nsqtw.replica.records import (
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
 from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
-from nsqtw.replica.stopped import SAVE_TIMEOUT, STOPPED_FILE
+from nsqtw.replica.stopped import SAVE_TIMEOUT, STOPPED_FILE, read_stopped
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
     EPOCH,
@@ -2237,6 +2237,16 @@ def test_an_owner_without_durable_delivery_reads_its_own_log_back_after_a_clean_
     crashed = plain_owner_restarted(tmp_path / "crash", crash)
     assert crashed.service.owner.own == {} and crashed.service.owner.incomplete == {"t", "u"}
     crashed.service.stopService()
+
+
+def test_the_marks_removal_reaches_the_directory_before_the_own_logs_are_read(tmp_path: Any) -> None:
+    """A power loss after a start must not bring the mark back: its removal is synced to the data
+    directory before read_stopped returns (and the own logs are read)."""
+    (tmp_path / STOPPED_FILE).write_bytes(b'{"incomplete": ["u"]}')
+    synced: list[tuple[str, bool]] = []
+    found = read_stopped(str(tmp_path), sync_dir=lambda path: synced.append((path, (tmp_path / STOPPED_FILE).exists())))
+    assert found == {"u"} and synced == [(str(tmp_path), False)]
+    assert read_stopped(str(tmp_path), sync_dir=lambda path: synced.append((path, True))) is None and len(synced) == 1
 
 
 def test_a_clean_stop_whose_own_log_writes_hang_goes_on_without_the_mark(tmp_path: Any, monkeypatch: Any) -> None:
