@@ -217,11 +217,14 @@ class LookupPeer:
         return d if d is not None else succeed(None)
 
     def connected(self, connection: LookupPeerProtocol) -> None:
-        """IDENTIFY was answered: register everything this node has."""
+        """IDENTIFY was answered: register everything this node has, then tell those who read the
+        lookupds' HTTP addresses (:attr:`Lookup.identified`)."""
         self.connection = connection
         for command, text in self.lookup.registrations():
             self.log.info("LOOKUPD({peer}): {command}", peer=self.address, command=text)
             connection.send(command, text)
+        for identified in self.lookup.identified:
+            identified()
 
     def disconnected(self, connection: LookupPeerProtocol) -> None:
         if self.connection is connection:
@@ -255,6 +258,9 @@ class Lookup(Service):
         self.connect = connect
         self.hostname = socket.gethostname() if hostname is None else hostname
         self.peers: dict[str, LookupPeer] = {}
+        #: called each time a lookupd answers IDENTIFY (its HTTP address known from then on: see
+        #: :meth:`lookupd_http_addresses`); ``--replicas=2`` reads its /nodes at once
+        self.identified: list[Callable[[], None]] = []
         #: nsqd bounds lookupd answers by --max-body-size
         self.max_response_size = int(getattr(nsqd.options, "max_body_size", 5 * 1024 * 1024))
         self._heartbeat = LoopingCall(self.heartbeat)

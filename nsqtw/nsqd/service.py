@@ -206,8 +206,10 @@ class NSQDService(MultiService):
             # after lookup: it finds its peers through it, and stops first
             from nsqtw.replica.service import ReplicationService
 
-            ReplicationService(self.nsqd, reactor, options, lookup.lookupd_http_addresses,  # type: ignore[no-untyped-call]
-                               self.data_path, lambda: self._lane("replica-standby")).setServiceParent(self)
+            replication = ReplicationService(self.nsqd, reactor, options, lookup.lookupd_http_addresses,
+                                             self.data_path, lambda: self._lane("replica-standby"))
+            replication.setServiceParent(self)  # type: ignore[no-untyped-call]
+            lookup.identified.append(replication.lookupd_identified)
 
     def _http_site(self) -> Factory[Any]:
         """The HTTP listener's factory, made at its first connection."""

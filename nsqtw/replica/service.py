@@ -226,6 +226,12 @@ class ReplicationService(Service):
             await save_own_logs(self._executor_lane(), self.data_path, self.owner.own.values(), self.owner.incomplete,
                                 self.reactor)
 
+    def lookupd_identified(self) -> None:
+        """A lookupd answered this node's IDENTIFY: its /nodes read now, not at the next poll (the
+        candidates, and the end of a start's hold, a second sooner)."""
+        if self.running:
+            self.choice.poll()
+
     def own_address(self) -> str:
         o = self.options
         return f"{o.broadcast_address}:{o.broadcast_http_port or self.nsqd.http_port}"

@@ -107,6 +107,16 @@ class LookupClientTests(SynchronousTestCase):
                                                reg("channel", "t", "c2"), reg("topic", "lonely")})
         self.assertEqual(self.c.addresses, ["lookupd:4160"])
 
+    def test_identified_hooks_are_told_once_the_lookupds_http_address_is_known(self) -> None:
+        """--replicas=2 reads lookupd's /nodes as soon as it answered IDENTIFY (its HTTP address)."""
+        seen: list[list[str]] = []
+        self.c.lookup.identified.append(lambda: seen.append(self.c.lookup.lookupd_http_addresses()))
+        self.c.lookup.startService()
+        self.assertEqual(seen, [])
+        self.c.flush()
+        self.assertEqual(len(seen), 1)
+        self.assertTrue(seen[0] and seen[0] == self.c.lookup.lookupd_http_addresses())
+
     def test_an_attempt_cancelled_by_the_stop_is_not_an_error(self) -> None:
         """A node stopped while it is still connecting (a start that failed on its port stops at
         once) says nothing about that attempt; one that fails while running is an error line."""

@@ -377,6 +377,28 @@ def test_a_start_delivers_at_once_when_no_replica_holds_notes_for_this_incarnati
     again.service.stopService()
 
 
+def test_a_lookupd_that_answers_identify_after_the_start_is_read_at_once(tmp_path: Any) -> None:
+    """The node learns a lookupd's HTTP address from its IDENTIFY answer, after the start's first
+    read found none: it reads /nodes then, and the hold ends, not a poll later."""
+    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
+    node.nsqd.get_topic("t").get_channel("c")
+    node.nsqd.get_topic("t").publish([1], [b"x"], NOW_NS, 0.0)
+    gets = Gets({"http://lookupd:4161/nodes": nodes("10.0.0.1:4151", "10.0.0.2:4151"),
+                 "http://10.0.0.2:4151/replication": peer("bbbbbbbbbbbbbbbb")})
+    node.service.choice._get = gets
+    known: list[str] = []
+    node.service.choice.lookupd_addresses = lambda: known
+    node.start()
+    proto, transport = connect(node.nsqd, node.reactor)
+    proto.dataReceived(b"SUB t c\nRDY 10\n")
+    assert delivered(node, transport) == [] and gets.asked == []
+    known.append("lookupd:4161")
+    node.service.lookupd_identified()
+    assert gets.asked == ["http://lookupd:4161/nodes", "http://10.0.0.2:4151/replication"]
+    assert delivered(node, transport) == [b"x"]
+    node.service.stopService()
+
+
 def test_a_start_waits_for_the_notes_a_replica_says_it_holds_until_its_notice_link_ends(tmp_path: Any) -> None:
     """A replica whose answer names notes for this incarnation: the hold lasts past HOLD until its
     notice link ended (what it names left out), and at most HOLD_MAX if it never comes."""
