@@ -293,7 +293,8 @@ def test_an_owner_linking_back_is_told_without_waiting_for_the_next_ask(tmp_path
 
 def test_a_start_holds_the_delivery_of_the_topics_it_found_for_a_moment(tmp_path: Any) -> None:
     """So that a replica's notes come before the owner delivers what they name: the channels a start
-    finds deliver nothing for HOLD seconds; channels made afterwards are not held."""
+    finds deliver nothing for HOLD seconds (no lookupd answers here); channels made afterwards are not
+    held."""
     node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
     node.nsqd.get_topic("t").get_channel("c")
     node.nsqd.get_topic("t").publish([1, 2], [b"x", b"y"], NOW_NS, 0.0)
