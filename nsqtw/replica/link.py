@@ -86,13 +86,12 @@ class Link(Protocol):
     role = ACCEPT
 
     def __init__(self, handler: LinkHandler, clock: IReactorTime, beat: float = BEAT_INTERVAL,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, nonces: tuple[bytes, bytes] = (b"", b"")) -> None:
         self.handler = handler
         #: the cluster's replica secret (``--replica-secret-file``), None: peers are not asked to prove it
         self.secret = secret
-        #: this side's nonce and the peer's, as the upgrade's head carried them
-        self.own_nonce = new_nonce()
-        self.peer_nonce = b""
+        #: this side's nonce and the peer's, as the upgrade's head carries them (b"": none)
+        self.own_nonce, self.peer_nonce = nonces
         #: a secret is set and the peer's PROOF has not come yet: nothing of it is taken
         self.proving = False
         #: the peer could not prove it knows the secret: nothing more is read
@@ -282,7 +281,7 @@ class OwnerLink(Link):
 
     def __init__(self, handler: LinkHandler, clock: IReactorTime, host: str, beat: float = BEAT_INTERVAL,
                  secret: bytes | None = None) -> None:
-        super().__init__(handler, clock, beat, secret)
+        super().__init__(handler, clock, beat, secret, (new_nonce(), b""))  # (the peer's comes in its 101)
         self.host = host
         self._head = b""
 
@@ -336,9 +335,7 @@ def accepted_link(handler: LinkHandler, clock: IReactorTime, transport: Any, bea
                   secret: bytes | None = None, nonces: tuple[bytes, bytes] = (b"", b"")) -> Link:
     """The answering end of a link whose upgrade its HTTP channel just answered; ``nonces``: its own,
     sent in the ``101``, and the one the request carried (:func:`accept_nonces`)."""
-    link = Link(handler, clock, beat, secret)
-    if nonces[0]:
-        link.own_nonce, link.peer_nonce = nonces
+    link = Link(handler, clock, beat, secret, nonces)
     link.makeConnection(transport)  # type: ignore[no-untyped-call]
     link.records_begin()
     return link
