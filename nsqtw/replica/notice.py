@@ -123,17 +123,18 @@ class Notices:
         if self._awaited:
             self.log.info("REPLICATION: {replicas} delivered messages of this node while it was away: delivery"
                           " held until they have said which", replicas=sorted(self._awaited))
-            self._release.cancel()
-            self._release = self.reactor.callLater(
-                max(0.0, self._held_at + HOLD_MAX - self.reactor.seconds()), self._release_held,
-                f"the notes of {', '.join(sorted(self._awaited))} did not come within {HOLD_MAX:g}s")
+            self._release_after(HOLD_MAX, f"the notes of {', '.join(sorted(self._awaited))} did not come within"
+                                          f" {HOLD_MAX:g}s")
         elif failed:
-            self._release.cancel()
-            self._release = self.reactor.callLater(
-                max(0.0, self._held_at + HOLD - self.reactor.seconds()), self._release_held,
-                f"{', '.join(sorted(failed))} did not answer")
+            self._release_after(HOLD, f"{', '.join(sorted(failed))} did not answer")
         else:
             self._release_held("the replicas' notes came" if self._told else "no replica holds notes for this node")
+
+    def _release_after(self, seconds: float, why: str) -> None:
+        """The hold ends ``seconds`` after the start instead (at once if that is past), for ``why``."""
+        self._release.cancel()
+        self._release = self.reactor.callLater(max(0.0, self._held_at + seconds - self.reactor.seconds()),
+                                               self._release_held, why)
 
     def notice_ended(self, replica: str) -> None:
         """A notice link from ``replica`` ended (its notes taken, or it went: it tries again later)."""

@@ -329,16 +329,20 @@ def test_a_start_holds_a_topic_it_found_without_channels_from_those_made_meanwhi
     node.service.stopService()
 
 
-def started_with_peers(tmp_path: Any, peers: dict[str, Any]) -> tuple[Node, Any, Gets]:
+def started_with_peers(tmp_path: Any, peers: dict[str, Any],
+                       lookupds: list[str] | None = None) -> tuple[Node, Any, Gets]:
     """A node started on a topic ``t`` with channel ``c`` holding two messages, whose lookupd names
-    the ``peers`` (address -> its ``/replication`` answer); a consumer on ``t/c`` with RDY 10."""
+    the ``peers`` (address -> its ``/replication`` answer); a consumer on ``t/c`` with RDY 10.
+    ``lookupds``: the HTTP addresses of the lookupds known (read as the node reads them: a list
+    the test may add to later), ``lookupd:4161`` unless given."""
     node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
     node.nsqd.get_topic("t").get_channel("c")
     node.nsqd.get_topic("t").publish([1, 2], [b"x", b"y"], NOW_NS, 0.0)
     gets = Gets({"http://lookupd:4161/nodes": nodes("10.0.0.1:4151", *peers),
                  **{f"http://{a}/replication": answer for a, answer in peers.items()}})
     node.service.choice._get = gets
-    node.service.choice.lookupd_addresses = lambda: ["lookupd:4161"]
+    known = ["lookupd:4161"] if lookupds is None else lookupds
+    node.service.choice.lookupd_addresses = lambda: known
     node.start()
     proto, transport = connect(node.nsqd, node.reactor)
     proto.dataReceived(b"SUB t c\nRDY 10\n")
@@ -358,6 +362,14 @@ def delivered(node: Node, transport: Any) -> list[bytes]:
     return sorted(decode_message_frame(p)[3] for t, p in take_frames(transport) if t == FRAME_TYPE_MESSAGE)
 
 
+def delivered_from(node: Node, transport: Any, seconds: float) -> list[bytes]:
+    """What the consumer gets once ``seconds`` after the start are up, having got nothing before."""
+    node.reactor.advance(seconds - 0.01)
+    assert delivered(node, transport) == []
+    node.reactor.advance(0.01)
+    return delivered(node, transport)
+
+
 def test_a_start_delivers_at_once_when_no_replica_holds_notes_for_this_incarnation(tmp_path: Any) -> None:
     """Its first read of lookupd asks every node's /replication with ?owner=: none holds notes for
     this node's incarnation (notes for an older one are dropped there), so nothing is held; while a
@@ -371,32 +383,20 @@ def test_a_start_delivers_at_once_when_no_replica_holds_notes_for_this_incarnati
     # a node lookupd names that does not answer might hold some: HOLD, as when no lookupd answers
     again, transport, _ = started_with_peers(tmp_path / "again", {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb"),
                                                                   "10.0.0.3:4151": ConnectionRefusedError()})
-    again.reactor.advance(HOLD - 0.01)
-    assert delivered(again, transport) == []
-    again.reactor.advance(0.01)
-    assert delivered(again, transport) == [b"x", b"y"]
+    assert delivered_from(again, transport, HOLD) == [b"x", b"y"]
     again.service.stopService()
 
 
 def test_a_lookupd_that_answers_identify_after_the_start_is_read_at_once(tmp_path: Any) -> None:
     """The node learns a lookupd's HTTP address from its IDENTIFY answer, after the start's first
     read found none: it reads /nodes then, and the hold ends, not a poll later."""
-    node = Node(tmp_path, address="10.0.0.1", incarnation=OWNER_INCARNATION, start=False)
-    node.nsqd.get_topic("t").get_channel("c")
-    node.nsqd.get_topic("t").publish([1], [b"x"], NOW_NS, 0.0)
-    gets = Gets({"http://lookupd:4161/nodes": nodes("10.0.0.1:4151", "10.0.0.2:4151"),
-                 "http://10.0.0.2:4151/replication": peer("bbbbbbbbbbbbbbbb")})
-    node.service.choice._get = gets
     known: list[str] = []
-    node.service.choice.lookupd_addresses = lambda: known
-    node.start()
-    proto, transport = connect(node.nsqd, node.reactor)
-    proto.dataReceived(b"SUB t c\nRDY 10\n")
+    node, transport, gets = started_with_peers(tmp_path, {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb")}, known)
     assert delivered(node, transport) == [] and gets.asked == []
     known.append("lookupd:4161")
     node.service.lookupd_identified()
     assert gets.asked == ["http://lookupd:4161/nodes", "http://10.0.0.2:4151/replication"]
-    assert delivered(node, transport) == [b"x"]
+    assert delivered(node, transport) == [b"x", b"y"]
     node.service.stopService()
 
 
@@ -417,10 +417,7 @@ def test_a_start_waits_for_the_notes_a_replica_says_it_holds_until_its_notice_li
 
     again, transport, _ = started_with_peers(tmp_path / "again", {
         "10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb", OWNER_INCARNATION)})
-    again.reactor.advance(HOLD_MAX - 0.01)
-    assert delivered(again, transport) == []
-    again.reactor.advance(0.01)
-    assert delivered(again, transport) == [b"x", b"y"]
+    assert delivered_from(again, transport, HOLD_MAX) == [b"x", b"y"]
     again.service.stopService()
 
 
