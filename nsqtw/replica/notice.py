@@ -22,9 +22,11 @@ the notes come before it delivers any of them, a node with
 for it: its first read of lookupd asks every node ``GET /replication?owner=``
 (:class:`~nsqtw.replica.choice.Choice`), whose answer names the incarnation
 its notes are for (:func:`notes_info`). None for this incarnation: the
-delivery starts at once; some: once each of those replicas' notice links
-has ended, :data:`HOLD_MAX` seconds after the start at most. Lookupd not
-read: :data:`HOLD` seconds, as it cannot tell.
+delivery starts at once; some: once all the notes of each of those
+replicas have come (a notice link's ``HELLO`` says how many records it
+carries: one that breaks before they came keeps the hold, and the replica
+sends them again), :data:`HOLD_MAX` seconds after the start at most.
+Lookupd not read: :data:`HOLD` seconds, as it cannot tell.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from nsqtw.replica.choice import http_get
 from nsqtw.replica.journal import remove_files
 from nsqtw.replica.link import Link, beat_interval, open_link
 from nsqtw.replica.ownerstate import OwnerState
-from nsqtw.replica.records import Kind, decode_ack, encode_json, encode_taken, frame, split_records
+from nsqtw.replica.records import Kind, decode_ack, decode_fin, encode_json, encode_taken, frame, split_records
 from nsqtw.storage.atomic import atomic_write
 
 __all__ = ["HOLD", "HOLD_MAX", "NOTES_KEPT", "NOTES_SUFFIX", "NOTE_IDS", "Notices", "notes_file", "notes_path",
@@ -87,6 +89,8 @@ class Notices:
         #: notice links that ended meanwhile (notes may come before the answer that names them)
         self._awaited: set[str] | None = None
         self._told: set[str] = set()
+        #: the notes read so far on each notice link open to this node
+        self._read: dict[Link, int] = {}
 
     def hold(self, nsqd: Any) -> None:
         """At a start, before the node serves: the channels of the topics it found deliver nothing
@@ -136,8 +140,31 @@ class Notices:
         self._release = self.reactor.callLater(max(0.0, self._held_at + seconds - self.reactor.seconds()),
                                                self._release_held, why)
 
+    def notice_record(self, nsqd: Any, link: Link, kind: int, payload: bytes) -> int:
+        """A record on a notice link to this node (``TAKEN`` only): what it names is left out here
+        (:func:`taken_elsewhere`). Returns how many IDs it named."""
+        if kind != Kind.TAKEN:
+            raise ValueError(f"record {kind} on a notice link")
+        assert link.hello is not None  # (a notice link is one whose HELLO said so)
+        self._read[link] = self._read.get(link, 0) + 1
+        return taken_elsewhere(nsqd, str(link.hello["node"]), *decode_fin(payload))
+
+    def notice_lost(self, link: Link) -> None:
+        """A notice link to this node ended. Its ``HELLO`` says how many notes it carries: all of
+        them read, the replica's notes came (:meth:`notice_ended`); fewer (the link broke on the
+        way), the hold goes on, as the replica sends them all again at its next ask."""
+        assert link.hello is not None
+        read = self._read.pop(link, 0)
+        replica, count = str(link.hello["node"]), link.hello.get("records")
+        if not isinstance(count, int) or read >= count:  # (a replica that does not say: whole)
+            self.notice_ended(replica)
+        elif self._release is not None:
+            self.log.warn("REPLICATION({replica}): its notice link ended after {read} of its {count} records"
+                          " of notes: delivery still held until it sends them again", replica=replica, read=read,
+                          count=count)
+
     def notice_ended(self, replica: str) -> None:
-        """A notice link from ``replica`` ended (its notes taken, or it went: it tries again later)."""
+        """All the notes of ``replica`` came, on a notice link that ended."""
         if self._release is None:
             return
         self._told.add(replica)
@@ -245,7 +272,7 @@ class Notices:
                 self.forget(state, "back without its data")
                 return
             records, count = state.notes, state.noted
-            hello = {**self.hello(), "role": "notice", "owner_incarnation": incarnation}
+            hello = {**self.hello(), "role": "notice", "owner_incarnation": incarnation, "records": len(records)}
             if not await send_notice(self.reactor, state.host, state.http_port, hello, records, self.timeout,
                                      self.secret):
                 return

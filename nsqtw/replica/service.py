@@ -39,7 +39,7 @@ from nsqtw.replica.choice import Choice, http_get
 from nsqtw.replica.disklog import STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, Found, parse_entries, read_logs, remove_files
 from nsqtw.replica.link import Link, accept_nonces, accepted_link, beat_interval
-from nsqtw.replica.notice import Notices, is_notice, notes_info, read_notes, taken_elsewhere
+from nsqtw.replica.notice import Notices, is_notice, notes_info, read_notes
 from nsqtw.replica.owner import OwnerSide
 from nsqtw.replica.ownerstate import INCARNATION_FILE, OwnerState, incarnation_of
 from nsqtw.replica.proof import read_secret
@@ -317,9 +317,7 @@ class ReplicationService(Service):
             self._hello(link, decode_json(payload))
             return
         if link.hello is not None and link.hello.get("role") == "notice":
-            if kind != Kind.TAKEN:
-                raise ValueError(f"record {kind} on a notice link")
-            self.taken_elsewhere += taken_elsewhere(self.nsqd, str(link.hello["node"]), *decode_fin(payload))
+            self.taken_elsewhere += self.notices.notice_record(self.nsqd, link, kind, payload)
             return
         state = self._state_of(link)
         if state is None:
@@ -451,7 +449,7 @@ class ReplicationService(Service):
 
     def link_lost(self, link: Link, reason: str) -> None:
         if link.hello is not None and link.hello.get("role") == "notice":
-            self.notices.notice_ended(str(link.hello["node"]))
+            self.notices.notice_lost(link)
         state = self._state_of(link)
         if state is not None and state.link is link:
             state.link = None

@@ -226,9 +226,14 @@ def test_an_owner_back_on_its_disk_is_told_and_delivers_none_of_what_its_replica
     owner.reactor.advance(1.0)
     owner.reactor.advance(0)
     assert len(owner.reactor.tcpClients) == clients + 1
+    ended: list[dict[str, Any]] = []
+    notice_lost = owner.service.notices.notice_lost
+    monkeypatch.setattr(owner.service.notices, "notice_lost", lambda link: [ended.append(link.hello),
+                                                                             notice_lost(link)])
     pump = notice_joined(owner.reactor, owner)
     pump.flush()
     assert owner.service.taken_elsewhere == 3 and owner.service.node_stats()["taken_elsewhere"] == 3
+    assert [h["records"] for h in ended] == [1]  # (how many records of notes it carried: all read)
     assert state.notes == [] and state.noted == 0 and not os.path.exists(path)
     assert owner_messages(owner) == []  # every message was the replica's to deliver
     owner.service.stopService()
@@ -419,6 +424,25 @@ def test_a_start_waits_for_the_notes_a_replica_says_it_holds_until_its_notice_li
         "10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb", OWNER_INCARNATION)})
     assert delivered_from(again, transport, HOLD_MAX) == [b"x", b"y"]
     again.service.stopService()
+
+
+def test_a_notice_link_that_breaks_before_all_its_notes_came_keeps_the_hold(tmp_path: Any) -> None:
+    """Its HELLO says how many records of notes it carries: a link that ends after fewer leaves the
+    delivery held (what came is left out already); the replica's next link, with them all, ends it."""
+    node, transport, _ = started_with_peers(tmp_path, {"10.0.0.2:4151": peer("bbbbbbbbbbbbbbbb", OWNER_INCARNATION)})
+    hello = encode_json(Kind.HELLO, {"node": "10.0.0.2:4151", "incarnation": "bbbbbbbbbbbbbbbb", "role": "notice",
+                                     "owner_incarnation": OWNER_INCARNATION, "records": 2})
+    broken, _ = node.accept(peer="10.0.0.2")
+    broken.dataReceived(hello + encode_taken("t", "c", [mid(1)]))
+    broken.connectionLost(Failure(ConnectionError("reset by peer")))
+    node.reactor.advance(HOLD + 1)
+    assert delivered(node, transport) == []
+    link, _ = node.accept(peer="10.0.0.2")
+    link.dataReceived(hello + encode_taken("t", "c", [mid(1)]) + encode_taken("t", "c", [mid(2)]))
+    link.connectionLost(Failure(ConnectionError("closed")))
+    assert delivered(node, transport) == []  # both named: none left to deliver here
+    assert node.service.taken_elsewhere == 3 and node.nsqd.topics["t"].channels["c"].depth() == 0
+    node.service.stopService()
 
 
 def test_a_read_of_lookupd_that_ends_after_the_stop_changes_nothing(tmp_path: Any) -> None:
