@@ -301,8 +301,8 @@ class OwnerSide:
             return
         for owing, group in groupby(handed, key=itemgetter(0)):
             run = list(group)
-            data = b"".join(pub_messages([v], [body], ts, 0.0) for _, v, ts, body in run)
-            values, sizes = [v for _, v, _, _ in run], [len(body) for *_, body in run]
+            data = b"".join(pub_messages([v], [body], ts, delay_ms / 1000) for _, v, ts, body, delay_ms in run)
+            values, sizes = [v for _, v, *_ in run], [len(body) for _, _, _, body, _ in run]
             if owing:
                 own.add_snapshot(data, values, sizes, list(owing))
             else:

@@ -206,7 +206,7 @@ def select_messages(data: bytes, values: set[int]) -> bytes:
 
 def pub_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int, delay: float) -> bytes:
     """Messages back to back as a PUB record (and a standby's log) holds them."""
-    delay_ms = int(delay * 1000)
+    delay_ms = round(delay * 1000)  # (int() would make a DPUB of 1001 ms one of 1000: 1.001 * 1000 < 1001)
     parts: list[bytes] = []
     for value, body in zip(values, bodies, strict=True):
         parts.append(_MSG.pack(value, timestamp, delay_ms, len(body)))

@@ -42,7 +42,7 @@ from nsqtw.replica.journal import (
 )
 from nsqtw.replica.records import MESSAGE_HEADER, read_messages
 
-__all__ = ["TAKEOVER_SLICE", "Handed", "Standby"]
+__all__ = ["TAKEOVER_SLICE", "Handed", "Standby", "still_due"]
 
 #: messages handed in per reactor turn at a takeover
 TAKEOVER_SLICE: Final = 4096
@@ -51,8 +51,18 @@ _CUT_MIN: Final = 4096
 
 
 #: a message a takeover handed in: the channels it went to (none: the topic), its new ID value, its
-#: timestamp and body
-Handed = tuple[tuple[str, ...], int, int, bytes]
+#: timestamp, body and DPUB delay in milliseconds (from the timestamp, as the owner's PUB record has it)
+Handed = tuple[tuple[str, ...], int, int, bytes, int]
+
+
+def still_due(timestamp: int, delay_ms: int, now: float) -> float:
+    """Seconds a DPUB message published at ``timestamp`` (ns) with ``delay_ms`` still waits at ``now``:
+    what is left of its delay (none once it is due; never more than the whole delay, whatever the
+    skew between the owner's clock and this node's)."""
+    if delay_ms <= 0:
+        return 0.0
+    delay = delay_ms / 1000
+    return min(delay, max(0.0, timestamp / 1e9 + delay - now))
 
 
 class _Debt:
@@ -477,7 +487,7 @@ class Standby:
             first, data = read
             out: list[Handed] = []
             owners: dict[str, list[bytes]] = {}
-            steps = self._hand_in(topic, first, data, nsqd.guid.new_value, out, owners)
+            steps = self._hand_in(topic, first, data, nsqd.guid.new_value, out, owners, nsqd.clock.seconds())
 
             def turn() -> None:
                 try:
@@ -510,8 +520,9 @@ class Standby:
         return done
 
     def _hand_in(self, topic: Any, first: int, data: bytes, new_id: Callable[[], int],
-                 out: list[Handed], owners: dict[str, list[bytes]]) -> Generator[int, None, None]:
-        """One segment's messages: each one still owed goes into the channels owing it.
+                 out: list[Handed], owners: dict[str, list[bytes]], now: float) -> Generator[int, None, None]:
+        """One segment's messages: each one still owed goes into the channels owing it, a DPUB
+        deferred for what is left of its delay at ``now``.
 
         Each gets a new ID (``new_id``: this node's generator), the same in
         every channel, as a message published here would. The owner's ID
@@ -521,7 +532,7 @@ class Standby:
         channel, where the copy would be dropped as a duplicate in flight.
         """
         arrival = first
-        for value, timestamp, _delay, body in read_messages(data):
+        for value, timestamp, delay_ms, body in read_messages(data):
             i = arrival - self.base
             arrival += 1
             if i < 0 or i >= len(self.values) or self.done[i] or self.values[i] != value:
@@ -535,14 +546,18 @@ class Standby:
                         owners.setdefault(name, []).append(b"%016x" % value)
                     value = new_id()
                     message_data = b"%016x%b" % (value, body)
+                    wait = still_due(timestamp, delay_ms, now)
                     for name in owing:
-                        topic.get_channel(name).put_many([Message(message_data, timestamp)])
-                    out.append((tuple(owing), value, timestamp, body))
+                        if wait:
+                            topic.get_channel(name).put_deferred(Message(message_data, timestamp), wait)
+                        else:
+                            topic.get_channel(name).put_many([Message(message_data, timestamp)])
+                    out.append((tuple(owing), value, timestamp, body, delay_ms))
                 handed = 1 if owing else 0  # (arrived before every channel that exists: nobody's)
             else:
                 owners.setdefault("", []).append(b"%016x" % value)
                 value = new_id()
-                topic.publish([value], [body], timestamp, 0.0)
-                out.append(((), value, timestamp, body))
+                topic.publish([value], [body], timestamp, still_due(timestamp, delay_ms, now))
+                out.append(((), value, timestamp, body, delay_ms))
             self._mark_done(i)
             yield handed

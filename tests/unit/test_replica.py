@@ -61,7 +61,7 @@ from nsqtw.replica.records import (
     split_records,
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
-from nsqtw.replica.standby import TAKEOVER_SLICE, Standby
+from nsqtw.replica.standby import TAKEOVER_SLICE, Standby, still_due
 from nsqtw.replica.stopped import SAVE_TIMEOUT, STOPPED_FILE, read_stopped
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
@@ -1119,17 +1119,52 @@ def test_a_taken_over_copy_never_meets_an_id_of_this_nodes_own(tmp_path: Any) ->
     assert len(nsqd.topics["t"].channels["a"].in_flight.live) == 2
 
 
-def test_a_taken_over_dpub_is_ready_at_once(tmp_path: Any) -> None:
-    """docs/replication.md, "What it does not do yet": a taken-over DPUB is ready at once (its delay,
-    carried in the PUB record, is not kept); its timestamp and body are."""
+def test_a_taken_over_dpub_waits_what_is_left_of_its_delay(tmp_path: Any) -> None:
+    """The PUB record carries a DPUB's delay (from its timestamp): taken over, the message is deferred
+    for what is left of it, in each owing channel and in a topic without channels, and goes into the
+    replica's own log with its delay (a later takeover of that log defers it too); one already due
+    is ready at once. Timestamps and bodies are the owner's."""
     nsqd, clock = make_nsqd()
     s = make_standby(tmp_path)
     s.channel("a", True)
-    add(s, 1, delay=3600.0, timestamp=NOW_NS - 5)
-    take(s, nsqd, clock)
-    channel = nsqd.topics["t"].channels["a"]
-    assert [(m.body, m.timestamp) for m in channel.memory] == [(b"m1", NOW_NS - 5)]
-    assert len(channel.deferred) == 0
+    s.channel("b", True)
+    add(s, 1, delay=3600.001, timestamp=NOW_NS - 600 * 10**9)  # published 10 minutes ago
+    add(s, 2, delay=5.0, timestamp=NOW_NS - 6 * 10**9)  # due a second ago
+    handed: list[Any] = []
+    d = s.take_over(nsqd, handed.extend)
+    for _ in range(5):
+        clock.advance(0)
+    assert d.called
+    for name in ("a", "b"):
+        channel = nsqd.topics["t"].channels[name]
+        assert [(m.body, m.timestamp) for m in channel.memory] == [(b"m2", NOW_NS - 6 * 10**9)]
+        assert [(m.body, m.timestamp) for m in channel.deferred.live.values()] == [(b"m1", NOW_NS - 600 * 10**9)]
+    assert [(body, delay_ms) for *_, body, delay_ms in handed] == [(b"m1", 3600001), (b"m2", 5000)]
+    clock.advance(3000.0)
+    assert [m.body for m in nsqd.topics["t"].channels["a"].memory] == [b"m2"]
+    clock.advance(0.002)
+    assert [m.body for m in nsqd.topics["t"].channels["a"].memory] == [b"m2", b"m1"]
+
+    (tmp_path / "bare").mkdir()
+    bare = make_standby(tmp_path / "bare", topic="u")
+    add(bare, 3, delay=60.0, timestamp=NOW_NS + 3000 * 10**9)  # (the clock moved on since)
+    assert take(bare, nsqd, clock) == 1
+    topic = nsqd.topics["u"]
+    channel = topic.get_channel("c")  # made once the topic holds it: copied with its due time
+    for _ in range(3):
+        clock.advance(0)
+    assert not channel.memory and [m.body for m in channel.deferred.live.values()] == [b"m3"]
+
+    node = Node(tmp_path / "node", address="10.0.0.1", incarnation="aaaaaaaaaaaaaaaa")
+    node.service.owner.own["t"] = own = node.service._own_log("t")
+    node.service.owner.taken_over("t", handed)
+    got: list[Any] = []
+    own.disk.read(0).addCallback(got.append)
+    [(_, data)] = got
+    assert [(body, delay_ms) for _, _, delay_ms, body in read_messages(data)] == [(b"m1", 3600001), (b"m2", 5000)]
+    node.service.stopService()
+    # an owner's clock ahead of this node's: never more than the whole delay
+    assert still_due(NOW_NS + 10**12, 60_000, EPOCH) == 60.0 and still_due(NOW_NS, 0, EPOCH) == 0.0
 
 
 # -- NSQD with a fake IReplication ----------------------------------------------------------------------
