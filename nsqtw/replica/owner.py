@@ -45,8 +45,9 @@ from nsqtw.replica.standby import Handed, Standby
 
 __all__ = ["OwnerSide", "Pending", "PeerLink", "SNAP_IDS_MAX"]
 
-#: ID values per SNAP_IDS record at most (512 KiB of record)
-SNAP_IDS_MAX = 65536
+#: ID values per SNAP_IDS record at most (128 KiB of record): the replica handles a record in one
+#: reactor turn (:meth:`~nsqtw.replica.standby.Standby.confirm`), and the next goes once it is acked
+SNAP_IDS_MAX = 16384
 
 
 class Pending:

@@ -55,7 +55,7 @@ from nsqtw.replica.records import (
     select_messages,
     split_pub,
 )
-from nsqtw.replica.standby import Standby
+from nsqtw.replica.standby import Standby, unheld
 from nsqtw.replica.stopped import read_stopped, save_own_logs
 
 __all__ = ["INCARNATION_FILE", "ReplicationService", "incarnation_of"]  # (the first and last: ownerstate.py)
@@ -335,7 +335,7 @@ class ReplicationService(Service):
         elif kind == Kind.SNAP_IDS:  # held ones confirmed as a SNAP's are; the others asked for
             topic, owing, values = decode_snap_ids(payload)
             state.touched.add(topic)
-            if lacking := [v for v in values if not any(s.confirm(v, owing) for s in state.held(topic))]:
+            if lacking := unheld(state.held(topic), values, owing):
                 link.send(encode_need(topic, lacking))
         elif kind == Kind.FIN:
             topic, channel, ids = decode_fin(payload)
@@ -388,7 +388,8 @@ class ReplicationService(Service):
         """Messages of the owner's topic from before this node held its copies: those not held yet go
         to a standby of their own (its IDs stay in order), owed by the channels the owner named."""
         held = state.held(topic)
-        fresh = [i for i, v in enumerate(values) if not any(s.confirm(v, owing) for s in held)]
+        lacking = set(unheld(held, values, owing))
+        fresh = [i for i, v in enumerate(values) if v in lacking]
         if not fresh:
             return
         if len(fresh) < len(values):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
@@ -42,7 +42,7 @@ from nsqtw.replica.journal import (
 )
 from nsqtw.replica.records import MESSAGE_HEADER, read_messages
 
-__all__ = ["TAKEOVER_SLICE", "Handed", "Standby", "still_due"]
+__all__ = ["TAKEOVER_SLICE", "Handed", "Standby", "still_due", "unheld"]
 
 #: messages handed in per reactor turn at a takeover
 TAKEOVER_SLICE: Final = 4096
@@ -63,6 +63,13 @@ def still_due(timestamp: int, delay_ms: int, now: float) -> float:
         return 0.0
     delay = delay_ms / 1000
     return min(delay, max(0.0, timestamp / 1e9 + delay - now))
+
+
+def unheld(standbys: list[Standby], values: list[int], owing: list[str]) -> list[int]:
+    """:meth:`Standby.confirm` across one topic's standbys: the values none of them holds."""
+    for standby in standbys:
+        values = standby.confirm(values, owing)
+    return values
 
 
 class _Debt:
@@ -259,22 +266,50 @@ class Standby:
         self.mark = self.arrivals
         self.confirmed = bytearray(len(self.values))
 
-    def confirm(self, value: int, owing: list[str]) -> bool:
-        """The owner's SNAP names a message: whether it is held here (and not done); if so it is
-        owed by exactly ``owing`` from now (channels that finished it meanwhile are told)."""
-        values = self.values
-        i = bisect_left(values, value)
-        if not (i < len(values) and values[i] == value and not self.done[i]):
-            return False
-        if self.confirmed is not None and i < len(self.confirmed):
-            self.confirmed[i] = 1
-        for name, d in self.channels.items():
-            if name not in owing and not d.finished[i]:
-                d.finished[i] = 1
-                self._note_fin(name, [b"%016x" % value])
-        if not self._owed(i):
-            self._mark_done(i)
-        return True
+    def confirm(self, values: list[int], owing: list[str]) -> list[int]:
+        """The owner's ``SNAP`` or ``SNAP_IDS`` names these messages: each held here (and not done)
+        is owed by exactly ``owing`` from now (channels that finished it meanwhile are told, one
+        journal entry each). Returns those not held here.
+
+        A record names up to 16,384 (``SNAP_IDS_MAX``), handled in one reactor turn: one pass
+        over them: the held IDs of the span they cover are looked up in a dict built at C speed
+        (a search and a call per ID took 1.8 µs each, 120 ms a record of 65,536), or searched
+        for one by one where that span is mostly IDs the owner no longer names.
+        """
+        held = self.values
+        if not values or not held:
+            return list(values)
+        lo, hi = bisect_left(held, min(values)), bisect_right(held, max(values))
+        where = dict(zip(held[lo:hi], range(lo, hi), strict=True)) if hi - lo <= 4 * len(values) else None
+        done, confirmed = self.done, self.confirmed
+        debts = [(d.start - self.base, d.finished) for d in self.channels.values()]
+        others = [(name, d.finished) for name, d in self.channels.items() if name not in owing]
+        fins: dict[str, list[bytes]] = {}
+        lacking: list[int] = []
+        for value in values:
+            if where is not None:
+                i = where.get(value, -1)
+            else:
+                i = bisect_left(held, value)
+                i = i if i < len(held) and held[i] == value else -1
+            if i < 0 or done[i]:
+                lacking.append(value)
+                continue
+            if confirmed is not None and i < len(confirmed):
+                confirmed[i] = 1
+            for name, finished in others:
+                if not finished[i]:
+                    finished[i] = 1
+                    fins.setdefault(name, []).append(b"%016x" % value)
+            for start, finished in debts:
+                if start <= i and not finished[i]:
+                    break  # still owed
+            else:
+                if debts:
+                    self._mark_done(i)
+        for name, ids in fins.items():
+            self._note_fin(name, ids)
+        return lacking
 
     def synced(self, complete: bool) -> int:
         """The owner's SNAPs are all in: a message held before its link came up that none of them

@@ -61,7 +61,7 @@ from nsqtw.replica.records import (
     split_records,
 )
 from nsqtw.replica.service import INCARNATION_FILE, ReplicationService
-from nsqtw.replica.standby import TAKEOVER_SLICE, Standby, still_due
+from nsqtw.replica.standby import TAKEOVER_SLICE, Standby, still_due, unheld
 from nsqtw.replica.stopped import SAVE_TIMEOUT, STOPPED_FILE, read_stopped
 from nsqtw.storage.executor import SynchronousDiskExecutor
 from tests.helpers import (
@@ -2638,6 +2638,33 @@ def test_an_owner_sends_ids_first_only_to_a_replica_that_reads_them(tmp_path: An
     o.reactor.advance(0)
     sent = [k for k, _ in split_all(transport.value()) if k in (Kind.SNAP, Kind.SNAP_IDS)]
     assert sent == kinds
+
+
+@pytest.mark.parametrize("held_ids", [range(1, 9), range(1, 801)], ids=["dict", "search"])
+def test_confirm_takes_a_records_ids_in_one_pass(tmp_path: Any, held_ids: range, monkeypatch: Any) -> None:
+    """Standby.confirm, by a dict of the span the IDs cover or, where that span is mostly IDs not named,
+    a search per ID: the held ones are confirmed and owed by exactly the channels named (one journal
+    FIN entry for each channel that finished them meanwhile), a message no channel owes any more is
+    done, and what is not held comes back; across a topic's standbys, what none holds."""
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    s.channel("b", True)
+    add(s, *held_ids)
+    s.begin_sync()
+    fins: list[tuple[str, list[bytes]]] = []
+    monkeypatch.setattr(s, "_note_fin", lambda channel, ids: fins.append((channel, ids)))
+    last = held_ids[-1]
+    assert s.confirm([2, 3, last, 1000], ["a"]) == [1000]
+    assert fins == [("b", [mid(2), mid(3), mid(last)])]
+    assert s.confirmed is not None and [i + 1 for i, c in enumerate(s.confirmed) if c] == [2, 3, last]
+    assert s._owing(1) == ["a"] and s._owing(0) == ["a", "b"]
+    assert s.confirm([1, 3], []) == []  # no channel owes them: done
+    assert mid(1) not in held(s) and mid(3) not in held(s) and mid(2) in held(s)
+    assert s.confirm([1, 4], ["a", "b"]) == [1]  # (done: as good as not held)
+    (tmp_path / "part").mkdir()
+    part = make_standby(tmp_path / "part")
+    add(part, 1000)
+    assert unheld([s, part], [2, 1000, 1001], ["a"]) == [1001]
 
 
 def test_a_snap_partly_held_adds_only_the_others_each_with_its_own_body(tmp_path: Any) -> None:
