@@ -995,6 +995,22 @@ def test_channel_gone_drops_what_only_it_owed(tmp_path: Any) -> None:
     assert owed(nsqd, "t") == {"a": [mid(2)]}
 
 
+def test_a_channel_gone_or_emptied_lets_go_of_what_no_other_channel_owes_with_its_counts(tmp_path: Any) -> None:
+    """Counted as FINs would: a channel made without a backlog owes only what came after it."""
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    for n in range(1, 4):
+        add(s, n, body=b"x" * n)
+    s.channel("b", False)  # owes from 4 on
+    for n in range(4, 7):
+        add(s, n, body=b"x" * n)
+    s.finish("b", [mid(5)])
+    s.channel_gone("a")
+    assert held(s) == [mid(4), mid(6)] and (s.live, s.live_bytes) == (2, 4 + 6)
+    s.empty("b")
+    assert held(s) == [] and (s.live, s.live_bytes) == (0, 0)
+
+
 def test_a_fin_for_an_unknown_channel_makes_it_owe_everything(tmp_path: Any) -> None:
     s = make_standby(tmp_path)
     s.channel("a", True)
@@ -2665,6 +2681,24 @@ def test_confirm_takes_a_records_ids_in_one_pass(tmp_path: Any, held_ids: range,
     part = make_standby(tmp_path / "part")
     add(part, 1000)
     assert unheld([s, part], [2, 1000, 1001], ["a"]) == [1001]
+
+
+def test_synced_lets_go_of_what_no_snap_named_with_its_counts(tmp_path: Any) -> None:
+    """What was held before the link and neither named nor done is let go in every channel, and the
+    counts follow it (message by message, as a FIN would); later arrivals are kept."""
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    s.channel("b", True)
+    for n in range(1, 7):
+        add(s, n, body=b"x" * n)
+    s.begin_sync()
+    add(s, 7, body=b"x" * 7)  # on the new link
+    s.finish("a", [mid(3)])
+    s.finish("b", [mid(3)])  # done everywhere
+    assert s.confirm([2, 5], ["a", "b"]) == []
+    assert s.synced(True) == 3  # 1, 4 and 6
+    assert held(s) == [mid(2), mid(5), mid(7)] and (s.live, s.live_bytes) == (3, 2 + 5 + 7)
+    assert [s._owing(i) for i in range(7)] == [[], ["a", "b"], [], [], ["a", "b"], [], ["a", "b"]]
 
 
 def test_a_snap_partly_held_adds_only_the_others_each_with_its_own_body(tmp_path: Any) -> None:
