@@ -178,8 +178,12 @@ class Standby:
         while arrival < min(until, self.arrivals):
             arrival = max(arrival, self.base)
             i = arrival - self.base
+            if i < len(self.done) and self.done[i]:  # a stretch of done ones: skipped in C
+                k = self.done.find(0, i)
+                arrival = self.base + (len(self.done) if k < 0 else k)
+                continue
             arrival += 1
-            if i >= len(self.values) or self.done[i]:
+            if i >= len(self.values):
                 continue
             owing = self._owing(i) if self.channels else []
             value = self.values[i]  # (read before a yield: the arrays may be cut meanwhile)

@@ -1011,6 +1011,19 @@ def test_a_channel_gone_or_emptied_lets_go_of_what_no_other_channel_owes_with_it
     assert held(s) == [] and (s.live, s.live_bytes) == (0, 0)
 
 
+def test_live_id_runs_skip_what_is_done_and_split_where_the_owing_channels_change(tmp_path: Any) -> None:
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    s.channel("b", True)
+    add(s, *range(1, 11))
+    s.finish("a", [mid(n) for n in range(2, 10)])
+    s.finish("b", [mid(n) for n in range(2, 9)])  # 9 still owed by b
+    assert list(s.live_id_runs(s.arrivals, 100)) == [(["a", "b"], [1]), (["b"], [9]), (["a", "b"], [10])]
+    assert list(s.live_id_runs(s.arrivals - 2, 100)) == [(["a", "b"], [1])]  # (arrived before: 1 to 8)
+    s.finish("b", [mid(1)])
+    assert list(s.live_id_runs(s.arrivals, 1)) == [(["a"], [1]), (["b"], [9]), (["a", "b"], [10])]
+
+
 def test_a_fin_for_an_unknown_channel_makes_it_owe_everything(tmp_path: Any) -> None:
     s = make_standby(tmp_path)
     s.channel("a", True)
