@@ -152,9 +152,7 @@ class Standby:
         for name, d in self.channels.items():
             if name not in owing:
                 d.finished[first:] = b"\x01" * n
-        for i in range(first, len(self.values)):
-            if not self._owed(i):
-                self._mark_done(i)
+        self._recount(first)
 
     def holds(self, value: int) -> bool:
         """Whether the message of ID value ``value`` is held and not done."""
@@ -359,25 +357,26 @@ class Standby:
         self.live -= 1
         self.live_bytes -= self.sizes[i]
 
-    def _recount(self) -> None:
-        """A channel gone or emptied: every message no channel owes any more is done. With
-        millions held a check per message held the reactor for seconds; the flags (a byte each)
-        are combined as big integers instead (:func:`_or`)."""
-        n = len(self.values)
-        if not self.channels or not n:
+    def _recount(self, lo: int = 0) -> None:
+        """Every message from index ``lo`` on that no channel owes (any more) is done: after a
+        channel went or was emptied, or a ``SNAP``'s messages came owed by some channels only.
+        A check per message held the reactor for seconds with millions held, and 0.1 s for a
+        SNAP of a 16 MiB segment; the flags (a byte each) are combined as big integers instead."""
+        n = len(self.values) - lo
+        if not self.channels or n <= 0:
             return  # (no channel yet: the first one made will owe them all)
         ones = b"\x01" * n
-        kept = bytes(self.done)  # done, or owed by some channel: stays as it is
+        kept = bytes(self.done[lo:])  # done, or owed by some channel: stays as it is
         for d in self.channels.values():
-            owes = bytearray(_or(d.finished, ones, xor=True))
-            k = min(n, max(0, d.start - self.base))
+            owes = bytearray(_or(d.finished[lo:], ones, xor=True))
+            k = min(n, max(0, d.start - self.base - lo))
             owes[:k] = bytes(k)  # (arrived before the channel was made: never owed by it)
             kept = _or(kept, owes)
         newly = _or(kept, ones, xor=True)
         if gone := newly.count(1):
-            self.done[:] = _or(self.done, newly)
+            self.done[lo:] = _or(self.done[lo:], newly)
             self.live -= gone
-            self.live_bytes -= sum(compress(self.sizes, newly))
+            self.live_bytes -= sum(compress(self.sizes[lo:], newly))
 
     def maintain(self) -> None:
         """Cut the done prefix from memory once it is long enough; delete done log segments; rewrite
