@@ -290,8 +290,7 @@ class Standby:
             return list(values)
         lo, hi = bisect_left(held, min(values)), bisect_right(held, max(values))
         where = dict(zip(held[lo:hi], range(lo, hi), strict=True)) if hi - lo <= 4 * len(values) else None
-        done, confirmed = self.done, self.confirmed
-        debts = [(d.start - self.base, d.finished) for d in self.channels.values()]
+        done, confirmed, owed = self.done, self.confirmed, self._owed
         others = [(name, d.finished) for name, d in self.channels.items() if name not in owing]
         fins: dict[str, list[bytes]] = {}
         lacking: list[int] = []
@@ -310,12 +309,8 @@ class Standby:
                 if not finished[i]:
                     finished[i] = 1
                     fins.setdefault(name, []).append(b"%016x" % value)
-            for start, finished in debts:
-                if start <= i and not finished[i]:
-                    break  # still owed
-            else:
-                if debts:
-                    self._mark_done(i)
+            if not owed(i):
+                self._mark_done(i)
         for name, ids in fins.items():
             self._note_fin(name, ids)
         return lacking
@@ -331,22 +326,23 @@ class Standby:
         # made with big-int ORs in C, not a loop in Python that would hold the reactor for a second
         n = max(0, min(self.mark - self.base, len(confirmed)))
         go = _or(_or(self.done[:n], confirmed[:n]), b"\x01" * n, xor=True)
-        gone = go.count(1)
-        if gone:
-            self.done[:n] = _or(self.done[:n], go)
+        if gone := self._done_where(0, go):
             for d in self.channels.values():
                 d.finished[:n] = _or(d.finished[:n], go)
-            self.live -= gone
-            self.live_bytes -= sum(compress(self.sizes[:n], go))
             self.disk.rewrite(self.checkpoint())  # (a replay must not hold them again)
         return gone
 
     def _owed(self, i: int) -> bool:
-        arrival = self.base + i
+        """Whether some channel still owes message ``i`` (a loop, not ``any()`` over a generator:
+        :meth:`confirm` asks it of every ID a record names)."""
         channels = self.channels
         if not channels:
             return True  # no channel yet: the first one made will owe it
-        return any(d.start <= arrival and not d.finished[i] for d in channels.values())
+        arrival = self.base + i
+        for d in channels.values():
+            if d.start <= arrival and not d.finished[i]:
+                return True
+        return False
 
     def _owing(self, i: int) -> list[str]:
         arrival = self.base + i
@@ -372,11 +368,17 @@ class Standby:
             k = min(n, max(0, d.start - self.base - lo))
             owes[:k] = bytes(k)  # (arrived before the channel was made: never owed by it)
             kept = _or(kept, owes)
-        newly = _or(kept, ones, xor=True)
-        if gone := newly.count(1):
-            self.done[lo:] = _or(self.done[lo:], newly)
+        self._done_where(lo, _or(kept, ones, xor=True))
+
+    def _done_where(self, lo: int, mask: bytes) -> int:
+        """:meth:`_mark_done` for each message from index ``lo`` whose flag in ``mask`` is 1 (none
+        done yet), all at once; returns how many."""
+        if gone := mask.count(1):
+            end = lo + len(mask)
+            self.done[lo:end] = _or(self.done[lo:end], mask)
             self.live -= gone
-            self.live_bytes -= sum(compress(self.sizes[lo:], newly))
+            self.live_bytes -= sum(compress(self.sizes[lo:end], mask))
+        return gone
 
     def maintain(self) -> None:
         """Cut the done prefix from memory once it is long enough; delete done log segments; rewrite
