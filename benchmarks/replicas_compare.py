@@ -1,6 +1,6 @@
 """What ``--replicas=2`` costs, side by side: Go nsqd, nsqtw ``--replicas=1`` and nsqtw ``--replicas=2``.
 
-Usage: python benchmarks/replicas_compare.py --go-nsqd=PATH/TO/GO/nsqd [--runs=2] [--runfor=10s]
+Usage: python benchmarks/replicas_compare.py --go-nsqd=PATH/TO/GO/nsqd [--runs=2] [--runfor=10s] [--workers=1]
 
 The same cluster shape for all three: one nsqtw-lookupd and the measured
 node registered with it (``--broadcast-address=127.0.0.1``). For
@@ -12,7 +12,9 @@ machine. Go's bench tools (``bench_writer``, ``bench_reader``, next to
 writes of 200 messages, reads of that backlog, one-message round trips
 (``bench_writer -batch-size=1``). Every daemon starts fresh per figure and
 the order alternates from run to run; the table gives medians
-(docs/performance.md, "Replication").
+(docs/performance.md, "Replication"). ``--workers`` is the measured nsqtw
+nodes' (1 by default; 0 lets each choose from its CPUs, as the daemon's
+default does); the peer always runs one process.
 """
 
 from __future__ import annotations
@@ -76,10 +78,11 @@ def main() -> int:
     parser.add_argument("--go-nsqd", required=True)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--runfor", default="10s")
+    parser.add_argument("--workers", type=int, default=1)
     ns = parser.parse_args()
     go = os.path.abspath(ns.go_nsqd)
     clients = Clients(os.path.dirname(go), ns.runfor, 200, 200, 10000.0)
-    ours = [*nsqtw_command(), "--workers=1"]
+    ours = [*nsqtw_command(), f"--workers={ns.workers}"]
     daemons: dict[str, tuple[list[str], bool]] = {
         "Go nsqd": ([go], False), "nsqtw --replicas=1": (ours, False), "nsqtw --replicas=2": (ours, True)}
     figures: dict[tuple[str, str], list[float]] = {}
@@ -105,7 +108,7 @@ def main() -> int:
         med = [statistics.median(figures[(n, m.key)]) for n in names]
         print(f"| {m.label} | " + " | ".join(f"{v:,.0f}/s" for v in med)
               + f" | {med[2] / med[0]:.2f}× | {med[2] / med[1]:.2f}× |")
-    print(f"\nMedians of {ns.runs} run(s), {ns.runfor} each, Go's bench tools.")
+    print(f"\nMedians of {ns.runs} run(s), {ns.runfor} each, Go's bench tools, nsqtw --workers={ns.workers}.")
     return 0
 
 
