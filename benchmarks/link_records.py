@@ -54,7 +54,7 @@ def core(batch: int) -> float:
     peer = WorkerPeer(nsqd, clock, 0)
     peer.link.makeConnection(StringTransport())
     topic = nsqd.get_topic("bp")
-    records = b"".join(b"".join(link.pub_record(0, 0, 0, b"bp", [BODY], link.GRANTED_PUB))
+    records = b"".join(b"".join(link.encode(link.GRANTED_PUB, 0, 0, 0, b"bp", [BODY]))
                        for _ in range(batch))
     best = float("inf")
     for _ in range(ROUNDS):

@@ -8,6 +8,9 @@
 #
 #   benchmarks/many_cores.sh GO/bin [TWISTD]        # env: RUN=6s ROUNDS=2 NSQTW_FLAGS='--busy-poll=0'
 #
+# LOADS (default "write read rt") picks the loads, in order, on one fresh daemon per round (a read
+# needs a write before it); LOADS=rt measures round trips on daemons that did nothing else.
+#
 # GO/bin holds Go NSQ v1.3.0's nsqd, bench_writer and bench_reader; TWISTD is the twistd of an install of
 # nsqtw (default: the one on PATH). The daemons listen on 127.0.0.1:4150/4151 and keep data in a temp dir.
 set -u
@@ -39,8 +42,14 @@ one() {
       --data-path="$D"/data ${NSQTW_FLAGS:-} >"$D"/log 2>&1 &
   fi
   local P=$!; wait_ping || { tail -20 "$D"/log; kill $P; wait $P 2>/dev/null; return; }
-  for spec in "write bench_writer -topic=bw" "read bench_reader -topic=bw" "rt bench_writer -topic=bp -batch-size=1"; do
-    set -- $spec; local kind=$1 prog=$2; shift 2
+  for load in ${LOADS:-write read rt}; do
+    case $load in
+      write) set -- write bench_writer -topic=bw ;;
+      read) set -- read bench_reader -topic=bw ;;
+      rt) set -- rt bench_writer -topic=bp -batch-size=1 ;;
+      *) echo "unknown load $load"; continue ;;
+    esac
+    local kind=$1 prog=$2; shift 2
     local c0 t0 c1 t1 ops e0 e1 s0 s1 half; c0=$(cpu $P); e0=$(ticks $P); s0=$(socks $P); t0=$(date +%s.%N)
     "$BIN/$prog" -nsqd-tcp-address=127.0.0.1:4150 -runfor="$R" "$@" >"$D"/bench 2>&1 &
     half=$(python3 -c "print(float('${R%s}') / 2)"); sleep "$half"; s1=$(socks $P)
