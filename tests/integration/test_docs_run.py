@@ -145,7 +145,9 @@ PLAN: dict[str, list[Block]] = {
     "docs/performance.md": [
         Block("benchmarks/report.sh $NSQTW_GO_BIN/nsqd --runs=1", timeout=600, expect=("| measure |",),
               shorten=(("--runfor=3s", "--runfor=1s --memory-messages=100000"),)),
-        Block("benchmarks/many_cores.sh $NSQTW_GO_BIN", timeout=600, shorten=(("RUN=6s ROUNDS=2", "RUN=1s ROUNDS=1"),)),
+        Block("benchmarks/many_cores.sh $NSQTW_GO_BIN", timeout=600,
+              shorten=(("RUN=6s ROUNDS=2", "RUN=1s ROUNDS=1"), ("RUN=6s ROUNDS=1", "RUN=1s ROUNDS=1"),
+                       ("RUN=6s ROUNDS=3", "RUN=1s ROUNDS=1")), expect=("go rt", "nsqtw rt", "each process's")),
         Block("--nsqtw-flag=--busy-poll=0", timeout=300, shorten=(("--runfor=8s", "--runfor=1s"),),
               expect=("round trips",)),
         Block("benchmarks/workers_cpu.py $NSQTW_GO_BIN 1 2", timeout=600,
@@ -177,6 +179,8 @@ PLAN: dict[str, list[Block]] = {
             " runs nodes with a secret file; this block's paths are a machine's")),
         Block("benchmarks/replicas_compare.py", timeout=600, expect=("| measure |",),
               shorten=(("--runs=2 --runfor=10s", "--runs=1 --runfor=1s"),)),
+        Block("--runfor=5s --workers=0", timeout=600, expect=("| measure |", "nsqtw --workers=0"),
+              shorten=(("--runs=2 --runfor=5s", "--runs=1 --runfor=1s"),)),
     ],
     "docs/quickstart.md": [
         Block("twistd -n nsqtw --tcp-address=127.0.0.1:4150 --http-address=127.0.0.1:4151 --data-path=nsq-data"),
