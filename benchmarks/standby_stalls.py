@@ -15,8 +15,14 @@ writes run at once on this thread):
 - a channel gone, then the other emptied: what no channel owes let go;
 - the owner's side, ``live_id_runs``: the runs of IDs to send, when all but
   two messages are finished;
-- a ``SNAP`` record of a 16 MiB segment taken in (``SNAP_IDS`` first named
-  none of them).
+- a ``SNAP`` record taken in (``SNAP_IDS`` first named none of them): of
+  ``LIVE_RUNS_SLICE`` messages, the most an owner sends in one now, and of a
+  whole 16 MiB segment, as an older nsqtw sent;
+- the owner's side, ``live_runs``: what of a 16 MiB segment of its own log
+  a new replica is sent, every message unfinished, found a slice
+  (``LIVE_RUNS_SLICE`` messages) a reactor turn: the longest slice and all
+  of them together (the whole segment held the reactor in one go before it
+  was sliced).
 
 Prints each time in milliseconds, the best of ``REPS`` (environment, default 3).
 """
@@ -30,8 +36,8 @@ import time
 from collections.abc import Callable
 
 from nsqtw.replica.disklog import StandbyLog, log_prefix
-from nsqtw.replica.owner import SNAP_IDS_MAX
-from nsqtw.replica.records import index_messages, pub_messages
+from nsqtw.replica.owner import LIVE_RUNS_SLICE, SNAP_IDS_MAX
+from nsqtw.replica.records import MESSAGE_HEADER, index_messages, pub_messages
 from nsqtw.replica.standby import Standby, unheld
 from nsqtw.storage.executor import SynchronousDiskExecutor
 
@@ -88,9 +94,8 @@ def main() -> None:
         s.finish("a", [b"%016x" % v for v in range(2, n)])
         return lambda: list(s.live_id_runs(s.arrivals, SNAP_IDS_MAX))
 
-    def snap(path: str) -> Callable[[], object]:
+    def snap(path: str, count: int = (16 << 20) // (len(BODY) + MESSAGE_HEADER)) -> Callable[[], object]:
         s = held(path, n)
-        count = (16 << 20) // (len(BODY) + 24)
         values = list(range(n + 1, n + count + 1))
         data = pub_messages(values, [BODY] * count, 0, 0.0)
 
@@ -99,12 +104,32 @@ def main() -> None:
             s.add_snapshot(data, indexed, sizes, ["a"])
         return take
 
+    def segment_slices() -> tuple[float, float]:
+        """The owner's walk of one 16 MiB segment of its own log: the longest slice, all of them (ms)."""
+        count = (16 << 20) // (len(BODY) + MESSAGE_HEADER)
+        longest = total = float("inf")
+        for _ in range(int(os.environ.get("REPS", "3"))):
+            with tempfile.TemporaryDirectory() as path:
+                s = held(path, count)
+                data = pub_messages(list(range(1, count + 1)), [BODY] * count, 0, 0.0)
+                pos, arrival, more, slices = 0, s.base, True, []
+                while more:
+                    started = time.perf_counter()
+                    _, pos, arrival, more = s.live_runs(data, pos, arrival, s.arrivals, LIVE_RUNS_SLICE)
+                    slices.append(time.perf_counter() - started)
+                longest, total = min(longest, max(slices) * 1000), min(total, sum(slices) * 1000)
+        return longest, total
+
     print(f"{n:,} messages held, two channels (best of {os.environ.get('REPS', '3')}):")
     print(f"  a SNAP_IDS record of {SNAP_IDS_MAX:,} IDs confirmed: {timed(snap_ids):.1f} ms")
     print(f"  SYNCED letting go of every other message: {timed(synced):.1f} ms")
     print(f"  a channel gone, then the other emptied: {timed(gone_and_emptied):.1f} ms")
     print(f"  live_id_runs with all but two finished: {timed(id_runs):.1f} ms")
+    print(f"  a SNAP of {LIVE_RUNS_SLICE:,} messages taken in: {timed(lambda p: snap(p, LIVE_RUNS_SLICE)):.1f} ms")
     print(f"  a SNAP of a 16 MiB segment taken in: {timed(snap):.1f} ms")
+    longest, total = segment_slices()
+    print(f"  the owner's walk of a 16 MiB segment for a new replica: {longest:.1f} ms a slice of"
+          f" {LIVE_RUNS_SLICE:,} messages at most, {total:.1f} ms in all")
 
 
 if __name__ == "__main__":

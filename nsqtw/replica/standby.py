@@ -193,22 +193,28 @@ class Standby:
         if run:
             yield owing_now or [], run
 
-    def live_runs(self, data: bytes, first: int, until: int) -> list[tuple[list[str], bytes]]:
-        """Of a log segment's bytes (its first message arrival ``first``): the messages not done
-        that arrived before ``until``, as runs of (the channels owing them, their bytes), in order."""
+    def live_runs(self, data: bytes, pos: int, arrival: int, until: int, most: int
+                  ) -> tuple[list[tuple[list[str], bytes]], int, int, bool]:
+        """Of a log segment's bytes, from offset ``pos`` (the message of arrival number ``arrival``):
+        the messages not done that arrived before ``until``, as runs of (the channels owing them,
+        their bytes), in order, looking at no more than ``most`` messages. Also where it stopped
+        (offset, arrival) and whether any is left: the walk is Python a message, so the caller
+        takes a segment (tens of thousands) in slices, letting the reactor serve between them."""
         runs: list[tuple[list[str], bytes]] = []
         owing_now: list[str] | None = None
-        start = end = 0
-        arrival = first
-        pos = 0
+        start = end = pos
         size = len(data)
+        stop = arrival + most
         while pos + MESSAGE_HEADER <= size and arrival < until:
+            if arrival >= stop:
+                break
             body = int.from_bytes(data[pos + MESSAGE_HEADER - 4:pos + MESSAGE_HEADER], "big")
             nxt = pos + MESSAGE_HEADER + body
+            if nxt > size:
+                pos = size  # a message cut short (a log being written): the end of the segment
+                break
             i = arrival - self.base
             arrival += 1
-            if nxt > size:
-                break
             live = 0 <= i < len(self.values) and not self.done[i]
             owing = self._owing(i) if live and self.channels else []
             if live and owing_now is not None and owing == owing_now and start <= end == pos:
@@ -220,7 +226,7 @@ class Standby:
             pos = nxt
         if owing_now is not None and end > start:
             runs.append((owing_now, data[start:end]))
-        return runs
+        return runs, pos, arrival, pos + MESSAGE_HEADER <= size and arrival < until
 
     def channel(self, name: str, backlog: bool) -> None:
         if name not in self.channels:

@@ -54,6 +54,7 @@ from nsqtw.replica.records import (
     encode_snap,
     encode_snap_ids,
     frame,
+    index_messages,
     pub_messages,
     read_messages,
     select_messages,
@@ -2726,3 +2727,66 @@ def test_a_snap_partly_held_adds_only_the_others_each_with_its_own_body(tmp_path
     node.reactor.advance(FLUSH_DELAY)
     assert take(part, node.nsqd, node.reactor) == 1 and owed(node.nsqd, "t") == {"c": [mid(3)]}
     node.service.stopService()
+
+
+def test_live_runs_in_slices_give_what_one_walk_gives(tmp_path: Any) -> None:
+    """Standby.live_runs looks at no more than ``most`` messages a call and says where it stopped:
+    slices taken one after another give the same messages, owed by the same channels, as one walk."""
+    s = make_standby(tmp_path)
+    s.channel("a", True)
+    s.channel("b", True)
+    data = pub_messages(list(range(1, 11)), [b"m%d" % n for n in range(1, 11)], NOW_NS, 0.0)
+    s.add(data, list(range(1, 11)), [2] * 9 + [3])
+    s.finish("a", [mid(4), mid(5)])
+    s.finish("a", [mid(7)])
+    s.finish("b", [mid(7)])  # done
+
+    def messages(runs: list[tuple[list[str], bytes]]) -> list[tuple[list[str], list[int]]]:
+        return [(owing, index_messages(chunk)[0]) for owing, chunk in runs]
+
+    whole, pos, arrival, more = s.live_runs(data, 0, s.base, s.arrivals, 100)
+    assert (pos, arrival, more) == (len(data), 10, False)
+    assert messages(whole) == [(["a", "b"], [1, 2, 3]), (["b"], [4, 5]), (["a", "b"], [6]), (["a", "b"], [8, 9, 10])]
+    sliced: list[tuple[list[str], bytes]] = []
+    pos, arrival, more, calls = 0, s.base, True, 0
+    while more:
+        runs, pos, arrival, more = s.live_runs(data, pos, arrival, s.arrivals, 3)
+        sliced += runs
+        calls += 1
+    assert calls == 4
+    flat = [(owing, v) for owing, values in messages(sliced) for v in values]
+    assert flat == [(owing, v) for owing, values in messages(whole) for v in values]
+    assert s.live_runs(data, 0, s.base, 5, 100)[1:] == (sum(24 + 2 for _ in range(5)), 5, False)  # until
+
+
+def test_a_segment_goes_to_a_new_replica_a_slice_a_reactor_turn(tmp_path: Any, monkeypatch: Any) -> None:
+    """The owner walks its own log's segment a slice (LIVE_RUNS_SLICE messages) a reactor turn, so
+    other work runs between slices; a message finished meanwhile, before its slice, is not sent."""
+    monkeypatch.setattr("nsqtw.replica.owner.LIVE_RUNS_SLICE", 4)
+    turns: list[Deferred[None]] = []  # each wait for a later turn, fired here one at a time
+
+    def later_turn(clock: Any, delay: float, f: Callable[[], None]) -> Deferred[None]:
+        assert delay == 0 and clock is o.reactor
+        turns.append(Deferred())
+        return turns[-1]
+    monkeypatch.setattr("nsqtw.replica.owner.deferLater", later_turn)
+    o = Owner(addresses=(A,))
+    o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
+        str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
+    o.side.published("t", list(range(1, 11)), [b"m%d" % n for n in range(1, 11)], NOW_NS, 0.0)
+    _, link, transport = o.up()
+    transport.clear()
+    link.dataReceived(encode_json(Kind.HELLO, {"node": A, "incarnation": "cccccccccccccccc", "version": 1}))
+
+    def snapped() -> list[int]:
+        return [v for k, p in split_all(transport.value()) if k == Kind.SNAP for v in decode_snap(p)[3]]
+
+    o.reactor.advance(0)
+    assert snapped() == [1, 2, 3, 4] and len(turns) == 1  # one slice, then a wait for a later turn
+    o.side.own["t"].finish("", [mid(6)])  # (a topic without channels: "" stands for it) done meanwhile
+    turns[0].callback(None)
+    o.reactor.advance(0)  # (a turn's records leave at its end)
+    assert snapped() == [1, 2, 3, 4, 5, 7, 8] and len(turns) == 2
+    turns[1].callback(None)
+    o.reactor.advance(0)
+    assert snapped() == [1, 2, 3, 4, 5, 7, 8, 9, 10] and len(turns) == 2
