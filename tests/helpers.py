@@ -116,17 +116,17 @@ def one_turn(clock) -> None:
 def link_records(transport: StringTransport) -> list[tuple[int, list[Any]]]:
     """The worker-link records written to ``transport`` since it was last cleared, as
     (kind, fields) decoded by the link's own table; the transport is cleared."""
-    from nsqtw.workers.link import KINDS, Reader
+    from nsqtw.workers.link import KINDS
 
     data = transport.value()
     transport.clear()
     out = []
     at = 0
     while at < len(data):
-        r = Reader(data, at + 5, at + 4 + int.from_bytes(data[at:at + 4], "big"))
+        end = at + 4 + int.from_bytes(data[at:at + 4], "big")
         kind = data[at + 4]
-        out.append((kind, KINDS[kind].decode(r)))
-        at = r.end
+        out.append((kind, KINDS[kind].decode(data, at + 5, end)))
+        at = end
     return out
 
 

@@ -71,74 +71,6 @@ _ID_MS = struct.Struct(">16sI")
 _COUNT_FIRST = struct.Struct(">II")
 
 
-class Reader:
-    """The fields of one record, read in order: ``data[at:end]``, read where it arrived (a read
-    from the socket holds many records; each is never copied out whole, only its fields)."""
-
-    __slots__ = ("data", "at", "end")
-
-    def __init__(self, data: bytes, at: int = 0, end: int | None = None) -> None:
-        self.data = data
-        self.at = at
-        self.end = len(data) if end is None else end
-
-    def u32(self) -> int:
-        (value,) = _U32.unpack_from(self.data, self.at)
-        self.at += 4
-        return int(value)
-
-    def u8(self) -> int:
-        value = self.data[self.at]
-        self.at += 1
-        return value
-
-    def raw(self, size: int) -> bytes:
-        value = self.data[self.at:self.at + size]
-        self.at += size
-        return value
-
-    def text(self) -> str:
-        return self.name().decode("utf-8", "surrogateescape")
-
-    def name(self) -> bytes:
-        (size,) = _U16.unpack_from(self.data, self.at)
-        self.at += 2
-        return self.raw(size)
-
-    def rest(self) -> bytes:
-        return self.raw(self.end - self.at)
-
-    def rest_text(self) -> str:
-        return self.rest().decode("utf-8", "surrogateescape")
-
-    def bodies(self) -> list[bytes]:
-        """A publish's bodies: the count, the sizes, the bodies (:data:`BODIES`)."""
-        data = self.data
-        count, first = _COUNT_FIRST.unpack_from(data, self.at)
-        if count == 1:  # PUB: no sizes array to walk
-            at = self.at + 8
-            self.at = at + first
-            return [data[at:at + first]]
-        count = self.u32()
-        at = self.at + 4 * count
-        out = []
-        for size in struct.unpack_from(f">{count}I", data, self.at):
-            out.append(data[at:at + size])
-            at += size
-        self.at = at
-        return out
-
-    def ids(self) -> list[bytes]:
-        """The rest as 16-byte message IDs, each sliced once from where it arrived."""
-        data, at, end = self.data, self.at, self.end
-        self.at = end
-        return [data[i:i + 16] for i in range(at, end, 16)]
-
-    def reqs(self) -> list[tuple[bytes, float]]:
-        data = self.rest()
-        return [(i, ms / 1000.0) for i, ms in _ID_MS.iter_unpack(data)]
-
-
 def text(value: str | bytes) -> bytes:
     """A name or text field: its length (2 bytes) and its UTF-8 bytes."""
     data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
@@ -162,16 +94,19 @@ def _bodies(bodies: list[bytes]) -> list[bytes]:
 class Codec:
     """How one kind of field is written and read: a fixed-size number (``fmt``, a ``struct``
     letter; the neighbouring ones of a record are packed and unpacked in one call), or a
-    variable field (``encode`` to pieces, ``decode`` from the :class:`Reader`)."""
+    variable field, written by ``encode`` (to pieces) and read by ``read``: the lines of Python
+    that read it from ``data`` at ``at`` (the record ends at ``end``) into ``{v}`` and move
+    ``at`` past it (names starting ``{v}_`` are theirs), placed in each record's decoder
+    (:func:`_compile`). Every publish and subscription is read this way, without a call a field."""
 
-    __slots__ = ("name", "fmt", "encode", "decode", "conn")
+    __slots__ = ("name", "fmt", "encode", "read", "conn")
 
     def __init__(self, name: str, fmt: str = "", encode: Callable[[Any], list[bytes]] | None = None,
-                 decode: Callable[[Reader], Any] | None = None, conn: bool = False) -> None:
+                 read: str = "", conn: bool = False) -> None:
         self.name = name
         self.fmt = fmt
         self.encode = encode
-        self.decode = decode
+        self.read = read
         #: a connection the receiver knows by this ID (:class:`Dispatch` looks it up)
         self.conn = conn
 
@@ -179,27 +114,48 @@ class Codec:
         return self.name
 
 
+_READ_NAME = """\
+({v}_n,) = _U16.unpack_from(data, at)
+{v} = data[at + 2:at + 2 + {v}_n]
+at += 2 + {v}_n
+"""
+
 #: numbers
 U8 = Codec("u8", "B")
 U32 = Codec("u32", "I")
 #: a client connection's ID (4 bytes), which the receiver turns into that connection
 CONN = Codec("conn", "I", conn=True)
 #: a name or text (2-byte length, UTF-8): written from str or bytes, read as str
-TEXT = Codec("text", encode=lambda v: [text(v)], decode=Reader.text)
+TEXT = Codec("text", encode=lambda v: [text(v)], read=_READ_NAME + '{v} = {v}.decode("utf-8", "surrogateescape")\n')
 #: the same, read as bytes
-NAME = Codec("name", encode=lambda v: [text(v)], decode=Reader.name)
+NAME = Codec("name", encode=lambda v: [text(v)], read=_READ_NAME)
 #: the rest of the record, as it is: written from bytes or pieces (not joined), read as bytes
-REST = Codec("rest", encode=_rest, decode=Reader.rest)
+REST = Codec("rest", encode=_rest, read="{v} = data[at:end]\nat = end\n")
 #: the rest of the record as a text: written from str or bytes, read as str
-REST_TEXT = Codec("rest_text", encode=_rest_text, decode=Reader.rest_text)
+REST_TEXT = Codec("rest_text", encode=_rest_text,
+                  read='{v} = data[at:end].decode("utf-8", "surrogateescape")\nat = end\n')
 #: a publish's bodies: their count, their sizes in one array, then the bodies back to back
-#: (the core reads the sizes in one call: :meth:`Reader.bodies`)
-BODIES = Codec("bodies", encode=_bodies, decode=Reader.bodies)
-#: the rest as 16-byte message IDs
-IDS = Codec("ids", encode=lambda v: [b"".join(v)], decode=Reader.ids)
+#: (the sizes read in one call; a PUB's one body without walking them)
+BODIES = Codec("bodies", encode=_bodies, read="""\
+{v}_count, {v}_first = _COUNT_FIRST.unpack_from(data, at)
+if {v}_count == 1:
+    {v} = [data[at + 8:at + 8 + {v}_first]]
+    at += 8 + {v}_first
+else:
+    {v} = []
+    {v}_at = at + 4 + 4 * {v}_count
+    for {v}_size in struct.unpack_from(f">{{{v}_count}}I", data, at + 4):
+        {v}.append(data[{v}_at:{v}_at + {v}_size])
+        {v}_at += {v}_size
+    at = {v}_at
+""")
+#: the rest as 16-byte message IDs, each sliced once from where it arrived
+IDS = Codec("ids", encode=lambda v: [b"".join(v)],
+            read="{v} = [data[{v}_i:{v}_i + 16] for {v}_i in range(at, end, 16)]\nat = end\n")
 #: the rest as (message ID, delay) pairs, the delay in ms on the wire, in seconds here
 REQS = Codec("reqs", encode=lambda v: [b"".join(_ID_MS.pack(i, round(d * 1000)) for i, d in v)],
-             decode=Reader.reqs)
+             read="{v} = [({v}_i, {v}_ms / 1000.0) for {v}_i, {v}_ms in _ID_MS.iter_unpack(data[at:end])]\n"
+                  "at = end\n")
 
 
 class Kind:
@@ -222,20 +178,22 @@ class Kind:
         #: PUB, a SUB), or it changes more than the connection (GONE: the worker holds one less)
         self.run_unknown = run_unknown
         #: ``encode(*values)``: the record with these field values, in the table's order, as pieces
-        #: to write; ``decode(reader)``: the record's field values, in that order
+        #: to write; ``decode(data, at, end)``: the field values of the record in ``data[at:end]``
+        #: (its kind's byte excluded), in that order
         self.encode, self.decode = _compile(code, name, fields)
 
 
 def _compile(code: int, name: str, fields: tuple[tuple[str, Codec], ...]
-             ) -> tuple[Callable[..., list[bytes]], Callable[[Reader], list[Any]]]:
+             ) -> tuple[Callable[..., list[bytes]], Callable[[bytes, int, int], list[Any]]]:
     """A kind's encoder and decoder, made from its fields as straight-line Python, the way
     :mod:`dataclasses` makes ``__init__``: a record is written and read for every publish,
-    and a loop over the layout would cost a publish twice what the hand-written code it
-    replaces did. A run of fixed-size numbers is one ``struct`` call either way."""
-    env: dict[str, Any] = {"_HEAD": _HEAD}
+    and a loop over the layout, or a call a field, would cost the core's one-message publish
+    a large share of its time. A run of fixed-size numbers is one ``struct`` call either way."""
+    env: dict[str, Any] = {"_HEAD": _HEAD, "_U16": _U16, "_COUNT_FIRST": _COUNT_FIRST, "_ID_MS": _ID_MS,
+                           "struct": struct}
     names = [f"{field}_" for field, _ in fields]
     enc: list[str] = []
-    dec = ["    data = r.data"]
+    dec: list[str] = []
     out: list[str] = []
     run: list[str] = []
     fmt = ""
@@ -247,8 +205,8 @@ def _compile(code: int, name: str, fields: tuple[tuple[str, Codec], ...]
         key = f"_S{len(out)}"
         env[key] = st = struct.Struct(">" + fmt)
         enc.append(f"{key}.pack({', '.join(run)})")
-        dec.append(f"    {', '.join(run)}, = {key}.unpack_from(data, r.at)")
-        dec.append(f"    r.at += {st.size}")
+        dec.append(f"    {', '.join(run)}, = {key}.unpack_from(data, at)")
+        dec.append(f"    at += {st.size}")
         out.extend(run)
         run.clear()
         fmt = ""
@@ -259,15 +217,16 @@ def _compile(code: int, name: str, fields: tuple[tuple[str, Codec], ...]
             fmt += codec.fmt
             continue
         close_run()
-        env[f"_E_{value}"], env[f"_D_{value}"] = codec.encode, codec.decode
+        env[f"_E_{value}"] = codec.encode
         enc.append(f"*_E_{value}({value})")
-        dec.append(f"    {value} = _D_{value}(r)")
+        dec.extend("    " + line for line in codec.read.format(v=value).splitlines())
         out.append(value)
     close_run()
     src = (f"def encode({', '.join(names)}):\n"
            f"    pieces = [{', '.join(enc)}]\n"
            f"    return [_HEAD.pack(1 + sum(map(len, pieces)), {code}), *pieces]\n"
-           f"def decode(r):\n" + "\n".join(dec) + f"\n    return [{', '.join(out)}]\n")
+           f"def decode(data, at, end):\n" + "".join(line + "\n" for line in dec)
+           + f"    return [{', '.join(out)}]\n")
     exec(compile(src, f"<link record {name}>", "exec"), env)  # noqa: S102 - made from the table only
     return env["encode"], env["decode"]
 
@@ -346,21 +305,23 @@ class Dispatch:
             raise ValueError(f"{who}: the handlers do not match the link's table: missing {missing}, "
                              f"not received here {extra}")
         self.who = who
-        self._table: dict[int, tuple[Kind, Callable[..., None]]] = {
-            code: (KINDS[code], getattr(owner, name)) for code, name in handlers.items()}
+        #: per kind: its decoder, where its connection is (None: none), its handler, the kind
+        self._table: dict[int, tuple[Callable[[bytes, int, int], list[Any]], int | None, Callable[..., None], Kind]] = {
+            code: (KINDS[code].decode, KINDS[code].conn_at, getattr(owner, name), KINDS[code])
+            for code, name in handlers.items()}
         #: the connections this side knows, by their IDs (the owner's dict, never replaced)
         self.conns = conns
         #: records that named a connection this side does not know
         self.unknown_conns = 0
 
-    def __call__(self, code: int, r: Reader) -> None:
+    def __call__(self, code: int, data: bytes, start: int, end: int) -> None:
+        """The record of kind ``code`` in ``data[start:end]`` (after its kind's byte), handled."""
         entry = self._table.get(code)
         if entry is None:
             self.log.error("{who}: unknown record {kind}", who=self.who, kind=code)
             return
-        kind, handler = entry
-        values = kind.decode(r)
-        at = kind.conn_at
+        decode, at, handler, kind = entry
+        values = decode(data, start, end)
         if at is not None:
             conn = values[at]
             found = self.conns.get(conn)
@@ -376,13 +337,14 @@ class Dispatch:
 
 
 class Link(Protocol):
-    """One end of a link: records in go to ``on_record(kind, Reader)`` (then ``on_read()``, once
+    """One end of a link: records in go to ``on_record(kind, data, start, end)``, the record's
+    fields being ``data[start:end]`` (then ``on_read()``, once
     for each read that held any); :meth:`send` queues records out, written together on the next
     reactor turn; ``on_lost(reason)`` at the end."""
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, on_record: Callable[[int, Reader], None],
+    def __init__(self, clock: IReactorTime, on_record: Callable[[int, bytes, int, int], None],
                  on_lost: Callable[[Failure], None], on_read: Callable[[], None] | None = None) -> None:
         self.clock = clock
         self.on_record = on_record
@@ -463,7 +425,7 @@ class Link(Protocol):
                 need = 4 + size
                 break
             try:
-                on_record(kind, Reader(buf, at + 5, at + 4 + size))
+                on_record(kind, buf, at + 5, at + 4 + size)
             except Exception:
                 # one record's failure is logged; the link, and every other client on it, goes on
                 self.log.failure("LINK: failed to handle a record of kind {kind}", kind=kind)

@@ -28,7 +28,7 @@ from nsqtw.interfaces import IConsumer
 from nsqtw.log import Logger
 from nsqtw.protocol.client_stats import ClientStats
 from nsqtw.workers import link
-from nsqtw.workers.link import Link, Reader
+from nsqtw.workers.link import Link
 
 _SUBSCRIBED = ClientState.SUBSCRIBED
 
@@ -149,10 +149,10 @@ class WorkerPeer:
         """Records from the worker that named a connection the core does not know."""
         return self.dispatch.unknown_conns
 
-    def record(self, kind: int, r: Reader) -> None:
+    def record(self, kind: int, data: bytes, start: int, end: int) -> None:
         if self._batch and kind != link.GRANTED_PUB:
             self._publish_batch()  # what the worker sent before this is queued before it runs
-        self.dispatch(kind, r)
+        self.dispatch(kind, data, start, end)
 
     def _on_open(self, conn: int, identity: bytes) -> None:
         client = RemoteClient(self, conn, self.nsqd.new_client_id(), json.loads(identity))
