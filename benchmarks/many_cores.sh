@@ -19,9 +19,9 @@ R=${RUN:-6s}; ROUNDS=${ROUNDS:-2}; D=$(mktemp -d)
 echo "nproc $(nproc), $("${TW%/*}/python" --version 2>&1), nsqtw flags '${NSQTW_FLAGS:-}'"
 TCK=$(getconf CLK_TCK)
 tree() { echo "$1"; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$c"; done; }
-cpu() { local s=0; for p in $(tree "$1"); do s=$((s + $(awk '{print $14+$15}' /proc/"$p"/stat 2>/dev/null || echo 0))); done; echo $s; }
-# "pid:ticks" and "pid:sockets" for each process of the tree, in pid order
+# "pid:ticks" (user and system CPU) and "pid:sockets" for each process of the tree, in pid order
 ticks() { for p in $(tree "$1" | sort -n); do echo "$p:$(awk '{print $14+$15}' /proc/"$p"/stat 2>/dev/null || echo 0)"; done; }
+cpu() { ticks "$1" | awk -F: '{s += $2} END {print s + 0}'; }
 socks() { for p in $(tree "$1" | sort -n); do echo "$p:$(ls -l /proc/"$p"/fd 2>/dev/null | grep -c socket)"; done; }
 # per pid: (after - before) ticks as cores over $3 seconds, or after - before counts ($3 = 1)
 per() { python3 -c "import sys

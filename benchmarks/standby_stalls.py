@@ -44,6 +44,8 @@ from nsqtw.storage.executor import SynchronousDiskExecutor
 BODY = b"x" * 200
 #: messages added per PUB-like record while filling
 FILL = 65536
+#: the messages of BODY that fill a 16 MiB log segment
+SEGMENT_MESSAGES = (16 << 20) // (len(BODY) + MESSAGE_HEADER)
 
 
 def held(path: str, n: int, channels: tuple[str, ...] = ("a", "b")) -> Standby:
@@ -94,7 +96,7 @@ def main() -> None:
         s.finish("a", [b"%016x" % v for v in range(2, n)])
         return lambda: list(s.live_id_runs(s.arrivals, SNAP_IDS_MAX))
 
-    def snap(path: str, count: int = (16 << 20) // (len(BODY) + MESSAGE_HEADER)) -> Callable[[], object]:
+    def snap(path: str, count: int = SEGMENT_MESSAGES) -> Callable[[], object]:
         s = held(path, n)
         values = list(range(n + 1, n + count + 1))
         data = pub_messages(values, [BODY] * count, 0, 0.0)
@@ -106,7 +108,7 @@ def main() -> None:
 
     def segment_slices() -> tuple[float, float]:
         """The owner's walk of one 16 MiB segment of its own log: the longest slice, all of them (ms)."""
-        count = (16 << 20) // (len(BODY) + MESSAGE_HEADER)
+        count = SEGMENT_MESSAGES
         longest = total = float("inf")
         for _ in range(int(os.environ.get("REPS", "3"))):
             with tempfile.TemporaryDirectory() as path:

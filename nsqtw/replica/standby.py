@@ -204,10 +204,8 @@ class Standby:
         owing_now: list[str] | None = None
         start = end = pos
         size = len(data)
-        stop = arrival + most
-        while pos + MESSAGE_HEADER <= size and arrival < until:
-            if arrival >= stop:
-                break
+        stop = min(until, arrival + most)
+        while pos + MESSAGE_HEADER <= size and arrival < stop:
             body = int.from_bytes(data[pos + MESSAGE_HEADER - 4:pos + MESSAGE_HEADER], "big")
             nxt = pos + MESSAGE_HEADER + body
             if nxt > size:
