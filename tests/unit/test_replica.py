@@ -2757,6 +2757,10 @@ def test_live_runs_in_slices_give_what_one_walk_gives(tmp_path: Any) -> None:
     flat = [(owing, v) for owing, values in messages(sliced) for v in values]
     assert flat == [(owing, v) for owing, values in messages(whole) for v in values]
     assert s.live_runs(data, 0, s.base, 5, 100)[1:] == (sum(24 + 2 for _ in range(5)), 5, False)  # until
+    cut = data[:-2]  # a segment whose last message is cut short (its write torn): the walk ends before it
+    runs, pos, arrival, more = s.live_runs(cut, 0, s.base, s.arrivals, 100)
+    assert (pos, arrival, more) == (len(cut), 9, False)
+    assert [v for _, values in messages(runs) for v in values] == [1, 2, 3, 4, 5, 6, 8, 9]
 
 
 def test_a_segment_goes_to_a_new_replica_a_slice_a_reactor_turn(tmp_path: Any, monkeypatch: Any) -> None:
