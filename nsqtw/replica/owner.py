@@ -1,8 +1,9 @@
 """The owner's side: each publish's copy sent to the topic's replica, its OK held until acked.
 
 One :class:`PeerLink` per replica node, carrying every topic this node
-placed there. A publish's ``PUB`` record is kept (:class:`Pending`) until
-the replica's ``ACK`` covers it; its publisher's Deferred fires then. A
+placed there. The publishes of one reactor turn to a topic leave as one
+``PUB`` record at the turn's end, which is kept (:class:`Pending`) until
+the replica's ``ACK`` covers it; its publishers' Deferreds fire then. A
 link lost or silent for a third of ``--replica-timeout`` is dropped, its
 replica set aside, its topics placed anew and its unacked records sent to
 the new replica, so a publish waiting on a lost replica is answered by the
@@ -26,6 +27,7 @@ from twisted.python.failure import Failure
 from nsqtw.core.nsqd import all_of
 from nsqtw.errors import ReplicaError
 from nsqtw.log import Logger
+from nsqtw.net.turn import turn_end_caller
 from nsqtw.replica.choice import Candidate, Choice
 from nsqtw.replica.link import Link, beat_interval, open_link
 from nsqtw.replica.records import (
@@ -57,13 +59,22 @@ LIVE_RUNS_SLICE = 4096
 
 
 class Pending:
-    """A record kept until its replica acks it, with the publishers waiting on it."""
+    """A record kept until its replica acks it, with the publishers waiting on it.
 
-    __slots__ = ("topic", "record", "waiters", "since", "number", "sent")
+    While its turn lasts it is open (:attr:`parts`): the turn's publishes to
+    its topic add their messages, and the record is made at the turn's end
+    (:meth:`OwnerSide._close_open`)."""
+
+    __slots__ = ("topic", "record", "waiters", "since", "number", "sent", "parts", "count", "publishes")
 
     def __init__(self, topic: str, record: bytes, since: float) -> None:
         self.topic = topic
         self.record = record
+        #: while open, the messages of its publishes as :func:`pub_messages` made them (None: closed)
+        self.parts: list[bytes] | None = None
+        #: messages, and publishes, it carries
+        self.count = 0
+        self.publishes = 0
         self.waiters: list[Deferred[None]] = []
         #: when it was published (its publishers' --replica-wait counts from here)
         self.since = since
@@ -251,6 +262,10 @@ class OwnerSide:
         self.incomplete: set[str] = set()
         #: a publisher waits for the own log's write too (--durable-delivery: a restart replays it)
         self.durable = durable
+        #: per topic, this turn's publishes, made one PUB record at the turn's end (:meth:`_close_open`):
+        #: a replica takes a turn's publishes as one record, and acks it once, not one by one
+        self._open: dict[str, Pending] = {}
+        self._at_turn_end = turn_end_caller(reactor)
 
     # -- placing topics -------------------------------------------------------------------------
 
@@ -393,10 +408,10 @@ class OwnerSide:
         topic's unfinished messages). A replica lets go only of what is safe elsewhere: one that
         restarted while this node had set it aside, with no other candidate, holds the only copies."""
         out = set()
-        for topic in {*self.placed, *self.own, *(p.topic for p in self.unplaced)}:
+        for topic in {*self.placed, *self.own, *self._open, *(p.topic for p in self.unplaced)}:
             peer = self.placed.get(topic)
             if (peer is None or peer.candidate.address == replica or peer.link is None
-                    or topic in peer.catching_up or peer.pending):
+                    or topic in peer.catching_up or peer.pending or topic in self._open):
                 out.add(topic)
         return out
 
@@ -436,10 +451,19 @@ class OwnerSide:
         own = self._own(topic)
         if own is not None:
             own.add(messages, list(values), [len(b) for b in bodies])
-        p = Pending(topic, frame_pub(topic, len(bodies), messages), self.clock.seconds())
+        p = self._open.get(topic)
+        if p is None:
+            self.peer_for(topic)  # placed (and its link asked for) now; the record at the turn's end
+            p = self._open[topic] = Pending(topic, b"", self.clock.seconds())
+            p.parts = []
+            if len(self._open) == 1:
+                self._at_turn_end(self._turn_ended)
+        assert p.parts is not None
+        p.parts.append(messages)
+        p.count += len(bodies)
+        p.publishes += 1
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
-        self._place(p)
         if self.durable and own is not None:
             # the OK also waits for the own log's fsync: a restart replays that log, and a replica
             # told SYNCED lets go of what it does not name (usually written long before the ACK). A
@@ -449,12 +473,38 @@ class OwnerSide:
                 return all_of([d, written])
         return d
 
+    def _turn_ended(self) -> None:
+        """The turn's publishes leave: a record a topic, written now (not a turn later)."""
+        for peer in self._close_open():
+            if peer.link is not None:
+                peer.link.flush_now()
+
+    def _close_open(self, topic: str | None = None) -> set[PeerLink]:
+        """The open publishes (of ``topic`` only, if given) made records and given to their
+        replicas, before anything else is sent about their topic; the replicas they went to."""
+        if topic is None:
+            opened, self._open = list(self._open.values()), {}
+        else:
+            one = self._open.pop(topic, None)
+            opened = [] if one is None else [one]
+        peers = set()
+        for p in opened:
+            parts = p.parts
+            assert parts is not None
+            p.parts = None
+            p.record = frame_pub(p.topic, p.count, parts[0] if len(parts) == 1 else b"".join(parts))
+            peer = self._place(p)
+            if peer is not None:
+                peers.add(peer)
+        return peers
+
     def topic_stats(self, topic: str) -> dict[str, Any]:
         """``/stats``'s per topic ``replica``: where its copies go, and how far behind that is."""
         peer = self.placed.get(topic)
         if peer is None:
             return {"peer": None, "state": "none", "unacked": 0, "lag_ms": 0}
-        unacked = sum(1 for p in peer.pending if p.topic == topic)
+        open_ = self._open.get(topic)
+        unacked = sum(p.publishes for p in peer.pending if p.topic == topic) + (open_.publishes if open_ else 0)
         state = "connecting" if peer.link is None else "catching_up" if topic in peer.catching_up else "in_sync"
         return {"peer": peer.candidate.address, "state": state,
                 "unacked": unacked, "lag_ms": int(peer.lag(self.clock.seconds()) * 1000)}
@@ -467,22 +517,27 @@ class OwnerSide:
             self.log.error("REPLICATION: {topic}'s own log could not be written - {error}; its replica keeps"
                            " every copy it holds from now on", topic=topic, error=failure.getErrorMessage())
 
-    def _place(self, p: Pending) -> None:
+    def _place(self, p: Pending) -> PeerLink | None:
         peer = self.peer_for(p.topic)
         if peer is None:
             self.unplaced.append(p)
         else:
             peer.send(p)
+        return peer
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
         own = self.own.get(topic)
         if own is not None:
             own.finish(channel, ids)
+        if self._open:
+            self._close_open(topic)
         peer = self.placed.get(topic)
         if peer is not None:
             peer.send_now(encode_fin(topic, channel, ids))
 
     def send_json(self, topic: str, kind: Kind, value: dict[str, Any]) -> None:
+        if self._open:
+            self._close_open(topic)
         peer = self.placed.get(topic)
         if peer is not None:
             peer.send_now(encode_json(kind, value))
@@ -506,6 +561,8 @@ class OwnerSide:
         self.send_json(topic, Kind.EMPTY, {"topic": topic, "channel": channel})
 
     def topic_gone(self, topic: str) -> None:
+        if self._open:
+            self._close_open(topic)
         own = self.own.pop(topic, None)
         if own is not None:
             own.disk.remove()
@@ -556,6 +613,7 @@ class OwnerSide:
         p.waiters = []
 
     def stop(self) -> None:
+        self._close_open()
         for peer in list(self.peers.values()):
             peer.say_bye()
         for p in self.unplaced:

@@ -656,6 +656,43 @@ def test_a_publish_fires_on_the_ack_that_covers_its_record_only() -> None:
     assert o.side.refused == 0 and len(o.side.placed["t"].pending) == 0
 
 
+def test_a_turns_publishes_to_a_topic_leave_as_one_record_acked_once() -> None:
+    o = Owner()
+    t, u = topics_apart(o)
+    first = o.side.published(t, [1], [b"one"], NOW_NS, 0.0)
+    _, link, transport = o.up()  # (its turn ends: the first publish's record is out)
+    transport.clear()
+    second = o.side.published(t, [2], [b"two"], NOW_NS, 0.0)
+    third = o.side.published(t, [3, 4], [b"three", b"four"], NOW_NS, 0.0)
+    o.side.published(u, [5], [b"five"], NOW_NS, 0.0)  # another topic, another replica: its own record
+    assert transport.value() == b"" and o.side.topic_stats(t)["unacked"] == 3
+    o.reactor.advance(0)
+    sent = split_all(transport.value())
+    assert [k for k, _ in sent] == [Kind.PUB]
+    assert pub_ids(sent[0][1]) == [mid(2), mid(3), mid(4)]
+    assert o.side.topic_stats(t)["unacked"] == 3
+    fired: list[int] = []
+    for n, d in ((1, first), (2, second), (3, third)):
+        d.addCallback(lambda _, n=n: fired.append(n))
+    link.dataReceived(encode_ack(3))  # HELLO, the first publish's PUB, then the turn's
+    assert fired == [1, 2, 3] and o.side.topic_stats(t)["unacked"] == 0
+
+
+def test_a_record_about_the_topic_follows_the_turns_publishes_before_it() -> None:
+    o = Owner(channels=[("c", False)])
+    o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    _, link, transport = o.up()
+    transport.clear()
+    o.side.published("t", [2], [b"two"], NOW_NS, 0.0)
+    o.side.emptied("t", "c")
+    o.side.published("t", [3], [b"three"], NOW_NS, 0.0)
+    o.side.finished("t", "c", [mid(1)])
+    o.reactor.advance(0)
+    sent = split_all(transport.value())
+    assert [k for k, _ in sent] == [Kind.PUB, Kind.EMPTY, Kind.PUB, Kind.FIN]
+    assert [pub_ids(sent[0][1]), pub_ids(sent[2][1])] == [[mid(2)], [mid(3)]]
+
+
 def test_finished_and_channel_records_go_to_the_topics_replica() -> None:
     o = Owner()
     o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
@@ -688,6 +725,7 @@ def test_no_candidate_refuses_after_the_wait_and_counts_it() -> None:
 def test_a_candidate_that_comes_in_time_takes_the_waiting_records() -> None:
     o = Owner(addresses=())
     d = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    o.reactor.advance(0)  # the turn ends: its record waits for a replica
     o.choice.candidates = {A: candidate(A)}
     o.side.candidates_changed()
     _, link, transport = o.up()
@@ -815,7 +853,9 @@ def test_unplaced_records_are_refused_each_at_its_own_wait() -> None:
     o = Owner(timeout=9.0, wait=5.0)
     o.choice.candidates = {}
     late = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    o.reactor.advance(0)  # a record a turn
     early = o.side.published("t", [2], [b"two"], NOW_NS, 0.0)
+    o.reactor.advance(0)
     o.side.unplaced[1].since -= 3.0  # published 3 s before the one ahead of it
     o.reactor.advance(2.0)
     o.side.tick()
@@ -834,6 +874,7 @@ def test_a_replica_that_cannot_be_reached_is_replaced() -> None:
     o.connected = 1
     factory.clientConnectionFailed(None, Failure(ConnectionRefusedError()))
     assert f"{host}:{port}" not in o.side.peers
+    o.reactor.advance(0)  # the turn's end places its record on the next replica
     second, link2, transport2 = o.up()
     assert second != f"{host}:{port}"
     link2.dataReceived(encode_ack(2))
