@@ -107,6 +107,18 @@ def test_frame_and_split_round_trip() -> None:
     assert split_all(data) == [(Kind.BEAT, b""), (Kind.ACK, (7).to_bytes(8, "big")), (Kind.BYE, b"x")]
 
 
+def test_pub_messages_of_one_and_of_many_read_back_alike() -> None:
+    one = pub_messages([7], [b"seven"], NOW_NS, 1.001)
+    assert read_messages(one) == [(7, NOW_NS, 1001, b"seven")]  # 1.001 * 1000 is under 1001: rounded
+    many = pub_messages(range(7, 10), [b"seven", b"", b"nine"], NOW_NS, 0.0)
+    assert read_messages(many) == [(7, NOW_NS, 0, b"seven"), (8, NOW_NS, 0, b""), (9, NOW_NS, 0, b"nine")]
+    assert many.startswith(pub_messages([7], [b"seven"], NOW_NS, 0.0))
+    assert pub_messages([], [], NOW_NS, 0.0) == b""
+    for values, bodies in (([1, 2], [b"a"]), ([1], [b"a", b"b"]), ([1], [])):
+        with pytest.raises(ValueError):
+            pub_messages(values, bodies, NOW_NS, 0.0)
+
+
 def test_split_keeps_a_partial_record_for_later() -> None:
     data = encode_ack(1) + encode_ack(2)
     for cut in range(len(data) + 1):
