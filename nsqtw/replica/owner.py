@@ -46,7 +46,7 @@ from nsqtw.replica.records import (
 )
 from nsqtw.replica.standby import Handed, Standby
 
-__all__ = ["OwnerSide", "Pending", "PeerLink", "SNAP_IDS_MAX"]
+__all__ = ["OPEN_RECORD_BYTES", "OwnerSide", "Pending", "PeerLink", "SNAP_IDS_MAX"]
 
 #: ID values per SNAP_IDS record at most (128 KiB of record): the replica handles a record in one
 #: reactor turn (:meth:`~nsqtw.replica.standby.Standby.confirm`), and the next goes once it is acked
@@ -57,6 +57,11 @@ SNAP_IDS_MAX = 16384
 #: 200-byte messages held the reactor 80 ms in one go, a slice of this many about 4 ms)
 LIVE_RUNS_SLICE = 4096
 
+#: message bytes a turn's publishes to a topic gather into one PUB record at most: a record is
+#: made of them whole, so an MPUB that would take it past this starts the next one (many large
+#: MPUBs in a turn must not make a record past what a replica takes, records.MAX_RECORD)
+OPEN_RECORD_BYTES = 1 << 20
+
 
 class Pending:
     """A record kept until its replica acks it, with the publishers waiting on it.
@@ -65,13 +70,15 @@ class Pending:
     its topic add their messages, and the record is made at the turn's end
     (:meth:`OwnerSide._close_open`)."""
 
-    __slots__ = ("topic", "record", "waiters", "since", "number", "sent", "parts", "count", "publishes")
+    __slots__ = ("topic", "record", "waiters", "since", "number", "sent", "parts", "size", "count", "publishes")
 
     def __init__(self, topic: str, record: bytes, since: float) -> None:
         self.topic = topic
         self.record = record
         #: while open, the messages of its publishes as :func:`pub_messages` made them (None: closed)
         self.parts: list[bytes] | None = None
+        #: the bytes of those parts
+        self.size = 0
         #: messages, and publishes, it carries
         self.count = 0
         self.publishes = 0
@@ -452,6 +459,9 @@ class OwnerSide:
         if own is not None:
             own.add(messages, list(values), [len(b) for b in bodies])
         p = self._open.get(topic)
+        if p is not None and p.size + len(messages) > OPEN_RECORD_BYTES:
+            self._close_open(topic)  # full: these start the topic's next record
+            p = None
         if p is None:
             self.peer_for(topic)  # placed (and its link asked for) now; the record at the turn's end
             p = self._open[topic] = Pending(topic, b"", self.clock.seconds())
@@ -460,6 +470,7 @@ class OwnerSide:
                 self._at_turn_end(self._turn_ended)
         assert p.parts is not None
         p.parts.append(messages)
+        p.size += len(messages)
         p.count += len(bodies)
         p.publishes += 1
         d: Deferred[None] = Deferred()

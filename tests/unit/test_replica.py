@@ -34,7 +34,7 @@ from nsqtw.replica.choice import Candidate, Choice, rendezvous
 from nsqtw.replica.disklog import FLUSH_DELAY, STANDBY_SUFFIX, StandbyLog, log_prefix
 from nsqtw.replica.journal import Entry, encode_entry, encode_json_entry, parse_entries, read_logs
 from nsqtw.replica.link import BEAT_INTERVAL, UPGRADE, Link, OwnerLink, upgrade_request
-from nsqtw.replica.owner import OwnerSide
+from nsqtw.replica.owner import OPEN_RECORD_BYTES, OwnerSide
 from nsqtw.replica.records import (
     MAX_RECORD,
     Kind,
@@ -688,6 +688,21 @@ def test_a_turns_publishes_to_a_topic_leave_as_one_record_acked_once() -> None:
         d.addCallback(lambda _, n=n: fired.append(n))
     link.dataReceived(encode_ack(3))  # HELLO, the first publish's PUB, then the turn's
     assert fired == [1, 2, 3] and o.side.topic_stats(t)["unacked"] == 0
+
+
+def test_a_turns_publishes_past_the_bound_start_the_next_record() -> None:
+    o = Owner()
+    o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    _, link, transport = o.up()
+    transport.clear()
+    big = b"x" * (OPEN_RECORD_BYTES // 2 - 100)  # two fit, with their headers
+    for n in (2, 3, 4):  # the third would take the record past the bound
+        o.side.published("t", [n], [big], NOW_NS, 0.0)
+    o.side.published("t", [5, 6], [b"five", b"six"], NOW_NS, 0.0)
+    o.reactor.advance(0)
+    sent = split_all(transport.value())
+    assert [pub_ids(payload) for _, payload in sent] == [[mid(2), mid(3)], [mid(4), mid(5), mid(6)]]
+    assert all(len(payload) < OPEN_RECORD_BYTES + 1024 for _, payload in sent)
 
 
 def test_a_record_about_the_topic_follows_the_turns_publishes_before_it() -> None:
