@@ -1,7 +1,7 @@
 """What a replicated one-message publish costs: round trips a second, the owner's and the peer's CPU a publish.
 
 Usage: python benchmarks/replica_cpu.py GO/bin [--publishers=16] [--runs=2] [--runfor=6s]
-       [--owner-flag=FLAG ...] [--peer-flag=FLAG ...]
+       [--batch-size=1] [--owner-flag=FLAG ...] [--peer-flag=FLAG ...]
 
 One nsqtw-lookupd and two nsqtw nodes with ``--replicas=2`` (one process
 each, registered with it), started fresh for each run. Go's
@@ -17,7 +17,8 @@ outside the checkout, alternating).
 
 ``--owner-flag`` and ``--peer-flag`` add nsqtw flags to one node
 (``--peer-flag=--busy-poll=0``: the peer sleeps between records instead
-of spinning).
+of spinning). ``--batch-size=200`` sends MPUBs of 200 messages instead,
+and the figures are then a message's.
 
 GO/bin holds Go NSQ v1.3.0's ``bench_writer``.
 """
@@ -41,7 +42,7 @@ def _cpu(pid: int) -> float:
     return user + system
 
 
-def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, owner_flags: list[str],
+def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, batch: int, owner_flags: list[str],
             peer_flags: list[str]) -> tuple[float, float, float]:
     """Fresh owner and peer, one load: (publishes a second, owner µs a publish, peer µs a publish)."""
     with tempfile.TemporaryDirectory(prefix="nsqtw-replica-cpu-") as tmp:
@@ -57,7 +58,7 @@ def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, owner_f
             time.sleep(2.0)  # both registered, and the peer found through lookupd
             before = _cpu(owner.pid), _cpu(peer.pid)
             out = subprocess.run([os.path.join(go_bin, "bench_writer"), f"--nsqd-tcp-address={tcp}",
-                                  "--batch-size=1", "--size=200", f"--runfor={runfor}", "--topic=replica_cpu"],
+                                  f"--batch-size={batch}", "--size=200", f"--runfor={runfor}", "--topic=replica_cpu"],
                                  capture_output=True, text=True, env={**os.environ, "GOMAXPROCS": str(publishers)})
             after = _cpu(owner.pid), _cpu(peer.pid)
             found = re.search(r"duration: (\S+)s - [0-9.]+mb/s - ([0-9.]+)ops/s", out.stdout + out.stderr)
@@ -78,6 +79,7 @@ def main() -> int:
     parser.add_argument("--publishers", type=int, default=16)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--runfor", default="6s")
+    parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--owner-flag", action="append", default=[])
     parser.add_argument("--peer-flag", action="append", default=[])
     ns = parser.parse_args()
@@ -88,7 +90,7 @@ def main() -> int:
         try:
             for run in range(ns.runs):
                 rate, owner, peer = one_run(os.path.abspath(ns.go_bin), found["TCP"], ns.publishers, ns.runfor,
-                                            ns.owner_flag, ns.peer_flag)
+                                            ns.batch_size, ns.owner_flag, ns.peer_flag)
                 figures.append((rate, owner, peer))
                 print(f"run {run + 1}/{ns.runs}: {rate:,.0f} publishes/s, owner {owner:.1f} µs, peer {peer:.1f} µs"
                       " a publish", flush=True)
