@@ -604,9 +604,11 @@ def test_tls(daemon_factory: Callable[..., Daemon], tmp_path: Path, consumers: l
     p = Producer(WriterOptions.parse({**tls, "topic": "ev"}))
     p.publish("ev", [b"s%d" % i for i in range(50)])
     p.close()
-    c = start(consumers, ReaderOptions.parse({**tls, "topic": "ev", "channel": "sp", "msg_timeout_ms": "1000"}))
+    # held past their timeout, they live on by TOUCHes, which share the TLS connection with the reads
+    # (sent halfway to it, every 0.2 s at most: 2 s leaves a loaded machine 0.8 s for one to go)
+    c = start(consumers, ReaderOptions.parse({**tls, "topic": "ev", "channel": "sp", "msg_timeout_ms": "2000"}))
     end = plan_until(c, Offset(0), 50)
-    time.sleep(1.5)  # TOUCHes and reads share the TLS connection
+    time.sleep(3.0)
     assert sorted(bodies(c, Offset(0), end)) == sorted(b"s%d" % i for i in range(50))
     c.acknowledge(end)
     wait_for(lambda: channel_stats(nsqd, "ev", "sp")["in_flight_count"] == 0, what="FINs over TLS")

@@ -73,9 +73,13 @@ def ports(log: str) -> list[int]:
 
 
 def check_nothing_left(token: str, log: str, when: str) -> None:
-    """Within a second, no process of the node is alive and its ports are free."""
+    """Within a second, no process of the node is alive and its ports are free.
+
+    Both are waited for: a killed process's environment is gone (``marked`` no longer finds it)
+    as soon as its memory is let go, which the kernel does before it closes the process's
+    files, so for a moment its listening socket outlives what ``marked`` sees."""
     deadline = time.monotonic() + 1.0
-    while marked(token) and time.monotonic() < deadline:
+    while (marked(token) or not all(bindable(p) for p in ports(log))) and time.monotonic() < deadline:
         time.sleep(0.01)
     left = sorted(marked(token))
     for pid in left:  # not to leave them to the next test
