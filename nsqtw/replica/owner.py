@@ -24,7 +24,6 @@ from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from nsqtw.core.nsqd import all_of
 from nsqtw.errors import ReplicaError
 from nsqtw.log import Logger
 from nsqtw.net.turn import turn_end_caller
@@ -68,9 +67,13 @@ class Pending:
 
     While its turn lasts it is open (:attr:`parts`): the turn's publishes to
     its topic add their messages, and the record is made at the turn's end
-    (:meth:`OwnerSide._close_open`)."""
+    (:meth:`OwnerSide._close_open`), when its messages go into the topic's
+    own log too, in one append. Its publishers are answered once the
+    replica acked it and, with ``--durable-delivery``, that append is
+    written (:meth:`answer`)."""
 
-    __slots__ = ("topic", "record", "waiters", "since", "number", "sent", "parts", "size", "count", "publishes")
+    __slots__ = ("topic", "record", "waiters", "since", "number", "sent", "parts", "size", "count", "publishes",
+                 "own_values", "own_sizes", "own_unwritten", "acked")
 
     def __init__(self, topic: str, record: bytes, since: float) -> None:
         self.topic = topic
@@ -90,6 +93,26 @@ class Pending:
         #: when it was given to its replica now, or sent on that replica's link (a replica lost
         #: before acking it hands it to the next one: that one's time to ack counts from here)
         self.sent = since
+        #: while open, its messages' ID values and body sizes for the own log (None: no own log)
+        self.own_values: list[int] | None = None
+        self.own_sizes: list[int] | None = None
+        #: --durable-delivery: its own log append is not written yet (its publishers wait for it)
+        self.own_unwritten = False
+        #: its replica acked it (its publishers are answered once the own log's write is done too)
+        self.acked = False
+
+    def answer(self) -> None:
+        """Its publishers' OK, once both halves are done: the replica's ACK and the own log's write."""
+        if self.acked and not self.own_unwritten:
+            for d in self.waiters:
+                if not d.called:
+                    d.callback(None)
+
+    def own_written(self, _: object) -> None:
+        """The own log's append of it is written (or failed: the replica's copy stands, and
+        :meth:`OwnerSide.own_failed` says so)."""
+        self.own_unwritten = False
+        self.answer()
 
 
 class PeerLink:
@@ -213,9 +236,8 @@ class PeerLink:
         pending = self.pending
         while pending and 0 < pending[0].number <= number:
             p = pending.popleft()
-            for d in p.waiters:
-                if not d.called:
-                    d.callback(None)
+            p.acked = True
+            p.answer()
 
     def lag(self, now: float) -> float:
         """Seconds the oldest unacked record has waited (0 when none)."""
@@ -325,6 +347,8 @@ class OwnerSide:
         into the topic's own log, owed by the channels they went to, so the copies that were on
         the lost node are two again: its replica gets them once the takeover ends (:meth:`recopy`),
         and any later replica with the rest of the log."""
+        if self._open:
+            self._close_open(topic)
         own = self._own(topic)
         if own is None:
             return
@@ -455,9 +479,6 @@ class OwnerSide:
     def published(self, topic: str, values: Sequence[int], bodies: list[bytes], timestamp: int,
                   delay: float) -> Deferred[None]:
         messages = pub_messages(values, bodies, timestamp, delay)
-        own = self._own(topic)
-        if own is not None:
-            own.add(messages, list(values), [len(b) for b in bodies])
         p = self._open.get(topic)
         if p is not None and p.size + len(messages) > OPEN_RECORD_BYTES:
             self._close_open(topic)  # full: these start the topic's next record
@@ -466,22 +487,20 @@ class OwnerSide:
             self.peer_for(topic)  # placed (and its link asked for) now; the record at the turn's end
             p = self._open[topic] = Pending(topic, b"", self.clock.seconds())
             p.parts = []
+            if self._own(topic) is not None:
+                p.own_values, p.own_sizes = [], []
             if len(self._open) == 1:
                 self._at_turn_end(self._turn_ended)
         assert p.parts is not None
         p.parts.append(messages)
+        if p.own_values is not None and p.own_sizes is not None:
+            p.own_values.extend(values)
+            p.own_sizes.extend(map(len, bodies))
         p.size += len(messages)
         p.count += len(bodies)
         p.publishes += 1
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
-        if self.durable and own is not None:
-            # the OK also waits for the own log's fsync: a restart replays that log, and a replica
-            # told SYNCED lets go of what it does not name (usually written long before the ACK). A
-            # write that fails fails no publish: the replica's copy stands (:meth:`own_failed`)
-            written = own.disk.written().addErrback(lambda _: None)
-            if not written.called:
-                return all_of([d, written])
         return d
 
     def _turn_ended(self) -> None:
@@ -503,11 +522,32 @@ class OwnerSide:
             parts = p.parts
             assert parts is not None
             p.parts = None
-            p.record = frame_pub(p.topic, p.count, parts[0] if len(parts) == 1 else b"".join(parts))
+            messages = parts[0] if len(parts) == 1 else b"".join(parts)
+            p.record = frame_pub(p.topic, p.count, messages)
+            if p.own_values is not None:
+                self._add_own(p, messages)
             peer = self._place(p)
             if peer is not None:
                 peers.add(peer)
         return peers
+
+    def _add_own(self, p: Pending, messages: bytes) -> None:
+        """A closed record's messages into its topic's own log, one append for the turn's publishes.
+
+        With ``--durable-delivery`` its publishers' OK waits for that write too: a restart replays
+        the own log, and a replica told ``SYNCED`` lets go of what it does not name (usually
+        written long before the ACK)."""
+        values, sizes = p.own_values, p.own_sizes
+        p.own_values = p.own_sizes = None
+        own = self.own.get(p.topic)
+        if own is None or values is None or sizes is None:
+            return
+        own.add(messages, values, sizes)
+        if self.durable:
+            written = own.disk.written()
+            if not written.called:
+                p.own_unwritten = True
+                written.addBoth(p.own_written)
 
     def topic_stats(self, topic: str) -> dict[str, Any]:
         """``/stats``'s per topic ``replica``: where its copies go, and how far behind that is."""
@@ -537,11 +577,11 @@ class OwnerSide:
         return peer
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
+        if self._open:
+            self._close_open(topic)  # (first: the own log holds the turn's publishes before anything else)
         own = self.own.get(topic)
         if own is not None:
             own.finish(channel, ids)
-        if self._open:
-            self._close_open(topic)
         peer = self.placed.get(topic)
         if peer is not None:
             peer.send_now(encode_fin(topic, channel, ids))
@@ -554,18 +594,24 @@ class OwnerSide:
             peer.send_now(encode_json(kind, value))
 
     def channel_made(self, topic: str, channel: str, backlog: bool) -> None:
+        if self._open:
+            self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.channel(channel, backlog)
         self.send_json(topic, Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": backlog})
 
     def channel_gone(self, topic: str, channel: str) -> None:
+        if self._open:
+            self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.channel_gone(channel)
         self.send_json(topic, Kind.CHANNEL_GONE, {"topic": topic, "channel": channel})
 
     def emptied(self, topic: str, channel: str | None) -> None:
+        if self._open:
+            self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.empty(channel)

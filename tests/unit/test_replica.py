@@ -720,6 +720,29 @@ def test_a_record_about_the_topic_follows_the_turns_publishes_before_it() -> Non
     assert [pub_ids(sent[0][1]), pub_ids(sent[2][1])] == [[mid(2)], [mid(3)]]
 
 
+def test_a_turns_publishes_reach_the_own_log_in_one_append_before_anything_else_about_the_topic(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """The own log takes a turn's publishes to a topic as the record does: one append when the
+    record closes, which a record about the topic (EMPTY here) closes first, so the own log sees
+    the same order of events as the replica."""
+    o = Owner(channels=[("c", False)])
+    o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
+        str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
+    o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    own = o.side.own["t"]
+    appends: list[tuple[int, int]] = []
+    append = own.disk.append
+    monkeypatch.setattr(own.disk, "append",
+                        lambda data, first: (appends.append((first, len(data))), append(data, first)))
+    o.side.published("t", [2, 3], [b"two", b"three"], NOW_NS, 0.0)
+    assert appends == [] and own.arrivals == 0  # not before the record closes
+    o.side.emptied("t", "c")  # the three first, then emptied
+    o.side.published("t", [4], [b"four"], NOW_NS, 0.0)
+    o.reactor.advance(0)
+    assert [first for first, _ in appends] == [0, 3] and own.arrivals == 4
+    assert [own.holds(v) for v in (1, 2, 3, 4)] == [False, False, False, True]
+
+
 def test_finished_and_channel_records_go_to_the_topics_replica() -> None:
     o = Owner()
     o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
@@ -2477,11 +2500,20 @@ def test_with_durable_delivery_a_publish_waits_for_its_own_log_too() -> None:
     o.side.durable = True
     d = o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
     _, link, _ = o.up()
-    link.dataReceived(encode_ack(2))
-    assert not d.called
+    record = o.side.placed["t"].pending[0]
+    link.dataReceived(encode_ack(record.number))
+    assert record.acked and not d.called
     lane.jobs = [(job, (lambda *args: None), ()) for job, _, _ in lane.jobs]  # written (nowhere)
     lane.run()
     assert d.called and d.result is None
+    second = o.side.published("t", [2], [b"two"], NOW_NS, 0.0)  # written first, then acked
+    o.reactor.advance(0)
+    lane.jobs = [(job, (lambda *args: None), ()) for job, _, _ in lane.jobs]
+    lane.run()
+    record = o.side.placed["t"].pending[0]
+    assert not record.own_unwritten and not second.called
+    link.dataReceived(encode_ack(record.number))
+    assert second.called and second.result is None
 
 
 def test_synced_after_the_done_prefix_was_cut_meanwhile(tmp_path: Any, monkeypatch: Any) -> None:
@@ -2730,6 +2762,7 @@ def test_an_owner_sends_ids_first_only_to_a_replica_that_reads_them(tmp_path: An
     o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
         str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
     o.side.published("t", [1], [b"one"], NOW_NS, 0.0)
+    o.reactor.advance(0)  # the turn ends: its publishes are in the own log
     _, link, transport = o.up()
     transport.clear()
     link.dataReceived(encode_json(Kind.HELLO, {"node": A, "incarnation": "cccccccccccccccc", "version": version}))
@@ -2846,6 +2879,7 @@ def test_a_segment_goes_to_a_new_replica_a_slice_a_reactor_turn(tmp_path: Any, m
     o.side._make_own = lambda topic: Standby("self", topic, StandbyLog(
         str(tmp_path), f"own.{topic}", SynchronousDiskExecutor(), False))
     o.side.published("t", list(range(1, 11)), [b"m%d" % n for n in range(1, 11)], NOW_NS, 0.0)
+    o.reactor.advance(0)  # the turn ends: its publishes are in the own log
     _, link, transport = o.up()
     transport.clear()
     link.dataReceived(encode_json(Kind.HELLO, {"node": A, "incarnation": "cccccccccccccccc", "version": 1}))
