@@ -30,7 +30,9 @@ Two changes from ``EPollReactor.doPoll``:
 
 And one addition: it provides :class:`~nsqtw.net.turn.ITurnEnd`, calls run
 right after a turn's events are dispatched (the writes a turn gathered),
-without the timed call and the extra iteration of a ``callLater(0)``.
+without the timed call and the extra iteration of a ``callLater(0)``; a
+call those calls ask for runs in the same pass too (a few rounds at most),
+not in an iteration of its own.
 
 The reactor's private state it reads (the descriptor table, the epoll
 object, the per-descriptor dispatch) is read once, at construction,
@@ -52,7 +54,11 @@ from nsqtw.net.busypoll import BusyPoll
 from nsqtw.net.turn import ITurnEnd
 from nsqtw.net.twisted_privates import epoll_poller, epoll_ready_dispatcher, epoll_selectables
 
-__all__ = ["NSQTWReactor", "install"]
+__all__ = ["NSQTWReactor", "TURN_END_ROUNDS", "install"]
+
+#: rounds of calls at a turn's end run in one pass (calls asked by the calls of the round before);
+#: what is asked after the last waits for the next iteration, as a call asked before the wait does
+TURN_END_ROUNDS = 4
 
 
 @implementer(ITurnEnd)
@@ -74,12 +80,18 @@ class NSQTWReactor(EPollReactor):
         self._turn_end.append(f)
 
     def _run_turn_end(self) -> None:
-        calls, self._turn_end = self._turn_end, []
-        for f in calls:
-            try:
-                f()
-            except Exception:
-                self._turn_log.failure("call at the end of a reactor turn failed")
+        """The calls asked this turn; then those they asked for, in the same pass (the owner's
+        closing of a turn's records asks for its links' flushes), for at most
+        :data:`TURN_END_ROUNDS` rounds: a call that keeps asking again waits for the next turn."""
+        for _ in range(TURN_END_ROUNDS):
+            calls, self._turn_end = self._turn_end, []
+            for f in calls:
+                try:
+                    f()
+                except Exception:
+                    self._turn_log.failure("call at the end of a reactor turn failed")
+            if not self._turn_end:
+                return
 
     def doPoll(self, timeout: float | None) -> None:
         """Wait for events (at most ``timeout`` seconds; None: until one comes), dispatch them, then

@@ -32,8 +32,9 @@ class ITurnEnd(Interface):
 
     def callAtTurnEnd(f: Callable[[], object]) -> None:
         """Call ``f()`` once the events of this turn are dispatched, before the reactor waits
-        again (asked outside a dispatch, by a timed call: before the next wait). An exception
-        ``f`` raises is logged; the other calls still run."""
+        again (asked outside a dispatch, by a timed call: before the next wait; asked by such a
+        call itself: after it, in the same pass). An exception ``f`` raises is logged; the other
+        calls still run."""
 
 
 def turn_end_caller(clock: IReactorTime) -> Callable[[Callable[[], object]], None]:

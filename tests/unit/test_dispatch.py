@@ -200,6 +200,37 @@ class TurnEndTests(ReactorTestCase):
         self.reactor.doIteration(0)
         self.assertEqual((ran, waits), ([1], [0]))
 
+    def test_a_call_asked_by_a_call_at_the_turns_end_runs_in_the_same_pass(self) -> None:
+        """No extra iteration for it (the owner's records closed at a turn's end ask for their
+        link's flush); a call that keeps asking again stops after TURN_END_ROUNDS rounds."""
+        from nsqtw.net.epollreactor import TURN_END_ROUNDS
+
+        waits: list[float | None] = []
+        self.reactor.busy_poll = lambda timeout, n: waits.append(timeout) or []  # type: ignore[assignment,func-returns-value]
+        ran: list[str] = []
+
+        def first() -> None:
+            ran.append("first")
+            self.reactor.callAtTurnEnd(lambda: ran.append("asked by it"))
+
+        self.reactor.callAtTurnEnd(first)
+        self.reactor.doIteration(0)
+        self.assertEqual((ran, waits), (["first", "asked by it"], []))
+        self.reactor.doIteration(0)
+        self.assertEqual(waits, [0])  # nothing left over: this one waits
+
+        rounds: list[int] = []
+
+        def again() -> None:
+            rounds.append(1)
+            self.reactor.callAtTurnEnd(again)
+
+        self.reactor.callAtTurnEnd(again)
+        self.reactor.doIteration(0)
+        self.assertEqual((len(rounds), waits), (TURN_END_ROUNDS, [0]))
+        self.reactor.doIteration(0)  # the one asked last runs before the next wait, instead of it
+        self.assertEqual((len(rounds), waits), (2 * TURN_END_ROUNDS, [0]))
+
     def test_a_call_that_raises_is_logged_and_the_others_still_run(self) -> None:
         from twisted.logger import globalLogPublisher
 
