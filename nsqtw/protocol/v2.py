@@ -432,7 +432,7 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
         self._input = _WAITING
         if self.parser.buffered() or self._decoder is not None:
             self._pause_waiting()
-        d.addBoth(self._unblock, then).addErrback(self._unexpected)
+        d.addBoth(self._unblock, then)
 
     def _pause_waiting(self) -> None:
         if not self._paused_waiting:
@@ -444,18 +444,25 @@ class V2Protocol(Handshake, Heartbeats, ClientStats, Consumer, Protocol):
         self._close()
 
     def _unblock(self, result: Any, then: Callable[[Any], None]) -> None:
+        """The one callback on what a command waited for (a publish waits on this for each
+        answer): ``then``, then the input that came meanwhile. What escapes is logged and closes
+        the connection, never left in the Deferred."""
         if self._input is not _WAITING:  # closed meanwhile
             return
         self._input = _RUNNING
         try:
-            then(result)
-        except NSQError as e:
-            self._send_error(e)
-        if self._input is _RUNNING:  # not waiting again (``then`` may wait), nor closed
-            if self._paused_waiting:
-                self._paused_waiting = False
-                self.transport.resumeProducing()  # type: ignore[union-attr]
-            self._process()
+            try:
+                then(result)
+            except NSQError as e:
+                self._send_error(e)
+            if self._input is _RUNNING:  # not waiting again (``then`` may wait), nor closed
+                if self._paused_waiting:
+                    self._paused_waiting = False
+                    self.transport.resumeProducing()  # type: ignore[union-attr]
+                if self.parser.buffered() or self._decoder is not None:
+                    self._process()  # (a publisher that waits for each answer sent nothing more)
+        except Exception:
+            self._unexpected(Failure())
 
     def _sub(self, args: list[bytes]) -> None:
         if self.state != _INIT:
