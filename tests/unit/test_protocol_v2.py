@@ -906,6 +906,28 @@ class SliceTests(SynchronousTestCase):
         written.callback(None)
         self.assertEqual((transport.producerState, proto._input), ("producing", Input.RUNNING))
 
+    def test_what_escapes_a_waits_answer_is_logged_and_closes_the_connection(self) -> None:
+        """The wait's one callback keeps nothing in the Deferred: a bug in the answer (not an NSQ
+        error) is logged as unexpected and closes the connection; what came meanwhile is not run."""
+        from twisted.internet.defer import Deferred
+
+        from nsqtw.protocol.v2 import Input
+        nsqd, clock = make_nsqd()
+        proto, transport = connect(nsqd, clock)
+        written: Deferred[None] = Deferred()
+
+        def broken(_: object) -> None:
+            raise ZeroDivisionError("a bug")
+
+        proto._block_until(written, broken)
+        proto.dataReceived(encode_command(b"PUB", b"t", body=b"later"))
+        written.callback(None)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(proto._input, Input.CLOSED)
+        self.assertTrue(transport.disconnecting)
+        self.assertIsNone(written.result)  # consumed: no unhandled error in the Deferred
+        self.assertNotIn("t", nsqd.topics)
+
     def test_a_closed_connection_stays_closed_after_a_run_of_reqs(self) -> None:
         """A run of REQs whose error closes the connection does not yield a slice: it stays closed."""
         from nsqtw.protocol.v2 import REQS_PER_SLICE, Input
