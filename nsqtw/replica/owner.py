@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -60,6 +61,9 @@ LIVE_RUNS_SLICE = 4096
 #: made of them whole, so an MPUB that would take it past this starts the next one (many large
 #: MPUBs in a turn must not make a record past what a replica takes, records.MAX_RECORD)
 OPEN_RECORD_BYTES = 1 << 20
+
+#: what :meth:`OwnerSide._close_open` returns when nothing is open (no set made per FIN run)
+_NO_PEERS: frozenset[PeerLink] = frozenset()
 
 
 class Pending:
@@ -347,8 +351,7 @@ class OwnerSide:
         into the topic's own log, owed by the channels they went to, so the copies that were on
         the lost node are two again: its replica gets them once the takeover ends (:meth:`recopy`),
         and any later replica with the rest of the log."""
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         own = self._own(topic)
         if own is None:
             return
@@ -509,9 +512,13 @@ class OwnerSide:
             if peer.link is not None:
                 peer.link.flush_now()
 
-    def _close_open(self, topic: str | None = None) -> set[PeerLink]:
+    def _close_open(self, topic: str | None = None) -> AbstractSet[PeerLink]:
         """The open publishes (of ``topic`` only, if given) made records and given to their
-        replicas, before anything else is sent about their topic; the replicas they went to."""
+        replicas, before anything else is sent about their topic or done to its own log; the
+        replicas they went to. Everything about a topic calls this first (a FIN run too: with
+        nothing open it returns at once)."""
+        if not self._open:
+            return _NO_PEERS
         if topic is None:
             opened, self._open = list(self._open.values()), {}
         else:
@@ -524,15 +531,15 @@ class OwnerSide:
             p.parts = None
             messages = parts[0] if len(parts) == 1 else b"".join(parts)
             p.record = frame_pub(p.topic, p.count, messages)
-            if p.own_values is not None:
-                self._add_own(p, messages)
+            self._add_own(p, messages)
             peer = self._place(p)
             if peer is not None:
                 peers.add(peer)
         return peers
 
     def _add_own(self, p: Pending, messages: bytes) -> None:
-        """A closed record's messages into its topic's own log, one append for the turn's publishes.
+        """A closed record's messages into its topic's own log (if it has one), one append for the
+        turn's publishes.
 
         With ``--durable-delivery`` its publishers' OK waits for that write too: a restart replays
         the own log, and a replica told ``SYNCED`` lets go of what it does not name (usually
@@ -577,8 +584,7 @@ class OwnerSide:
         return peer
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
-        if self._open:
-            self._close_open(topic)  # (first: the own log holds the turn's publishes before anything else)
+        self._close_open(topic)  # (first: the own log holds the turn's publishes before anything else)
         own = self.own.get(topic)
         if own is not None:
             own.finish(channel, ids)
@@ -587,39 +593,34 @@ class OwnerSide:
             peer.send_now(encode_fin(topic, channel, ids))
 
     def send_json(self, topic: str, kind: Kind, value: dict[str, Any]) -> None:
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         peer = self.placed.get(topic)
         if peer is not None:
             peer.send_now(encode_json(kind, value))
 
     def channel_made(self, topic: str, channel: str, backlog: bool) -> None:
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.channel(channel, backlog)
         self.send_json(topic, Kind.CHANNEL, {"topic": topic, "channel": channel, "backlog": backlog})
 
     def channel_gone(self, topic: str, channel: str) -> None:
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.channel_gone(channel)
         self.send_json(topic, Kind.CHANNEL_GONE, {"topic": topic, "channel": channel})
 
     def emptied(self, topic: str, channel: str | None) -> None:
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         own = self.own.get(topic)
         if own is not None:
             own.empty(channel)
         self.send_json(topic, Kind.EMPTY, {"topic": topic, "channel": channel})
 
     def topic_gone(self, topic: str) -> None:
-        if self._open:
-            self._close_open(topic)
+        self._close_open(topic)
         own = self.own.pop(topic, None)
         if own is not None:
             own.disk.remove()
