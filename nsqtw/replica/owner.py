@@ -16,7 +16,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
-from collections.abc import Set as AbstractSet
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -61,10 +60,6 @@ LIVE_RUNS_SLICE = 4096
 #: made of them whole, so an MPUB that would take it past this starts the next one (many large
 #: MPUBs in a turn must not make a record past what a replica takes, records.MAX_RECORD)
 OPEN_RECORD_BYTES = 1 << 20
-
-#: what :meth:`OwnerSide._close_open` returns when nothing is open (no set made per FIN run)
-_NO_PEERS: frozenset[PeerLink] = frozenset()
-
 
 class Pending:
     """A record kept until its replica acks it, with the publishers waiting on it.
@@ -507,24 +502,24 @@ class OwnerSide:
         return d
 
     def _turn_ended(self) -> None:
-        """The turn's publishes leave: a record a topic, written now (not a turn later)."""
-        for peer in self._close_open():
-            if peer.link is not None:
-                peer.link.flush_now()
+        """The turn's publishes leave: a record a topic, queued on its link, whose own flush at the
+        turn's end (asked now) writes it in the same pass on nsqtw's reactor, not a turn later."""
+        self._close_open()
 
-    def _close_open(self, topic: str | None = None) -> AbstractSet[PeerLink]:
+    def _close_open(self, topic: str | None = None) -> None:
         """The open publishes (of ``topic`` only, if given) made records and given to their
-        replicas, before anything else is sent about their topic or done to its own log; the
-        replicas they went to. Everything about a topic calls this first (a FIN run too: with
-        nothing open it returns at once)."""
+        replicas, before anything else is sent about their topic or done to its own log.
+        Everything about a topic calls this first (a FIN run too: with nothing open it returns
+        at once)."""
         if not self._open:
-            return _NO_PEERS
+            return
         if topic is None:
             opened, self._open = list(self._open.values()), {}
         else:
             one = self._open.pop(topic, None)
-            opened = [] if one is None else [one]
-        peers = set()
+            if one is None:
+                return
+            opened = [one]
         for p in opened:
             parts = p.parts
             assert parts is not None
@@ -532,10 +527,7 @@ class OwnerSide:
             messages = parts[0] if len(parts) == 1 else b"".join(parts)
             p.record = frame_pub(p.topic, p.count, messages)
             self._add_own(p, messages)
-            peer = self._place(p)
-            if peer is not None:
-                peers.add(peer)
-        return peers
+            self._place(p)
 
     def _add_own(self, p: Pending, messages: bytes) -> None:
         """A closed record's messages into its topic's own log (if it has one), one append for the
@@ -575,13 +567,12 @@ class OwnerSide:
             self.log.error("REPLICATION: {topic}'s own log could not be written - {error}; its replica keeps"
                            " every copy it holds from now on", topic=topic, error=failure.getErrorMessage())
 
-    def _place(self, p: Pending) -> PeerLink | None:
+    def _place(self, p: Pending) -> None:
         peer = self.peer_for(p.topic)
         if peer is None:
             self.unplaced.append(p)
         else:
             peer.send(p)
-        return peer
 
     def finished(self, topic: str, channel: str, ids: list[bytes]) -> None:
         self._close_open(topic)  # (first: the own log holds the turn's publishes before anything else)
