@@ -61,6 +61,7 @@ LIVE_RUNS_SLICE = 4096
 #: MPUBs in a turn must not make a record past what a replica takes, records.MAX_RECORD)
 OPEN_RECORD_BYTES = 1 << 20
 
+
 class Pending:
     """A record kept until its replica acks it, with the publishers waiting on it.
 
