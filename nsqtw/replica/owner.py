@@ -489,7 +489,9 @@ class OwnerSide:
             if self._own(topic) is not None:
                 p.own_values, p.own_sizes = [], []
             if len(self._open) == 1:
-                self._at_turn_end(self._turn_ended)
+                # the turn's records are closed and queued on their links at its end; each link's
+                # own turn-end flush then writes them in the same pass on nsqtw's reactor
+                self._at_turn_end(self._close_open)
         assert p.parts is not None
         p.parts.append(messages)
         if p.own_values is not None and p.own_sizes is not None:
@@ -501,11 +503,6 @@ class OwnerSide:
         d: Deferred[None] = Deferred()
         p.waiters.append(d)
         return d
-
-    def _turn_ended(self) -> None:
-        """The turn's publishes leave: a record a topic, queued on its link, whose own flush at the
-        turn's end (asked now) writes it in the same pass on nsqtw's reactor, not a turn later."""
-        self._close_open()
 
     def _close_open(self, topic: str | None = None) -> None:
         """The open publishes (of ``topic`` only, if given) made records and given to their
