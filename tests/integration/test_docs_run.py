@@ -81,8 +81,12 @@ PLAN: dict[str, list[Block]] = {
     ],
     "docs/admin.md": [
         Block("twistd -n --pidfile= nsqtw-admin --lookupd-http-address=127.0.0.1:4161"),
-        Block("/api/topics/orders", expect=tuple(f'"request":"{r}","ok":true' for r in (
-            "topic/pause", "channel/empty", "channel/delete", "topic/tombstone", "topic/delete"))),
+        Block("for the admin to act on", expect=("OK",)),
+        # (the admin finds the topic's nodes through the lookupd: the page waits for the node's registration)
+        Block("/api/topics/orders",
+              wait_for=("curl -s 'http://127.0.0.1:4161/lookup?topic=orders'", '"channels":["billing"]'),
+              expect=tuple(f'"request":"{r}","ok":true' for r in (
+                  "topic/pause", "channel/empty", "channel/delete", "topic/tombstone", "topic/delete"))),
     ],
     "docs/cluster.md": [
         Block(says, elsewhere=CLUSTER) for says in (
