@@ -403,7 +403,13 @@ class BufferedLogWriter(io.TextIOBase):
         #: the pending flush: at the end of this turn (delay 0) or after :attr:`interval`
         self._call: Any = None
         self._call_soon = False
-        self._lock = threading.Lock()
+        #: reentrant: a Python signal handler runs in the main thread between two
+        #: bytecodes, possibly while this thread holds the lock, and Twisted's own
+        #: SIGTERM and SIGINT handlers log ("Received SIGTERM, shutting down."). With
+        #: a plain lock that line waited for itself: the daemon hung in its handler,
+        #: never stopping. A nested write at any point only appends (see
+        #: :meth:`flush_now`), so it can reorder a line but not lose one.
+        self._lock = threading.RLock()
         #: flushes whose lines could not be written (the stream raised) and were dropped
         self.lost_writes = 0
         #: while the start is not settled (:meth:`hold_start`): what was written, with the
@@ -557,9 +563,11 @@ class BufferedLogWriter(io.TextIOBase):
             except Exception:
                 pass  # already called or cancelled
         with self._lock:
-            text = "".join(self._lines)
-            self._lines.clear()
+            # swapped, not cleared after the join: a line a signal handler adds
+            # meanwhile lands in one list or the other, never between
+            lines, self._lines = self._lines, []
             self._size = 0
+        text = "".join(lines)
         try:
             if text:
                 self._stream.write(text)

@@ -340,6 +340,73 @@ class StartHoldTests(SynchronousTestCase):
         self.assertEqual(stream.getvalue().count("\n"), 3)
 
 
+#: a writer that takes a real SIGUSR1 while it holds its lock for a line starting "outer" (Twisted's
+#: SIGTERM handler logs; so does this one), in a process of its own: a writer that waits for itself
+#: never returns, and the test ends it
+INTERRUPTED_WRITER = """
+import io, signal, sys
+from twisted.internet.task import Clock
+from twisted.logger import LogLevel
+from twisted.python import threadable
+from nsqtw.log import BufferedLogWriter
+
+threadable.registerAsIOThread()
+clock = Clock()
+clock.running = True
+stream = io.StringIO()
+writer = BufferedLogWriter(stream, clock)
+keep = writer._keep
+
+def interrupted_keep(text, rank):
+    if text.startswith("outer"):
+        signal.raise_signal(signal.SIGUSR1)  # its Python handler runs before this call returns
+    return keep(text, rank)
+
+def handler(signum, frame):
+    writer.write_line("received SIGTERM\\n", LogLevel.info)
+    writer.write("RECEIVED SIGTERM\\n")
+
+writer._keep = interrupted_keep
+signal.signal(signal.SIGUSR1, handler)
+if sys.argv[1] == "held":
+    writer.hold_start()
+    writer.write("outer start-up line\\n")
+    assert stream.getvalue() == "", stream.getvalue()
+    writer.start_succeeded()
+else:
+    writer.write("outer twistd line\\n")
+    writer.write_line("outer nsqtw line\\n", LogLevel.info)
+writer.flush_now()
+sys.stdout.write(stream.getvalue())
+"""
+
+
+class SignalHandlerTests(SynchronousTestCase):
+    """A signal handler that logs while the main thread is inside the writer (Twisted's SIGTERM handler
+    does) neither waits for itself nor loses a line: a daemon stopped under load used to hang in it."""
+
+    def run_interrupted(self, case: str) -> str:
+        import subprocess
+        import sys
+
+        try:
+            out = subprocess.run([sys.executable, "-c", INTERRUPTED_WRITER, case], capture_output=True,
+                                 text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("the writer waited for itself: a signal handler's line never returned")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout
+
+    def test_a_handler_logging_inside_a_write_is_written_too(self) -> None:
+        self.assertEqual(self.run_interrupted("write"),
+                         "received SIGTERM\nRECEIVED SIGTERM\nouter twistd line\n"
+                         "received SIGTERM\nRECEIVED SIGTERM\nouter nsqtw line\n")
+
+    def test_a_handler_logging_inside_a_held_start_is_written_too(self) -> None:
+        self.assertEqual(self.run_interrupted("held"),
+                         "received SIGTERM\nRECEIVED SIGTERM\nouter start-up line\n")
+
+
 class ClassicTextTests(SynchronousTestCase):
     """The fast formatter writes exactly what twisted.logger's classic text observer would."""
 
