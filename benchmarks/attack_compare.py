@@ -27,7 +27,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nsqtw.tools.daemons import start_listening  # noqa: E402
+from nsqtw.tools.daemons import start_listening, stop_daemons  # noqa: E402
 from tests import attacks  # noqa: E402
 from tests.daemon import Daemon, LookupdDaemon  # noqa: E402
 
@@ -84,8 +84,7 @@ def compare_lookupd(go: str, tmp: str) -> tuple[dict[str, str], dict[str, str]]:
         print("== Go nsqlookupd", flush=True)
         go_results = run_lookupd(tcp, http)
     finally:
-        proc.terminate()
-        proc.wait()
+        stop_daemons(("Go nsqlookupd", proc))
     d = LookupdDaemon(tmp).start()
     try:
         time.sleep(0.3)
@@ -117,8 +116,7 @@ def main() -> None:
             print("== Go nsqd", flush=True)
             go_results = run(tcp, http, cycles, only)
         finally:
-            proc.terminate()
-            proc.wait()
+            stop_daemons(("Go nsqd", proc))
         d = Daemon(f"{tmp}/tw").start()
         try:
             time.sleep(0.3)  # as for Go: start-up work settles before the first attack

@@ -25,7 +25,7 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nsqtw.tools.daemons import LISTEN_LINE, nsqtw_command, process_cpu  # noqa: E402
+from nsqtw.tools.daemons import LISTEN_LINE, nsqtw_command, process_cpu, stop_daemons  # noqa: E402
 from tests.attacks import MAGIC, _connect, _read_frame, churn  # noqa: E402
 
 
@@ -123,8 +123,7 @@ def main() -> None:
                               f"{user + system:6.1f} us/cycle (user {user:6.1f}, sys {system:6.1f})",
                               flush=True)
                 finally:
-                    proc.terminate()
-                    proc.wait()
+                    stop_daemons((label, proc))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     print("\nmedians: cycles/s, daemon CPU µs per cycle (of it user µs)")
     print("\n| kind | " + " | ".join(label for label, _ in targets) + " |")

@@ -24,7 +24,7 @@ import time
 import urllib.request
 
 import nsqtw
-from nsqtw.tools.daemons import nsqtw_command, rss_bytes, start_daemon
+from nsqtw.tools.daemons import nsqtw_command, rss_bytes, start_daemon, stop_daemons
 
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.dirname(os.path.dirname(os.path.abspath(nsqtw.__file__))), os.environ.get("PYTHONPATH", "")]))
@@ -64,8 +64,7 @@ def main() -> None:
         print(f"{args.channels} channels without clients, {args.messages} messages of 100 B: "
               f"RSS grew {grew / 1e6:.1f} MB")
     finally:
-        proc.terminate()
-        proc.wait()
+        stop_daemons(("nsqtw", proc))
         shutil.rmtree(data, ignore_errors=True)
 
 

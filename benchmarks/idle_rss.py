@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 import nsqtw
-from nsqtw.tools.daemons import TWISTD, rss_bytes, start_daemon, twistd_floor_rss
+from nsqtw.tools.daemons import TWISTD, rss_bytes, start_daemon, stop_daemons, twistd_floor_rss
 
 #: the daemons' environment: the nsqtw imported here first on their path
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -61,8 +61,7 @@ def idle_rss(cmd: list[str], magic: bytes | None, settle: float) -> float:
             time.sleep(settle)
             return rss_bytes(proc.pid) / 1e6
         finally:
-            proc.terminate()
-            proc.wait(30)
+            stop_daemons((cmd[0], proc))
     finally:
         shutil.rmtree(data, ignore_errors=True)
 

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from nsqtw.tools.daemons import TWISTD, nsqtw_command, process_cpu, start_daemon, start_listening
+from nsqtw.tools.daemons import TWISTD, nsqtw_command, process_cpu, start_daemon, start_listening, stop_daemons
 
 
 def _cpu(pid: int) -> float:
@@ -48,13 +48,13 @@ def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, batch: 
     with tempfile.TemporaryDirectory(prefix="nsqtw-replica-cpu-") as tmp:
         shape = [f"--lookupd-tcp-address={lookupd_tcp}", "--broadcast-address=127.0.0.1", "--replicas=2",
                  "--workers=1", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
-        procs: list[subprocess.Popen[str]] = []
+        procs: list[tuple[str, subprocess.Popen[str]]] = []
         try:
             for name, flags in (("peer", peer_flags), ("owner", owner_flags)):
                 os.mkdir(os.path.join(tmp, name))
                 proc, tcp, _ = start_listening([*nsqtw_command(), f"--data-path={tmp}/{name}", *shape, *flags], tmp)
-                procs.append(proc)
-            peer, owner = procs
+                procs.append((name, proc))
+            (_, peer), (_, owner) = procs
             time.sleep(2.0)  # both registered, and the peer found through lookupd
             before = _cpu(owner.pid), _cpu(peer.pid)
             out = subprocess.run([os.path.join(go_bin, "bench_writer"), f"--nsqd-tcp-address={tcp}",
@@ -68,9 +68,7 @@ def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, batch: 
             publishes = rate * float(found.group(1))
             return (rate, (after[0] - before[0]) / publishes * 1e6, (after[1] - before[1]) / publishes * 1e6)
         finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                proc.wait()
+            stop_daemons(*reversed(procs))
 
 
 def main() -> int:
@@ -97,8 +95,7 @@ def main() -> int:
                 print(f"run {run + 1}/{ns.runs}: {rate:,.0f} {units}/s, owner {owner:.1f} µs, peer {peer:.1f} µs"
                       f" a {unit}", flush=True)
         finally:
-            lookupd.terminate()
-            lookupd.wait()
+            stop_daemons(("nsqtw-lookupd", lookupd))
     rate, owner, peer = (statistics.median(f[k] for f in figures) for k in range(3))
     print(f"median of {ns.runs}, {ns.publishers} publishers: {rate:,.0f} {units}/s, owner {owner:.1f} µs,"
           f" peer {peer:.1f} µs a {unit}")

@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nsqtw.tools.daemons import nsqtw_command, start_listening  # noqa: E402
+from nsqtw.tools.daemons import nsqtw_command, start_listening, stop_daemons  # noqa: E402
 from nsqtw.tools.scale import ScaleResult, run_scale  # noqa: E402
 
 
@@ -53,8 +53,7 @@ def main() -> None:
                 results[name] = run_scale(tcp, http, topics, channels, clients, proc.pid)
                 print(f"== {name}\n{results[name].text()}", flush=True)
             finally:
-                proc.terminate()
-                proc.wait(60)
+                stop_daemons((name, proc), within=60)
     print(f"\n{topics} topics x {channels} channels x {clients} clients\n")
     print("| | " + " | ".join(results) + " |\n| --- | --- | --- |")
     rows = [("OS threads", lambda r: r.threads), ("open files", lambda r: r.open_files),

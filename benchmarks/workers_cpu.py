@@ -31,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nsqtw.tools.daemons import nsqtw_command, process_cpu, start_listening  # noqa: E402
+from nsqtw.tools.daemons import nsqtw_command, process_cpu, start_listening, stop_daemons  # noqa: E402
 
 LOADS = (("write", "bench_writer", ("-topic=bw",)),
          ("read", "bench_reader", ("-topic=bw", "-channel=ch")),
@@ -90,8 +90,7 @@ def main(argv: list[str]) -> None:
                            if n > 1 else f"{core + rest:.2f} µs/msg")
                     print(f"round {r + 1} {label:20} {name:12} {rate:>12,.0f}/s  {cpu}", flush=True)
             finally:
-                proc.terminate()
-                proc.wait(30)
+                stop_daemons((label, proc))
                 shutil.rmtree(data, ignore_errors=True)
 
 

@@ -27,7 +27,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nsqtw.tools.daemons import nsqtw_command, start_listening  # noqa: E402
+from nsqtw.tools.daemons import nsqtw_command, start_listening, stop_daemons  # noqa: E402
 from tests.rawclient import Client, subscribe  # noqa: E402
 
 CLIENTS = 64
@@ -126,8 +126,7 @@ def measure(workers: int, idle: float = 3.0, traffic: bool = True) -> dict[str, 
                 time.sleep(idle)
                 busy_total, busy_each = tree_pss(proc.pid)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            stop_daemons((f"nsqtw --workers={workers}", proc))
     return {"workers": workers, "processes": len(idle_each), "idle_mb": round(idle_total, 1),
             "idle_each_mb": [round(x, 1) for x in idle_each], "after_traffic_mb": round(busy_total, 1),
             "after_traffic_each_mb": [round(x, 1) for x in busy_each]}

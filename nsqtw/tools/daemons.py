@@ -12,9 +12,10 @@ import re
 import subprocess
 import sys
 import threading
+from typing import Any
 
 __all__ = ["LISTEN_LINE", "TWISTD", "TWISTD_FLOOR", "nsqtw_command", "process_cpu", "rss_bytes", "start_daemon",
-           "start_listening", "twistd_floor_rss"]
+           "start_listening", "stop_daemons", "twistd_floor_rss"]
 
 #: runs twistd from the current interpreter (no dependence on a ``twistd`` script on PATH)
 TWISTD = "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()"
@@ -65,6 +66,27 @@ def start_daemon(cmd: list[str], cwd: str, env: dict[str, str] | None = None,
             found[m.group(1)] = m.group(2)
     threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
     return proc, found
+
+
+def stop_daemons(*named: tuple[str, subprocess.Popen[Any]], within: float = 30.0) -> None:
+    """SIGTERM each ``(name, process)`` in turn and wait for it to exit.
+
+    One still there ``within`` seconds later is killed, the others are
+    stopped all the same, and then a ``RuntimeError`` names those that hung:
+    a graceful stop that hangs is a bug to see, not a wait for ever (nsqd's
+    own stop gives a failing disk 10 s).
+    """
+    hung = []
+    for name, proc in named:
+        proc.terminate()
+        try:
+            proc.wait(within)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            hung.append(f"{name} (pid {proc.pid})")
+    if hung:
+        raise RuntimeError(f"{', '.join(hung)}: still running {within:g} s after SIGTERM, killed")
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
