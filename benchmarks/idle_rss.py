@@ -44,8 +44,9 @@ DAEMONS = (
 )
 
 
-def idle_rss(cmd: list[str], magic: bytes | None, settle: float) -> float:
-    """Start ``cmd`` (its flags may name DATA), serve one /ping and one TCP client, settle; its RSS."""
+def idle_rss(name: str, cmd: list[str], magic: bytes | None, settle: float) -> float:
+    """Start daemon ``name`` from ``cmd`` (its flags may name DATA), serve one /ping and one TCP client,
+    settle; its RSS."""
     data = tempfile.mkdtemp(prefix="idle_rss.")
     try:
         proc, found = start_daemon([arg.replace("DATA", data) for arg in cmd], data, ENV,
@@ -61,7 +62,7 @@ def idle_rss(cmd: list[str], magic: bytes | None, settle: float) -> float:
             time.sleep(settle)
             return rss_bytes(proc.pid) / 1e6
         finally:
-            stop_daemons((cmd[0], proc))
+            stop_daemons((name, proc))
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'daemon':<12} {'Go':>8} {'nsqtw':>8}")
     for name, go, go_flags, plugin, flags, magic in DAEMONS:
         go_path = os.path.join(args.go_bin, go) if args.go_bin else ""
-        go_mb = idle_rss([go_path, *go_flags], magic, args.settle) if go_path and os.access(go_path, os.X_OK) else None
-        ours = idle_rss([sys.executable, "-c", TWISTD, "--pidfile=", "-n", plugin, *flags], magic, args.settle)
+        go_mb = (idle_rss(f"Go {go}", [go_path, *go_flags], magic, args.settle)
+                 if go_path and os.access(go_path, os.X_OK) else None)
+        ours = idle_rss(plugin, [sys.executable, "-c", TWISTD, "--pidfile=", "-n", plugin, *flags], magic, args.settle)
         print(f"{name:<12} {'—' if go_mb is None else f'{go_mb:.1f}':>8} {ours:>8.1f}")
     print(f"{'twistd floor':<12} {'':>8} {floor:>8.1f}")
 
