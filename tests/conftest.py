@@ -7,6 +7,20 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import daemon
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Fail the test whose teardown (its own fixtures', or its module's after its last test) had
+    to kill a daemon that did not stop on SIGTERM or SIGINT (:data:`tests.daemon.HUNG`): a
+    daemon that hangs on its way out is a bug, and a quiet kill would hide it."""
+    result = yield
+    if daemon.HUNG:
+        hung, daemon.HUNG[:] = list(daemon.HUNG), []
+        pytest.fail("a daemon did not stop when asked: " + "; ".join(hung), pytrace=False)
+    return result
+
 
 @pytest.fixture
 def notify_socket(tmp_path) -> Iterator[tuple[str, socket.socket]]:

@@ -17,6 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LISTEN = re.compile(r"(TCP|HTTP|HTTPS): listening on (\S+)")
 
 
+#: daemons that did not stop within their ``stop`` timeout of SIGTERM or SIGINT, and were killed
+#: (:meth:`Daemon.stop`); tests/conftest.py fails the test whose teardown found one
+HUNG: list[str] = []
+
 #: the ``--workers`` values the client suites run with (``workers`` in tests/integration/conftest.py)
 WORKERS = [1, 2]
 
@@ -181,16 +185,28 @@ class Daemon:
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        """Signal the daemon, wait at most ``timeout`` seconds for it to exit, and return its code.
+
+        A daemon a test froze (SIGSTOP) is continued after the signal, so it acts on it. One
+        still running ``timeout`` after a signal that asks it to stop (SIGTERM, SIGINT) is killed
+        and noted in :data:`HUNG`; the test whose teardown saw that fails (tests/conftest.py),
+        so a daemon that hangs on its way out is a failure, never a quiet 20 s kill.
+        """
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
+            if sig != signal.SIGKILL:
+                self.proc.send_signal(signal.SIGCONT)
         try:
             deadline = time.monotonic() + timeout
             while self.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             if self.proc.poll() is None:
                 self.proc.kill()
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    HUNG.append(f"{self.plugin} (pid {self.proc.pid}, {' '.join(self.args)}) still running "
+                                f"{timeout:g} s after {signal.Signals(sig).name}: killed")
             rc = self.proc.wait()
         finally:
             if self._reader is not None:
