@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 
-from nsqtw.tools.daemons import nsqtw_command, start_listening
+from nsqtw.tools.daemons import nsqtw_command, start_listening, stop_daemons
 
 PUBLISHERS = (1, 8)
 
@@ -40,8 +39,8 @@ def one(cmd: list[str], workers: int, runfor: str) -> float:
                                  capture_output=True, text=True, check=True, timeout=600)
             return float(json.loads(out.stdout.strip().splitlines()[-1])["ops_per_s"])
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            ours = cmd[:len(nsqtw_command())] == nsqtw_command()
+            stop_daemons(("nsqtw" if ours else os.path.basename(cmd[0]), proc), within=60.0)
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,18 +28,13 @@ import tempfile
 import time
 
 from nsqtw.tools.compare import READ, ROUND_TRIP, WRITE, Clients, Measure
-from nsqtw.tools.daemons import TWISTD, nsqtw_command, start_daemon, start_listening
+from nsqtw.tools.daemons import TWISTD, nsqtw_command, start_daemon, start_listening, stop_daemons
 
 MEASURES = (WRITE, READ, ROUND_TRIP)
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+#: seconds a daemon has to exit after SIGTERM before the run fails naming it
+STOP_WITHIN = 120.0
 
 
 def session(cmd: list[str], lookupd_tcp: str, replicated: bool, clients: Clients,
@@ -48,19 +42,19 @@ def session(cmd: list[str], lookupd_tcp: str, replicated: bool, clients: Clients
     """Fresh daemon(s), the measures in order; messages/s of each."""
     with tempfile.TemporaryDirectory(prefix="nsqtw-replicas-") as tmp:
         shape = [f"--lookupd-tcp-address={lookupd_tcp}", "--broadcast-address=127.0.0.1"]
-        procs = []
+        procs: list[tuple[str, subprocess.Popen[str]]] = []
         try:
             if replicated:
                 os.mkdir(os.path.join(tmp, "peer"))
                 peer, _, _ = start_listening([*nsqtw_command(), f"--data-path={tmp}/peer", "--tcp-address=127.0.0.1:0",
                                               "--http-address=127.0.0.1:0", "--workers=1", "--replicas=2",
                                               *shape], tmp)
-                procs.append(peer)
+                procs.append(("the peer", peer))
                 shape.append("--replicas=2")
             os.mkdir(os.path.join(tmp, "node"))
             node, tcp, _ = start_listening([*cmd, f"--data-path={tmp}/node", "--tcp-address=127.0.0.1:0",
                                             "--http-address=127.0.0.1:0", *shape], tmp)
-            procs.append(node)
+            procs.append(("the node", node))
             time.sleep(2.0)  # registered, and (replicated) its peer found through lookupd
             out: dict[str, float] = {}
             for m in measures:
@@ -69,8 +63,7 @@ def session(cmd: list[str], lookupd_tcp: str, replicated: bool, clients: Clients
                 out[m.key] = clients.take("Go bench", m, tcp)[0]
             return out
         finally:
-            for proc in reversed(procs):
-                _stop(proc)
+            stop_daemons(*reversed(procs), within=STOP_WITHIN)
 
 
 def main() -> int:
@@ -100,7 +93,7 @@ def main() -> int:
                             figures.setdefault((name, key), []).append(value)
                             print(f"run {run + 1}/{ns.runs} {name}: {key} {value:,.0f}/s", file=sys.stderr, flush=True)
         finally:
-            _stop(lookupd)
+            stop_daemons(("nsqtw-lookupd", lookupd), within=STOP_WITHIN)
     names = list(daemons)
     print(f"| measure | {' | '.join(names)} | --replicas=2 ÷ Go | --replicas=2 ÷ --replicas=1 |")
     print("| --- |" + " --- |" * (len(names) + 2))

@@ -37,7 +37,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqtw._go.duration import parse_duration
-from nsqtw.tools.daemons import nsqtw_command, process_cpu, rss_bytes, start_listening
+from nsqtw.tools.daemons import nsqtw_command, process_cpu, rss_bytes, start_listening, stop_daemons
 from nsqtw.tools.fanout import FanoutResult, messages_for, run_fanout
 from nsqtw.tools.workers import fill
 
@@ -75,6 +74,10 @@ LATENCY = Measure("latency_p99", "e2e latency p99", "ms")
 IDLE_RSS = Measure("idle_rss", "RSS at idle, just started", "MB")
 MEMORY = Measure("memory", "memory per message held", "B")
 MEASURES = (WRITE, READ, ROUND_TRIP, PUB, LATENCY, IDLE_RSS, MEMORY)
+
+#: seconds a daemon has to exit after SIGTERM (a stop writes its queues to disk: a million
+#: messages held by the memory measure take a while on a slow disk)
+STOP_WITHIN = 120.0
 #: asked for by name only (``--measures=fanout``): its sessions and table are its own
 FANOUT = "fanout"
 #: lower is better for these units; higher for messages/s
@@ -117,7 +120,9 @@ class Table:
 class Session:
     """One fresh daemon: started on loopback port 0 in a scratch data directory, stopped at the end."""
 
-    def __init__(self, cmd: list[str], flags: list[str], tmp: str) -> None:
+    def __init__(self, cmd: list[str], flags: list[str], tmp: str, name: str = "nsqd") -> None:
+        #: which daemon it is (``Go``, ``nsqtw``): what a stop that hangs is named by
+        self.name = name
         self.pid = 0
         self.data = tempfile.mkdtemp(dir=tmp)
         self.proc, self.tcp, self.http = start_listening(
@@ -137,13 +142,13 @@ class Session:
         return Figure(value, cpu * 1e6 / messages if messages else None, messages)
 
     def stop(self) -> None:
-        """Stop the daemon and remove its data: a whole compare writes gigabytes, session by session."""
-        self.proc.send_signal(signal.SIGTERM)
+        """Stop the daemon and remove its data: a whole compare writes gigabytes, session by session.
+
+        A daemon still running :data:`STOP_WITHIN` seconds after SIGTERM is killed and the
+        comparison fails naming it (:func:`stop_daemons`): a stop that hangs is a bug to report,
+        not a kill to hide."""
         try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            stop_daemons((f"{self.name} nsqd", self.proc), within=STOP_WITHIN)
         finally:
             shutil.rmtree(self.data, ignore_errors=True)
 
@@ -252,7 +257,7 @@ def compare(daemons: dict[str, list[str]], flags: list[str], clients: Clients, r
                     for measures_in_session in _sessions(clients, client, wanted):
                         memory = MEMORY in measures_in_session or IDLE_RSS in measures_in_session
                         extra = [f"--mem-queue-size={clients.memory_messages}"] if memory else []
-                        session = Session(daemons[daemon], [*flags, *extra], tmp)
+                        session = Session(daemons[daemon], [*flags, *extra], tmp, daemon)
                         try:
                             time.sleep(0.5)  # let start-up work settle before the clock starts
                             if memory:
@@ -293,7 +298,7 @@ def compare_fanout(daemons: dict[str, list[str]], flags: list[str], runs: int, c
             for channels in channel_counts:
                 for mode in modes:
                     for daemon in order:
-                        session = Session(daemons[daemon], flags, tmp)
+                        session = Session(daemons[daemon], flags, tmp, daemon)
                         try:
                             time.sleep(0.5)
                             got = run_fanout(session.tcp, session.http, channels, mode,

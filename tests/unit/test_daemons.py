@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,26 @@ class StopDaemonsTests(SynchronousTestCase):
         self.assertIn(f"owner (pid {hung.pid})", str(caught.exception))
         self.assertNotIn("peer", str(caught.exception))
         self.assertEqual((hung.returncode, fine.returncode), (-9, -15))
+
+
+#: an nsqd stand-in for compare's Session: prints the lines it waits for, ignores SIGTERM, sleeps
+STUBBORN_NSQD = ("import signal, sys, time\n"
+                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                 "print('TCP: listening on 127.0.0.1:1', file=sys.stderr)\n"
+                 "print('HTTP: listening on 127.0.0.1:2', file=sys.stderr, flush=True)\n"
+                 "time.sleep(120)\n")
+
+
+class CompareSessionStopTests(SynchronousTestCase):
+    def test_a_daemon_that_hangs_on_its_stop_fails_the_comparison_by_name_and_its_data_goes(self) -> None:
+        from nsqtw.tools import compare
+
+        tmp = self.mktemp()
+        os.makedirs(tmp)
+        self.patch(compare, "STOP_WITHIN", 0.5)
+        session = compare.Session([sys.executable, "-c", STUBBORN_NSQD], [], tmp, "Go")
+        with self.assertRaises(RuntimeError) as caught:
+            session.stop()
+        self.assertIn(f"Go nsqd (pid {session.pid})", str(caught.exception))
+        self.assertEqual(session.proc.returncode, -9)
+        self.assertFalse(os.path.exists(session.data))
