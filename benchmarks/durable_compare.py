@@ -27,8 +27,8 @@ from nsqtw.tools.daemons import nsqtw_command, start_listening, stop_daemons
 PUBLISHERS = (1, 8)
 
 
-def one(cmd: list[str], workers: int, runfor: str) -> float:
-    """PUB/s of ``workers`` one-at-a-time publishers against a fresh daemon started by ``cmd``."""
+def one(name: str, cmd: list[str], workers: int, runfor: str) -> float:
+    """PUB/s of ``workers`` one-at-a-time publishers against a fresh daemon ``name`` started by ``cmd``."""
     with tempfile.TemporaryDirectory(prefix="nsqtw-durable-") as data:
         proc, tcp, _ = start_listening(cmd + [f"--data-path={data}", "--tcp-address=127.0.0.1:0",
                                               "--http-address=127.0.0.1:0"], data)
@@ -39,8 +39,7 @@ def one(cmd: list[str], workers: int, runfor: str) -> float:
                                  capture_output=True, text=True, check=True, timeout=600)
             return float(json.loads(out.stdout.strip().splitlines()[-1])["ops_per_s"])
         finally:
-            ours = cmd[:len(nsqtw_command())] == nsqtw_command()
-            stop_daemons(("nsqtw" if ours else os.path.basename(cmd[0]), proc), within=60.0)
+            stop_daemons((name, proc), within=60.0)
 
 
 def main() -> None:
@@ -57,7 +56,7 @@ def main() -> None:
         order = list(daemons) if run % 2 == 0 else list(reversed(daemons))
         for name in order:
             for workers in PUBLISHERS:
-                rate = one(daemons[name], workers, ns.runfor)
+                rate = one(name, daemons[name], workers, ns.runfor)
                 figures.setdefault((name, workers), []).append(rate)
                 print(f"run {run + 1}/{ns.runs} {name}, {workers} publisher(s): {rate:,.0f} PUB/s",
                       file=sys.stderr, flush=True)

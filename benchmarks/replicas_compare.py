@@ -27,14 +27,10 @@ import sys
 import tempfile
 import time
 
-from nsqtw.tools.compare import READ, ROUND_TRIP, WRITE, Clients, Measure
+from nsqtw.tools.compare import READ, ROUND_TRIP, STOP_WITHIN, WRITE, Clients, Measure
 from nsqtw.tools.daemons import TWISTD, nsqtw_command, start_daemon, start_listening, stop_daemons
 
 MEASURES = (WRITE, READ, ROUND_TRIP)
-
-
-#: seconds a daemon has to exit after SIGTERM before the run fails naming it
-STOP_WITHIN = 120.0
 
 
 def session(cmd: list[str], lookupd_tcp: str, replicated: bool, clients: Clients,

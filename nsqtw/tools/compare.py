@@ -120,7 +120,7 @@ class Table:
 class Session:
     """One fresh daemon: started on loopback port 0 in a scratch data directory, stopped at the end."""
 
-    def __init__(self, cmd: list[str], flags: list[str], tmp: str, name: str = "nsqd") -> None:
+    def __init__(self, cmd: list[str], flags: list[str], tmp: str, name: str) -> None:
         #: which daemon it is (``Go``, ``nsqtw``): what a stop that hangs is named by
         self.name = name
         self.pid = 0

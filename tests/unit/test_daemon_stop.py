@@ -9,8 +9,6 @@ must not hide one behind its kill: :meth:`Daemon.stop` notes it in
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -18,16 +16,14 @@ import pytest
 
 from tests import conftest, daemon
 from tests.daemon import Daemon
-
-#: a stand-in daemon: says it is ready, then waits; ``{setup}`` decides what SIGTERM does to it
-_PROGRAM = "import signal, sys, time\n{setup}\nprint('ready', flush=True)\ntime.sleep(60)\nsys.exit(3)\n"
+from tests.unit.test_daemons import sleeper
 
 
-def _started(tmp_path: object, setup: str) -> Daemon:
+def _started(tmp_path: object, mode: str) -> Daemon:
+    """A :class:`Daemon` over :func:`sleeper` (``ignore``: it ignores SIGTERM, as a hung stop would;
+    ``exit``: its handler exits 0)."""
     d = Daemon(str(tmp_path), "--flag=1")
-    d.proc = subprocess.Popen([sys.executable, "-c", _PROGRAM.format(setup=setup)], stdout=subprocess.PIPE)
-    assert d.proc.stdout is not None
-    assert d.proc.stdout.readline() == b"ready\n"
+    d.proc = sleeper(mode)  # type: ignore[assignment]
     return d
 
 
@@ -39,7 +35,7 @@ def hung() -> Iterator[list[str]]:
 
 
 def test_a_daemon_that_ignores_sigterm_is_killed_and_noted(tmp_path: object, hung: list[str]) -> None:
-    d = _started(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    d = _started(tmp_path, "ignore")
     pid = d.proc.pid  # type: ignore[union-attr]
     began = time.monotonic()
     assert d.stop(timeout=1) == -signal.SIGKILL
@@ -48,7 +44,7 @@ def test_a_daemon_that_ignores_sigterm_is_killed_and_noted(tmp_path: object, hun
 
 
 def test_a_frozen_daemon_is_continued_so_it_stops_on_sigterm(tmp_path: object, hung: list[str]) -> None:
-    d = _started(tmp_path, "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))")
+    d = _started(tmp_path, "exit")
     d.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
     began = time.monotonic()
     assert d.stop(timeout=15) == 0  # it ran its handler: not killed
@@ -57,7 +53,7 @@ def test_a_frozen_daemon_is_continued_so_it_stops_on_sigterm(tmp_path: object, h
 
 
 def test_a_kill_is_no_hang(tmp_path: object, hung: list[str]) -> None:
-    d = _started(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    d = _started(tmp_path, "ignore")
     assert d.kill() == -signal.SIGKILL
     assert hung == []
 

@@ -10,9 +10,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nsqtw.tools.daemons import stop_daemons
 
-#: a process that says it is ready, then sleeps; with "ignore" it ignores SIGTERM as a hung stop would
+#: a process that says it is ready, then sleeps; with "ignore" it ignores SIGTERM as a hung stop would,
+#: with "exit" its own handler exits 0 (Python code, which runs only while the process does)
 SLEEPER = ("import signal, sys, time\n"
            "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "if sys.argv[1] == 'exit': signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
            "print('ready', flush=True)\n"
            "time.sleep(120)\n")
 
