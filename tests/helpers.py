@@ -23,6 +23,7 @@ from nsqtw.lookupd.lookupd import NSQLookupd
 from nsqtw.lookupd.options import defaults as lookupd_defaults
 from nsqtw.nsqd.options import defaults
 from nsqtw.protocol.v2 import V2Factory, V2Protocol
+from nsqtw.storage.executor import run_job
 
 #: facts recorded from Go nsqd/nsqlookupd v1.3.0 (copied from the project workspace)
 REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "reference")
@@ -162,12 +163,7 @@ class ManualExecutor:
     def run(self) -> None:
         while self.jobs:
             d, fn, args = self.jobs.pop(0)
-            try:
-                result = fn(*args)
-            except Exception:  # noqa: BLE001 - handed to the Deferred, as the real lane does
-                d.errback()
-            else:
-                d.callback(result)
+            run_job(d, fn, *args)  # as the real lane finishes a job (a Reply's value, then its after())
 
     def stop(self) -> None:
         pass

@@ -310,11 +310,11 @@ class DiskQueue(ReadAhead):
 
     # -- plumbing --------------------------------------------------------------
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, read: bool = False) -> Deferred[Any]:
+    def _submit(self, fn: Callable[..., Any], *args: Any, waited: bool = False) -> Deferred[Any]:
         """Run ``fn`` on the disk thread, telling it what ``read`` has consumed so far.
 
-        ``read``: a read-ahead, whose records come back before the work it
-        makes due (``DiskState.run_read``).
+        ``waited``: a read-ahead or a write, whose result comes back before
+        the sync and segment removal it makes due (``DiskState.run_waited``).
         """
         consumption: Consumption | None = None
         if self._consumed_pos is not None:
@@ -323,8 +323,8 @@ class DiskQueue(ReadAhead):
             self._consumed_pos = None
             self._dirty = True
         epoch = self._epoch
-        # a Reply from run_read reaches the Deferred as its value (IDiskExecutor.submit)
-        d = cast("Deferred[OpResult]", self._executor.submit(self._disk.run_read if read else self._disk.run,
+        # a Reply from run_waited reaches the Deferred as its value (IDiskExecutor.submit)
+        d = cast("Deferred[OpResult]", self._executor.submit(self._disk.run_waited if waited else self._disk.run,
                                                              consumption, fn, *args))
         d.addCallback(self._after_op, epoch)
         return d
@@ -485,7 +485,7 @@ class DiskQueue(ReadAhead):
         self._sync_schedule.mark(self)
         self._last_flush = self._clock.seconds()
         epoch = self._epoch
-        d = self._submit(self._disk.write_batch, batch)
+        d = self._submit(self._disk.write_batch, batch, waited=True)
         d.addCallback(self._flush_done, batch, epoch)
         d.addErrback(self._flush_crashed, batch, epoch)
         d.addBoth(self._flush_finished)

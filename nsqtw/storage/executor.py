@@ -25,7 +25,7 @@ from nsqtw.errors import BackendError
 from nsqtw.interfaces import IDiskExecutor
 from nsqtw.log import Logger
 
-__all__ = ["DiskLane", "DiskPool", "Reply", "SynchronousDiskExecutor", "ThreadPoolDiskExecutor"]
+__all__ = ["DiskLane", "DiskPool", "Reply", "SynchronousDiskExecutor", "ThreadPoolDiskExecutor", "run_job"]
 
 T = TypeVar("T")
 
@@ -38,10 +38,11 @@ _log = Logger()
 class Reply(Generic[T]):
     """What a job returns to hand ``value`` back at once and then run ``after()`` on the disk thread.
 
-    A disk queue's read-ahead is waited for: the records read go back to
-    the reactor before the fsync and segment removal the read made due
-    (milliseconds each on a real disk), which then run before the queue's
-    next job. ``after`` reports nothing itself; what it finds is the job
+    A disk queue's read-ahead and its writes are waited for (by a reader,
+    by publishers held back while the queue's disk thread is behind): their
+    result goes back to the reactor before the fsync and segment removal
+    they made due (milliseconds each on a real disk), which then run before
+    the queue's next job. ``after`` reports nothing itself; what it finds is the job
     owner's to report with its next result.
     """
 
@@ -125,6 +126,17 @@ class ThreadPoolDiskExecutor:
         self._jobs.put(None)
 
 
+def run_job(d: Deferred[Any], fn: Callable[..., Any], *args: Any) -> None:
+    """Run a disk job on the calling thread, handing its result to ``d`` as a disk thread does:
+    a :class:`Reply`'s value first, then its ``after()``; a failure to ``d``'s errbacks.
+
+    For executors that run their jobs where and when they choose (the test
+    stand-ins that hold jobs until a test runs them among them): one way of
+    finishing a job, the disk threads'.
+    """
+    _run_job((d, fn, args), _call_now)
+
+
 @implementer(IDiskExecutor)
 class SynchronousDiskExecutor:
     """A test stand-in that runs each job immediately on the calling thread."""
@@ -138,9 +150,7 @@ class SynchronousDiskExecutor:
             return defer.fail(BackendError("exiting"))
         self.submitted += 1
         d: Deferred[T] = Deferred()
-        # a disk thread's own job runner, with the calls back made at once: a
-        # Reply's value, then the work after it, in the same order
-        _run_job((d, fn, args), _call_now)
+        run_job(d, fn, *args)
         return d
 
     def stop(self) -> None:

@@ -55,7 +55,7 @@ class ReadAhead:
     _depth: int
     _active: bool
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, read: bool = False) -> Deferred[Any]:
+    def _submit(self, fn: Callable[..., Any], *args: Any, waited: bool = False) -> Deferred[Any]:
         raise NotImplementedError
 
     def _op_failed(self, failure: Failure, what: str) -> None:
@@ -209,7 +209,7 @@ class ReadAhead:
         self._refilling = True
         self._active = True
         epoch = self._epoch
-        d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes, reading, read=True)
+        d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes, reading, waited=True)
         d.addCallback(self._refill_done, epoch)
         d.addErrback(self._refill_failed)
 

@@ -40,7 +40,7 @@ class SegmentLoad(SegmentFiles):
     """The load of :class:`~nsqtw.storage.segments.DiskState`, and the read position's steps past
     finished segments it shares with every later operation."""
 
-    #: segments read to their end, to remove (see :meth:`DiskState.run_read`)
+    #: segments read to their end, to remove (see :meth:`DiskState.run_waited`)
     _removable: list[int] = field(default_factory=list)
     #: the depth the queue was loaded with, handed back with the operation that loaded it
     _loaded_depth: int | None = None

@@ -84,7 +84,7 @@ class OpResult:
 @dataclass(slots=True)
 class DiskState(SegmentLoad):
     """The operations on go-diskqueue's files, each run on the disk thread as one
-    :meth:`run` (or :meth:`run_read`): load, read ahead, write, sync, empty, close.
+    :meth:`run` (or :meth:`run_waited`): load, read ahead, write, sync, empty, close.
 
     The settings, positions and open files are :class:`SegmentFiles`'s, the load
     :class:`~nsqtw.storage.segment_load.SegmentLoad`'s.
@@ -96,7 +96,7 @@ class DiskState(SegmentLoad):
     #: an fsync of the write segment failed and none has worked since
     _segment_unsynced: bool = False
     _read_error: str | None = None
-    #: the read-ahead under way was asked for by a reader (see :meth:`run_read`)
+    #: the read-ahead under way was asked for by a reader (see :meth:`run_waited`)
     _reading: bool = False
     #: a grouped close's metadata, written beside the file until the group's syncfs (:meth:`close`)
     _meta_beside: str | None = None
@@ -110,16 +110,21 @@ class DiskState(SegmentLoad):
         self._catch_up()
         return self._result(value)
 
-    def run_read(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any,
-                 ) -> OpResult | Reply[OpResult]:
-        """:meth:`run` for a read-ahead: the records go back before the work the read made due.
+    def run_waited(self, consumption: Consumption | None, fn: Callable[..., Any], *args: Any,
+                   ) -> OpResult | Reply[OpResult]:
+        """:meth:`run` for what the reactor waits for, a read-ahead or a write: its result goes
+        back before the work the operation made due.
 
-        The reactor waits for a read-ahead while a backlog drains; the
-        segments consumed (an unlink of 100 MB can take 100 ms) and the
-        sync that reads count towards (go-diskqueue syncs every
-        ``sync_every`` reads as well as writes: an fsync and a metadata
-        write) are done right after the reply, before the queue's next
-        operation, and reported by that operation.
+        A reader waits for a read-ahead while a backlog drains, and the
+        publishers of a queue whose disk thread is behind wait for its
+        writes. The segments consumed (an unlink of 100 MB can take 100 ms)
+        and the sync that reads and writes count towards (go-diskqueue
+        syncs every ``sync_every`` of them: an fsync and a metadata write,
+        milliseconds on a real disk) are done right after the reply, before
+        the queue's next operation, and reported by that operation. So the
+        records a write handed over count as written once ``write()``
+        returned, as they do in go-diskqueue, whose publishers are answered
+        before the sync that their writes made due.
         """
         result = self._result(self._operate(consumption, fn, args))
         # a descriptor stays open only where it is about to be used again: the queue is being
@@ -152,7 +157,7 @@ class DiskState(SegmentLoad):
 
     def _catch_up(self) -> None:
         """Sync if due, then remove the segments read to their end (:meth:`run` at once,
-        :meth:`run_read` after): the metadata names the segment after them before they go,
+        :meth:`run_waited` after): the metadata names the segment after them before they go,
         so a crash in between leaves no metadata naming a removed segment. They go even if
         the sync failed: on a full disk their space is what lets the next one work."""
         if self.need_sync:

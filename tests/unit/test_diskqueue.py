@@ -60,6 +60,37 @@ def framed(data: bytes) -> bytes:
     return struct.pack(">i", len(data)) + data
 
 
+class AfterHeldExecutor(SynchronousDiskExecutor):
+    """A disk lane that runs each job at once and hands its result back, but holds the work a
+    :class:`Reply` leaves for after it (a slow fsync) until the test calls :meth:`run_after`;
+    the jobs submitted meanwhile wait behind it, in order, as on a real lane."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after: Callable[[], object] | None = None
+        self.waiting: list[tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.waiting.append((d, fn, args))
+        self._run()
+        return d
+
+    def _run(self) -> None:
+        while self.after is None and self.waiting:
+            d, fn, args = self.waiting.pop(0)
+            result = fn(*args)
+            if isinstance(result, Reply):
+                self.after, result = result.after, result.value
+            d.callback(result)
+
+    def run_after(self) -> None:
+        after, self.after = self.after, None
+        assert after is not None
+        after()
+        self._run()
+
+
 class DiskQueueTestBase(SynchronousTestCase):
     def setUp(self) -> None:
         # not mktemp(): under pytest that would litter the working directory
@@ -80,7 +111,7 @@ class DiskQueueTestBase(SynchronousTestCase):
         kw.setdefault("flush_interval", 0.0)  # FlushIntervalTests covers the rate limit
         q = DiskQueue(name=name, data_path=self.path, max_bytes_per_file=max_bytes, min_msg_size=min_size,
                       max_msg_size=max_size, sync_every=sync_every, sync_timeout=sync_timeout,
-                      clock=self.clock, executor=SynchronousDiskExecutor(),
+                      clock=self.clock, executor=kw.pop("executor", None) or SynchronousDiskExecutor(),
                       write_fn=self.hooks.write, fsync_fn=self.hooks.fsync, **kw)
         self.queues.append(q)
         return q
@@ -644,7 +675,7 @@ class SyncTests(DiskQueueTestBase):
         self.clock.advance(0)
         state = q._disk  # driven directly: the reactor's side has read one record
         fsyncs = self.hooks.fsyncs
-        reply = state.run_read((1, 1, 0), state.read_chunk, 10, 1 << 20)
+        reply = state.run_waited((1, 1, 0), state.read_chunk, 10, 1 << 20)
         assert isinstance(reply, Reply)
         self.assertEqual(reply.value.value, [])  # the read-ahead already held the rest
         self.assertIsNone(reply.value.sync_error)  # no sync has run yet
@@ -655,6 +686,68 @@ class SyncTests(DiskQueueTestBase):
         self.assertGreater(self.hooks.fsyncs, fsyncs)
         self.assertEqual(self.meta(), b"2\n1,0\n2,10\n")
         self.assertEqual(state.run(None, lambda: None).sync_error, "")
+
+    def test_a_write_comes_back_before_the_sync_it_made_due(self) -> None:
+        """A write that makes a sync due replies first, as go-diskqueue answers the publisher whose
+        write made the sync due before it syncs: the records count as written (publishers held
+        back by a queue behind its disk go on) while the fsync and the metadata write run, before
+        the queue's next operation, which reports how that sync went."""
+        q = self.open(sync_every=2)
+        q.put(b"a")
+        self.clock.advance(0)
+        state = q._disk  # driven directly, as the disk thread runs the queue's next write
+        fsyncs = self.hooks.fsyncs
+        reply = state.run_waited(None, state.write_batch, [b"b", b"c"])
+        assert isinstance(reply, Reply)
+        self.assertEqual(reply.value.value, (2, None))  # written: both records are in the segment
+        self.assertIsNone(reply.value.sync_error)  # no sync has run yet
+        self.assertEqual(self.hooks.fsyncs, fsyncs)
+        self.assertFalse(os.path.exists(os.path.join(self.path, "t.diskqueue.meta.dat")))
+        reply.after()
+        self.assertEqual(self.hooks.fsyncs, fsyncs + 2)  # the segment, then the metadata's temp file
+        self.assertEqual(self.meta(), b"3\n0,0\n0,15\n")
+        self.assertEqual(state.run(None, lambda: None).sync_error, "")
+
+    def test_held_back_publishers_go_on_before_the_sync(self) -> None:
+        """What a write handed over counts as written (``written()`` fires: the publishers of a
+        queue behind its disk go on) once write() returned; the fsync and the metadata write that
+        write made due run after, before the queue's next job."""
+        lane = AfterHeldExecutor()
+        q = self.open(sync_every=2, executor=lane)
+        q.put_many([b"a", b"b"])
+        waited = q.written()
+        self.clock.advance(0)
+        self.successResultOf(waited)
+        self.assertEqual(q.backlog(), 0)
+        self.assertIsNotNone(lane.after)
+        self.assertEqual(self.hooks.fsyncs, 0)  # not yet: it is what waits behind the reply
+        lane.run_after()
+        self.assertEqual(self.hooks.fsyncs, 2)  # the segment, then the metadata's temp file
+        self.assertEqual(self.meta(), b"2\n0,0\n0,10\n")
+
+    def test_a_write_that_makes_no_sync_due_has_nothing_after_it(self) -> None:
+        """Below --sync-every a write's result is all there is: no work waits behind its reply."""
+        q = self.open(sync_every=10)
+        q.put(b"a")
+        self.clock.advance(0)
+        state = q._disk
+        result = state.run_waited(None, state.write_batch, [b"b"])
+        self.assertNotIsInstance(result, Reply)
+        assert not isinstance(result, Reply)
+        self.assertEqual(result.value, (1, None))
+
+    def test_a_sync_after_a_write_that_fails_is_reported(self) -> None:
+        """An fsync failing after a write's reply makes the queue unhealthy by its next operation
+        (at the latest the --sync-timeout tick); the records were written and stay readable."""
+        q = self.open(sync_every=1)
+        self.hooks.fsync_fails = True
+        q.put_many([b"a", b"b"])
+        self.clock.advance(0)
+        self.assertEqual(q.backlog(), 0)  # written: nobody waits for the failing fsync
+        self.clock.advance(2.0)
+        self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
+        self.assertTrue(self.logged("failed to sync"))
+        self.assertEqual(self.read_all(q), [b"a", b"b"])
 
     def test_a_sync_after_a_read_that_fails_is_reported(self) -> None:
         """An fsync failing after a read-ahead's reply makes the queue unhealthy at its next

@@ -15,7 +15,7 @@ from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.executor import SynchronousDiskExecutor
+from nsqtw.storage.executor import SynchronousDiskExecutor, run_job
 from nsqtw.storage.segments import nsqd_msg_size_limits
 from tests.helpers import EPOCH, connect, make_options, take_frames
 
@@ -48,7 +48,7 @@ class HeldExecutor(SynchronousDiskExecutor):
     def run_all(self) -> None:
         while self.jobs:
             fn, args, d = self.jobs.pop(0)
-            d.callback(fn(*args))
+            run_job(d, fn, *args)
 
 
 
