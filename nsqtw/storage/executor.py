@@ -130,9 +130,9 @@ def run_job(d: Deferred[Any], fn: Callable[..., Any], *args: Any) -> None:
     """Run a disk job on the calling thread, handing its result to ``d`` as a disk thread does:
     a :class:`Reply`'s value first, then its ``after()``; a failure to ``d``'s errbacks.
 
-    For executors that run their jobs where and when they choose (the test
-    stand-ins that hold jobs until a test runs them among them): one way of
-    finishing a job, the disk threads'.
+    For executors that choose where and when a job runs, such as the test
+    stand-ins that hold jobs until the test runs them: a job is finished
+    one way, the disk threads'.
     """
     _run_job((d, fn, args), _call_now)
 

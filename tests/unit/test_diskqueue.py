@@ -19,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from nsqtw.errors import BackendError
-from nsqtw.interfaces import IBackendQueue
+from nsqtw.interfaces import IBackendQueue, IDiskExecutor
 from nsqtw.storage import segments
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
@@ -107,11 +107,12 @@ class DiskQueueTestBase(SynchronousTestCase):
             q.close()
 
     def open(self, name: str = "t", max_bytes: int = 1 << 20, min_size: int = 1, max_size: int = 1 << 16,
-             sync_every: int = 2500, sync_timeout: float = 2.0, **kw: Any) -> DiskQueue:
+             sync_every: int = 2500, sync_timeout: float = 2.0, executor: IDiskExecutor | None = None,
+             **kw: Any) -> DiskQueue:
         kw.setdefault("flush_interval", 0.0)  # FlushIntervalTests covers the rate limit
         q = DiskQueue(name=name, data_path=self.path, max_bytes_per_file=max_bytes, min_msg_size=min_size,
                       max_msg_size=max_size, sync_every=sync_every, sync_timeout=sync_timeout,
-                      clock=self.clock, executor=kw.pop("executor", None) or SynchronousDiskExecutor(),
+                      clock=self.clock, executor=executor or SynchronousDiskExecutor(),
                       write_fn=self.hooks.write, fsync_fn=self.hooks.fsync, **kw)
         self.queues.append(q)
         return q

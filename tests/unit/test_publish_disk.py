@@ -15,9 +15,9 @@ from nsqtw.core.nsqd import NSQD
 from nsqtw.errors import BackendError
 from nsqtw.protocol.wire import encode_command, encode_mpub
 from nsqtw.storage.diskqueue import DiskQueue
-from nsqtw.storage.executor import SynchronousDiskExecutor, run_job
+from nsqtw.storage.executor import SynchronousDiskExecutor
 from nsqtw.storage.segments import nsqd_msg_size_limits
-from tests.helpers import EPOCH, connect, make_options, take_frames
+from tests.helpers import EPOCH, ManualExecutor, connect, make_options, take_frames
 
 
 class FlakyDisk:
@@ -30,26 +30,6 @@ class FlakyDisk:
         if self.full:
             raise OSError(errno.ENOSPC, "no space left on device")
         return os.write(fd, data)  # type: ignore[arg-type]
-
-
-class HeldExecutor(SynchronousDiskExecutor):
-    """Runs disk jobs only when the test says so (a slow disk)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.jobs: list = []
-
-    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
-        from twisted.internet.defer import Deferred
-        d: Deferred = Deferred()
-        self.jobs.append((fn, args, d))
-        return d
-
-    def run_all(self) -> None:
-        while self.jobs:
-            fn, args, d = self.jobs.pop(0)
-            run_job(d, fn, *args)
-
 
 
 class DiskPublishTests(SynchronousTestCase):
@@ -77,7 +57,7 @@ class DiskPublishTests(SynchronousTestCase):
 
     def test_ok_only_after_the_write(self) -> None:
         """With --sync-every=1 a PUB that spills to disk is answered once it is written."""
-        self.executor = HeldExecutor()
+        self.executor = ManualExecutor()
         self.build(sync_every=1)
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"x") + b"NOP\n")
@@ -85,14 +65,14 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(len(self.executor.jobs), 2)  # the queue's load and the write, not yet run
         self.assertEqual(take_frames(t), [])
         self.assertEqual(t.producerState, "paused")
-        self.executor.run_all()  # load and write
+        self.executor.run()  # load and write
         self.settle()
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
 
     def test_ok_on_hand_off_by_default(self) -> None:
         """With default flags a PUB is answered once handed to the disk thread, before the write."""
-        self.executor = HeldExecutor()
+        self.executor = ManualExecutor()
         self.build()
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"x"))
@@ -106,7 +86,7 @@ class DiskPublishTests(SynchronousTestCase):
         unread and is taken only once there is room."""
         from nsqtw.core.handoff import BACKLOG_LIMIT
         from nsqtw.protocol.wire import encode_mpub
-        self.executor = HeldExecutor()
+        self.executor = ManualExecutor()
         self.build()
         p, t = connect(self.nsqd, self.clock)
         batch = [b"m"] * 1000
@@ -123,9 +103,9 @@ class DiskPublishTests(SynchronousTestCase):
         p.dataReceived(b"NOP\n")
         self.assertEqual(t.producerState, "paused")  # more came: it is kept, nothing more read
         self.assertEqual(backend.backlog(), BACKLOG_LIMIT + 1000)  # not accepted meanwhile
-        self.executor.run_all()
+        self.executor.run()
         self.settle()
-        self.executor.run_all()
+        self.executor.run()
         self.settle()
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
@@ -135,7 +115,7 @@ class DiskPublishTests(SynchronousTestCase):
         10,000 deep (16 KiB ones would hold 160 MiB)."""
         from nsqtw.core.handoff import BACKLOG_BYTES
         from nsqtw.protocol.wire import encode_mpub
-        self.executor = HeldExecutor()
+        self.executor = ManualExecutor()
         self.build(max_msg_size=1 << 20, max_body_size=8 << 20)
         p, t = connect(self.nsqd, self.clock)
         batch = [b"m" * (64 * 1024)] * 16  # 1 MiB per MPUB, far fewer records than BACKLOG_LIMIT
@@ -153,7 +133,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertEqual(t.producerState, "paused")  # more than the waiting MPUB came: read no further
         self.assertEqual(backend.backlog_bytes(), before)
         for _ in range(3):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
@@ -269,7 +249,7 @@ class DiskPublishTests(SynchronousTestCase):
         """
         from nsqtw.core.handoff import BACKLOG_LIMIT, TOPIC_BATCH
         from nsqtw.protocol.wire import encode_mpub
-        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        held = ManualExecutor()  # the channel's disk thread, run only when the test says so
         options = make_options(mem_queue_size=0)
 
         def backend(name: str) -> DiskQueue:
@@ -282,7 +262,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.nsqd = NSQD(options, self.clock, backend)
         topic = self.nsqd.get_topic("t")
         channel = topic.get_channel("c")
-        held.run_all()  # the channel queue's load
+        held.run()  # the channel queue's load
         p, t = connect(self.nsqd, self.clock)
         total = 3 * BACKLOG_LIMIT
         for _ in range(total // 1000):
@@ -292,7 +272,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.assertLessEqual(channel.backend.backlog(), BACKLOG_LIMIT + TOPIC_BATCH)
         self.assertGreater(topic.depth(), 0)
         for _ in range(20):
-            held.run_all()
+            held.run()
             self.clock.advance(0.01)  # the disk queue hands writes over at most once a millisecond
             self.settle()
         self.assertEqual(topic.depth(), 0)
@@ -302,7 +282,7 @@ class DiskPublishTests(SynchronousTestCase):
     def test_sync_every_1_topic_read_position_waits_for_channel_writes(self) -> None:
         """With --sync-every=1 the topic's read position passes a message only once every channel
         has written it: a kill -9 between the two cannot lose an acknowledged message."""
-        held = HeldExecutor()  # the channel's disk thread, run only when the test says so
+        held = ManualExecutor()  # the channel's disk thread, run only when the test says so
         options = make_options(mem_queue_size=0, sync_every=1)
 
         def backend(name: str) -> DiskQueue:
@@ -313,7 +293,7 @@ class DiskPublishTests(SynchronousTestCase):
         self.nsqd = NSQD(options, self.clock, backend)
         topic = self.nsqd.get_topic("t")
         channel = topic.get_channel("c")
-        held.run_all()  # the channel queue's load
+        held.run()  # the channel queue's load
         p, t = connect(self.nsqd, self.clock)
         p.dataReceived(encode_command(b"PUB", b"t", body=b"acked"))
         for _ in range(3):
@@ -325,7 +305,7 @@ class DiskPublishTests(SynchronousTestCase):
         meta = os.path.join(self.path, "t.diskqueue.meta.dat")
         with open(meta) as f:
             self.assertEqual(f.read().split("\n")[0], "1")
-        held.run_all()  # the channel writes it
+        held.run()  # the channel writes it
         for _ in range(3):
             self.clock.advance(0.01)
             self.settle()
@@ -474,7 +454,7 @@ class NodeWideBoundTests(SynchronousTestCase):
         self.addCleanup(shutil.rmtree, self.path)
         self.clock = Clock()
         self.clock.advance(EPOCH)
-        self.executor = HeldExecutor()
+        self.executor = ManualExecutor()
         options = make_options(mem_queue_size=0, max_unwritten_bytes=self.LIMIT)
 
         def backend(name: str) -> DiskQueue:
@@ -508,13 +488,13 @@ class NodeWideBoundTests(SynchronousTestCase):
         self.assertEqual(t.producerState, "paused")  # and nothing more is read from it
         self.assertIsNotNone(self.nsqd.wait_for_room("other"))  # HTTP asks the same rule
         for _ in range(3):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.assertEqual(take_frames(t), [(FRAME_TYPE_RESPONSE, b"OK")])
         self.assertEqual(t.producerState, "producing")
         self.assertEqual(self.nsqd.topics[f"t{crossing}"].depth(), 8)
         for _ in range(3):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.assertEqual(unwritten.total, 0)
 
@@ -523,12 +503,12 @@ class NodeWideBoundTests(SynchronousTestCase):
         would only add to the memory waiting for the disks); once under, it hands everything on."""
         topic = self.nsqd.get_topic("a")
         channel = topic.get_channel("c")
-        self.executor.run_all()
+        self.executor.run()
         self.settle()
         topic.pause()
         self.assertIsNone(self.nsqd.publish("a", [b"x" * 1000] * 20))
         for _ in range(3):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.assertEqual(topic.depth(), 20)
         # another topic's unwritten records put the node over its bound
@@ -540,7 +520,7 @@ class NodeWideBoundTests(SynchronousTestCase):
         self.assertEqual(channel.depth(), 0)
         self.assertEqual(channel.backend.backlog(), 0)
         for _ in range(6):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.assertFalse(self.nsqd.unwritten.over())
         self.assertEqual(channel.depth(), 20)
@@ -549,20 +529,20 @@ class NodeWideBoundTests(SynchronousTestCase):
         """What a deleted topic or a stopped node had not written leaves the node's count (nothing
         is waiting for it any more), so the bound cannot leak shut."""
         self.nsqd.get_topic("gone")
-        self.executor.run_all()
+        self.executor.run()
         self.nsqd.publish("gone", [b"z" * 1000] * 10)
         self.nsqd.publish("kept", [b"z" * 1000] * 10)
         self.settle()
         self.assertGreater(self.nsqd.unwritten.total, 10 * 1000)
         deleted = self.nsqd.delete_topic("gone")
         for _ in range(3):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.successResultOf(deleted)
         self.assertEqual(self.nsqd.unwritten.total, self.nsqd.topics["kept"].backend.backlog_bytes())
         closed = self.nsqd.close()
         for _ in range(5):
-            self.executor.run_all()
+            self.executor.run()
             self.settle()
         self.successResultOf(closed)
         self.assertEqual(self.nsqd.unwritten.total, 0)
