@@ -526,7 +526,7 @@ class DiskQueue(ReadAhead):
         for waiter in waiters:
             waiter.callback(None)
         if not self._closed:
-            self._maybe_refill()
+            self._written()
             if self._pending and self._write_error is None:
                 self._schedule_flush()
 

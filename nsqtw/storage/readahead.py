@@ -8,10 +8,11 @@ thread while it splits them. A queue reads 1,024 ahead until reads take
 records out of it, then twice as many at each read up to the 4,096.
 
 Nothing is read ahead before the queue is first read: a queue loaded with
-records on disk tells its reader it is readable, and its first ``read``
-starts the read-ahead. A topic without channels or a channel without
-clients never reads, so a node restarting with thousands of them opens,
-reads and holds nothing for them (tests/unit/test_diskqueue_fds.py). The
+records on disk, or written to, tells its reader it is readable, and its
+first ``read`` starts the read-ahead. A topic without channels or a channel
+without clients never reads, so a node with thousands of them (restarting,
+or being written) reads and holds nothing for them
+(tests/unit/test_diskqueue_fds.py, test_diskqueue.py). The
 read position on disk only moves past records ``read`` has returned, so
 buffered records survive a restart.
 
@@ -80,6 +81,8 @@ class ReadAhead:
         self._buffer_bytes = 0
         self._refilling = False
         self._disk_more = False
+        #: whether anything ever asked to read: until then nothing is read ahead (the module's docstring)
+        self._read_asked = False
         self._consumed_count = 0
         self._consumed_pos: tuple[int, int] | None = None
         self._readable_callback: Callable[[], object] | None = None
@@ -130,6 +133,7 @@ class ReadAhead:
     def read(self, max_count: int) -> list[bytes]:
         if self._closed:
             return []  # the read position is already persisted; don't hand out more
+        self._read_asked = True
         if not self._buffer and self._disk_more:
             self._maybe_refill(True)  # the first read of what was on disk at load (see _load_done)
         runs = self._take(max_count)
@@ -160,6 +164,7 @@ class ReadAhead:
         out: list[tuple[bytes, int, int]] = []
         if self._closed:
             return out
+        self._read_asked = True
         if not self._buffer and self._disk_more:
             self._maybe_refill(True)
         for num, end, run in self._take(max_count):
@@ -195,6 +200,18 @@ class ReadAhead:
 
     def set_readable_callback(self, callback: Callable[[], object]) -> None:
         self._readable_callback = callback
+
+    def _written(self) -> None:
+        """Records reached the disk: read them ahead if the queue is read, else say it is readable.
+
+        A queue written but never read (a channel nobody consumes, a topic
+        without channels) holds no read-ahead: its reader's first ``read``
+        starts one, as after a load.
+        """
+        if self._read_asked:
+            self._maybe_refill()
+        elif self._disk_more and self._want_readable:
+            self._schedule_notify()
 
     def _buffer_low(self) -> bool:
         return (self._buffer_count < self._ahead // 2 + 1

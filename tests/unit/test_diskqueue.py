@@ -24,6 +24,7 @@ from nsqtw.storage import segments
 from nsqtw.storage.diskqueue import DiskQueue
 from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
 from nsqtw.storage.segments import nsqd_msg_size_limits
+from tests.helpers import ManualExecutor
 
 
 class FileHooks:
@@ -320,6 +321,7 @@ class ReadTests(DiskQueueTestBase):
     def test_read_ahead_is_not_consumed(self) -> None:
         """Records buffered but not returned by read() are read again after a restart."""
         q = self.open()
+        q.read(0)  # a reader: what is written is read ahead
         q.put_many(rec(i) for i in range(10))
         self.clock.advance(0)
         self.assertEqual(q._buffer_count, 10)
@@ -329,14 +331,19 @@ class ReadTests(DiskQueueTestBase):
         self.assertEqual(self.read_all(q), [rec(i) for i in range(2, 10)])
 
     def test_read_ahead_grows_only_once_read(self) -> None:
-        """A queue nobody reads (a topic without channels, a channel without consumers) reads
-        1,024 records ahead after a write, as before the read-ahead grew, and nothing at all
-        when it is loaded (it is told it is readable, and reads ahead at its first read);
-        reads take it up to 4,096."""
+        """A queue nobody reads (a topic without channels, a channel without consumers) holds no
+        read-ahead, whether it was written or loaded: it is told it is readable, once, and reads
+        ahead at its first read; reads take the read-ahead up to 4,096."""
         q = self.open()
+        calls: list[None] = []
+        q.set_readable_callback(lambda: calls.append(None))
         q.put_many(rec(i % 10) for i in range(10_000))
+        self.clock.advance(0)  # the flush
+        self.clock.advance(0)  # the news that it is readable
+        q.put_many(rec(i % 10) for i in range(10_000, 12_000))
         self.clock.advance(0)
-        self.assertEqual(q._buffer_count, 1024)
+        self.clock.advance(0)
+        self.assertEqual((q._buffer_count, q.depth(), len(calls)), (0, 12_000, 1))
         q = self.reopen(q)
         self.clock.advance(0)
         self.assertEqual(q._buffer_count, 0)
@@ -348,7 +355,32 @@ class ReadTests(DiskQueueTestBase):
             sizes.append(q._buffer_count)
         self.assertGreater(max(sizes), 1024)
         self.assertLessEqual(max(sizes), 4096)
-        self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(700, 10_000)])
+        self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(700, 12_000)])
+
+    def test_a_written_queue_reads_ahead_once_read(self) -> None:
+        """Writes to a queue that was read are read ahead as they land, and its reader is told;
+        the reader of a queue never read is told too, and its first read starts the read-ahead."""
+        q = self.open(executor=ManualExecutor())
+        executor = q._executor
+        assert isinstance(executor, ManualExecutor)
+        calls: list[None] = []
+        q.set_readable_callback(lambda: calls.append(None))
+        executor.run()  # the load
+        q.put_many([b"a", b"b"])
+        self.clock.advance(0)
+        executor.run()  # the write: nothing read ahead, the reader told
+        self.clock.advance(0)
+        self.assertEqual((q._buffer_count, len(executor.jobs), len(calls)), (0, 0, 1))
+        self.assertEqual(q.read(10), [])  # the first read starts a read-ahead
+        executor.run()
+        self.clock.advance(0)
+        self.assertEqual((q.read(10), len(calls)), ([b"a", b"b"], 2))
+        q.put(b"c")
+        self.clock.advance(0)
+        executor.run()  # the write, then its read-ahead, on the disk lane
+        self.clock.advance(0)
+        self.assertEqual((q._buffer_count, len(calls)), (1, 3))
+        self.assertEqual(q.read(10), [b"c"])
 
     def test_fully_read_segments_deleted(self) -> None:
         """A segment is deleted once every record in it has been returned by read()."""
@@ -672,6 +704,7 @@ class SyncTests(DiskQueueTestBase):
         operation, which reports how that sync went (a real disk takes milliseconds for
         each, and a reader waits for the read-ahead)."""
         q = self.open(max_bytes=10, sync_every=1)
+        q.read(0)  # a reader: what is written is read ahead
         q.put_many([b"aaaaaa", b"bbbbbb", b"cccccc"])  # a segment each
         self.clock.advance(0)
         state = q._disk  # driven directly: the reactor's side has read one record
@@ -765,8 +798,9 @@ class SyncTests(DiskQueueTestBase):
         self.assertEqual(self.read_all(q), [b"b", b"c"])
 
     def test_failed_fsync_is_unhealthy_until_a_sync_works(self) -> None:
-        """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it at
-        once), the sync is tried again at each --sync-timeout tick, and health is OK once one works;
+        """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it from
+        the queue's next operation, at the latest the --sync-timeout tick: the sync runs after the
+        write's reply), the sync is tried again at each tick, and health is OK once one works;
         the records stay readable meanwhile (the page cache holds them)."""
         self.hooks.fsync_fails = True
         heard: list[str | None] = []
@@ -774,6 +808,8 @@ class SyncTests(DiskQueueTestBase):
         q.watch_health(lambda _, error: heard.append(error))
         q.put(b"a")
         self.clock.advance(0)
+        self.assertEqual(self.hooks.writes, 1)
+        self.clock.advance(2.0)  # the tick: its sync reports the failed one, and fails too
         self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
         self.assertEqual(heard, [q.health()])
         self.clock.advance(2.0)  # the retry fails too: nothing new to hear
