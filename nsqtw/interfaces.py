@@ -243,7 +243,14 @@ class IDeliveryMode(Interface):
         """The mode of a new ``nsqtw.core.channel.Channel`` (its backend is already set)."""
 
 
-class ITopicOwner(Interface):
+class IPauseOwner(Interface):
+    """What holds something that can be paused (a topic's node, a channel's topic)."""
+
+    def state_changed() -> None:
+        """A topic or channel was paused or unpaused (metadata to persist)."""
+
+
+class ITopicOwner(IPauseOwner):
     """What a topic reports to, and asks of, the registry that holds it (NSQD)."""
 
     options = Attribute("The node's options.")
@@ -258,21 +265,15 @@ class ITopicOwner(Interface):
     def channel_deleted(topic: Any, channel: Any) -> None:
         """``channel`` was removed from ``topic``."""
 
-    def state_changed() -> None:
-        """A topic or channel was paused or unpaused (metadata to persist)."""
-
     def topic_unused(topic: Any) -> None:
         """An ephemeral topic lost its last channel: the owner deletes it."""
 
 
-class IChannelOwner(Interface):
-    """What a channel reports to its topic."""
+class IChannelOwner(IPauseOwner):
+    """What a channel reports to its topic (``state_changed``: the channel was paused or unpaused)."""
 
     name = Attribute("The topic's name.")
     exiting = Attribute("Whether the topic is closing.")
-
-    def state_changed() -> None:
-        """The channel was paused or unpaused."""
 
     def channel_unused(channel: Any) -> None:
         """An ephemeral channel lost its last client: the topic deletes it."""

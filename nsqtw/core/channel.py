@@ -12,7 +12,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from nsqtw.core.flight import Sent, put_in_flight, take_back, time_out
 from nsqtw.core.message import Message, copy_messages, decode_messages, end_flight
 from nsqtw.core.pqueue import TimeoutQueue
-from nsqtw.core.pump import Pump
+from nsqtw.core.pump import Pausable, Pump
 from nsqtw.errors import BackendError, ExitingError, NotInFlightError
 from nsqtw.interfaces import (
     IBackendQueue,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 DELIVERY_BATCH = 4096
 
 
-class Channel:
+class Channel(Pausable):
     """Holds one channel's copy of every message of its topic.
 
     Messages wait in memory (bounded by ``--mem-queue-size``) or in the
@@ -44,6 +44,7 @@ class Channel:
     """
 
     log = Logger()
+    owner: IChannelOwner
 
     def __init__(self, owner: IChannelOwner, name: str, backend: IBackendQueue,
                  clock: IReactorTime, mem_queue_size: int, max_msg_timeout: float,
@@ -574,15 +575,6 @@ class Channel:
             self.arm(min(nexts))
 
     # -- administration ---------------------------------------------------
-
-    def pause(self) -> None:
-        self.paused = True
-        self.owner.state_changed()
-
-    def unpause(self) -> None:
-        self.paused = False
-        self.owner.state_changed()
-        self._pump.wake()
 
     def empty(self) -> Deferred[None]:
         """Drop every queued, in-flight and deferred message (nsqd's /channel/empty)."""

@@ -9,6 +9,7 @@ from weakref import WeakKeyDictionary
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 
+from nsqtw.interfaces import IPauseOwner
 from nsqtw.log import Logger
 
 #: pumps run in one reactor turn; the others woken meanwhile wait for the next turns
@@ -123,3 +124,25 @@ class Pump:
                 more = False
             if more:
                 self.wake()
+
+
+class Pausable:
+    """nsqd's pause (``/topic/pause``, ``/channel/pause``), for a topic and a channel alike.
+
+    A paused topic or channel keeps taking messages, but its pump hands none
+    on; the state goes up to the node, which persists it in ``nsqd.dat``.
+    Unpausing wakes the pump for what gathered meanwhile.
+    """
+
+    paused: bool
+    owner: IPauseOwner
+    _pump: Pump
+
+    def pause(self) -> None:
+        self.paused = True
+        self.owner.state_changed()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.owner.state_changed()
+        self._pump.wake()

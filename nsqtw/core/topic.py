@@ -32,7 +32,7 @@ from nsqtw.core.message import (
     record_id,
 )
 from nsqtw.core.parking import Parking
-from nsqtw.core.pump import Pump
+from nsqtw.core.pump import Pausable, Pump
 from nsqtw.errors import BackendError, ExitingError
 from nsqtw.interfaces import IBackendQueue, IChannelOwner, IDeliveryMode, ITopicDelivery, ITopicOwner, ReadMark
 from nsqtw.log import Logger
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 @implementer(IChannelOwner)
-class Topic:
+class Topic(Pausable):
     """Messages published to one topic, before they are copied to channels.
 
     While a topic has no channel, or is paused, messages wait here (memory up
@@ -56,6 +56,7 @@ class Topic:
     """
 
     log = Logger()
+    owner: ITopicOwner
 
     def __init__(self, owner: ITopicOwner, name: str, backend: IBackendQueue, clock: IReactorTime,
                  mode: IDeliveryMode) -> None:
@@ -539,15 +540,6 @@ class Topic:
         self.owner.state_changed()
 
     # -- administration ---------------------------------------------------
-
-    def pause(self) -> None:
-        self.paused = True
-        self.owner.state_changed()
-
-    def unpause(self) -> None:
-        self.paused = False
-        self.owner.state_changed()
-        self._pump.wake()
 
     def empty(self) -> Deferred[None]:
         self.memory.clear()
