@@ -56,6 +56,10 @@ __all__ = ["DiskQueue"]
 #: seconds between two hand-offs of a queue's writes to its disk thread
 FLUSH_INTERVAL = 0.005
 
+#: seconds after a reply that left a sync behind before an idle queue asks how it went
+#: (a busy queue hears it from its own next read-ahead or write: no extra hand-off for it)
+SYNC_REPORT_DELAY = 0.05
+
 
 @implementer(IDurableBackendQueue)
 class DiskQueue(ReadAhead):
@@ -112,6 +116,8 @@ class DiskQueue(ReadAhead):
         self._pending: list[bytes] = []
         self._flush_call: IDelayedCall | None = None
         self._retry_call: IDelayedCall | None = None
+        #: asks how a sync run after a reply went, when no operation would tell soon (_report_sync)
+        self._report_call: IDelayedCall | None = None
         self._flushing = False
         self._flush_interval = flush_interval
         self._last_flush = float("-inf")
@@ -346,11 +352,23 @@ class DiskQueue(ReadAhead):
                     self._on_set_aside(result.set_aside)
             if result.sync_error is not None:
                 self._sync_done(result.sync_error or None)
+            if result.sync_follows and self._report_call is None and not self._closed:
+                self._report_call = self._clock.callLater(SYNC_REPORT_DELAY, self._report_sync)
         if result.read_error is not None:
             self._read_done(result.read_error or None)
         if result.loaded is not None:
             self._load_done(result.loaded, epoch)
         return result.value
+
+    def _report_sync(self) -> None:
+        """Hear how the sync a reply left behind went, unless an operation under way or
+        scheduled tells: a queue nobody reads (a topic without channels) between writes has
+        none, and a failing fsync would otherwise make it unhealthy only at the next
+        ``--sync-timeout`` tick. On the disk lane this operation runs after the sync."""
+        self._report_call = None
+        if self._closed or self._flushing or self._refilling or self._flush_call is not None:
+            return
+        self._submit(self._disk.report).addErrback(self._op_failed, "sync")
 
     def _sync_done(self, error: str | None) -> None:
         self._sync_error = error
@@ -418,10 +436,10 @@ class DiskQueue(ReadAhead):
                                f" maxMsgSize={self._max_msg_size}")
 
     def _stop_timers(self) -> None:
-        for call in (self._flush_call, self._retry_call, self._notify_call, self._read_retry):
+        for call in (self._flush_call, self._retry_call, self._notify_call, self._read_retry, self._report_call):
             if call is not None and call.active():
                 call.cancel()
-        self._flush_call = self._retry_call = self._notify_call = self._read_retry = None
+        self._flush_call = self._retry_call = self._notify_call = self._read_retry = self._report_call = None
         self._sync_schedule.forget(self)
 
     def _drop_everything(self) -> None:

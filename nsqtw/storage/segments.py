@@ -79,6 +79,8 @@ class OpResult:
     read_error: str | None = None
     #: whether the queue holds a descriptor after the operation
     files_open: bool = False
+    #: the operation made a sync due that runs after its reply (:meth:`DiskState.run_waited`)
+    sync_follows: bool = False
 
 
 @dataclass(slots=True)
@@ -135,6 +137,7 @@ class DiskState(SegmentLoad):
             self._close_read()
             result.files_open = self.files_open()
         if self.need_sync or self._removable:
+            result.sync_follows = self.need_sync
             return Reply(result, self._catch_up)
         return result
 
@@ -509,6 +512,9 @@ class DiskState(SegmentLoad):
         self._check_tail_corruption()
 
     # -- whole-queue operations --------------------------------------------
+
+    def report(self) -> None:
+        """Nothing: an operation run only for its result, which reports the sync before it."""
 
     def sync_if_dirty(self) -> None:
         """The sync timer: sync when anything happened since the last sync."""

@@ -21,7 +21,7 @@ from zope.interface.verify import verifyObject
 from nsqtw.errors import BackendError
 from nsqtw.interfaces import IBackendQueue, IDiskExecutor
 from nsqtw.storage import segments
-from nsqtw.storage.diskqueue import DiskQueue
+from nsqtw.storage.diskqueue import SYNC_REPORT_DELAY, DiskQueue
 from nsqtw.storage.executor import Reply, SynchronousDiskExecutor, ThreadPoolDiskExecutor
 from nsqtw.storage.segments import nsqd_msg_size_limits
 from tests.helpers import ManualExecutor
@@ -771,45 +771,70 @@ class SyncTests(DiskQueueTestBase):
         self.assertEqual(result.value, (1, None))
 
     def test_a_sync_after_a_write_that_fails_is_reported(self) -> None:
-        """An fsync failing after a write's reply makes the queue unhealthy by its next operation
-        (at the latest the --sync-timeout tick); the records were written and stay readable."""
-        q = self.open(sync_every=1)
+        """An fsync failing after a write's reply makes a queue that does nothing more unhealthy
+        within SYNC_REPORT_DELAY, through an operation that runs after the sync on the disk lane,
+        not at the next --sync-timeout tick; the records were written and stay readable."""
+        executor = ManualExecutor()
+        q = self.open(sync_every=1, executor=executor)
         self.hooks.fsync_fails = True
         q.put_many([b"a", b"b"])
         self.clock.advance(0)
-        self.assertEqual(q.backlog(), 0)  # written: nobody waits for the failing fsync
-        self.clock.advance(2.0)
+        executor.run()  # the write's reply, then its failing sync
+        self.assertEqual((q.backlog(), q.health(), self.hooks.writes), (0, None, 1))  # nobody waited for it
+        self.clock.advance(SYNC_REPORT_DELAY)
+        self.assertEqual(len(executor.jobs), 1)  # the operation that reports it, behind the sync
+        executor.run()
         self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
         self.assertTrue(self.logged("failed to sync"))
+        self.assertEqual(self.read_all(q), [])  # (read-ahead on this lane waits for run())
+        executor.run()
+        self.clock.advance(0)
         self.assertEqual(self.read_all(q), [b"a", b"b"])
 
+    def test_a_busy_queue_hears_of_its_syncs_without_an_extra_operation(self) -> None:
+        """A queue with a write under way when SYNC_REPORT_DELAY passes hears how the sync before
+        it went from that write: no operation is added for it (none per publish at --sync-every=1)."""
+        executor = ManualExecutor()
+        q = self.open(sync_every=1, executor=executor)
+        q.put(b"a")
+        self.clock.advance(0)
+        executor.run()  # the write's reply, then its sync
+        q.put(b"b")
+        self.clock.advance(0)  # the next write, held on the lane
+        self.clock.advance(SYNC_REPORT_DELAY)
+        self.assertEqual([job[1].__name__ for job in executor.jobs], ["run_waited"])
+        executor.run()
+        self.clock.advance(SYNC_REPORT_DELAY)  # the last write's sync: nothing under way now
+        self.assertEqual([job[2][1].__name__ for job in executor.jobs], ["report"])
+
     def test_a_sync_after_a_read_that_fails_is_reported(self) -> None:
-        """An fsync failing after a read-ahead's reply makes the queue unhealthy at its next
-        operation (here the --sync-timeout tick); records stay readable."""
+        """An fsync failing after a read-ahead's reply makes the queue unhealthy within
+        SYNC_REPORT_DELAY (an operation of its own reports it); records stay readable."""
         q = self.open(sync_every=1)
         q.put_many([b"a", b"b", b"c"])
         self.clock.advance(0)
         self.assertIsNone(q.health())
         self.hooks.fsync_fails = True
         self.assertEqual(q.read(1), [b"a"])  # the next read-ahead's sync fails after it replies
-        self.clock.advance(2.0)
+        self.clock.advance(SYNC_REPORT_DELAY)
         self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
         self.assertTrue(self.logged("failed to sync"))
         self.assertEqual(self.read_all(q), [b"b", b"c"])
 
     def test_failed_fsync_is_unhealthy_until_a_sync_works(self) -> None:
-        """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it from
-        the queue's next operation, at the latest the --sync-timeout tick: the sync runs after the
-        write's reply), the sync is tried again at each tick, and health is OK once one works;
-        the records stay readable meanwhile (the page cache holds them)."""
+        """A failing fsync makes the queue unhealthy (its listener, the node's /ping, hears it
+        within SYNC_REPORT_DELAY, though nothing reads the queue: the sync runs after the write's
+        reply, and an operation of its own reports it), the sync is tried again at each --sync-timeout tick,
+        and health is OK once one works; the records stay readable meanwhile (the page cache
+        holds them)."""
         self.hooks.fsync_fails = True
         heard: list[str | None] = []
         q = self.open(sync_every=1)
         q.watch_health(lambda _, error: heard.append(error))
         q.put(b"a")
-        self.clock.advance(0)
-        self.assertEqual(self.hooks.writes, 1)
-        self.clock.advance(2.0)  # the tick: its sync reports the failed one, and fails too
+        self.clock.advance(0)  # the write, and the sync after its reply
+        self.assertEqual((self.hooks.writes, q.health()), (1, None))
+        self.clock.advance(SYNC_REPORT_DELAY)  # the operation that reports it
         self.assertIn("failed to sync: [Errno 5] Input/output error", q.health() or "")
         self.assertEqual(heard, [q.health()])
         self.clock.advance(2.0)  # the retry fails too: nothing new to hear
