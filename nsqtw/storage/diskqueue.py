@@ -396,11 +396,7 @@ class DiskQueue(ReadAhead):
         # what is on disk is read ahead once the queue is first read, not now: a topic without
         # channels or a channel without clients never reads, and a node restarting with 30,000
         # of them would otherwise open, read and hold a read-ahead of each
-        if self._disk_more and self._want_readable and self._notify_call is None:
-            # told at once, not on a later turn as a refill's news is (this is no read's inside):
-            # 30,000 queues loading at start made 30,000 delayed calls
-            self._want_readable = False
-            self._notify()
+        self._tell_readable()
 
     def _load_failed(self, failure: Failure) -> None:
         """The load could not read the metadata or the segments: unhealthy, and tried again.
