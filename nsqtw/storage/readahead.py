@@ -133,9 +133,7 @@ class ReadAhead:
     def read(self, max_count: int) -> list[bytes]:
         if self._closed:
             return []  # the read position is already persisted; don't hand out more
-        self._read_asked = True
-        if not self._buffer and self._disk_more:
-            self._maybe_refill(True)  # the first read of what was on disk at load (see _load_done)
+        self._reader_asks()
         runs = self._take(max_count)
         if len(runs) == 1:
             out = runs[0][2]
@@ -149,6 +147,13 @@ class ReadAhead:
             self._sync_schedule.mark(self)
         self._after_read(len(out), max_count)
         return out
+
+    def _reader_asks(self) -> None:
+        """A read (``read`` or ``read_positions``) begins: from now on writes are read ahead
+        (:meth:`_written`), and the first read of what is on disk, loaded or written, starts it."""
+        self._read_asked = True
+        if not self._buffer and self._disk_more:
+            self._maybe_refill(True)
 
     def _after_read(self, got: int, wanted: int) -> None:
         self._maybe_refill(True)
@@ -164,9 +169,7 @@ class ReadAhead:
         out: list[tuple[bytes, int, int]] = []
         if self._closed:
             return out
-        self._read_asked = True
-        if not self._buffer and self._disk_more:
-            self._maybe_refill(True)
+        self._reader_asks()
         for num, end, run in self._take(max_count):
             pos = end - 4 * len(run) - sum(map(len, run))
             for data in run:
