@@ -452,6 +452,7 @@ class DiskQueue(ReadAhead):
         self._consumed_pos = None
         self._read_total = self._committed_total = 0
         self._read_last = None
+        self._handed = None
         self._depth = 0
         self._disk_more = False
         self._sync_error = None
@@ -554,10 +555,13 @@ class DiskQueue(ReadAhead):
 
     def sync_tick(self) -> None:
         """A tick of the :class:`SyncSchedule`: recent activity reaches the disk (--sync-timeout),
-        and a queue idle since the last tick gives its descriptors back.
+        a queue idle since the last tick gives its descriptors back, and one not read since
+        the last tick its read-ahead (:meth:`ReadAhead._let_go_if_unread`).
 
         A node of 30,000 topics must not hold a descriptor for each: the
-        ones that are written or read keep theirs, the others hold none.
+        ones that are written or read keep theirs, the others hold none. A
+        queue that was read is looked at again at the next tick, until it
+        is read no more.
         """
         if self._closed:
             return
@@ -567,8 +571,10 @@ class DiskQueue(ReadAhead):
             self._submit(self._disk.sync_if_dirty).addErrback(self._op_failed, "sync")
         elif self._files_open and not active and not self._flushing and not self._refilling:
             self._submit(self._disk.release_files).addErrback(self._op_failed, "release files")
+            self._let_go_if_unread()  # after the release on the lane: its files stay closed
             return
-        if self._files_open:
+        self._let_go_if_unread()
+        if self._files_open or self._read_asked:
             self._sync_schedule.watch(self)  # busy since the last tick: look again at the next
 
     async def _close(self) -> None:

@@ -12,7 +12,12 @@ records on disk, or written to, tells its reader it is readable, and its
 first ``read`` starts the read-ahead. A topic without channels or a channel
 without clients never reads, so a node with thousands of them (restarting,
 or being written) reads and holds nothing for them
-(tests/unit/test_diskqueue_fds.py, test_diskqueue.py). The
+(tests/unit/test_diskqueue_fds.py, test_diskqueue.py). A queue that was
+read and then is not (its channel's last client left, or paused) goes back
+to that state at the second ``--sync-timeout`` tick without a read: its
+read-ahead is let go and the disk thread reads again from just past the
+last record handed out, so 10,000 channels whose consumers went away hold
+no read-ahead either (:meth:`ReadAhead._let_go_if_unread`). The
 read position on disk only moves past records ``read`` has returned, so
 buffered records survive a restart.
 
@@ -81,8 +86,16 @@ class ReadAhead:
         self._buffer_bytes = 0
         self._refilling = False
         self._disk_more = False
-        #: whether anything ever asked to read: until then nothing is read ahead (the module's docstring)
+        #: whether anything asked to read (since the read-ahead was last let go): until then
+        #: nothing is read ahead (the module's docstring)
         self._read_asked = False
+        #: a read since the last --sync-timeout tick (:meth:`_let_go_if_unread`)
+        self._read_since_tick = False
+        #: (file_num, position) just past the last record handed out, where a read-ahead let go
+        #: starts again; None before the first
+        self._handed: tuple[int, int] | None = None
+        #: bumped when the read-ahead is let go: a read-ahead under way then is stale
+        self._read_epoch = 0
         self._consumed_count = 0
         self._consumed_pos: tuple[int, int] | None = None
         self._readable_callback: Callable[[], object] | None = None
@@ -128,6 +141,8 @@ class ReadAhead:
             # someone reads this queue: read further ahead (see the module's docstring)
             self._ahead = min(2 * self._ahead, self._read_ahead_records)
         self._buffer_count -= max_count - want
+        if runs:
+            self._handed = (runs[-1][0], runs[-1][1])
         return runs
 
     def read(self, max_count: int) -> list[bytes]:
@@ -151,7 +166,7 @@ class ReadAhead:
     def _reader_asks(self) -> None:
         """A read (``read`` or ``read_positions``) begins: from now on writes are read ahead
         (:meth:`_written`), and the first read of what is on disk, loaded or written, starts it."""
-        self._read_asked = True
+        self._read_asked = self._read_since_tick = True
         if not self._buffer and self._disk_more:
             self._maybe_refill(True)
 
@@ -236,14 +251,14 @@ class ReadAhead:
             return
         self._refilling = True
         self._active = True
-        epoch = self._epoch
+        epoch, read_epoch = self._epoch, self._read_epoch
         d = self._submit(self._disk.read_chunk, self._ahead, self._read_ahead_bytes, reading, waited=True)
-        d.addCallback(self._refill_done, epoch)
+        d.addCallback(self._refill_done, epoch, read_epoch)
         d.addErrback(self._refill_failed)
 
-    def _refill_done(self, chunks: list[ReadChunk], epoch: int) -> None:
+    def _refill_done(self, chunks: list[ReadChunk], epoch: int, read_epoch: int) -> None:
         self._refilling = False
-        if epoch != self._epoch or self._closed:
+        if epoch != self._epoch or read_epoch != self._read_epoch or self._closed:
             return
         for num, pos, data in chunks:
             self._buffer.append([num, pos, data, 0])
@@ -255,6 +270,43 @@ class ReadAhead:
         # (records held back behind an unread error wait for read())
         if chunks or self._consumed_pos is not None:
             self._maybe_refill()
+
+    def _let_go_if_unread(self) -> None:
+        """At a ``--sync-timeout`` tick: a queue not read since the tick before is no longer read.
+
+        Its read-ahead (up to 4,096 records or 1 MiB, as its writes kept
+        landing) is let go and its disk thread reads again from just past
+        the last record ``read`` or ``read_positions`` handed out (never
+        before the read position), on its lane after a read-ahead under way,
+        whose result is then stale. Until the next read it is a queue never
+        read: writes tell its reader, the first read reads ahead. Nothing
+        moves the read position, and the depth is the same.
+        """
+        read, self._read_since_tick = self._read_since_tick, False
+        if read or not self._read_asked or self._closed:
+            return
+        self._read_asked = False
+        self._ahead = min(READ_AHEAD_START, self._read_ahead_records)
+        if not (self._buffer or self._refilling):
+            return
+        self._read_epoch += 1
+        self._buffer.clear()
+        self._buffer_count = 0
+        self._buffer_bytes = 0
+        self._disk_more = True
+        d = self._submit(self._disk.rewind, self._handed)
+        d.addCallback(self._rewound)
+        d.addErrback(self._op_failed, "read")
+
+    def _rewound(self, _: object) -> None:
+        """The disk thread reads from the records let go again: a read since reads ahead, else the
+        reader hears that there is more (as after a write)."""
+        if self._closed:
+            return
+        if self._read_asked:
+            self._maybe_refill()
+        else:
+            self._tell_readable()
 
     def _refill_failed(self, failure: Failure) -> None:
         self._refilling = False

@@ -435,6 +435,17 @@ class DiskState(SegmentLoad):
             nbytes += size
         return out
 
+    def rewind(self, handed: tuple[int, int] | None) -> None:
+        """The reactor let its read-ahead go: read again from ``handed``, just past the last
+        record it handed out, or from the read position if that is further; never forward."""
+        at = (self.read_file_num, self.read_pos)
+        if handed is not None and handed > at:
+            at = handed
+        if at < (self.cursor_file_num, self.cursor_pos):
+            self.cursor_file_num, self.cursor_pos = at
+        self._reading = False
+        self._close_read()
+
     def _read_records(self, max_records: int, max_bytes: int) -> tuple[ReadChunk, int]:
         """At least one record from the cursor's segment (or _ReadError), and the bytes they take there."""
         num, pos = self.cursor_file_num, self.cursor_pos

@@ -357,6 +357,80 @@ class ReadTests(DiskQueueTestBase):
         self.assertLessEqual(max(sizes), 4096)
         self.assertEqual(self.read_all(q, 20_000), [rec(i % 10) for i in range(700, 12_000)])
 
+    def test_a_read_ahead_nobody_reads_is_let_go(self) -> None:
+        """A queue read and then no more (its consumers went away) lets its read-ahead go at the
+        second --sync-timeout tick without a read, reads nothing ahead of later writes, and its
+        next reader gets every record after the last one handed out, once, in order."""
+        q = self.open()
+        q.put_many(rec(i % 10) for i in range(5_000))
+        self.clock.advance(0)
+        self.assertEqual(q.read(100), [rec(i % 10) for i in range(100)])
+        held = q._buffer_count
+        self.assertGreater(held, 900)
+        self.clock.advance(2.0)  # a tick: read since the one before
+        self.assertEqual(q._buffer_count, held)
+        self.clock.advance(2.0)  # no read since: let go
+        self.assertEqual((q._buffer_count, q._buffer_bytes, len(q._buffer)), (0, 0, 0))
+        q.put_many(rec(i % 10) for i in range(5_000, 8_000))
+        self.clock.advance(0)
+        self.clock.advance(0)
+        self.assertEqual((q._buffer_count, q.depth()), (0, 7_900))
+        self.clock.advance(4.0)
+        self.assertEqual(q._buffer_count, 0)
+        self.assertEqual(self.read_all(q, 10_000), [rec(i % 10) for i in range(100, 8_000)])
+        self.assertEqual(q.depth(), 0)
+        q = self.reopen(q)
+        self.assertEqual((q.depth(), q.read(10)), (0, []))
+
+    def test_a_read_ahead_under_way_when_let_go_is_stale(self) -> None:
+        """A read-ahead still on the disk lane when the queue lets its read-ahead go brings back
+        records that are dropped; the disk thread reads them again for the next reader."""
+        q = self.open(executor=ManualExecutor(), read_ahead_records=4)
+        executor = q._executor
+        assert isinstance(executor, ManualExecutor)
+        calls: list[None] = []
+        q.set_readable_callback(lambda: calls.append(None))
+        executor.run()  # the load
+        q.put_many([rec(i) for i in range(10)])
+        self.clock.advance(0)
+        executor.run()  # the write
+        self.clock.advance(0)
+        self.assertEqual(q.read(10), [])  # the first read starts the read-ahead
+        executor.run()
+        self.clock.advance(0)
+        self.assertEqual(q.read(2), [rec(0), rec(1)])  # and a refill, which waits on the lane
+        self.assertEqual(len(executor.jobs), 1)
+        self.clock.advance(2.0)
+        self.clock.advance(2.0)  # let go: the rewind goes on the lane behind the refill
+        self.assertEqual(q._buffer_count, 0)
+        told = len(calls)
+        executor.run()
+        self.clock.advance(0)
+        self.assertEqual((q._buffer_count, len(calls)), (0, told))  # the refill's records dropped
+        out: list[bytes] = []
+        for _ in range(10):
+            out.extend(q.read(10))
+            executor.run()
+            self.clock.advance(0)
+        self.assertEqual(out, [rec(i) for i in range(2, 10)])
+
+    def test_let_go_keeps_what_read_positions_handed_out(self) -> None:
+        """Under --durable-delivery the read position moves only at a commit: records handed out
+        and not yet committed are not read again after the read-ahead is let go."""
+        q = self.open()
+        q.put_many(rec(i) for i in range(10))
+        self.clock.advance(0)
+        self.assertEqual([r[0] for r in q.read_positions(3)], [rec(0), rec(1), rec(2)])
+        first = q.read_mark()
+        self.clock.advance(2.0)
+        self.clock.advance(2.0)
+        self.assertEqual(q._buffer_count, 0)
+        self.assertEqual([r[0] for r in q.read_positions(10)], [rec(i) for i in range(3, 10)])
+        q.commit_read(first)
+        q = self.reopen(q)
+        self.assertEqual(q.depth(), 7)
+        self.assertEqual(self.read_all(q), [rec(i) for i in range(3, 10)])
+
     def test_a_written_queue_reads_ahead_once_read(self) -> None:
         """Writes to a queue that was read are read ahead as they land, and its reader is told;
         the reader of a queue never read is told too, and its first read starts the read-ahead."""
