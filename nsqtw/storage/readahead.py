@@ -214,7 +214,8 @@ class ReadAhead:
         self._consumed_pos = (num, pos)
         self._committed_total = total
         self._sync_schedule.mark(self)
-        self._maybe_refill()
+        if self._read_asked:  # else the queue is not read now: nothing to read ahead
+            self._maybe_refill()
 
     def set_readable_callback(self, callback: Callable[[], object]) -> None:
         self._readable_callback = callback
@@ -283,7 +284,7 @@ class ReadAhead:
         moves the read position, and the depth is the same.
         """
         read, self._read_since_tick = self._read_since_tick, False
-        if read or not self._read_asked or self._closed:
+        if read or self._closed:
             return
         self._read_asked = False
         self._ahead = min(READ_AHEAD_START, self._read_ahead_records)

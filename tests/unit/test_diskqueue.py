@@ -431,6 +431,24 @@ class ReadTests(DiskQueueTestBase):
         self.assertEqual(q.depth(), 7)
         self.assertEqual(self.read_all(q), [rec(i) for i in range(3, 10)])
 
+    def test_a_commit_after_the_let_go_reads_nothing_ahead(self) -> None:
+        """A commit of what was handed out before the read-ahead was let go (a journaled channel's
+        FIN arriving later) moves the read position and reads nothing ahead."""
+        q = self.open()
+        q.put_many(rec(i) for i in range(10))
+        self.clock.advance(0)
+        self.assertEqual(len(q.read_positions(3)), 3)
+        mark = q.read_mark()
+        self.clock.advance(2.0)
+        self.clock.advance(2.0)
+        self.assertEqual(q._buffer_count, 0)
+        q.commit_read(mark)
+        self.clock.advance(0)
+        self.assertEqual(q._buffer_count, 0)
+        self.clock.advance(2.0)  # the tick hands the consumption to the disk
+        self.assertEqual(self.meta(), b"7\n0,21\n0,70\n")
+        self.assertEqual([r[0] for r in q.read_positions(10)], [rec(i) for i in range(3, 10)])
+
     def test_a_written_queue_reads_ahead_once_read(self) -> None:
         """Writes to a queue that was read are read ahead as they land, and its reader is told;
         the reader of a queue never read is told too, and its first read starts the read-ahead."""
