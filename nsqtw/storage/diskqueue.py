@@ -452,7 +452,6 @@ class DiskQueue(ReadAhead):
         self._consumed_pos = None
         self._read_total = self._committed_total = 0
         self._read_last = None
-        self._handed = None
         self._depth = 0
         self._disk_more = False
         self._sync_error = None
@@ -541,7 +540,7 @@ class DiskQueue(ReadAhead):
         for waiter in waiters:
             waiter.callback(None)
         if not self._closed:
-            self._written()
+            self._more_on_disk()
             if self._pending and self._write_error is None:
                 self._schedule_flush()
 

@@ -91,9 +91,6 @@ class ReadAhead:
         self._read_asked = False
         #: a read since the last --sync-timeout tick (:meth:`_let_go_if_unread`)
         self._read_since_tick = False
-        #: (file_num, position) just past the last record handed out, where a read-ahead let go
-        #: starts again; None before the first
-        self._handed: tuple[int, int] | None = None
         #: bumped when the read-ahead is let go: a read-ahead under way then is stale
         self._read_epoch = 0
         self._consumed_count = 0
@@ -107,6 +104,8 @@ class ReadAhead:
         # durable mode: records handed out by read_positions() but not yet
         # committed; cumulative counts so marks commit in any order
         self._read_total = 0
+        #: (file_num, position) just past the last record ``read`` or ``read_positions`` handed
+        #: out: a durable read mark's end, and where a read-ahead let go starts again
         self._read_last: tuple[int, int] | None = None
         self._committed_total = 0
 
@@ -142,7 +141,7 @@ class ReadAhead:
             self._ahead = min(2 * self._ahead, self._read_ahead_records)
         self._buffer_count -= max_count - want
         if runs:
-            self._handed = (runs[-1][0], runs[-1][1])
+            self._read_last = (runs[-1][0], runs[-1][1])
         return runs
 
     def read(self, max_count: int) -> list[bytes]:
@@ -165,7 +164,7 @@ class ReadAhead:
 
     def _reader_asks(self) -> None:
         """A read (``read`` or ``read_positions``) begins: from now on writes are read ahead
-        (:meth:`_written`), and the first read of what is on disk, loaded or written, starts it."""
+        (:meth:`_more_on_disk`), and the first read of what is on disk, loaded or written, starts it."""
         self._read_asked = self._read_since_tick = True
         if not self._buffer and self._disk_more:
             self._maybe_refill(True)
@@ -192,7 +191,6 @@ class ReadAhead:
                 out.append((data, num, pos))
         if out:
             self._read_total += len(out)
-            self._read_last = (out[-1][1], out[-1][2])
             self._depth -= len(out)
         self._after_read(len(out), max_count)
         return out
@@ -220,13 +218,16 @@ class ReadAhead:
     def set_readable_callback(self, callback: Callable[[], object]) -> None:
         self._readable_callback = callback
 
-    def _written(self) -> None:
-        """Records reached the disk: read them ahead if the queue is read, else say it is readable.
+    def _more_on_disk(self, _: object = None) -> None:
+        """Records reached the disk (written, or a read-ahead let go): read them ahead if the queue
+        is read, else say it is readable.
 
         A queue written but never read (a channel nobody consumes, a topic
         without channels) holds no read-ahead: its reader's first ``read``
         starts one, as after a load.
         """
+        if self._closed:
+            return
         if self._read_asked:
             self._maybe_refill()
         else:
@@ -295,19 +296,9 @@ class ReadAhead:
         self._buffer_count = 0
         self._buffer_bytes = 0
         self._disk_more = True
-        d = self._submit(self._disk.rewind, self._handed)
-        d.addCallback(self._rewound)
+        d = self._submit(self._disk.rewind, self._read_last)
+        d.addCallback(self._more_on_disk)
         d.addErrback(self._op_failed, "read")
-
-    def _rewound(self, _: object) -> None:
-        """The disk thread reads from the records let go again: a read since reads ahead, else the
-        reader hears that there is more (as after a write)."""
-        if self._closed:
-            return
-        if self._read_asked:
-            self._maybe_refill()
-        else:
-            self._tell_readable()
 
     def _refill_failed(self, failure: Failure) -> None:
         self._refilling = False
