@@ -18,6 +18,14 @@ ends spinning until a gap that short is seen again, so at most one
 spins past the reactor's next timer, and a timeout of 0 (work is queued)
 never spins.
 
+A spinning thread gives its core away at each pass (``sched_yield``)
+to any other thread that waits for that core. On a machine with fewer
+cores than busy threads (two cores shared by the reactor, its clients, a
+replica's peer node) the thread that would send the next event may be the
+one queued behind the spin; Linux's own socket busy polling stops at
+``need_resched()`` for the same reason. Where a core is free, the yield
+returns at once and the spin goes on.
+
 Nor does a wait spin after the reactor worked longer than ``limit`` since
 its last wait. Spinning pays when the work per event is small against the
 wake-up it saves: one-message round trips. Under a throughput load
@@ -26,8 +34,8 @@ microseconds of work, the wake-up is a small share of it, and a spinning
 reactor only takes a core from the clients it shares the machine with
 (measured: docs/performance.md, "Busy polling"). The cost that remains:
 while short commands keep coming less than ``limit`` apart, the reactor
-thread is busy between them, a core the clients on the same machine
-cannot use. Measured side by side, that pays where nsqtw is weakest: on
+thread is busy between them: the core shows as used, though any thread
+waiting for it gets it at the next pass. Measured side by side, that pays where nsqtw is weakest: on
 2 cores (with the clients on the same 2 cores) one-message round trips
 rise by about half and the reactor's CPU per round trip falls (a spin is
 cheaper than the wake-up it saves), with no loss on batches; on 16 cores
@@ -41,6 +49,7 @@ Only nsqtw's reactor (:mod:`nsqtw.net.epollreactor`) waits through a
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,12 +67,15 @@ Poll = Callable[[float, int], Events]
 class BusyPoll:
     """``poll(timeout, maxevents)`` for a reactor's poll step, spinning before it sleeps (see the module)."""
 
-    __slots__ = ("_poll", "_clock", "limit", "spinning", "_returned")
+    __slots__ = ("_poll", "_clock", "_yield", "limit", "spinning", "_returned")
 
     def __init__(self, poll: Poll, limit: float = DEFAULT_LIMIT,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 yield_core: Callable[[], None] = os.sched_yield) -> None:
         self._poll = poll
         self._clock = clock
+        #: called before each pass of a spin: lets a thread waiting for this core run first
+        self._yield = yield_core
         #: the longest spin, in seconds; 0: never spin (a plain ``poll``)
         self.limit = limit
         #: the last gap between events was at most ``limit``: the next wait spins first
@@ -82,7 +94,9 @@ class BusyPoll:
         if self.spinning and start - self._returned <= limit:
             window = limit if timeout is None or timeout > limit else timeout
             end = start + window
+            yield_core = self._yield
             while True:
+                yield_core()
                 events = poll(0, maxevents)
                 now = clock()
                 if events:

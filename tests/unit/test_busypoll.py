@@ -58,9 +58,29 @@ class ScriptedEpoll:
         self.now += seconds
 
 
-def make(arrivals: list[float], limit: float = LIMIT) -> tuple[ScriptedEpoll, BusyPoll]:
+class Core:
+    """The spinning thread's core: records each time it is given away (``sched_yield``), and runs
+    ``waiting`` (another thread queued for the core) the first time it is."""
+
+    def __init__(self, ep: ScriptedEpoll) -> None:
+        self.ep = ep
+        self.yields: list[float] = []
+        self.waiting: list[float] = []
+
+    def yield_core(self) -> None:
+        self.yields.append(self.ep.now)
+        if self.waiting:
+            # the queued thread runs for its time, and sends what the reactor waits for
+            self.ep.work(self.waiting.pop(0))
+            self.ep.arrivals.append(self.ep.now)
+
+
+def make(arrivals: list[float], limit: float = LIMIT, core: list[Core] | None = None) -> tuple[ScriptedEpoll, BusyPoll]:
     ep = ScriptedEpoll(arrivals)
-    return ep, BusyPoll(ep.poll, limit, clock=ep.clock)
+    c = Core(ep)
+    if core is not None:
+        core.append(c)
+    return ep, BusyPoll(ep.poll, limit, clock=ep.clock, yield_core=c.yield_core)
 
 
 def blocking_calls(ep: ScriptedEpoll) -> list[float]:
@@ -156,6 +176,42 @@ class BusyPollTests(SynchronousTestCase):
             self.assertEqual(poll(None, 8), [(7, 1)])
             ep.work(5 * US)
         self.assertEqual(blocking_calls(ep), [-1], "only the first wait slept")
+
+    def test_each_pass_of_a_spin_first_gives_the_core_away(self) -> None:
+        cores: list[Core] = []
+        ep, poll = make([10 * US, 10 * US + 30 * US], core=cores)
+        poll(None, 8)
+        self.assertEqual(cores[0].yields, [], "a wait that sleeps yields nothing")
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        spins = [t for t, _ in ep.calls[1:] if t == 0]
+        self.assertGreater(len(spins), 1)
+        self.assertEqual(len(cores[0].yields), len(spins), "one yield before each non-blocking poll")
+
+    def test_a_thread_queued_for_the_core_runs_instead_of_the_spin(self) -> None:
+        """The event the spin waits for comes from a thread that needs the spinner's core (a
+        client, a replica's owner on a machine of fewer cores): it gets the core at the first
+        pass, and the spin finds its event at once instead of holding the core for the limit."""
+        cores: list[Core] = []
+        ep, poll = make([10 * US], core=cores)
+        poll(None, 8)
+        cores[0].waiting.append(20 * US)  # nothing arrives until that thread runs
+        start = ep.now
+        self.assertEqual(poll(None, 8), [(7, 1)])
+        self.assertEqual(len(cores[0].yields), 1)
+        self.assertEqual(blocking_calls(ep), [-1], "found by the spin, no sleep")
+        self.assertLessEqual(ep.now - start, 20 * US + STEP)
+
+    def test_plain_waits_never_yield(self) -> None:
+        cores: list[Core] = []
+        ep, poll = make([50 * US, 60 * US, 70 * US], limit=0, core=cores)
+        poll(None, 8)
+        poll(1.0, 8)
+        self.assertEqual(cores[0].yields, [])
+        cores = []
+        ep, poll = make([10 * US, 1.0], core=cores)
+        poll(None, 8)
+        poll(0, 8)  # work is queued: a zero timeout never spins
+        self.assertEqual(cores[0].yields, [])
 
     def test_the_default_spins_200us(self) -> None:
         """nsqd's ``--busy-poll`` default, 200 µs (docs/performance.md: what it buys and costs),
