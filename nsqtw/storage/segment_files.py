@@ -74,6 +74,11 @@ class SegmentFiles:
     #: is opened again without a second "opened" line (go-diskqueue opens each segment once)
     _read_logged: int = -1
     _write_logged: int = -1
+    #: the sizes of finished segments looked up, by number, until they are removed or set aside.
+    #: A segment the writer has left never changes size, and a read-ahead asks for it at every
+    #: piece it reads (a system call, so a GIL release and take, per 64 KiB): looked up once.
+    #: Only the segments at the read position and at the cursor are looked up
+    _finished: dict[int, int] = field(default_factory=dict)
 
     # outputs of the operation in progress (the rest are DiskState's)
     _events: list[LogEvent] = field(default_factory=list)
@@ -183,6 +188,7 @@ class SegmentFiles:
         path = self.file_name(num)
         if self._rfd_num == num:
             self._close_read()
+        self._forget_size(num)
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -191,9 +197,29 @@ class SegmentFiles:
             self._log(LogLevel.error, "DISKQUEUE({name}) failed to Remove({path}) - {error}",
                       name=self.name, path=path, error=str(e))
 
+    def _forget_size(self, num: int) -> None:
+        """The segment is removed or set aside: its kept size no longer says anything."""
+        self._finished.pop(num, None)
+
     def _segment_size(self, num: int) -> int | None:
         """The segment's size, or ``None`` if it is not there (or cannot be looked at now)."""
+        kept = self._kept_size(num)
+        if kept is not None:
+            return kept
         try:
-            return os.stat(self.file_name(num)).st_size
+            return self._keep_size(num, os.stat(self.file_name(num)).st_size)
         except OSError:
             return None
+
+    def _open_segment_size(self, num: int, fd: int) -> int:
+        """The size of segment ``num``, open as ``fd``; raises OSError."""
+        kept = self._kept_size(num)
+        return kept if kept is not None else self._keep_size(num, os.fstat(fd).st_size)
+
+    def _kept_size(self, num: int) -> int | None:
+        return self._finished.get(num) if num < self.write_file_num else None
+
+    def _keep_size(self, num: int, size: int) -> int:
+        if num < self.write_file_num:  # finished: its size is final
+            self._finished[num] = size
+        return size

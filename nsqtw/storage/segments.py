@@ -464,7 +464,7 @@ class DiskState(SegmentLoad):
                 self._log(LogLevel.info, "DISKQUEUE({name}): readOne() opened {path}", name=self.name, path=path)
         fd = self._rfd
         try:
-            end = self.write_pos if num == self.write_file_num else os.fstat(fd).st_size
+            end = self.write_pos if num == self.write_file_num else self._open_segment_size(num, fd)
             buf = os.pread(fd, max(min(end - pos, max_bytes, IO_PIECE), 4), pos)
         except OSError as e:
             raise _CannotRead(str(e)) from e
@@ -507,6 +507,7 @@ class DiskState(SegmentLoad):
             self.write_file_num += 1
             self.write_pos = 0
         self._close_read()
+        self._forget_size(num)
         renamed = bad + ".bad"
         self._log(LogLevel.warn, "DISKQUEUE({name}) jump to next file and saving bad file as {path}",
                   name=self.name, path=renamed)

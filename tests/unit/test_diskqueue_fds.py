@@ -253,6 +253,45 @@ class DiskStateTests(DiskQueueTestBase):
         self.assertEqual(result.set_aside, 1)
         self.assertIn("t.diskqueue.000000.dat.bad", self.listing())
 
+    def test_a_finished_segment_is_sized_once_however_many_pieces_read_it(self) -> None:
+        """A read-ahead reads 64 KiB at a time, and each piece needs its segment's end. A finished
+        segment's size cannot change, so it is looked up once (each lookup is a system call: a
+        GIL release and take on the disk thread, against a reactor that holds it); the write
+        segment's end is the write position. Removing the segment forgets it."""
+        body = b"x" * 1000
+        segment = b"".join(struct.pack(">i", len(body)) + body for _ in range(200))  # 4 pieces each
+        for num in range(3):
+            self.write_file(f"t.diskqueue.{num:06d}.dat", segment)
+        self.write_file("t.diskqueue.meta.dat", f"600\n0,0\n2,{len(segment)}\n".encode())
+        disk = self.state(Opens())
+        disk.run(None, disk.load)
+        sized: list[Any] = []
+        real_stat, real_fstat = os.stat, os.fstat
+
+        def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            if str(path).endswith(".dat") and "meta" not in str(path):
+                sized.append(os.path.basename(path))
+            return real_stat(path, *args, **kwargs)
+
+        def fstat(fd: int) -> os.stat_result:
+            sized.append(fd)
+            return real_fstat(fd)
+
+        self.patch(os, "stat", stat)
+        self.patch(os, "fstat", fstat)
+        runs = []
+        while True:
+            chunks = disk.run(None, disk.read_chunk, 100, 1 << 20).value
+            if not chunks:
+                break
+            runs.extend((num, len(records)) for num, _, records in chunks)
+        self.assertEqual(sum(n for _, n in runs), 600)
+        self.assertEqual(sorted({num for num, _ in runs}), [0, 1, 2])
+        # segment 1 once (segment 0 was sized by the load), where each piece sized its segment twice
+        self.assertEqual(sized, ["t.diskqueue.000001.dat"])
+        disk._remove_segment(1)
+        self.assertIsNone(disk._segment_size(1))
+
     def test_a_load_that_cannot_open_raises_and_changes_nothing(self) -> None:
         """Every operation on an unloaded state loads first; a load that fails for want of
         descriptors raises :class:`LoadError` before anything is written or persisted."""
