@@ -11,7 +11,9 @@ with few and with more commands, and prints the difference per command
 
 ``WHAT`` (default ``pub,mpub1disk,mpub200disk``), comma-separated:
 ``pub``, ``mpub1``, ``mpub200``, each optionally with ``disk`` (a real disk
-queue, as ``DISK=1`` gives ``pub_cpu.py``). Instructions are not time (a
+queue, as ``DISK=1`` gives ``pub_cpu.py``), and ``read`` or ``readdisk``:
+``read_cpu.py``'s consume path (a backlog of 20,000, then of 60,000
+messages, read by one consumer that FINs them all), per message. Instructions are not time (a
 cache miss costs more than an add) but two builds of the same code that
 differ by a tenth in instructions differ in time the same way, while a
 timed A/B on a loaded two-core machine cannot show a tenth.
@@ -27,21 +29,25 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-#: (commands in the short run, in the long run, messages per command)
-SIZES = {"pub": (200, 1200, 1), "mpub1": (200, 1200, 1), "mpub200": (10, 60, 200)}
+#: (commands in the short run, in the long run, messages per command); for ``read``, messages
+SIZES = {"pub": (200, 1200, 1), "mpub1": (200, 1200, 1), "mpub200": (10, 60, 200), "read": (20_000, 60_000, 1)}
 
 _CHILD = """
-import importlib.util, sys, tempfile
-spec = importlib.util.spec_from_file_location("pub_cpu", sys.argv[1])
-pc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pc)
+import os, sys, tempfile
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # this script's folder: pub_cpu.py, read_cpu.py
+import pub_cpu as pc
 from nsqtw.heap import keep_long_lived_old
 keep_long_lived_old()
 what, n = sys.argv[2], int(sys.argv[3])
-command, per = {"pub": (pc.PUB, 1), "mpub1": (pc.MPUB_OF_ONE, 1), "mpub200": (pc.MPUB_OF_200, 200)}[
-    what.removesuffix("disk")]
 with tempfile.TemporaryDirectory() as d:
-    pc.run(command, n, d if what.endswith("disk") else None, per)
+    if what.startswith("read"):
+        import read_cpu
+        read_cpu.BACKLOG = n
+        read_cpu.run(d if what.endswith("disk") else None)
+    else:
+        command, per = {"pub": (pc.PUB, 1), "mpub1": (pc.MPUB_OF_ONE, 1), "mpub200": (pc.MPUB_OF_200, 200)}[
+            what.removesuffix("disk")]
+        pc.run(command, n, d if what.endswith("disk") else None, per)
 """
 
 
@@ -70,7 +76,7 @@ def main() -> None:
         few, more, per = SIZES[what.removesuffix("disk")]
         for tree in trees:
             spent = instructions(tree, what, more) - instructions(tree, what, few)
-            unit = "a message" if per > 1 else "a command"
+            unit = "a message" if per > 1 or what.startswith("read") else "a command"
             print(f"{tree}: {what}: {spent / ((more - few) * per):,.0f} instructions {unit}")
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 #: messages handed to clients in one reactor turn before yielding
 DELIVERY_BATCH = 4096
+#: the smallest slice a client takes at a time while the turn's messages go round its clients
+DELIVERY_SLICE = 64
 
 
 class Channel(Pausable):
@@ -412,15 +414,20 @@ class Channel(Pausable):
         clients = clients[start:] + clients[:start]
         now = self.clock.seconds()
         in_flight = self.in_flight
-        # Round-robin in slices of 64 for fairness, but one deliver() (one
-        # write) per client per turn.
+        # Round-robin in slices, one deliver() (one write) per client per turn. A slice is a client's
+        # even share of what the turn hands out, at least DELIVERY_SLICE: a slice costs a read, an
+        # in-flight batch and a timer entry. A journaled channel keeps the small slices: its mode may
+        # stop the taking between two (the journal's unsynced bound)
         batches: dict[int, list[Message]] = {}
         wanting = [(c, cap) for c in clients if (cap := c.ready_capacity()) > 0]
+        share = DELIVERY_SLICE
+        if wanting and not self.journaled:
+            share = max(share, min(budget, self.depth()) // len(wanting))
         exhausted = False
         while wanting and budget > 0 and not exhausted:
             still = []
             for client, cap in wanting:
-                msgs = self.next_messages(min(cap, budget, 64))
+                msgs = self.next_messages(min(cap, budget, share))
                 if not msgs:
                     exhausted = True
                     break

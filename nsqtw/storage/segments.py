@@ -33,8 +33,10 @@ __all__ = ["Consumption", "DiskState", "LoadError", "OpResult", "ReadChunk", "ns
 #: (count, file_num, pos): records consumed since the last disk operation,
 #: and the position just past the last of them
 Consumption = tuple[int, int, int]
-#: records read ahead from one segment: (file_num, position of the first, their data)
-ReadChunk = tuple[int, int, list[bytes]]
+#: records read ahead from one segment: (file_num, position of the first, their data, the bytes of
+#: that data, size fields left out): the reactor keeps its read-ahead's byte count from the last,
+#: not by adding up the records' lengths again (:class:`nsqtw.storage.readahead.ReadAhead`)
+ReadChunk = tuple[int, int, list[bytes], int]
 #: a queue read to its end whose write segment holds at least this much starts a new segment
 #: and removes the old one (see :meth:`DiskState._roll_drained`)
 DRAINED_ROLL_BYTES = 1 << 20
@@ -487,7 +489,7 @@ class DiskState(SegmentLoad):
                 raise _ReadError("unexpected EOF")
             data = [rec[4:]]
         self.cursor_pos = pos + off
-        return (num, pos, data), off
+        return (num, pos, data, off - 4 * len(data)), off
 
     def _cannot_read(self, error: str) -> None:
         """A resource error at the read position: report it (the queue logs it); the segment stays as it is."""

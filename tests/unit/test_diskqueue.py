@@ -293,6 +293,25 @@ class ReadTests(DiskQueueTestBase):
             out.extend(q.read(1))
         self.assertEqual(out, [rec(i) for i in range(40)])
 
+    def test_reads_that_cut_chunks_keep_the_byte_count_and_positions(self) -> None:
+        """The read-ahead's bytes are counted from each chunk's size, not by adding up its records
+        again; reads that cut a chunk anywhere (one record, a few, across chunks) keep that count
+        equal to the records held, and the read position just past the last one handed out."""
+        q = self.open(max_bytes=4096)
+        written = [rec(i, 3 + i % 17) for i in range(3000)]  # records of 3 to 19 bytes
+        q.put_many(written)
+        self.clock.advance(0)
+        out: list[bytes] = []
+        for n in [1, 7, 300, 2, 999, 13, 1, 500]:
+            out.extend(q.read(n))
+            self.clock.advance(0)
+            held = [d for _, _, data, i, _ in q._buffer for d in data[i:]]
+            self.assertEqual(q._buffer_bytes, sum(map(len, held)))
+            self.assertEqual(out + held, written[:len(out) + len(held)])
+        q = self.reopen(q)  # the position read back from the metadata: just past what was handed out
+        self.clock.advance(0)
+        self.assertEqual(self.read_all(q, 5000), written[len(out):])
+
     def test_readable_callback(self) -> None:
         """After a short read, the callback fires (in a later reactor turn) once records are readable."""
         q = self.open()

@@ -242,7 +242,7 @@ class DiskStateTests(DiskQueueTestBase):
         self.assertIn("t.diskqueue.000000.dat", self.listing())
         opens.fail(None)
         result = disk.run(None, disk.read_chunk, 10, 1 << 20)
-        self.assertEqual(result.value, [(0, 0, [b"aaa", b"bbb"])])
+        self.assertEqual(result.value, [(0, 0, [b"aaa", b"bbb"], 6)])
         self.assertEqual(result.read_error, "")
 
         self.segment([b"ccc"])
@@ -284,7 +284,7 @@ class DiskStateTests(DiskQueueTestBase):
             chunks = disk.run(None, disk.read_chunk, 100, 1 << 20).value
             if not chunks:
                 break
-            runs.extend((num, len(records)) for num, _, records in chunks)
+            runs.extend((num, len(records)) for num, _, records, _ in chunks)
         self.assertEqual(sum(n for _, n in runs), 600)
         self.assertEqual(sorted({num for num, _ in runs}), [0, 1, 2])
         # segment 1 once (segment 0 was sized by the load), where each piece sized its segment twice

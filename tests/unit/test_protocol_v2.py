@@ -113,6 +113,30 @@ class DeliveryTests(SynchronousTestCase):
         self.assertEqual(bodies, list(range(200)))
         self.assertTrue(got_a and got_b)
 
+    def test_a_turn_hands_each_client_its_even_share_in_one_slice(self) -> None:
+        """Plenty queued: each client takes its even share of the turn at once, not in slices of 64
+        (each a read of the queue, an in-flight batch and a timer entry); little queued, still
+        each client some."""
+        nsqd, clock = make_nsqd()
+        channel = nsqd.get_topic("t").get_channel("c")
+        a = Consumer(nsqd, clock, "t", "c", rdy=2500)
+        b = Consumer(nsqd, clock, "t", "c", rdy=2500)
+        asked: list[int] = []
+        take = channel.next_messages
+
+        def counted(n: int) -> list:
+            asked.append(n)
+            return take(n)
+
+        channel.next_messages = counted  # type: ignore[method-assign]
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(3000)])
+        self.assertEqual((len(a.messages()), len(b.messages())), (1500, 1500))
+        self.assertEqual(asked, [1500, 1500, 1000])  # (the last finds the queue empty)
+        asked.clear()
+        publish(nsqd, clock, "t", *[b"%d" % i for i in range(100)])
+        self.assertEqual(sorted((len(a.messages()), len(b.messages()))), [36, 64])  # (the other goes first)
+        self.assertEqual(asked, [64, 64, 64])
+
     def test_duplicate_id_never_in_flight_twice(self) -> None:
         """Two copies of one ID in a channel's queue (a hand-off replayed after kill -9): the copy
         whose ID is in flight, or arrives in the same batch, is dropped; FIN of the one sent works."""
