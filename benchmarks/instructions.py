@@ -1,4 +1,4 @@
-"""Instructions per command of the publish path, counted by valgrind: an A/B that noise cannot move.
+"""Instructions a publish and a consumed message cost, counted by valgrind: an A/B that noise cannot move.
 
 Usage: python benchmarks/instructions.py TREE [TREE ...]   (needs valgrind; WHAT in the environment)
 
@@ -57,7 +57,9 @@ def instructions(tree: str, what: str, commands: int) -> int:
         child = os.path.join(scratch, "child.py")
         with open(child, "w") as f:
             f.write(_CHILD)
+        # one hash seed for every run: the dicts and sets of IDs then probe alike in both trees
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        env.setdefault("PYTHONHASHSEED", "0")
         done = subprocess.run(
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, child,
              os.path.join(HERE, "pub_cpu.py"), what, str(commands)],
