@@ -115,10 +115,10 @@ class ReadAhead:
 
         A whole chunk's records are sliced out at once, not moved one by one,
         and its bytes are known from the read (:data:`~nsqtw.storage.segments.ReadChunk`):
-        this runs for every message a consumer reads back from disk, and
-        adding up the lengths of every record read was a tenth of a
-        microsecond a message on the reactor. Only a run that leaves part of
-        its chunk behind (at most one a read) adds up its own.
+        this runs for every message a consumer reads back from disk, where
+        adding up every record's length, as a chunk arrived and again as it
+        was taken, was a loop a message on the reactor. Only a run that
+        leaves part of its chunk behind (at most one a read) adds up its own.
         """
         runs: list[tuple[int, int, list[bytes], int]] = []
         buffer = self._buffer
@@ -161,7 +161,7 @@ class ReadAhead:
             out = runs[0][2]
         else:
             out = []
-            for run in runs:  # (a big read spans a chunk a 64 KiB piece: extend copies each in C)
+            for run in runs:  # (a big read spans many chunks, one a 64 KiB piece: extend copies each in C)
                 out.extend(run[2])
         if out:
             self._consumed_pos = runs[-1][:2]
