@@ -270,6 +270,16 @@ def frames(messages: list[Message]) -> list[bytes]:
     return pieces
 
 
+def frame_ids(data: bytes) -> list[bytes]:
+    """The message IDs in MESSAGE frames written back to back (:func:`frames`' pieces, joined)."""
+    ids: list[bytes] = []
+    pos = 0
+    while pos + 34 <= len(data):
+        ids.append(data[pos + 18:pos + 34])  # after the size, the type, the timestamp and the attempts
+        pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
+    return ids
+
+
 #: :func:`frames`' buffer, used again by every call (the reactor's thread alone writes frames;
 #: it never holds two pieces): a fresh one grew by doubling for each piece, and those copies were
 #: a third of the read path's ``memcpy``

@@ -23,6 +23,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nsqtw.core.commands import ClientState
+from nsqtw.core.message import frame_ids
 from nsqtw.errors import ExitingError, ReplicaError
 from nsqtw.log import Logger
 from nsqtw.protocol.node import Subscription
@@ -221,6 +223,11 @@ class RemoteNode:
             d.errback(PublishFailed(why))
 
     def _on_deliver(self, proto: V2Protocol, data: bytes) -> None:
+        if proto.state is ClientState.CLOSING and proto.channel is not None:
+            # CLS was answered CLOSE_WAIT here before the core heard of it, and the core
+            # sent these meanwhile: none is written after CLOSE_WAIT, each goes back at once
+            proto.channel.requeue_many(proto, [(msg_id, 0.0) for msg_id in frame_ids(data)])
+            return
         proto.deliver_frames(data)
 
     def _on_failed(self, proto: V2Protocol, cmd: str, msg_id: bytes, why: str) -> None:

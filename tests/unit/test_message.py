@@ -55,6 +55,14 @@ class EncodingTests(SynchronousTestCase):
             struct.pack(">ii", 26 + i + 4, FRAME_TYPE_MESSAGE) + m.encode() for i, m in enumerate(msgs))])
         self.assertEqual(frames([]), [])
 
+    def test_the_ids_of_frames_written_back_to_back_are_read_back_in_order(self) -> None:
+        """Bodies of every size, one past a wire piece: a worker reads these IDs from a DELIVER."""
+        ids = [b"%016d" % i for i in range(6)]
+        bodies = [b"", b"x", b"y" * 200, b"z" * (message.WIRE_PIECE + 1), b"w" * 3, b"v"]
+        msgs = [Message(i + b, 5, 1) for i, b in zip(ids, bodies, strict=True)]
+        self.assertEqual(message.frame_ids(b"".join(frames(msgs))), ids)
+        self.assertEqual(message.frame_ids(b""), [])
+
     def test_a_run_of_records_decodes_as_each_would(self) -> None:
         records = [Message(MSG_ID + b"b" * i, 7 + i, i).encode() for i in range(4)]
         bad: list[ValueError] = []

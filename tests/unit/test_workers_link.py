@@ -212,6 +212,34 @@ def test_closed_worker_connection_requeues_what_it_held() -> None:
     assert not j.nsqd.clients
 
 
+def test_what_the_core_sent_as_cls_crossed_it_is_not_written_but_requeued() -> None:
+    """The worker answers CLS at once; the core hears of it only with the next records. A
+    message it handed the connection in between is never written after CLOSE_WAIT: it goes
+    back to the channel, and a FIN of what the client already held still works."""
+    j = Joined()
+    consumer, ct = j.client()
+    consumer.dataReceived(b"SUB t c\nRDY 5\n")
+    j.settle()
+    j.nsqd.publish("t", [b"first"])
+    j.settle()
+    ((_, _, first, _),) = [decode_message_frame(p) for _, p in take_frames(ct)[1:]]
+    consumer.dataReceived(b"CLS\n")
+    j.nsqd.publish("t", [b"second"])
+    j.clock.advance(0)  # both sides' turns end: the records cross
+    assert j.core_side.value() and j.worker_side.value()
+    data = j.core_side.value()
+    j.core_side.clear()
+    j.node.link.dataReceived(data)  # the core's DELIVER of "second" reaches the worker first
+    assert take_frames(ct) == [(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")]
+    j.settle()
+    channel = j.nsqd.topics["t"].channels["c"]
+    assert in_flight(j) == 1 and channel.depth() == 1  # only "first" is out
+    consumer.dataReceived(b"FIN " + first + b"\n")
+    j.settle()
+    assert take_frames(ct) == [] and in_flight(j) == 0
+    assert [m.data[16:] for m in channel.next_messages(5)] == [b"second"]
+
+
 def test_a_lost_worker_takes_its_clients_out_of_the_core() -> None:
     j, _, channel = holding_one()
     j.peer.link.connectionLost(None)
