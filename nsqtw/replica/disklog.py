@@ -199,11 +199,13 @@ class StandbyLog:
             self._flush_within(FLUSH_DELAY)
 
     def _flush_within(self, delay: float) -> None:
+        """A flush at most ``delay`` from now (0 or :data:`FLUSH_DELAY`): one asked for before is
+        brought forward only for 0, as one asked :data:`FLUSH_DELAY` ahead before now is due sooner."""
         assert self.clock is not None
         call = self._flush_call
         if call is None:
             self._flush_call = self.clock.callLater(delay, self._flush)
-        elif call.getTime() > self.clock.seconds() + delay:
+        elif delay < FLUSH_DELAY and call.getTime() > self.clock.seconds() + delay:
             call.reset(delay)
 
     def _submit(self, writes: list[tuple[str, bytes]], notes: bytes, sync: bool) -> Deferred[None]:

@@ -25,6 +25,8 @@ __all__ = ["MESSAGE_HEADER", "Kind", "PubMessage", "decode_ack", "decode_fin", "
 _LEN: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
 _ACK: Final = struct.Struct(">Q")
+#: a PUB record's head: its length, its kind and its topic name's length (:func:`frame_pub`)
+_PUB_HEAD: Final = struct.Struct(">IBH")
 #: per message of a PUB: ID value, timestamp (ns), DPUB delay (ms), body length
 _MSG: Final = struct.Struct(">QqII")
 #: the same header's ID value and body length alone (what indexing needs: two ints made, not four)
@@ -225,8 +227,10 @@ def pub_messages(values: Sequence[int], bodies: Sequence[bytes], timestamp: int,
 
 
 def frame_pub(topic: str, count: int, messages: bytes) -> bytes:
-    """A PUB record of ``count`` messages made by :func:`pub_messages`."""
-    return frame(Kind.PUB, _name(topic) + _LEN.pack(count) + messages)
+    """A PUB record of ``count`` messages made by :func:`pub_messages`: :func:`frame` of the
+    topic's :func:`_name`, the count and the messages, its head packed at once (one a turn)."""
+    name = topic.encode()
+    return _PUB_HEAD.pack(len(name) + len(messages) + 7, Kind.PUB, len(name)) + name + _LEN.pack(count) + messages
 
 
 def encode_snap(topic: str, owing: Sequence[str], messages: bytes) -> bytes:

@@ -2130,6 +2130,32 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
     assert got == [b"a" * 10 + b"b" * 10 + b"c" * 10]
 
 
+def test_a_logs_flush_is_never_put_off_and_a_durable_append_brings_it_forward(tmp_path: Any) -> None:
+    """Appends gather for FLUSH_DELAY from the first, however many follow; with --durable-delivery
+    an append goes at the turn's end even when a journal entry asked for a later flush before it."""
+    jobs: list[str] = []
+
+    class Counting(SynchronousDiskExecutor):
+        def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
+            jobs.append(fn.__name__)
+            return super().submit(fn, *args)
+
+    clock = Clock()
+    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock, journal=False)
+    log.append(b"a" * 10, 0)
+    clock.advance(FLUSH_DELAY * 0.6)
+    log.append(b"b" * 10, 1)  # within the first's wait: written with it, not FLUSH_DELAY after it
+    clock.advance(FLUSH_DELAY * 0.4)
+    assert jobs == ["_append_all"]
+    durable = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "u"), Counting(), True, clock)
+    durable.note(encode_json_entry(Entry.CHANNEL, 0, {"name": "c", "backlog": False}))
+    clock.advance(FLUSH_DELAY / 2)
+    assert jobs == ["_append_all"]  # the entry alone waits
+    durable.append(b"c" * 10, 0)
+    clock.advance(0)
+    assert jobs == ["_append_all", "_append_all"] and durable.written().called
+
+
 def test_a_replica_cut_off_from_a_live_owner_lets_go_of_topics_placed_elsewhere(tmp_path: Any,
                                                                               monkeypatch: Any) -> None:
     """The owner's link is gone for the timeout but its /ping answers: it chose another replica for
