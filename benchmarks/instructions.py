@@ -11,7 +11,8 @@ with few and with more commands, and prints the difference per command
 
 ``WHAT`` (default ``pub,mpub1disk,mpub200disk``), comma-separated:
 ``pub``, ``mpub1``, ``mpub200``, each optionally with ``disk`` (a real disk
-queue, as ``DISK=1`` gives ``pub_cpu.py``), and ``read`` or ``readdisk``:
+queue, as ``DISK=1`` gives ``pub_cpu.py``) and then ``repl`` (the owner's
+side of ``--replicas=2`` too, as ``REPLICAS=2`` gives it), and ``read`` or ``readdisk``:
 ``read_cpu.py``'s consume path (a backlog of 20,000, then of 60,000
 messages, read by one consumer that FINs them all), per message. Instructions are not time (a
 cache miss costs more than an add) but two builds of the same code that
@@ -45,9 +46,11 @@ with tempfile.TemporaryDirectory() as d:
         read_cpu.BACKLOG = n
         read_cpu.run(d if what.endswith("disk") else None)
     else:
+        replicas = 2 if what.endswith("repl") else 1
+        what = what.removesuffix("repl")
         command, per = {"pub": (pc.PUB, 1), "mpub1": (pc.MPUB_OF_ONE, 1), "mpub200": (pc.MPUB_OF_200, 200)}[
             what.removesuffix("disk")]
-        pc.run(command, n, d if what.endswith("disk") else None, per)
+        pc.run(command, n, d if what.endswith("disk") else None, per, replicas)
 """
 
 
@@ -75,7 +78,7 @@ def main() -> None:
     if not trees:
         raise SystemExit(__doc__)
     for what in os.environ.get("WHAT", "pub,mpub1disk,mpub200disk").split(","):
-        few, more, per = SIZES[what.removesuffix("disk")]
+        few, more, per = SIZES[what.removesuffix("repl").removesuffix("disk")]
         for tree in trees:
             spent = instructions(tree, what, more) - instructions(tree, what, few)
             unit = "a message" if per > 1 or what.startswith("read") else "a command"
