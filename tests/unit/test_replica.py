@@ -2100,20 +2100,27 @@ def test_metrics_families() -> None:
     assert got["nsqtw_standby_bytes"] == [({"owner": "10.0.0.9:4151", "topic": "u"}, 70.0)]
 
 
+class Counting(SynchronousDiskExecutor):
+    """A lane that runs each job at once and notes its function's name in ``jobs``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: list[str] = []
+
+    def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
+        self.jobs.append(fn.__name__)
+        return super().submit(fn, *args)
+
+
 def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) -> None:
     """With a clock, a log's appends go to the disk lane as one job, FLUSH_DELAY after the first
     (no thread hop per publish); a read asked meanwhile first sends them, so it finds every message
     appended before it."""
-    jobs: list[str] = []
-
-    class Counting(SynchronousDiskExecutor):
-        def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
-            jobs.append(fn.__name__)
-            return super().submit(fn, *args)
-
+    lane = Counting()
+    jobs = lane.jobs
     clock = Clock()
     unwritten = UnwrittenBytes(1 << 20)
-    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock,
+    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), lane, False, clock,
                      unwritten=unwritten)
     log.append(b"a" * 10, 0)
     first = log.written()
@@ -2133,21 +2140,16 @@ def test_a_turns_appends_are_one_disk_job_and_a_read_sees_them(tmp_path: Any) ->
 def test_a_logs_flush_is_never_put_off_and_a_durable_append_brings_it_forward(tmp_path: Any) -> None:
     """Appends gather for FLUSH_DELAY from the first, however many follow; with --durable-delivery
     an append goes at the turn's end even when a journal entry asked for a later flush before it."""
-    jobs: list[str] = []
-
-    class Counting(SynchronousDiskExecutor):
-        def submit(self, fn: Any, *args: Any) -> Deferred[Any]:
-            jobs.append(fn.__name__)
-            return super().submit(fn, *args)
-
+    lane = Counting()
+    jobs = lane.jobs
     clock = Clock()
-    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), Counting(), False, clock, journal=False)
+    log = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "t"), lane, False, clock, journal=False)
     log.append(b"a" * 10, 0)
     clock.advance(FLUSH_DELAY * 0.6)
     log.append(b"b" * 10, 1)  # within the first's wait: written with it, not FLUSH_DELAY after it
     clock.advance(FLUSH_DELAY * 0.4)
     assert jobs == ["_append_all"]
-    durable = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "u"), Counting(), True, clock)
+    durable = StandbyLog(str(tmp_path), log_prefix("10.0.0.1:4151", "u"), lane, True, clock)
     durable.note(encode_json_entry(Entry.CHANNEL, 0, {"name": "c", "backlog": False}))
     clock.advance(FLUSH_DELAY / 2)
     assert jobs == ["_append_all"]  # the entry alone waits

@@ -192,20 +192,21 @@ def test_the_core_shows_a_worker_client_in_stats_with_its_identity() -> None:
     assert client == consumer.go_stats()
 
 
-def holding_one() -> tuple[Joined, V2Protocol, Any]:
-    """A core and a worker whose one subscriber holds one message of ``t/c`` in flight."""
+def holding_one(ready: int = 1, body: bytes = b"x") -> tuple[Joined, V2Protocol, Any, StringTransport]:
+    """A core and a worker whose one subscriber, at RDY ``ready``, holds one message of ``t/c`` in
+    flight; the channel, and the subscriber's transport."""
     j = Joined()
-    consumer, _ = j.client()
-    consumer.dataReceived(b"SUB t c\nRDY 1\n")
+    consumer, transport = j.client()
+    consumer.dataReceived(b"SUB t c\nRDY %d\n" % ready)
     j.settle()
-    j.nsqd.publish("t", [b"x"])
+    j.nsqd.publish("t", [body])
     j.settle()
     assert in_flight(j) == 1
-    return j, consumer, j.nsqd.topics["t"].channels["c"]
+    return j, consumer, j.nsqd.topics["t"].channels["c"], transport
 
 
 def test_closed_worker_connection_requeues_what_it_held() -> None:
-    j, consumer, channel = holding_one()
+    j, consumer, channel, _ = holding_one()
     consumer.connectionLost(None)
     j.settle()
     assert in_flight(j) == 0 and channel.depth() == 1
@@ -216,13 +217,8 @@ def test_what_the_core_sent_as_cls_crossed_it_is_not_written_but_requeued() -> N
     """The worker answers CLS at once; the core hears of it only with the next records. A
     message it handed the connection in between is never written after CLOSE_WAIT: it goes
     back to the channel, and a FIN of what the client already held still works."""
-    j = Joined()
-    consumer, ct = j.client()
-    consumer.dataReceived(b"SUB t c\nRDY 5\n")
-    j.settle()
-    j.nsqd.publish("t", [b"first"])
-    j.settle()
-    ((_, _, first, _),) = [decode_message_frame(p) for _, p in take_frames(ct)[1:]]
+    j, consumer, channel, ct = holding_one(ready=5, body=b"first")
+    ((_, _, first, _),) = [decode_message_frame(p) for _, p in take_frames(ct)[1:]]  # (after SUB's OK)
     consumer.dataReceived(b"CLS\n")
     j.nsqd.publish("t", [b"second"])
     j.clock.advance(0)  # both sides' turns end: the records cross
@@ -232,7 +228,6 @@ def test_what_the_core_sent_as_cls_crossed_it_is_not_written_but_requeued() -> N
     j.node.link.dataReceived(data)  # the core's DELIVER of "second" reaches the worker first
     assert take_frames(ct) == [(FRAME_TYPE_RESPONSE, b"CLOSE_WAIT")]
     j.settle()
-    channel = j.nsqd.topics["t"].channels["c"]
     assert in_flight(j) == 1 and channel.depth() == 1  # only "first" is out
     consumer.dataReceived(b"FIN " + first + b"\n")
     j.settle()
@@ -241,7 +236,7 @@ def test_what_the_core_sent_as_cls_crossed_it_is_not_written_but_requeued() -> N
 
 
 def test_a_lost_worker_takes_its_clients_out_of_the_core() -> None:
-    j, _, channel = holding_one()
+    j, _, channel, _ = holding_one()
     j.peer.link.connectionLost(None)
     assert in_flight(j) == 0 and not channel.clients and not j.nsqd.clients
 
