@@ -149,7 +149,7 @@ def run(command: bytes, n: int, data_path: str | None = None, per_command: int =
     ack = None if turns is None else replicate(nsqd, turns, logs)
     proto = V2Factory(nsqd, clock).buildProtocol(None)
     transport = StringTransport()
-    proto.makeConnection(transport)
+    proto.makeConnection(transport)  # type: ignore[no-untyped-call]
     proto.dataReceived(b"  V2")
     feed = proto.dataReceived
     started = time.process_time()

@@ -33,6 +33,9 @@ _FRAME_HEADER: Final = struct.Struct(">ii")
 _ID: Final = struct.Struct(">Q")
 #: an ID value is below this (64 bits)
 _ID_LIMIT: Final = 1 << 64
+#: where a MESSAGE frame's ID starts: after its size (4), its type (4), the timestamp (8), the attempts (2)
+_FRAME_ID_START: Final = 4 + 4 + 8 + 2
+_FRAME_ID_END: Final = _FRAME_ID_START + MSG_ID_LENGTH
 #: about how many bytes of MESSAGE frames :func:`frames` puts in one piece (a write)
 WIRE_PIECE: Final = 16 * 1024
 
@@ -274,8 +277,8 @@ def frame_ids(data: bytes) -> list[bytes]:
     """The message IDs in MESSAGE frames written back to back (:func:`frames`' pieces, joined)."""
     ids: list[bytes] = []
     pos = 0
-    while pos + 34 <= len(data):
-        ids.append(data[pos + 18:pos + 34])  # after the size, the type, the timestamp and the attempts
+    while pos + _FRAME_ID_END <= len(data):
+        ids.append(data[pos + _FRAME_ID_START:pos + _FRAME_ID_END])
         pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
     return ids
 
