@@ -19,9 +19,10 @@ topic when the owner had no channel), a slice per reactor turn.
 from __future__ import annotations
 
 import json
+import struct
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from itertools import compress
 from typing import Any, Final
 
@@ -77,6 +78,26 @@ def unheld(standbys: list[Standby], values: list[int], owing: list[str]) -> list
     for standby in standbys:
         values = standby.confirm(values, owing)
     return values
+
+
+def _id_values(ids: list[bytes], raw: bytes) -> Sequence[int]:
+    """The ID values of ``ids`` (``raw``: them joined) that are IDs, 16 hex digits: all at once
+    when each is one, else one by one, leaving out what is not."""
+    n = len(ids)
+    if len(raw) == 16 * n and (n == 0 or len(set(map(len, ids))) == 1):
+        try:
+            packed = bytes.fromhex(raw.decode("ascii"))
+        except ValueError:  # (UnicodeDecodeError is one)
+            packed = b""
+        if len(packed) == 8 * n:  # (fromhex skips whitespace: every byte was a digit)
+            return struct.unpack(f">{n}Q", packed)
+    out = []
+    for mid in ids:
+        try:
+            out.append(int(mid, 16))
+        except ValueError:
+            continue
+    return out
 
 
 class _Debt:
@@ -247,27 +268,45 @@ class Standby:
             self._recount()
 
     def finish(self, channel: str, ids: list[bytes]) -> None:
-        self._note_fin(channel, ids)
-        debt = self.channels.get(channel)
-        if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
-            debt = self.channels[channel] = _Debt(self.base, len(self.values))
-        values = self.values
-        held = len(values)
-        for mid in ids:
-            try:
-                value = int(mid, 16)
-            except ValueError:
-                continue
-            i = bisect_left(values, value)
-            if i < held and values[i] == value and not self.done[i]:
-                debt.finished[i] = 1
-                if not self._owed(i):
-                    self._mark_done(i)
+        """The owner's channel finished these IDs: each held message that no other channel still
+        owes is done.
 
-    def _note_fin(self, channel: str, ids: list[bytes]) -> None:
-        """The journal's FIN entry (what :meth:`restore` reads back into :meth:`finish`)."""
-        raw = channel.encode()
-        self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(raw).to_bytes(2, "big") + raw + b"".join(ids)),
+        This runs per message consumed, on the owner (its own log) and on the replica: a FIN run's
+        IDs are read as one hex string (:func:`_id_values`), and each is first looked for just
+        after the one before (a reader FINs in the order it was sent, and the arrays are in ID
+        order), then searched for."""
+        raw = b"".join(ids)
+        self._note_fin(channel, raw)
+        channels = self.channels
+        debt = channels.get(channel)
+        if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
+            debt = channels[channel] = _Debt(self.base, len(self.values))
+        others = [d for d in channels.values() if d is not debt]
+        values, sizes, done, finished = self.values, self.sizes, self.done, debt.finished
+        held = len(values)
+        base = self.base
+        live, live_bytes = self.live, self.live_bytes
+        i = -1
+        for value in _id_values(ids, raw):
+            i += 1
+            if i >= held or values[i] != value:
+                i = bisect_left(values, value)
+                if i >= held or values[i] != value:
+                    continue
+            if done[i]:
+                continue
+            finished[i] = 1
+            if others and any(d.start <= base + i and not d.finished[i] for d in others):
+                continue  # still owed elsewhere
+            done[i] = 1
+            live -= 1
+            live_bytes -= sizes[i]
+        self.live, self.live_bytes = live, live_bytes
+
+    def _note_fin(self, channel: str, ids: bytes) -> None:
+        """The journal's FIN entry (what :meth:`restore` reads back into :meth:`finish`): the IDs back to back."""
+        name = channel.encode()
+        self.disk.note(encode_entry(Entry.FIN, self.arrivals, len(name).to_bytes(2, "big") + name + ids),
                        structural=False)
 
     # -- after a link's break: what the owner still holds ------------------------------------------
@@ -316,7 +355,7 @@ class Standby:
             if not owed(i):
                 self._mark_done(i)
         for name, ids in fins.items():
-            self._note_fin(name, ids)
+            self._note_fin(name, b"".join(ids))
         return lacking
 
     def synced(self, complete: bool) -> int:

@@ -2810,11 +2810,11 @@ def test_confirm_takes_a_records_ids_in_one_pass(tmp_path: Any, held_ids: range,
     s.channel("b", True)
     add(s, *held_ids)
     s.begin_sync()
-    fins: list[tuple[str, list[bytes]]] = []
+    fins: list[tuple[str, bytes]] = []
     monkeypatch.setattr(s, "_note_fin", lambda channel, ids: fins.append((channel, ids)))
     last = held_ids[-1]
     assert s.confirm([2, 3, last, 1000], ["a"]) == [1000]
-    assert fins == [("b", [mid(2), mid(3), mid(last)])]
+    assert fins == [("b", mid(2) + mid(3) + mid(last))]  # (the entry's IDs, back to back)
     assert s.confirmed is not None and [i + 1 for i, c in enumerate(s.confirmed) if c] == [2, 3, last]
     assert s._owing(1) == ["a"] and s._owing(0) == ["a", "b"]
     assert s.confirm([1, 3], []) == []  # no channel owes them: done
