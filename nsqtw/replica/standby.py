@@ -19,10 +19,9 @@ topic when the owner had no channel), a slice per reactor turn.
 from __future__ import annotations
 
 import json
-import struct
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from itertools import compress
 from typing import Any, Final
 
@@ -43,6 +42,7 @@ from nsqtw.replica.journal import (
     parse_entries,
 )
 from nsqtw.replica.records import MESSAGE_HEADER, read_messages
+from nsqtw.replica.runs import id_values, run_length
 
 __all__ = ["TAKEOVER_SLICE", "Handed", "Standby", "still_due", "unheld"]
 
@@ -78,26 +78,6 @@ def unheld(standbys: list[Standby], values: list[int], owing: list[str]) -> list
     for standby in standbys:
         values = standby.confirm(values, owing)
     return values
-
-
-def _id_values(ids: list[bytes], raw: bytes) -> Sequence[int]:
-    """The ID values of ``ids`` (``raw``: them joined) that are IDs, 16 hex digits: all at once
-    when each is one, else one by one, leaving out what is not."""
-    n = len(ids)
-    if len(raw) == 16 * n and (n == 0 or len(set(map(len, ids))) == 1):
-        try:
-            packed = bytes.fromhex(raw.decode("ascii"))
-        except ValueError:  # (UnicodeDecodeError is one)
-            packed = b""
-        if len(packed) == 8 * n:  # (fromhex skips whitespace: every byte was a digit)
-            return struct.unpack(f">{n}Q", packed)
-    out = []
-    for mid in ids:
-        try:
-            out.append(int(mid, 16))
-        except ValueError:
-            continue
-    return out
 
 
 class _Debt:
@@ -271,10 +251,10 @@ class Standby:
         """The owner's channel finished these IDs: each held message that no other channel still
         owes is done.
 
-        This runs per message consumed, on the owner (its own log) and on the replica: a FIN run's
-        IDs are read as one hex string (:func:`_id_values`), and each is first looked for just
-        after the one before (a reader FINs in the order it was sent, and the arrays are in ID
-        order), then searched for."""
+        This runs per message consumed, on the owner (its own log) and on the replica, so the IDs
+        are read at once (:mod:`nsqtw.replica.runs`), each is looked for just after the one before
+        (a reader FINs in the order it was sent, and the arrays are in ID order) before it is
+        searched for, and a run of the next messages, of the only channel, is marked at once."""
         raw = b"".join(ids)
         self._note_fin(channel, raw)
         channels = self.channels
@@ -283,16 +263,34 @@ class Standby:
             debt = channels[channel] = _Debt(self.base, len(self.values))
         others = [d for d in channels.values() if d is not debt]
         values, sizes, done, finished = self.values, self.sizes, self.done, debt.finished
-        held = len(values)
         base = self.base
         live, live_bytes = self.live, self.live_bytes
-        i = -1
-        for value in _id_values(ids, raw):
+        found = id_values(ids, raw)
+        held, n = len(values), len(found)
+        i, k = -1, 0
+        while k < n:
+            value = found[k]
             i += 1
-            if i >= held or values[i] != value:
+            if i >= held or values[i] != value:  # not the one after the last: searched for
                 i = bisect_left(values, value)
                 if i >= held or values[i] != value:
+                    k += 1
                     continue
+            if not others and k + 1 < n and i + 1 < held and values[i + 1] == found[k + 1]:
+                # the usual run, the next messages in order: marked at once up to one done already
+                m = run_length(values, i, found, k)
+                end = done.find(1, i, i + m)
+                end = i + m if end < 0 else end
+                if end > i:
+                    ones = b"\x01" * (end - i)
+                    finished[i:end] = ones
+                    done[i:end] = ones
+                    live -= end - i
+                    live_bytes -= sum(sizes[i:end])
+                    k += end - i
+                    i = end - 1
+                    continue
+            k += 1
             if done[i]:
                 continue
             finished[i] = 1

@@ -1,7 +1,8 @@
 """A standby's FINs (``Standby.finish``), read a run at a time, against the message-by-message rule.
 
 ``finish`` runs per message consumed on both nodes of a replicated topic, so
-it reads a FIN run's IDs as one hex string and looks for each just after the
+it reads a FIN run's IDs as one hex string, takes a run of the next
+messages in order all at once, and looks for each other ID just after the
 one before. The rule it must keep is the plain one, written here as the
 oracle: each ID that is a held, not-done message is finished for the
 channel, and done once no other channel owes it. Random runs (in order,
@@ -12,11 +13,13 @@ standbys fed the same records must leave the same state. Socket-free.
 from __future__ import annotations
 
 import random
+from array import array
 from bisect import bisect_left
 from typing import Any
 
 import pytest
 
+from nsqtw.replica.runs import id_values, run_length
 from nsqtw.replica.standby import Standby, _Debt
 from tests.unit.test_replica import add, make_standby, mid
 
@@ -47,6 +50,9 @@ def state(s: Standby) -> tuple[Any, ...]:
 
 def noisy_ids(rng: random.Random, values: list[int]) -> list[bytes]:
     """A FIN run as a reader might send it, or as nothing checked it."""
+    if rng.random() < 0.4:  # the usual run: the next messages, in the order sent
+        start = rng.randrange(len(values))
+        return [mid(v) for v in values[start:start + rng.randint(1, 40)]]
     picked = sorted(rng.sample(values, rng.randint(0, min(len(values), 40))))
     how = rng.random()
     if how < 0.2:
@@ -107,3 +113,39 @@ def test_a_run_of_ids_in_the_order_sent_finishes_each_once(tmp_path: Any) -> Non
     assert s.live == 50 and s.live_bytes == sum(len(b"m%d" % v) for v in range(51, 101))
     s.finish("c", [mid(v) for v in range(1, 101)])  # the first 50 again: counted once
     assert s.live == 0 and s.live_bytes == 0
+
+
+def test_id_values_reads_a_run_at_once_and_leaves_out_what_is_not_an_id() -> None:
+    assert list(id_values([mid(1), mid(0xABCDEF)], mid(1) + mid(0xABCDEF))) == [1, 0xABCDEF]
+    assert list(id_values([mid(2).upper()], mid(2).upper())) == [2]
+    assert list(id_values([], b"")) == []
+    # not all IDs: each as int(id, 16) takes it (what the rule did), the others left out
+    for ids in ([mid(1), b"not-hex-at-all!!"], [mid(1), b"00000000 0000003"], [b"0" * 15, b"1" * 17],
+                [mid(1), "é".encode() * 8]):
+        assert list(id_values(ids, b"".join(ids))) == [int(m, 16) for m in ids if _hex(m)]
+
+
+def _hex(m: bytes) -> bool:
+    try:
+        int(m, 16)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_run_length_is_how_far_the_ids_go_on_with_the_next_messages(seed: int) -> None:
+    rng = random.Random(seed)
+    values = array("Q", sorted(rng.sample(range(10_000), 300)))
+    for _ in range(200):
+        i = rng.randrange(len(values) - 2)
+        k = rng.randrange(5)
+        n = rng.randint(2, 120)
+        found = [rng.randrange(10_000) for _ in range(k)] + list(values[i:i + n])
+        if rng.random() < 0.7 and len(found) > k + 2:  # broken off somewhere after the first two
+            cut = rng.randrange(k + 2, len(found))
+            found[cut] = found[cut] + 1 if rng.random() < 0.5 else 10_001
+        want = 0
+        while k + want < len(found) and i + want < len(values) and values[i + want] == found[k + want]:
+            want += 1
+        assert run_length(values, i, found, k) == want
