@@ -187,6 +187,8 @@ PLAN: dict[str, list[Block]] = {
               shorten=(("--runs=1 --runfor=6s", "--runs=1 --runfor=1s"),)),
         Block("--owner-flag=--busy-poll=0 --peer-flag=--busy-poll=0", timeout=300, expect=("publishes/s, owner",),
               shorten=(("--runs=1 --runfor=5s", "--runs=1 --runfor=1s"),)),
+        Block("--read --publishers=2", timeout=300, expect=("messages/s, owner",),
+              shorten=(("--runs=1 --runfor=8s", "--runs=1 --runfor=1s"),)),
         Block("--runfor=5s --workers=0", timeout=600, expect=("| measure |", "nsqtw --workers=0"),
               shorten=(("--runs=2 --runfor=5s", "--runs=1 --runfor=1s"),)),
     ],
