@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 
+from nsqtw._go.duration import format_duration, parse_duration
 from nsqtw.tools.daemons import TWISTD, nsqtw_command, process_cpu, start_daemon, start_listening, stop_daemons
 
 
@@ -63,7 +64,7 @@ def one_run(go_bin: str, lookupd_tcp: str, publishers: int, runfor: str, batch: 
             writer = [os.path.join(go_bin, "bench_writer"), f"--nsqd-tcp-address={tcp}", "--size=200",
                       "--topic=replica_cpu"]
             if read:  # the backlog, unmeasured: MPUBs of 200 for twice --runfor, more than the reader takes
-                subprocess.run([*writer, "--batch-size=200", f"--runfor={2 * float(runfor.rstrip('s'))}s"],
+                subprocess.run([*writer, "--batch-size=200", f"--runfor={format_duration(2 * parse_duration(runfor))}"],
                                capture_output=True, text=True, check=True)
                 load = [os.path.join(go_bin, "bench_reader"), f"--nsqd-tcp-address={tcp}", "--topic=replica_cpu",
                         "--channel=ch", "--size=200", f"--runfor={runfor}"]

@@ -39,10 +39,9 @@ def id_values(ids: list[bytes], raw: bytes) -> Sequence[int]:
 
 def run_length(values: array[int], i: int, found: Sequence[int], k: int) -> int:
     """How far ID values ``found`` from ``k`` on are ``values`` (sorted, each once) from ``i`` on, at
-    least 2 (the caller saw so):
-    all of the rest if it is (the usual FIN run), else doubled while the slices agree, then halved
-    between the last that did and the first that did not (C compares of slices, not a Python step
-    a message)."""
+    least 2 (the caller saw so): all of the rest if it is (the usual FIN run), else doubled while
+    the slices agree, then halved between the last that did and the first that did not (C compares
+    of slices, not a Python step a message)."""
     limit = min(len(found) - k, len(values) - i)
     if values[i + limit - 1] == found[k + limit - 1] and values[i:i + limit] == array("Q", found[k:k + limit]):
         return limit

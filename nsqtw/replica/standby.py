@@ -261,10 +261,8 @@ class Standby:
         debt = channels.get(channel)
         if debt is None:  # its CHANNEL record went with a link that failed: it owes everything
             debt = channels[channel] = _Debt(self.base, len(self.values))
-        others = [d for d in channels.values() if d is not debt]
-        values, sizes, done, finished = self.values, self.sizes, self.done, debt.finished
-        base = self.base
-        live, live_bytes = self.live, self.live_bytes
+        alone = len(channels) == 1
+        values, done, finished = self.values, self.done, debt.finished
         found = id_values(ids, raw)
         held, n = len(values), len(found)
         i, k = -1, 0
@@ -276,7 +274,7 @@ class Standby:
                 if i >= held or values[i] != value:
                     k += 1
                     continue
-            if not others and k + 1 < n and i + 1 < held and values[i + 1] == found[k + 1]:
+            if alone and k + 1 < n and i + 1 < held and values[i + 1] == found[k + 1]:
                 # the usual run, the next messages in order: marked at once up to one done already
                 m = run_length(values, i, found, k)
                 end = done.find(1, i, i + m)
@@ -284,22 +282,15 @@ class Standby:
                 if end > i:
                     ones = b"\x01" * (end - i)
                     finished[i:end] = ones
-                    done[i:end] = ones
-                    live -= end - i
-                    live_bytes -= sum(sizes[i:end])
+                    self._done_where(i, ones)
                     k += end - i
                     i = end - 1
                     continue
             k += 1
-            if done[i]:
-                continue
-            finished[i] = 1
-            if others and any(d.start <= base + i and not d.finished[i] for d in others):
-                continue  # still owed elsewhere
-            done[i] = 1
-            live -= 1
-            live_bytes -= sizes[i]
-        self.live, self.live_bytes = live, live_bytes
+            if not done[i]:
+                finished[i] = 1
+                if not self._owed(i):
+                    self._mark_done(i)
 
     def _note_fin(self, channel: str, ids: bytes) -> None:
         """The journal's FIN entry (what :meth:`restore` reads back into :meth:`finish`): the IDs back to back."""
